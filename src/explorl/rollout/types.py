@@ -1,0 +1,84 @@
+"""The typed record a rollout engine returns (GRPO-Zero's ``Episode``, batched)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+import torch
+
+
+@dataclass
+class Rollouts:
+    """N responses to a batch of prompts; prompts may have different sample counts.
+
+    Sequences are stored as ``prompt_ids`` (left-padded, so every prompt ends at column P)
+    and ``response_ids`` (right-padded). ``old_logp`` and ``entropy`` are computed at the
+    sampling temperature by the model that sampled each response.
+    """
+
+    prompt_ids: torch.Tensor  # (N, P) long, left-padded with pad_id
+    prompt_mask: torch.Tensor  # (N, P) bool, True on real prompt tokens
+    response_ids: torch.Tensor  # (N, R) long, right-padded with pad_id
+    response_mask: torch.Tensor  # (N, R) bool, True on generated tokens (incl. EOS)
+    old_logp: torch.Tensor  # (N, R) float, log-prob of each sampled token at the sampling T
+    entropy: torch.Tensor  # (N, R) float, token entropy at the sampling T
+    prompt_index: torch.Tensor  # (N,) long, position of the response's prompt in the batch
+    texts: list[str]  # (N,) decoded responses (special tokens stripped)
+    temperature: float = 1.0
+    stage: torch.Tensor | None = None  # (N,) long, EEPO stage (1 or 2); None = single stage
+    truncated: torch.Tensor | None = None  # (N,) bool, hit the length limit without EOS
+
+    def __len__(self) -> int:
+        return self.response_ids.shape[0]
+
+    @property
+    def lengths(self) -> torch.Tensor:  # (N,)
+        return self.response_mask.sum(-1)
+
+    def select(self, idx: torch.Tensor | list[int]) -> "Rollouts":
+        """Rows ``idx`` of every per-response field (a sub-batch)."""
+        if not isinstance(idx, torch.Tensor):
+            idx = torch.as_tensor(idx, dtype=torch.long)
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor):
+                out[f.name] = v[idx]
+            elif isinstance(v, list):
+                out[f.name] = [v[i] for i in idx.tolist()]
+            else:
+                out[f.name] = v
+        return replace(self, **out)
+
+    @staticmethod
+    def concat(parts: list["Rollouts"], pad_id: int) -> "Rollouts":
+        """Stack several rollout records (prompt_index is kept as is)."""
+        assert parts, "nothing to concatenate"
+        P = max(p.prompt_ids.shape[1] for p in parts)
+        R = max(p.response_ids.shape[1] for p in parts)
+
+        def lpad(t, width, value):  # left-pad columns
+            return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value)
+
+        def rpad(t, width, value):
+            return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+
+        stage = None
+        if any(p.stage is not None for p in parts):
+            stage = torch.cat([p.stage if p.stage is not None else torch.zeros(len(p), dtype=torch.long) for p in parts])
+        trunc = None
+        if all(p.truncated is not None for p in parts):
+            trunc = torch.cat([p.truncated for p in parts])
+        return Rollouts(
+            prompt_ids=torch.cat([lpad(p.prompt_ids, P, pad_id) for p in parts]),
+            prompt_mask=torch.cat([lpad(p.prompt_mask, P, False) for p in parts]),
+            response_ids=torch.cat([rpad(p.response_ids, R, pad_id) for p in parts]),
+            response_mask=torch.cat([rpad(p.response_mask, R, False) for p in parts]),
+            old_logp=torch.cat([rpad(p.old_logp, R, 0.0) for p in parts]),
+            entropy=torch.cat([rpad(p.entropy, R, 0.0) for p in parts]),
+            prompt_index=torch.cat([p.prompt_index for p in parts]),
+            texts=[t for p in parts for t in p.texts],
+            temperature=parts[0].temperature,
+            stage=stage,
+            truncated=trunc,
+        )
