@@ -1,0 +1,5 @@
+import sys
+
+from explorl.cli import main
+
+sys.exit(main())

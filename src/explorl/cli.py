@@ -1,0 +1,166 @@
+"""``explorl`` command line: train, eval, fit, report, config."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from explorl import config as C
+
+
+def _train(args) -> int:
+    from explorl.trainer import Trainer
+
+    if args.resume:
+        run_dir = Path(args.resume)
+        if not (run_dir / "config.yaml").is_file():
+            print(f"error: --resume {run_dir}: no config.yaml there (not a run directory)", file=sys.stderr)
+            return 2
+        if args.recipe:
+            print("note: resuming uses the run's own config.yaml; the recipe argument is ignored", file=sys.stderr)
+        import yaml
+
+        data = yaml.safe_load((run_dir / "config.yaml").read_text())
+        for text in args.set or []:
+            key, value = C.parse_override(text)
+            C._set_path(data, key, value)
+        if args.max_steps is not None:
+            data["max_steps"] = args.max_steps
+        cfg = C.from_dict(data)
+        trainer = Trainer(cfg, run_dir, resume=True)
+    else:
+        if not args.recipe:
+            print("error: give a RECIPE (e.g. recipes/quickstart.yaml) or --resume RUN_DIR", file=sys.stderr)
+            return 2
+        cfg = C.load(args.recipe, args.set, max_steps=args.max_steps, seed=args.seed)
+        out = Path(args.out) if args.out else Path("runs") / f"{cfg.name}-seed{cfg.seed}"
+        if (out / "metrics.jsonl").exists() and not args.force:
+            print(f"error: {out} already holds a run; use --resume {out} to continue it, "
+                  "--out for a new directory, or --force to overwrite", file=sys.stderr)
+            return 2
+        if args.force and (out / "metrics.jsonl").exists():
+            import shutil
+
+            shutil.rmtree(out)
+        trainer = Trainer(cfg, out)
+    summary = trainer.train()
+    out = trainer.out
+    final = summary["final"]
+    print(f"run directory: {out}")
+    print(f"  steps {summary['steps']}/{summary['max_steps']} in {summary['seconds']:.0f}s; "
+          f"final reward/mean {final.get('reward/mean', float('nan')):.3f}, "
+          f"entropy/mean {final.get('entropy/mean', float('nan')):.3f}")
+    print(f"  metrics: {out / 'metrics.jsonl'}\n  plots:   {out / 'plots'}/\n  checkpoint: {summary['checkpoint']}")
+    if summary["interrupted"]:
+        print(f"interrupted; continue with: explorl train --resume {out}")
+        return 130
+    return 0
+
+
+def _eval(args) -> int:
+    from explorl.eval.run import run_eval
+
+    run_eval(model=args.model, data=args.data, out_dir=Path(args.out), n=args.n, k_list=args.k,
+             temperature=args.temperature, max_problems=args.max_problems, max_new_tokens=args.max_new_tokens,
+             verifier=args.verifier, split=args.split, seed=args.seed, overrides=args.set)
+    return 0
+
+
+def _fit(args) -> int:
+    from explorl.analysis import FitError, fit_run
+    from explorl.analysis.entropy_law import plot_fit, write_fit
+
+    try:
+        fit = fit_run(Path(args.run_dir), fit_fraction=args.fit_fraction)
+    except FitError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    run_dir = Path(args.run_dir)
+    write_fit(run_dir, fit)
+    plot_fit(fit, run_dir / "plots" / "entropy_law.png")
+    print(f"R = -a·exp(H) + b   a = {fit.a:.4f}  b = {fit.b:.4f}  R² = {fit.r2:.3f}  "
+          f"predicted ceiling (H→0) b−a = {fit.ceiling:.4f}")
+    if getattr(fit, "rmse", None) is not None:
+        print(f"fitted on the first {fit.n_fit}/{fit.n_total} points; prediction RMSE on the rest = {fit.rmse:.4f}")
+    print(f"wrote {run_dir / 'fit.json'} and {run_dir / 'plots' / 'entropy_law.png'}")
+    return 0
+
+
+def _report(args) -> int:
+    from explorl.analysis import make_report
+
+    path = make_report([Path(p) for p in args.run_dirs], Path(args.out))
+    print(f"wrote {path}")
+    return 0
+
+
+def _config(args) -> int:
+    """Print the recipe reference (every key, type, default and meaning), or a resolved recipe."""
+    if args.recipe:
+        import yaml
+
+        print(yaml.safe_dump(C.to_dict(C.load(args.recipe, args.set)), sort_keys=False))
+        return 0
+    for path, tp, default, doc in C.reference():
+        print(f"{path:45s} {tp:22s} {default:18s} {doc}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="explorl", description="RL with verifiable rewards, about controlling exploration.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train a policy from a recipe")
+    t.add_argument("recipe", nargs="?", help="YAML recipe (e.g. recipes/quickstart.yaml)")
+    t.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field, e.g. optim.lr=1e-5")
+    t.add_argument("--out", help="run directory (default runs/<name>-seed<seed>)")
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    t.add_argument("--max-steps", type=int, help="override max_steps (with --resume: extend a finished run)")
+    t.add_argument("--seed", type=int, help="override seed")
+    t.add_argument("--force", action="store_true", help="overwrite an existing run directory")
+    t.set_defaults(fn=_train)
+
+    e = sub.add_parser("eval", help="pass@k evaluation of a model on a dataset")
+    e.add_argument("model", help="local HF model dir, lab:<task>, or a run dir (its latest checkpoint)")
+    e.add_argument("--data", nargs="+", required=True, help="lab:<task> or jsonl/parquet files")
+    e.add_argument("--split", default="test", choices=["train", "val", "test"], help="lab split (default test)")
+    e.add_argument("--out", required=True, help="output directory for eval.json and the pass@k plot")
+    e.add_argument("--n", type=int, default=16, help="samples per problem")
+    e.add_argument("--k", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="k values")
+    e.add_argument("--temperature", type=float, default=1.0)
+    e.add_argument("--max-problems", type=int, default=None)
+    e.add_argument("--max-new-tokens", type=int, default=None, help="default: the model's run config or 256")
+    e.add_argument("--verifier", default="auto")
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--set", action="append", metavar="KEY=VALUE", help="config overrides (model.*, reward.*, lab.*)")
+    e.set_defaults(fn=_eval)
+
+    f = sub.add_parser("fit", help="fit the entropy–performance law R = −a·exp(H) + b to a run")
+    f.add_argument("run_dir")
+    f.add_argument("--fit-fraction", type=float, default=1.0, help="fit on the first fraction, predict the rest")
+    f.set_defaults(fn=_fit)
+
+    r = sub.add_parser("report", help="overlay runs: plots, tables, report.md and report.html")
+    r.add_argument("run_dirs", nargs="+")
+    r.add_argument("--out", default="report")
+    r.set_defaults(fn=_report)
+
+    c = sub.add_parser("config", help="print the recipe reference, or a resolved recipe")
+    c.add_argument("recipe", nargs="?")
+    c.add_argument("--set", action="append", metavar="KEY=VALUE")
+    c.set_defaults(fn=_config)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except C.ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

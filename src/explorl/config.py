@@ -1,0 +1,606 @@
+"""The typed configuration tree: the only home of every default.
+
+Each field carries its documentation as an attribute docstring (CleanRL's ``Args`` style);
+``field_docs`` reads them back for ``--help`` and the recipe reference. Recipes are YAML files
+that override fields; ``--set a.b=c`` overrides one field. Everything is validated before any
+work starts: unknown keys (with the closest valid key suggested), wrong types and impossible
+values raise ``ConfigError`` naming the key path.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import textwrap
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration problem, reported with the key path that caused it."""
+
+
+# ----------------------------------------------------------------------------- sections
+
+
+@dataclass
+class ModelConfig:
+    path: str = "lab:addition"
+    """Local HF model directory (``from_pretrained``), or ``lab:<task>`` for the built-in lab model."""
+    trust_remote_code: bool = False
+    """Allow custom modelling code shipped with the model. Off unless the recipe says so."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Parameter dtype. ``auto``: bfloat16 on CUDA devices that support it, else float32."""
+    device: str = "auto"
+    """``auto`` (CUDA if available, else CPU), or a torch device string such as ``cpu``/``cuda:1``."""
+    use_chat_template: bool = True
+    """Render prompts with the tokenizer's chat template when it has one."""
+
+
+@dataclass
+class LabConfig:
+    split_seed: int = 0
+    """Seed of the lab's deterministic train/val/test split."""
+    n_train: int = 2000
+    """Number of training problems generated for a lab task."""
+    n_val: int = 128
+    """Number of validation problems."""
+    n_test: int = 256
+    """Number of test problems."""
+    min_digits: int = 1
+    """addition: fewest digits of an operand."""
+    max_digits: int = 2
+    """addition: most digits of an operand."""
+    countdown_numbers: int = 3
+    """countdown: how many numbers are given (3 or 4)."""
+
+
+@dataclass
+class DataConfig:
+    train: list[str] = field(default_factory=lambda: ["lab:addition"])
+    """Training data: ``lab:<task>`` or local jsonl/json/parquet files (verl or plain schema)."""
+    val: list[str] = field(default_factory=list)
+    """Validation data. Empty: the lab task's validation split (lab tasks only)."""
+    anneal: list[str] = field(default_factory=list)
+    """Second ("high-quality") dataset the curriculum switches to in the annealing phase."""
+    prompts_per_step: int = 8
+    """Prompts per training step (B). The rollout batch holds about B × n_samples responses."""
+    shuffle: bool = True
+    """Reshuffle the training prompts every epoch (seeded)."""
+    max_prompt_len: int = 1024
+    """Prompts longer than this many tokens are rejected when the data is loaded."""
+
+
+@dataclass
+class RolloutConfig:
+    n_samples: int = 8
+    """Responses per prompt (G, E3's n_default)."""
+    temperature: float = 1.0
+    """Sampling temperature (the initial one when a controller owns the temperature)."""
+    max_response_len: int = 256
+    """Maximum number of generated tokens per response."""
+    engine: Literal["hf"] = "hf"
+    """Rollout engine. ``hf``: batched sampling with a KV cache on the training model."""
+    batch_size: int = 256
+    """Most responses generated in one forward batch."""
+
+
+@dataclass
+class RewardConfig:
+    verifier: str = "auto"
+    """``auto`` (the lab task's verifier, else ``math``), ``math``, ``exact``, ``countdown``, ``addition``, or ``module:function``."""
+    convention: Literal["binary", "signed"] = "binary"
+    """Reward values: ``binary`` = {0, 1}; ``signed`` = {−1, 1} (DAPO, Entropy Scheduling)."""
+    num_workers: int = 2
+    """Verifier worker processes. 0 verifies in-process without time limits (trusted debugging only)."""
+    timeout_s: float = 5.0
+    """Wall-clock limit per response; a verification over it scores as wrong."""
+    overlong_buffer: int = 0
+    """DAPO overlong shaping: penalise responses longer than max_response_len − buffer (0 = off)."""
+    overlong_penalty: float = 1.0
+    """DAPO overlong shaping: penalty reached at the length limit."""
+
+
+@dataclass
+class AlgorithmConfig:
+    advantage: str = "grpo"
+    """Advantage estimator: ``grpo``, ``dr_grpo``, ``rloo``, ``reinforce_pp``."""
+    adv_eps: float = 1e-6
+    """Added to the group std in GRPO normalisation."""
+    loss: str = "ppo"
+    """Policy loss: ``ppo``, ``clip_cov`` (Clip-Cov), ``kl_cov`` (KL-Cov)."""
+    eps_low: float = 0.2
+    """PPO lower clip: ratio ≥ 1 − eps_low."""
+    eps_high: float = 0.2
+    """PPO upper clip: ratio ≤ 1 + eps_high. DAPO's clip-higher uses 0.28."""
+    clip_c: Optional[float] = None
+    """Dual-clip constant c for negative advantages (3.0 in the dual-clip paper); None = off."""
+    clip_cov_ratio: float = 2e-4
+    """Clip-Cov: fraction of valid tokens whose gradient is detached."""
+    clip_cov_lb: float = 1.0
+    """Clip-Cov: lower covariance bound of candidate tokens."""
+    clip_cov_ub: float = 5.0
+    """Clip-Cov: upper covariance bound of candidate tokens."""
+    kl_cov_ratio: float = 2e-3
+    """KL-Cov: fraction of valid tokens (top covariance) that get the KL penalty."""
+    kl_cov_coef: float = 1.0
+    """KL-Cov: coefficient λ of |logp − old_logp| on the selected tokens."""
+    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    """Loss aggregation over tokens and sequences."""
+    agg_max_len: Optional[int] = None
+    """Constant length for ``seq-mean-token-sum-norm`` (Dr.GRPO). None = rollout.max_response_len."""
+    entropy_coef: float = 0.0
+    """Entropy bonus coefficient α: loss −= α · agg(H)."""
+    kl_coef: float = 0.0
+    """Coefficient β of the KL to a frozen reference policy (loaded only when > 0 or controlled)."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """KL estimator for the reference penalty."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop groups with identical rewards, regenerate to refill the batch."""
+    max_gen_rounds: int = 3
+    """DAPO dynamic sampling: most generation rounds per step."""
+    logprob_chunk: int = 2048
+    """Tokens per chunk when computing log-probs and entropy (bounds the logits memory)."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    beta1: float = 0.9
+    """AdamW β1."""
+    beta2: float = 0.999
+    """AdamW β2."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up steps (then constant)."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm (0 = off)."""
+    ppo_epochs: int = 1
+    """Passes over each rollout batch."""
+    mini_batches: int = 1
+    """Optimizer steps per pass (the rollout batch is split into this many mini-batches)."""
+    micro_batch_size: int = 64
+    """Most responses per forward/backward (gradient accumulation inside a mini-batch)."""
+
+
+@dataclass
+class TemperatureControlConfig:
+    enabled: bool = False
+    """E3 temperature scheduler (ALGORITHMS 1a): hold entropy at its first-step level H0."""
+    t_min: float = 0.5
+    """Lower clamp of the temperature."""
+    t_max: float = 2.0
+    """Upper clamp of the temperature."""
+    anneal: bool = False
+    """E3 annealing (1b): cosine-decay the target entropy to β·H0 over the last steps."""
+    annealing_ratio: float = 0.4
+    """Fraction of steps at the end of the run that anneal."""
+    beta: float = 0.9
+    """Final target as a fraction of H0."""
+
+
+@dataclass
+class BudgetControlConfig:
+    enabled: bool = False
+    """E3 dynamic rollout budgets (1c): more samples for harder prompts, same batch total."""
+    n_min_limit: int = 4
+    """Smallest per-prompt budget once fully widened."""
+    n_max_limit: int = 12
+    """Largest per-prompt budget once fully widened."""
+    widen: int = 2
+    """How much [n_min, n_max] widens per epoch (starts at [n_samples, n_samples])."""
+
+
+@dataclass
+class EEPOControlConfig:
+    enabled: bool = False
+    """EEPO sample-then-forget (section 3)."""
+    window: int = 3
+    """m: moving-average window of entropy for the gate."""
+    alpha: float = 0.3
+    """Gate: unlearn when the moving-average entropy is below alpha."""
+    lr: float = 3e-3
+    """Learning rate of the single unlearning gradient step on the rollout copy."""
+    eps_l: float = 1e-3
+    """Lower clip of the sampled token's probability in log(1 − p)."""
+    eps_r: float = 1e-2
+    """Upper clip margin: p ≤ 1 − eps_r."""
+
+
+@dataclass
+class ScheduleConfig:
+    kind: Literal["constant", "cosine", "wsd"] = "constant"
+    """Target entropy schedule: constant, cosine (start→end over the run), wsd (stable then anneal)."""
+    target: float = 0.4
+    """constant/wsd: the held target entropy (nats)."""
+    start: float = 0.6
+    """cosine: target at the first step."""
+    end: float = 0.2
+    """cosine/wsd: target at the last step."""
+    anneal_ratio: float = 0.1
+    """wsd: fraction of steps at the end that anneal."""
+    release: bool = False
+    """wsd: in the anneal phase release the controller (knob returns to its floor) instead of decaying the target."""
+
+
+@dataclass
+class AdaptiveControlConfig:
+    enabled: bool = False
+    """Entropy Scheduling adaptive controller (4a) tracking a target entropy schedule."""
+    actuator: Literal["eps_high", "entropy_coef", "kl_coef", "temperature"] = "eps_high"
+    """Knob it drives: eps_high (the paper), entropy_coef, kl_coef or temperature."""
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    """Target entropy schedule."""
+    warmup: int = 5
+    """Steps holding the initial knob value before control starts."""
+    window: int = 3
+    """Steps averaged for the current and scheduled entropy."""
+    delta: Optional[float] = None
+    """Step size of the knob per step. None = the actuator's default (eps_high: 0.01)."""
+    init: Optional[float] = None
+    """Initial knob value. None = the actuator's default (eps_high: 0.28)."""
+    min: Optional[float] = None
+    """Lower clamp. None = the actuator's default (eps_high: 0.2)."""
+    max: Optional[float] = None
+    """Upper clamp. None = the actuator's default (eps_high: 0.4)."""
+    deadband: float = 0.02
+    """No change while |target − entropy| ≤ deadband × target."""
+
+
+@dataclass
+class CurriculumControlConfig:
+    enabled: bool = False
+    """Staged curriculum (4c): at the annealing phase switch data, samples and length limit."""
+    start_ratio: float = 0.1
+    """The last fraction of steps that form the annealing phase."""
+    n_samples: Optional[int] = None
+    """Samples per prompt in the annealing phase (paper: 8 → 32). None = unchanged."""
+    max_response_len: Optional[int] = None
+    """Length limit in the annealing phase (paper: 4k → 16k). None = unchanged."""
+
+
+@dataclass
+class ControlConfig:
+    temperature: TemperatureControlConfig = field(default_factory=TemperatureControlConfig)
+    """E3 temperature scheduler."""
+    budget: BudgetControlConfig = field(default_factory=BudgetControlConfig)
+    """E3 dynamic rollout budgets."""
+    eepo: EEPOControlConfig = field(default_factory=EEPOControlConfig)
+    """EEPO sample-then-forget."""
+    adaptive: AdaptiveControlConfig = field(default_factory=AdaptiveControlConfig)
+    """Entropy Scheduling adaptive controller."""
+    curriculum: CurriculumControlConfig = field(default_factory=CurriculumControlConfig)
+    """Staged curriculum."""
+
+
+@dataclass
+class EvalConfig:
+    every: int = 10
+    """Validate every this many steps (and at the last step). 0 = never."""
+    n_samples: int = 4
+    """Samples per validation problem (at the training temperature)."""
+    k: list[int] = field(default_factory=lambda: [1])
+    """k values for ``val/pass@k`` (each ≤ n_samples)."""
+    max_problems: int = 128
+    """Most validation problems used."""
+    greedy: bool = True
+    """Also report greedy accuracy (``val/greedy_accuracy``)."""
+    temperature: Optional[float] = None
+    """Validation sampling temperature. None = the current training temperature."""
+
+
+@dataclass
+class LogConfig:
+    progress: bool = True
+    """Show a rich progress bar."""
+    plots: bool = True
+    """Draw PNG curves under plots/ at each validation and at the end."""
+    checkpoint_every: int = 0
+    """Write a checkpoint every this many steps (0 = only at the end and on interrupt)."""
+    keep_checkpoints: int = 2
+    """Most recent checkpoints kept."""
+    save_model: bool = True
+    """Include the model weights (save_pretrained) in checkpoints."""
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"
+    """Run/recipe name, used in report legends."""
+    seed: int = 0
+    """Seed of every random choice of the run (data order, sampling, Clip-Cov)."""
+    max_steps: int = 100
+    """Training steps."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Policy model."""
+    lab: LabConfig = field(default_factory=LabConfig)
+    """Built-in lab task parameters."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Prompts and ground truths."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Sampling."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Verification and reward."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantages, policy loss, aggregation, regularisers."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimiser and update schedule."""
+    control: ControlConfig = field(default_factory=ControlConfig)
+    """Exploration controllers."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Validation during training."""
+    log: LogConfig = field(default_factory=LogConfig)
+    """Logging, plots and checkpoints."""
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _fail(path: str, msg: str) -> typing.NoReturn:
+    raise ConfigError(f"{path}: {msg}" if path else msg)
+
+
+# (path, predicate, message) checks of impossible values, run after types are checked.
+def _semantic_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
+    a, r, o, ctl = c.algorithm, c.rollout, c.optim, c.control
+    return [
+        ("max_steps", c.max_steps >= 1, "must be ≥ 1"),
+        ("data.prompts_per_step", c.data.prompts_per_step >= 1, "must be ≥ 1"),
+        ("data.train", len(c.data.train) >= 1, "needs at least one dataset"),
+        ("rollout.n_samples", r.n_samples >= 1, "must be ≥ 1"),
+        ("rollout.temperature", r.temperature > 0, "must be > 0"),
+        ("rollout.max_response_len", r.max_response_len >= 1, "must be ≥ 1"),
+        ("rollout.batch_size", r.batch_size >= 1, "must be ≥ 1"),
+        ("reward.num_workers", c.reward.num_workers >= 0, "must be ≥ 0"),
+        ("reward.timeout_s", c.reward.timeout_s > 0, "must be > 0"),
+        ("reward.overlong_buffer", 0 <= c.reward.overlong_buffer < r.max_response_len,
+         "must be in [0, rollout.max_response_len)"),
+        ("algorithm.eps_low", 0 <= a.eps_low < 1, "must be in [0, 1)"),
+        ("algorithm.eps_high", a.eps_high >= 0, "must be ≥ 0"),
+        ("algorithm.clip_c", a.clip_c is None or a.clip_c > 1, "dual-clip c must be > 1"),
+        ("algorithm.clip_cov_ratio", 0 < a.clip_cov_ratio <= 1, "must be in (0, 1]"),
+        ("algorithm.clip_cov_ub", a.clip_cov_ub > a.clip_cov_lb, "must be > algorithm.clip_cov_lb"),
+        ("algorithm.kl_cov_ratio", 0 < a.kl_cov_ratio <= 1, "must be in (0, 1]"),
+        ("algorithm.entropy_coef", a.entropy_coef >= 0, "must be ≥ 0"),
+        ("algorithm.kl_coef", a.kl_coef >= 0, "must be ≥ 0"),
+        ("algorithm.max_gen_rounds", a.max_gen_rounds >= 1, "must be ≥ 1"),
+        ("algorithm.logprob_chunk", a.logprob_chunk >= 1, "must be ≥ 1"),
+        ("algorithm.agg_max_len", a.agg_max_len is None or a.agg_max_len >= 1, "must be ≥ 1"),
+        ("optim.lr", o.lr > 0, "must be > 0"),
+        ("optim.ppo_epochs", o.ppo_epochs >= 1, "must be ≥ 1"),
+        ("optim.mini_batches", o.mini_batches >= 1, "must be ≥ 1"),
+        ("optim.micro_batch_size", o.micro_batch_size >= 1, "must be ≥ 1"),
+        ("optim.max_grad_norm", o.max_grad_norm >= 0, "must be ≥ 0"),
+        ("control.temperature.t_min", 0 < ctl.temperature.t_min <= ctl.temperature.t_max,
+         "must satisfy 0 < t_min ≤ t_max"),
+        ("control.temperature.annealing_ratio", 0 <= ctl.temperature.annealing_ratio < 1, "must be in [0, 1)"),
+        ("control.temperature.beta", 0 < ctl.temperature.beta <= 1, "must be in (0, 1]"),
+        ("control.budget.n_min_limit", 1 <= ctl.budget.n_min_limit <= r.n_samples,
+         "must be in [1, rollout.n_samples]"),
+        ("control.budget.n_max_limit", ctl.budget.n_max_limit >= r.n_samples, "must be ≥ rollout.n_samples"),
+        ("control.budget.widen", ctl.budget.widen >= 0, "must be ≥ 0"),
+        ("control.eepo.window", ctl.eepo.window >= 1, "must be ≥ 1"),
+        ("control.eepo.lr", ctl.eepo.lr > 0, "must be > 0"),
+        ("control.eepo.eps_r", 0 < ctl.eepo.eps_l < 1 - ctl.eepo.eps_r < 1, "need 0 < eps_l < 1 − eps_r"),
+        ("control.eepo.enabled", not ctl.eepo.enabled or r.n_samples >= 2, "EEPO needs rollout.n_samples ≥ 2"),
+        ("control.adaptive.window", ctl.adaptive.window >= 1, "must be ≥ 1"),
+        ("control.adaptive.warmup", ctl.adaptive.warmup >= 0, "must be ≥ 0"),
+        ("control.adaptive.schedule.anneal_ratio", 0 <= ctl.adaptive.schedule.anneal_ratio < 1, "must be in [0, 1)"),
+        ("control.curriculum.start_ratio", 0 < ctl.curriculum.start_ratio < 1, "must be in (0, 1)"),
+        ("eval.every", c.eval.every >= 0, "must be ≥ 0"),
+        ("eval.n_samples", c.eval.n_samples >= 1, "must be ≥ 1"),
+        ("eval.k", all(1 <= k <= c.eval.n_samples for k in c.eval.k), "every k must be in [1, eval.n_samples]"),
+        ("lab.max_digits", 1 <= c.lab.min_digits <= c.lab.max_digits <= 3, "need 1 ≤ min_digits ≤ max_digits ≤ 3"),
+        ("lab.countdown_numbers", c.lab.countdown_numbers in (3, 4), "must be 3 or 4"),
+        ("log.keep_checkpoints", c.log.keep_checkpoints >= 1, "must be ≥ 1"),
+    ]
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, path: str) -> Any:
+    """Check ``value`` against annotation ``tp``; return it (ints accepted for floats)."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            _fail(path, f"expected a mapping of {tp.__name__} fields, got {type(value).__name__} {value!r}")
+        return _build(tp, value, path)
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            _fail(path, f"{value!r} is not one of {', '.join(map(repr, allowed))}{hint}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, path)
+            except ConfigError as e:
+                errors.append(str(e))
+        _fail(path, f"expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if isinstance(value, (str, int, float)) and item_tp is type(value):
+            value = [value]  # a single item where a list is expected: `train: lab:addition`
+        if not isinstance(value, list):
+            _fail(path, f"expected a list, got {type(value).__name__} {value!r}")
+        return [_coerce(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value)]
+    if tp is bool:
+        if not isinstance(value, bool):
+            _fail(path, f"expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            _fail(path, f"expected an integer, got {type(value).__name__} {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            _fail(path, f"expected a number, got {type(value).__name__} {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            _fail(path, f"expected a string, got {type(value).__name__} {value!r}")
+        return value
+    raise TypeError(f"unsupported annotation {tp!r} at {path}")  # a bug in this file, not user input
+
+
+def _build(cls: type, data: dict, path: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        key_path = f"{path}.{key}" if path else str(key)
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
+            hint = f"; did you mean {(path + '.' if path else '') + close[0]!r}?" if close else ""
+            _fail(key_path, f"unknown key{hint} (valid keys here: {', '.join(names)})")
+        kwargs[key] = _coerce(value, hints[key], key_path)
+    return cls(**kwargs)
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    """Re-check types (after programmatic edits) and impossible values; return ``cfg``."""
+    cfg = _build(RunConfig, to_dict(cfg))
+    for path, ok, msg in _semantic_checks(cfg):
+        if not ok:
+            _fail(path, msg)
+    return cfg
+
+
+def from_dict(data: dict | None) -> RunConfig:
+    """Build and validate a config from nested plain data (a parsed recipe)."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        _fail("", f"a recipe must be a mapping of keys, got {type(data).__name__}")
+    return validate(_build(RunConfig, data))
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def _set_path(data: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = data
+    for i, k in enumerate(keys[:-1]):
+        nxt = node.setdefault(k, {})
+        if not isinstance(nxt, dict):
+            _fail(".".join(keys[: i + 1]), f"is a value, not a section (cannot set {dotted})")
+        node = nxt
+    node[keys[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"a.b=3"`` → ``("a.b", 3)``; the value is parsed as YAML (so lists/bools work)."""
+    if "=" not in text:
+        raise ConfigError(f"--set expects key=value, got {text!r}")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"--set expects key=value, got {text!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def load(recipe: str | Path | None = None, overrides: list[str] | None = None, **top: Any) -> RunConfig:
+    """Load a YAML recipe, apply ``--set`` overrides and top-level keyword overrides, validate.
+
+    A recipe may say ``base: other.yaml`` (relative to itself) to start from another recipe.
+    """
+    data: dict = {}
+    if recipe is not None:
+        data = _read_recipe(Path(recipe))
+        if "name" not in data:
+            data["name"] = Path(recipe).stem
+    for text in overrides or []:
+        key, value = parse_override(text)
+        _set_path(data, key, value)
+    for key, value in top.items():
+        if value is not None:
+            data[key] = value
+    return from_dict(data)
+
+
+def _read_recipe(path: Path, _seen: tuple = ()) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"recipe {path} does not exist")
+    if path.resolve() in _seen:
+        raise ConfigError(f"recipe {path}: circular 'base'")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"recipe {path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"recipe {path} must be a mapping of keys")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    merged = _read_recipe(path.parent / base, _seen + (path.resolve(),))
+    _deep_update(merged, data)
+    return merged
+
+
+def _deep_update(dst: dict, src: dict) -> None:
+    for k, v in src.items():
+        if isinstance(v, dict) and isinstance(dst.get(k), dict):
+            _deep_update(dst[k], v)
+        else:
+            dst[k] = v
+
+
+def save(cfg: RunConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+# ----------------------------------------------------------------------------- docs
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings of a config dataclass (the string literal after each field)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def reference(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """Rows ``(key path, type, default, doc)`` for every leaf field (the recipe reference)."""
+    rows = []
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    default = cls()
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        path = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(tp):
+            rows.extend(reference(tp, path + "."))
+        else:
+            rows.append((path, _type_name(tp), repr(getattr(default, f.name)), docs.get(f.name, "")))
+    return rows

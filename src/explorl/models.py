@@ -1,0 +1,85 @@
+"""Loading the policy, its tokenizer and the frozen reference model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from explorl.config import ModelConfig
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(spec: str) -> torch.device:
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(spec)
+
+
+def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
+    """``auto``: bf16 where the GPU supports it; float32 on CPU (bf16 matmuls are slow there)."""
+    if spec != "auto":
+        return _DTYPES[spec]
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def resolve_model_path(path: str, lab_params: dict | None = None) -> Path:
+    """A local directory, or ``lab:<task>`` → the built (and cached) lab model's directory."""
+    from explorl.lab import lab_model_path, parse_lab_spec
+
+    task = parse_lab_spec(path)
+    if task is not None:
+        return lab_model_path(task, **(lab_params or {}))
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        raise FileNotFoundError(
+            f"model.path {path!r} is not a local directory; explorl loads models with "
+            "from_pretrained(local_path) (download them beforehand) or use lab:<task>")
+    return p
+
+
+def load_tokenizer(path: Path, cfg: ModelConfig):
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token  # batched sampling needs a pad id; masked everywhere
+    return tok
+
+
+def load_model(path: Path, cfg: ModelConfig, device: torch.device, *, frozen: bool = False) -> torch.nn.Module:
+    """``from_pretrained`` on ``device`` in the configured dtype; ``frozen`` for the reference."""
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=resolve_dtype(cfg.dtype, device), trust_remote_code=cfg.trust_remote_code)
+    model.to(device)
+    if frozen:
+        model.eval()
+        model.requires_grad_(False)
+    else:
+        model.train()
+    # Dropout would make the loss's log-probs differ from the sampler's; RL fine-tuning turns it off.
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    return model
+
+
+def render_prompt(tokenizer, prompt, use_chat_template: bool) -> list[int]:
+    """Token ids of a prompt: chat messages through the chat template when the tokenizer has one."""
+    has_template = use_chat_template and getattr(tokenizer, "chat_template", None)
+    if isinstance(prompt, list):
+        if has_template:
+            ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+            return list(ids)
+        prompt = "\n".join(m["content"] for m in prompt)
+    elif has_template:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                            add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)
+    return tokenizer(prompt, add_special_tokens=True)["input_ids"]
