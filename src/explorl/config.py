@@ -364,7 +364,7 @@ def _semantic_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
         ("reward.timeout_s", c.reward.timeout_s > 0, "must be > 0"),
         ("reward.overlong_buffer", 0 <= c.reward.overlong_buffer < r.max_response_len,
          "must be in [0, rollout.max_response_len)"),
-        ("algorithm.eps_low", 0 <= a.eps_low < 1, "must be in [0, 1)"),
+        ("algorithm.eps_low", 0 <= a.eps_low <= 1, "must be in [0, 1]"),
         ("algorithm.eps_high", a.eps_high >= 0, "must be ≥ 0"),
         ("algorithm.clip_c", a.clip_c is None or a.clip_c > 1, "dual-clip c must be > 1"),
         ("algorithm.clip_cov_ratio", 0 < a.clip_cov_ratio <= 1, "must be in (0, 1]"),
@@ -384,9 +384,9 @@ def _semantic_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
          "must satisfy 0 < t_min ≤ t_max"),
         ("control.temperature.annealing_ratio", 0 <= ctl.temperature.annealing_ratio < 1, "must be in [0, 1)"),
         ("control.temperature.beta", 0 < ctl.temperature.beta <= 1, "must be in (0, 1]"),
-        ("control.budget.n_min_limit", 1 <= ctl.budget.n_min_limit <= r.n_samples,
+        ("control.budget.n_min_limit", not ctl.budget.enabled or 1 <= ctl.budget.n_min_limit <= r.n_samples,
          "must be in [1, rollout.n_samples]"),
-        ("control.budget.n_max_limit", ctl.budget.n_max_limit >= r.n_samples, "must be ≥ rollout.n_samples"),
+        ("control.budget.n_max_limit", not ctl.budget.enabled or ctl.budget.n_max_limit >= r.n_samples, "must be ≥ rollout.n_samples"),
         ("control.budget.widen", ctl.budget.widen >= 0, "must be ≥ 0"),
         ("control.eepo.window", ctl.eepo.window >= 1, "must be ≥ 1"),
         ("control.eepo.lr", ctl.eepo.lr > 0, "must be > 0"),
@@ -482,7 +482,20 @@ def validate(cfg: RunConfig) -> RunConfig:
     for path, ok, msg in _semantic_checks(cfg):
         if not ok:
             _fail(path, msg)
+    _check_names(cfg)
     return cfg
+
+
+def _check_names(cfg: RunConfig) -> None:
+    """Plug-point names are checked against the dicts that define them (no copied lists)."""
+    from explorl.algorithms import ADVANTAGES, LOSSES
+
+    for path, value, table, kind in [("algorithm.loss", cfg.algorithm.loss, LOSSES, "loss"),
+                                     ("algorithm.advantage", cfg.algorithm.advantage, ADVANTAGES, "advantage estimator")]:
+        if value not in table:
+            close = difflib.get_close_matches(value, list(table), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            _fail(path, f"{value!r} is not a known {kind}{hint} (choices: {', '.join(table)})")
 
 
 def from_dict(data: dict | None) -> RunConfig:

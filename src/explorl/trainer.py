@@ -53,10 +53,11 @@ def controller_specs(cfg: C.RunConfig) -> dict[str, dict]:
     if ctl.adaptive.enabled:
         a = ctl.adaptive
         specs["adaptive"] = dict(actuator=a.actuator, schedule=dataclasses.asdict(a.schedule), warmup=a.warmup,
-                                 window=a.window, delta=a.delta, init=a.init, min=a.min, max=a.max,
+                                 window=a.window, delta=a.delta, c0=a.init, c_min=a.min, c_max=a.max,
                                  deadband=a.deadband)
     if ctl.eepo.enabled:
-        specs["eepo"] = dict(window=ctl.eepo.window, alpha=ctl.eepo.alpha)
+        e = ctl.eepo
+        specs["eepo"] = dict(window=e.window, alpha=e.alpha, lr=e.lr, eps_l=e.eps_l, eps_r=e.eps_r)
     if ctl.curriculum.enabled:
         c = ctl.curriculum
         specs["curriculum"] = dict(start_ratio=c.start_ratio, n_samples=c.n_samples,
@@ -184,7 +185,7 @@ class Trainer:
             return sample_then_forget(
                 self.engine, self.policy, prompt_ids, budgets, knobs.temperature, knobs.max_response_len,
                 self.generators["sample"], unlearn=knobs.unlearn, lr=self.eepo.lr, eps_l=self.eepo.eps_l,
-                eps_r=self.eepo.eps_r)
+                eps_r=self.eepo.eps_r, pad_id=self.engine.pad_id, micro_batch_size=self.cfg.optim.micro_batch_size)
         ro = self.engine.generate(self.policy, prompt_ids, budgets, knobs.temperature, knobs.max_response_len,
                                   self.generators["sample"])
         return ro, {}
@@ -373,9 +374,10 @@ class Trainer:
         t_start = time.perf_counter()
         step = self.step + 1
         metrics: dict = {}
-        batch = self.order.next_batch() if knobs.dataset != "anneal" or not self.anneal_order \
-            else self.anneal_order.next_batch()
-        for c in self.controllers:  # 5a. controllers set this step's knobs
+        for c in self.controllers:  # 5a. controllers set this step's knobs (the dataset first)
+            metrics.update(c.before_batch(step, knobs))
+        batch = (self.anneal_order if knobs.dataset == "anneal" and self.anneal_order else self.order).next_batch()
+        for c in self.controllers:
             metrics.update(c.before_step(step, knobs, batch[0]))
 
         # 1. sample  2. score

@@ -73,6 +73,14 @@ class Controller:
     def setup(self, ctx: ControlContext, knobs: Knobs) -> None:  # noqa: B027 - optional hook
         """Called once before the first step (and before ``load_state_dict`` on resume)."""
 
+    def before_batch(self, step: int, knobs: Knobs) -> dict[str, float]:
+        """Set knobs that decide which prompts ``step`` draws (``knobs.dataset``).
+
+        Called for every controller before the step's prompts are drawn, then
+        ``before_step`` is called with them. Only the curriculum uses it today.
+        """
+        return {}
+
     def before_step(self, step: int, knobs: Knobs, prompt_indices: list[int]) -> dict[str, float]:
         """Set knobs for ``step`` (1-based), whose batch holds ``prompt_indices``."""
         return {}

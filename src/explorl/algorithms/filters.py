@@ -1,0 +1,31 @@
+"""DAPO batch filters and reward shaping (DAPO §3.2 dynamic sampling, §3.4 overlong shaping)."""
+
+from __future__ import annotations
+
+import torch
+
+from explorl.algorithms.advantages import degenerate_groups
+
+
+def informative_groups(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
+    """DAPO dynamic sampling (Eq. 11): True (N,) where the group's rewards are not all equal.
+
+    A size-1 group is never informative (its rewards are trivially all equal). Group ids
+    are arbitrary ints, groups may have unequal sizes.
+    """
+    return ~degenerate_groups(rewards, group_index)  # (N,)
+
+
+def overlong_penalty(
+    lengths: torch.Tensor, max_len: int, buffer: int, penalty: float
+) -> torch.Tensor:
+    """DAPO soft overlong punishment (Eq. 13), added to the reward; (N,) float.
+
+    0 if length ≤ max_len − buffer, then linear down to −penalty at max_len, and −penalty
+    beyond. buffer = 0 turns the shaping off (all zeros), as ``rewards.overlong_buffer``.
+    """
+    lengths = lengths.float()  # (N,)
+    if buffer <= 0:
+        return torch.zeros_like(lengths)
+    excess = lengths - (max_len - buffer)  # (N,)
+    return -(excess / buffer).clamp(0.0, 1.0) * penalty

@@ -1,0 +1,156 @@
+"""Per-token policy losses: PPO-clip, Clip-Cov, KL-Cov (ALGORITHMS.md §0, §2c, §2d).
+
+One signature, as in verl's ``core_algos``::
+
+    fn(logp, old_logp, advantages, mask, cfg, generator=None) -> (per_token_loss, metrics)
+
+logp, old_logp (N, T); advantages (N,) or (N, T); mask (N, T) bool. ``cfg`` is any object
+with ``eps_low, eps_high, clip_c, clip_cov_ratio, clip_cov_lb, clip_cov_ub, kl_cov_ratio,
+kl_cov_coef``. The loss is 0 outside the mask; reduce it with ``aggregation.aggregate``.
+
+Metrics (0-dim tensors, means over the valid tokens):
+  ``loss/clip_frac``: fraction of valid tokens whose PPO clip is *active*, i.e. the clipped
+      term −A·clip(ratio) is strictly greater than −A·ratio, so the token gets no gradient
+      (verl's ``pg_clipfrac``). Tokens outside [1−eps_low, 1+eps_high] on the side where the
+      unclipped term wins still train and do not count. KL-Cov does not clip: always 0.
+  ``loss/dual_clip_frac``: fraction of valid tokens where the dual clip −A·clip_c (A < 0)
+      is strictly below the PPO term and so replaces it. 0 when ``clip_c`` is None.
+  ``loss/cov_selected_frac``: tokens selected by Clip-Cov/KL-Cov / valid tokens (0 for PPO).
+  ``loss/ratio_mean``: mean of ratio = exp(logp − old_logp).
+  ``cov/mean``: mean of ``token_covariance`` (the batch covariance of logp and A).
+  ``cov/selected_mean``: mean covariance of the selected tokens (0 if none / PPO).
+
+Token selection happens over the whole (N, T) batch passed in **(ours: the trainer passes
+a mini-batch; verl selects per micro-batch)**.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from explorl.algorithms.covariance import masked_mean, per_token_advantages, token_covariance
+
+LOG_RATIO_CLAMP = 20.0
+"""|logp − old_logp| is clamped here before exp (as verl): e^20 ≈ 5e8 is already no trust
+region, and an inf ratio would turn the whole batch's gradient into NaN."""
+
+
+def _log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """logp − old_logp on valid tokens, 0 on padding (whose values may be garbage or -inf)."""
+    diff = logp - old_logp.detach()
+    diff = torch.where(mask, diff, torch.zeros_like(diff))  # (N, T)
+    return diff.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+def _ppo_terms(logp, old_logp, adv, mask, cfg):
+    """PPO-clip (+ dual clip) per token: returns (loss, ratio, clip_active, dual_active)."""
+    ratio = torch.exp(_log_ratio(logp, old_logp, mask))  # (N, T)
+    pg1 = -adv * ratio
+    pg2 = -adv * ratio.clamp(1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
+    loss = torch.maximum(pg1, pg2)
+    clip_active = (pg2 > pg1) & mask
+    dual_active = torch.zeros_like(clip_active)
+    if cfg.clip_c is not None:
+        # Dual clip (Ye et al. 2020, verl): for A < 0 cap the loss at −A·c so a huge ratio
+        # on a bad token cannot dominate the update.
+        pg3 = -adv * cfg.clip_c
+        dual_active = (adv < 0) & (pg3 < loss) & mask
+        loss = torch.where(adv < 0, torch.minimum(loss, pg3), loss)
+    return loss, ratio, clip_active, dual_active
+
+
+def _metrics(ratio, mask, clip_active, dual_active, cov, selected) -> dict[str, torch.Tensor]:
+    n_sel = selected.sum()
+    return {
+        "loss/clip_frac": masked_mean(clip_active.float(), mask).detach(),
+        "loss/dual_clip_frac": masked_mean(dual_active.float(), mask).detach(),
+        "loss/cov_selected_frac": (n_sel / mask.sum().clamp(min=1)).float(),
+        "loss/ratio_mean": masked_mean(ratio.detach(), mask),
+        "cov/mean": masked_mean(cov, mask),
+        "cov/selected_mean": masked_mean(cov, selected),
+    }
+
+
+def _num_selected(ratio: float, n_valid: int) -> int:
+    """max(1, floor(ratio · n_valid)); the 1e-9 keeps floor(0.29 · 100) = 29, not 28."""
+    return max(1, math.floor(ratio * n_valid + 1e-9))
+
+
+def ppo_loss(logp, old_logp, advantages, mask, cfg, generator=None):
+    """PPO-clip surrogate (Schulman 2017 Eq. 7) with DAPO clip-higher and optional dual clip.
+
+    loss = max(−A·ratio, −A·clip(ratio, 1−eps_low, 1+eps_high)); if clip_c is set and
+    A < 0: min(loss, −A·clip_c). ``generator`` is unused (one signature for all losses).
+    """
+    mask = mask.bool()
+    adv = per_token_advantages(advantages.detach(), logp)  # (N, T)
+    loss, ratio, clip_active, dual_active = _ppo_terms(logp, old_logp, adv, mask, cfg)
+    cov = token_covariance(logp, adv, mask)  # (N, T)
+    loss = torch.where(mask, loss, torch.zeros_like(loss))
+    selected = torch.zeros_like(mask)
+    return loss, _metrics(ratio, mask, clip_active, dual_active, cov, selected)
+
+
+def clip_cov_loss(logp, old_logp, advantages, mask, cfg, generator=None):
+    """Clip-Cov (Entropy Mechanism Eq. 11–12): detach a random few high-covariance tokens.
+
+    Candidates are valid tokens with clip_cov_lb < Cov < clip_cov_ub whose PPO gradient is
+    not already cut (clip or dual clip active, see ``loss/clip_frac``). Of them,
+    max(1, floor(clip_cov_ratio · n_valid)) are drawn uniformly without replacement with
+    ``generator`` (fewer if there are fewer candidates). A selected token keeps its PPO loss
+    *value* but computed from detached logp, so it contributes no gradient; all other
+    tokens get the PPO loss of ``ppo_loss``.
+    """
+    mask = mask.bool()
+    adv = per_token_advantages(advantages.detach(), logp)  # (N, T)
+    loss, ratio, clip_active, dual_active = _ppo_terms(logp, old_logp, adv, mask, cfg)
+    cov = token_covariance(logp, adv, mask)  # (N, T)
+
+    candidates = mask & ~clip_active & ~dual_active
+    candidates &= (cov > cfg.clip_cov_lb) & (cov < cfg.clip_cov_ub)
+    cand_idx = candidates.flatten().nonzero().squeeze(-1)  # (C,)
+    k = _num_selected(cfg.clip_cov_ratio, int(mask.sum()))
+    gen_device = generator.device if generator is not None else "cpu"
+    perm = torch.randperm(cand_idx.numel(), generator=generator, device=gen_device)
+    chosen = cand_idx[perm[:k].to(cand_idx.device)]
+    selected = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
+    selected[chosen] = True
+    selected = selected.view_as(mask)  # (N, T)
+
+    detached, *_ = _ppo_terms(logp.detach(), old_logp, adv, mask, cfg)
+    loss = torch.where(selected, detached, loss)
+    loss = torch.where(mask, loss, torch.zeros_like(loss))
+    return loss, _metrics(ratio, mask, clip_active, dual_active, cov, selected)
+
+
+def kl_cov_loss(logp, old_logp, advantages, mask, cfg, generator=None):
+    """KL-Cov (Entropy Mechanism Eq. 13): KL penalty on the top-k covariance tokens, no clip.
+
+    k = max(1, floor(kl_cov_ratio · n_valid)) valid tokens with the largest Cov get
+    −A·ratio + kl_cov_coef·|logp − old_logp|; all others −A·ratio. On the first on-policy
+    pass logp == old_logp, so this equals the plain policy gradient (|·|' at 0 is 0).
+    ``generator`` is unused (top-k is deterministic).
+    """
+    mask = mask.bool()
+    adv = per_token_advantages(advantages.detach(), logp)  # (N, T)
+    log_ratio = _log_ratio(logp, old_logp, mask)  # (N, T)
+    ratio = torch.exp(log_ratio)
+    pg = -adv * ratio
+    cov = token_covariance(logp, adv, mask)  # (N, T)
+
+    n_valid = int(mask.sum())
+    k = min(_num_selected(cfg.kl_cov_ratio, n_valid), n_valid)
+    top = cov.masked_fill(~mask, -torch.inf).flatten().topk(k).indices  # (k,)
+    selected = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
+    selected[top] = True
+    selected = selected.view_as(mask)  # (N, T)
+
+    loss = torch.where(selected, pg + cfg.kl_cov_coef * log_ratio.abs(), pg)
+    loss = torch.where(mask, loss, torch.zeros_like(loss))
+    no_clip = torch.zeros_like(mask)
+    return loss, _metrics(ratio, mask, no_clip, no_clip, cov, selected)
+
+
+LOSSES = {"ppo": ppo_loss, "clip_cov": clip_cov_loss, "kl_cov": kl_cov_loss}

@@ -1,0 +1,21 @@
+"""Analysis of finished runs: the entropy–performance law and multi-run reports."""
+
+from explorl.analysis.entropy_law import (
+    EntropyLawFit,
+    FitError,
+    fit_entropy_law,
+    fit_run,
+    plot_fit,
+    write_fit,
+)
+from explorl.analysis.report import make_report
+
+__all__ = [
+    "EntropyLawFit",
+    "FitError",
+    "fit_entropy_law",
+    "fit_run",
+    "make_report",
+    "plot_fit",
+    "write_fit",
+]

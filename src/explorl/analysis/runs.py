@@ -1,0 +1,121 @@
+"""Read a run directory (``config.yaml`` + ``metrics.jsonl``) and make matplotlib figures.
+
+Every reader here is forgiving: metric keys may be missing at some steps or in whole runs,
+a line cut short by a crash is skipped, and a step logged twice (a resumed run re-logs the
+steps after its last checkpoint) keeps its last record.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PASSK_KEY = re.compile(r"^val/pass@(\d+)$")
+
+
+@dataclass
+class Run:
+    """One run directory: its recipe name, seed and per-step metric records (sorted by step)."""
+
+    path: Path
+    name: str
+    seed: int | None
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return self.name if self.seed is None else f"{self.name} (seed {self.seed})"
+
+    def series(self, key: str) -> tuple[list[int], list[float]]:
+        """(steps, values) of the steps where ``key`` holds a finite number."""
+        steps, values = [], []
+        for rec in self.records:
+            v = rec.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                steps.append(rec["step"])
+                values.append(float(v))
+        return steps, values
+
+    def keys(self) -> set[str]:
+        return {k for rec in self.records for k in rec}
+
+    def passk_keys(self) -> list[str]:
+        """``val/pass@k`` keys present in the run, sorted by k."""
+        found = [k for k in self.keys() if PASSK_KEY.match(k)]
+        return sorted(found, key=lambda k: int(PASSK_KEY.match(k).group(1)))
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Records of a ``metrics.jsonl`` sorted by ``step``; the last record of a step wins."""
+    by_step: dict[int, dict[str, Any]] = {}
+    path = Path(path)
+    if not path.exists():
+        return []
+    with path.open() as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:  # a line the trainer was writing when it died
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+                by_step[rec["step"]] = rec
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def load_run(run_dir: str | Path) -> Run:
+    """Load ``run_dir``: name and seed from ``config.yaml`` (dir name if absent), metrics."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run directory {run_dir} does not exist")
+    cfg: dict[str, Any] = {}
+    cfg_path = run_dir / "config.yaml"
+    if cfg_path.exists():
+        loaded = yaml.safe_load(cfg_path.read_text())
+        cfg = loaded if isinstance(loaded, dict) else {}
+    name = cfg.get("name") or run_dir.name
+    seed = cfg.get("seed")
+    return Run(
+        path=run_dir,
+        name=str(name),
+        seed=seed if isinstance(seed, int) else None,
+        records=read_metrics(run_dir / "metrics.jsonl"),
+    )
+
+
+def new_figure(nrows: int = 1, ncols: int = 1, width: float = 6.4, height: float = 4.0,
+               suptitle: bool = False):
+    """A (figure, axes) pair on the Agg canvas, without pyplot's global state.
+
+    The trainer redraws plots at every validation of a long run; pyplot would keep every
+    figure alive unless closed, and would pick an interactive backend on a desktop. Margins
+    are fixed in inches: matplotlib's constrained/tight layout doubles the drawing time.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    W, H = width * ncols, height * nrows
+    fig = Figure(figsize=(W, H))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    left, right, bottom, top, gap = 0.95, 0.25, 0.6, 0.4 + (0.35 if suptitle else 0.0), 0.95
+    cell_w = (W - left - right - (ncols - 1) * gap) / ncols
+    cell_h = (H - bottom - top - (nrows - 1) * gap) / nrows
+    fig.subplots_adjust(left=left / W, right=1 - right / W, bottom=bottom / H, top=1 - top / H,
+                        wspace=gap / cell_w, hspace=gap / cell_h)
+    return fig, axes
+
+
+def save_figure(fig, path: str | Path, dpi: int = 100) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    return path

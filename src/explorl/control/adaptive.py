@@ -1,0 +1,171 @@
+"""Adaptive controller tracking a target-entropy schedule (Entropy Scheduling Alg. 1; ALGORITHMS 4a).
+
+The paper's adaptive clip-higher: after ``warmup`` steps at c_0, every step compares the mean
+entropy of the last ``window`` steps (H_curr) with the mean scheduled target over the same
+steps (H_sched) and moves the knob c by ±δ, clamped to [c_min, c_max]. Ours: a dead-band —
+no move while |H_sched − H_curr| ≤ deadband·H_sched — so c does not chatter around the target.
+
+The same loop can drive another knob. Each actuator has a *sign*: +1 when raising the knob
+raises entropy, −1 when it lowers it (``sign=`` overrides it). Defaults (``ACTUATOR_DEFAULTS``):
+
+============  =====  =====  =====  =====  ====  ===========================================
+actuator      c_0    δ      c_min  c_max  sign  why
+============  =====  =====  =====  =====  ====  ===========================================
+eps_high      0.28   0.01   0.2    0.4    +1    the paper; a wider upper clip lets unlikely
+                                                tokens grow (DAPO clip-higher)
+entropy_coef  0.0    1e-3   0.0    0.05   +1    the bonus pushes entropy up
+kl_coef       1e-3   1e-3   0.0    0.1    +1    the KL pulls the policy towards the frozen
+                                                reference, whose entropy is higher once RLVR
+                                                collapses entropy; the paper uses the KL
+                                                penalty to *hold* entropy and removes it to
+                                                let entropy anneal (see the note below)
+temperature   1.0    0.02   0.5    2.0    +1    a hotter sampler has higher entropy
+============  =====  =====  =====  =====  ====  ===========================================
+
+Note on kl_coef: a KL to the reference raises entropy only while the policy's entropy is
+below the reference's (the normal RLVR regime). For a run whose entropy sits *above* the
+reference (e.g. a strong entropy bonus) the effect reverses; pass ``sign=-1`` there. A wrong
+sign turns the loop into positive feedback: the knob runs to a bound and stays there.
+
+Step timing: H_t is known only after step t, so the value set for step t+1 uses the window
+of steps ending at t (the paper writes the window ending at t for the clip of step t; with
+the entropy measured during the update that value would not exist yet). Steps 1..warmup run
+at c_0; the first update is computed after step ``warmup`` and used at step warmup+1.
+
+Release (WSD with ``release=True``): during the annealing phase the knob is held at c_min and
+the loop stops, so entropy anneals naturally (eps_high back to 0.2, no bonus, no KL penalty).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from explorl.control.base import ControlContext, ControlError, Controller, Knobs, StepStats
+from explorl.control.schedules import Schedule, make_schedule
+
+
+@dataclass(frozen=True)
+class ActuatorSpec:
+    """Default c_0, δ and bounds of one actuator, and the sign of its effect on entropy."""
+
+    c0: float
+    delta: float
+    c_min: float
+    c_max: float
+    sign: int  # +1: raising the knob raises entropy; −1: raising it lowers entropy
+
+
+ACTUATOR_DEFAULTS = {
+    "eps_high": ActuatorSpec(c0=0.28, delta=0.01, c_min=0.2, c_max=0.4, sign=+1),
+    "entropy_coef": ActuatorSpec(c0=0.0, delta=1e-3, c_min=0.0, c_max=0.05, sign=+1),
+    "kl_coef": ActuatorSpec(c0=1e-3, delta=1e-3, c_min=0.0, c_max=0.1, sign=+1),
+    "temperature": ActuatorSpec(c0=1.0, delta=0.02, c_min=0.5, c_max=2.0, sign=+1),
+}
+
+
+class AdaptiveController(Controller):
+    """Move one knob by ±δ per step so the windowed entropy tracks a schedule (ES Algorithm 1).
+
+    Args:
+        schedule: a ``Schedule`` (``make_schedule``), any ``(step, max_steps) -> float``, or a
+            dict of ``make_schedule`` arguments (``{"kind": "wsd", "target": 0.4, ...}``).
+        actuator: the knob: ``eps_high`` (the paper), ``entropy_coef``, ``kl_coef`` or
+            ``temperature``.
+        warmup: T, steps held at c_0 (ours: 5).
+        window: w, steps averaged for H_curr and H_sched (ours: 3).
+        delta, c0, c_min, c_max: δ, c_0 and the clamp; ``None`` = the actuator's default
+            (``ACTUATOR_DEFAULTS``). Config names: delta, init, min, max.
+        deadband: relative dead-band around the target (ours: 0.02).
+        sign: +1 if raising the knob raises entropy, −1 if it lowers it; ``None`` = the
+            actuator's default (+1 for all four, see the module note on kl_coef).
+
+    Metrics:
+        ``control/<actuator>`` (before_step): the knob value step t uses.
+        ``control/target_entropy`` (before_step): the scheduled target of step t.
+        ``control/adaptive_released`` (before_step): 1.0 when a release schedule has released
+        the loop at step t (knob at c_min), else 0.0.
+        ``control/tracking_error`` (after_step): H_curr − H_sched over the window of the last
+        min(w, t) steps ending at t; positive = entropy above schedule.
+    """
+
+    name = "adaptive"
+
+    def __init__(
+        self,
+        schedule: Schedule | Callable[[int, int], float] | dict[str, Any],
+        actuator: str = "eps_high",
+        warmup: int = 5,
+        window: int = 3,
+        delta: float | None = None,
+        c0: float | None = None,
+        c_min: float | None = None,
+        c_max: float | None = None,
+        deadband: float = 0.02,
+        sign: int | None = None,
+    ) -> None:
+        if actuator not in ACTUATOR_DEFAULTS:
+            raise ControlError(
+                f"adaptive: unknown actuator {actuator!r}; valid: {', '.join(ACTUATOR_DEFAULTS)}"
+            )
+        if isinstance(schedule, dict):
+            schedule = make_schedule(**schedule)
+        spec = ACTUATOR_DEFAULTS[actuator]
+        self.actuator = actuator
+        self.actuators = (actuator,)
+        self.schedule = schedule
+        self.warmup, self.window, self.deadband = warmup, window, deadband
+        self.delta = spec.delta if delta is None else delta
+        self.c0 = spec.c0 if c0 is None else c0
+        self.c_min = spec.c_min if c_min is None else c_min
+        self.c_max = spec.c_max if c_max is None else c_max
+        self.sign = spec.sign if sign is None else sign
+        if self.sign not in (1, -1):
+            raise ControlError(f"adaptive: sign must be +1 or -1, got {self.sign}")
+        if window < 1 or warmup < 0 or self.delta < 0 or deadband < 0:
+            raise ControlError("adaptive: need window ≥ 1, warmup ≥ 0, delta ≥ 0, deadband ≥ 0")
+        if not self.c_min <= self.c0 <= self.c_max:
+            raise ControlError(
+                f"adaptive: c0={self.c0} is outside [c_min, c_max] = [{self.c_min}, {self.c_max}]"
+            )
+        # state
+        self.c = self.c0  # knob value of the coming step
+        self.history: list[tuple[int, float]] = []  # (step, H_step) of the last `window` steps
+
+    def setup(self, ctx: ControlContext, knobs: Knobs) -> None:
+        self.max_steps = ctx.max_steps
+        self.c = self.c0
+        self.history = []
+
+    def _released(self, step: int) -> bool:
+        released = getattr(self.schedule, "released", None)
+        return bool(released(step, self.max_steps)) if released is not None else False
+
+    def before_step(self, step: int, knobs: Knobs, prompt_indices: list[int]) -> dict[str, float]:
+        released = self._released(step)
+        if released:
+            self.c = self.c_min
+        setattr(knobs, self.actuator, self.c)
+        return {
+            f"control/{self.actuator}": self.c,
+            "control/target_entropy": float(self.schedule(step, self.max_steps)),
+            "control/adaptive_released": float(released),
+        }
+
+    def after_step(self, stats: StepStats, knobs: Knobs) -> dict[str, float]:
+        self.history = (self.history + [(stats.step, float(stats.entropy))])[-self.window :]
+        h_curr = sum(h for _, h in self.history) / len(self.history)
+        h_sched = sum(self.schedule(s, self.max_steps) for s, _ in self.history) / len(self.history)
+        control = stats.step >= self.warmup and not self._released(stats.step + 1)
+        if control and abs(h_sched - h_curr) > self.deadband * abs(h_sched):
+            direction = 1 if h_sched > h_curr else -1  # +1: entropy must rise
+            self.c = min(self.c_max, max(self.c_min, self.c + self.sign * direction * self.delta))
+        return {"control/tracking_error": h_curr - h_sched}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"c": self.c, "history": [[s, h] for s, h in self.history]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.c = float(state["c"])
+        self.history = [(int(s), float(h)) for s, h in state["history"]]

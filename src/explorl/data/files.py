@@ -1,0 +1,196 @@
+"""Prompt records from local ``.jsonl``/``.json``/``.parquet`` files (verl or plain/TRL schema).
+
+Files are read with the standard ``json`` module and ``pyarrow.parquet`` rather than
+``datasets.load_dataset``: errors can then name the exact line, nothing is written to the HF
+cache, and the ~1.5 s ``datasets`` import is skipped. ``datasets`` reads parquet with the same
+pyarrow, so the rows are identical.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from explorl.data.records import PromptRecord
+
+EXTENSIONS = (".jsonl", ".json", ".parquet")
+
+
+class DataError(ValueError):
+    """A data file that cannot be loaded; the message names the file, the row and the field."""
+
+
+def _read_rows(path: str) -> list[tuple[str, Any]]:
+    """``(location, row)`` pairs; location is ``"row N"`` (0-based), plus the line for JSONL."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in EXTENSIONS:
+        raise DataError(
+            f"{path}: unsupported file type {suffix or '(none)'!r} "
+            f"(expected {', '.join(EXTENSIONS)})"
+        )
+    if suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except (OSError, pa.ArrowException) as e:
+            if not Path(path).exists():
+                raise
+            raise DataError(f"{path}: not a readable parquet file ({e})") from e
+        return [(f"row {i}", r) for i, r in enumerate(rows)]
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from e
+    if suffix == ".json":
+        if not text.strip():
+            return []
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path} line {e.lineno}: invalid JSON ({e.msg})") from e
+        if not isinstance(data, list):
+            raise DataError(
+                f"{path}: expected a JSON list of row objects, got {type(data).__name__}"
+            )
+        return [(f"row {i}", r) for i, r in enumerate(data)]
+
+    out = []
+    # Split on "\n" only: str.splitlines() also splits on U+2028 etc., legal inside JSON strings.
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():  # blank lines (e.g. a trailing newline) are not rows
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(
+                f"{path} line {lineno}: invalid JSON ({e.msg} at column {e.colno})"
+            ) from e
+        out.append((f"row {len(out)} (line {lineno})", row))
+    return out
+
+
+def _ground_truth(value: Any) -> str | None:
+    """Ground truth as text: numbers become their decimal string, dicts (e.g. TinyZero's
+    countdown ``{"target", "numbers"}``) become JSON; other types are rejected (None)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float) and math.isfinite(value):
+        # Integer columns with missing values come back from pandas-written parquet as floats.
+        return str(int(value)) if value.is_integer() else repr(value)
+    if isinstance(value, dict):
+        return json.dumps(value)
+    return None
+
+
+def _first_present(row: dict, keys: tuple[str, ...]) -> str | None:
+    """The first of ``keys`` with a non-null value (parquet stores absent fields as null)."""
+    return next((k for k in keys if row.get(k) is not None), None)
+
+
+def _row_to_record(
+    row: Any, where: str, index: int, data_source_default: str | None
+) -> PromptRecord:
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: expected an object, got {type(row).__name__}")
+    keys = ", ".join(row) or "none"
+
+    def missing(field_desc: str) -> DataError:
+        return DataError(f"{where}: field {field_desc} is missing (row has keys: {keys})")
+
+    def wrong(field_name: str, expected: str, value: Any) -> DataError:
+        return DataError(
+            f"{where}: field {field_name!r} must be {expected}, got {type(value).__name__}"
+        )
+
+    # Prompt: verl's chat messages or plain text (`prompt`, else TRL/MATH's `problem`).
+    prompt_key = _first_present(row, ("prompt", "problem"))
+    if prompt_key is None:
+        raise missing("'prompt'")
+    prompt = row[prompt_key]
+    if isinstance(prompt, list):
+        if not prompt:
+            raise DataError(f"{where}: field {prompt_key!r} is an empty list of messages")
+        messages = []
+        for j, m in enumerate(prompt):
+            if not (
+                isinstance(m, dict)
+                and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str)
+            ):
+                raise DataError(
+                    f"{where}: field '{prompt_key}[{j}]' must be a message "
+                    f'{{"role": str, "content": str}}, got {json.dumps(m, default=str)[:80]}'
+                )
+            messages.append({"role": m["role"], "content": m["content"]})
+        prompt = messages
+    elif not isinstance(prompt, str):
+        raise wrong(prompt_key, "a string or a list of {role, content} messages", prompt)
+
+    # Ground truth: verl's reward_model.ground_truth, else `answer`, else `solution` (kept whole:
+    # the math verifier extracts its \boxed{} answer).
+    if row.get("reward_model") is not None:
+        rm = row["reward_model"]
+        if not isinstance(rm, dict):
+            raise wrong("reward_model", "an object", rm)
+        if rm.get("ground_truth") is None:
+            raise missing("'reward_model.ground_truth'")
+        gt_key, gt_value = "reward_model.ground_truth", rm["ground_truth"]
+    else:
+        gt_key = _first_present(row, ("answer", "solution"))
+        if gt_key is None:
+            # Name the field of the schema the prompt suggests.
+            raise missing(
+                "'reward_model.ground_truth'"
+                if isinstance(prompt, list)
+                else "'answer' (or 'solution')"
+            )
+        gt_value = row[gt_key]
+    ground_truth = _ground_truth(gt_value)
+    if ground_truth is None:
+        raise wrong(gt_key, "a string, number or object", gt_value)
+
+    data_source = row.get("data_source")
+    if data_source is None:
+        data_source = data_source_default or "unknown"
+    elif not isinstance(data_source, str):
+        raise wrong("data_source", "a string", data_source)
+
+    used = {prompt_key, gt_key.split(".")[0], "data_source"}
+    extra = {k: v for k, v in row.items() if k not in used}
+    return PromptRecord(prompt, ground_truth, data_source, index, extra)
+
+
+def load_prompts(path: str, *, data_source_default: str | None = None) -> list[PromptRecord]:
+    """All rows of a ``.jsonl``/``.json``/``.parquet`` file as records, ``index`` = row number.
+
+    Schemas: verl (``prompt`` = chat messages, ``reward_model.ground_truth``, ``data_source``)
+    and plain/TRL (``prompt`` or ``problem`` text, ``answer`` or ``solution``). Rows without a
+    ``data_source`` get ``data_source_default`` (else ``"unknown"``); unused columns go to
+    ``extra``. Raises ``DataError`` at the first bad row.
+    """
+    path = str(path)
+    rows = _read_rows(path)
+    if not rows:
+        raise DataError(f"{path}: file is empty (no rows)")
+    return [
+        _row_to_record(row, f"{path} {loc}", i, data_source_default)
+        for i, (loc, row) in enumerate(rows)
+    ]
+
+
+def load_many(paths: list[str], *, data_source_default: str | None = None) -> list[PromptRecord]:
+    """Records of several files concatenated in order, re-indexed 0..N-1."""
+    records = [r for p in paths for r in load_prompts(p, data_source_default=data_source_default)]
+    return [
+        PromptRecord(r.prompt, r.ground_truth, r.data_source, i, r.extra)
+        for i, r in enumerate(records)
+    ]

@@ -1,0 +1,98 @@
+"""Turn per-sample correctness into pass@k / mean@n summaries, a pass@k plot and eval.json.
+
+The generation side (``explorl eval``) produces, per problem, the correctness of each of its
+n samples and the problem's ``data_source``; everything here is pure bookkeeping on that.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from explorl.eval.passk import mean_at_n, pass_at_k_batch
+
+
+def _stats(n_list: list[int], c_list: list[int], ks: list[int]) -> dict:
+    out = {f"pass@{k}": pass_at_k_batch(n_list, c_list, k) for k in ks}
+    out["mean@n"] = mean_at_n(n_list, c_list)
+    out["n_problems"] = len(n_list)
+    out["n_samples"] = sum(n_list)
+    return out
+
+
+def summarize(
+    correct: Sequence[Sequence[bool]], data_sources: Sequence[str], k_list: Sequence[int]
+) -> dict:
+    """Unbiased pass@k (ALGORITHMS.md §0) and mean@n, overall and per data source.
+
+    ``correct[i][j]`` says whether sample j of problem i is correct; problems may have
+    different sample counts, but every problem needs at least max(k_list) samples (else
+    ``ValueError``, naming the problem). pass@1 is always reported. Returns
+    ``{"k_list": [...], "overall": {"pass@1", "pass@k"…, "mean@n", "n_problems", "n_samples"},
+    "by_source": {source: {same keys}}}``; mean@n is the mean per-problem accuracy c_i/n_i.
+    """
+    if len(correct) != len(data_sources):
+        raise ValueError(f"got {len(correct)} problems but {len(data_sources)} data sources")
+    if not correct:
+        raise ValueError("nothing to summarize: no problems")
+    ks = sorted({1, *(int(k) for k in k_list)})
+    if ks[0] < 1:
+        raise ValueError(f"every k must be ≥ 1, got {list(k_list)}")
+    n_list = [len(samples) for samples in correct]
+    c_list = [sum(bool(x) for x in samples) for samples in correct]
+    for i, n in enumerate(n_list):
+        if n < ks[-1]:
+            raise ValueError(
+                f"problem {i} ({data_sources[i]}) has {n} samples but pass@{ks[-1]} needs at "
+                f"least {ks[-1]}; generate ≥ {ks[-1]} samples per problem or lower k"
+            )
+    by_source: dict[str, tuple[list[int], list[int]]] = {}
+    for n, c, src in zip(n_list, c_list, data_sources):
+        ns, cs = by_source.setdefault(str(src), ([], []))
+        ns.append(n)
+        cs.append(c)
+    return {
+        "k_list": ks,
+        "overall": _stats(n_list, c_list, ks),
+        "by_source": {src: _stats(ns, cs, ks) for src, (ns, cs) in sorted(by_source.items())},
+    }
+
+
+def write_eval_json(summary: dict, path: str | Path) -> Path:
+    """Write a ``summarize`` result as indented JSON; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    return path
+
+
+def _curve(stats: dict) -> tuple[list[int], list[float]]:
+    ks = sorted(int(key.split("@")[1]) for key in stats if key.startswith("pass@"))
+    return ks, [stats[f"pass@{k}"] for k in ks]
+
+
+def plot_passk(summary: dict, path: str | Path) -> Path:
+    """pass@k versus k (log₂ x axis): one line per data source, plus the overall mean in black."""
+    from explorl.analysis.runs import new_figure, save_figure
+
+    fig, axes = new_figure()
+    ax = axes[0][0]
+    sources = summary.get("by_source") or {"all": summary["overall"]}
+    for i, (src, stats) in enumerate(sources.items()):
+        ks, vals = _curve(stats)
+        ax.plot(ks, vals, marker="o", color=f"C{i % 10}",
+                label=f"{src} ({stats['n_problems']} problems)")
+    ks, vals = _curve(summary["overall"])
+    if len(sources) > 1:
+        ax.plot(ks, vals, marker="o", color="black", linewidth=2,
+                label=f"overall ({summary['overall']['n_problems']} problems)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.set_xlabel("k (samples per problem)")
+    ax.set_ylabel("pass@k (unbiased)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title("pass@k")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize="small")
+    return save_figure(fig, path)

@@ -1,0 +1,108 @@
+"""``explorl eval``: n samples per problem → pass@k, mean@n, greedy accuracy, per data source."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+import yaml
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from explorl import config as C
+from explorl.checkpoint import latest_checkpoint
+from explorl.data.sources import default_verifier, load_split
+from explorl.models import load_model, load_tokenizer, render_prompt, resolve_device, resolve_model_path
+from explorl.rewards.pool import VerifierPool
+from explorl.rollout.hf import HFEngine
+
+
+def _resolve_model(model: str, overrides: list[str] | None) -> tuple[Path, Path, C.RunConfig]:
+    """``(weights dir, tokenizer dir, config)`` for a model dir, ``lab:<task>`` or a run dir."""
+    run_dir = Path(model)
+    if (run_dir / "config.yaml").is_file() and (run_dir / "checkpoints").is_dir():
+        data = yaml.safe_load((run_dir / "config.yaml").read_text())
+        for text in overrides or []:
+            k, v = C.parse_override(text)
+            C._set_path(data, k, v)
+        cfg = C.from_dict(data)
+        ckpt = latest_checkpoint(run_dir)
+        if ckpt is None or not (ckpt / "config.json").exists():
+            raise FileNotFoundError(f"{run_dir} has no checkpoint with model weights")
+        return ckpt, ckpt, cfg
+    cfg = C.load(None, overrides)
+    cfg.model.path = model
+    path = resolve_model_path(model)
+    return path, path, cfg
+
+
+def run_eval(*, model: str, data: list[str], out_dir: Path, n: int = 16, k_list: list[int] = (1, 16),
+             temperature: float = 1.0, max_problems: int | None = None, max_new_tokens: int | None = None,
+             verifier: str = "auto", split: str = "test", seed: int = 0, overrides: list[str] | None = None,
+             batch_problems: int = 64, progress: bool = True) -> dict:
+    """Evaluate ``model`` on ``data``; write ``eval.json`` and ``passk.png`` into ``out_dir``."""
+    from explorl.eval.evaluate import plot_passk, summarize, write_eval_json
+
+    k_list = sorted({k for k in k_list if k <= n})
+    if not k_list:
+        raise ValueError(f"every k exceeds n={n}")
+    weights, tok_dir, cfg = _resolve_model(model, overrides)
+    torch.manual_seed(seed)
+    device = resolve_device(cfg.model.device)
+    tokenizer = load_tokenizer(tok_dir, cfg.model)
+    policy = load_model(weights, cfg.model, device, frozen=True)
+    max_new = max_new_tokens or cfg.rollout.max_response_len
+    engine = HFEngine(tokenizer, batch_size=cfg.rollout.batch_size)
+    records = load_split(data, cfg.lab, split)[: max_problems or None]
+    name = verifier if verifier != "auto" else (
+        cfg.reward.verifier if cfg.reward.verifier != "auto" else default_verifier(data))
+    gen = torch.Generator(device if device.type == "cuda" else "cpu").manual_seed(seed)
+    correct: list[list[bool]] = []
+    greedy: list[bool] = []
+    t0 = time.perf_counter()
+    columns = (TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("eta"), TimeRemainingColumn())
+    with VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s) as pool, \
+            Progress(*columns, disable=not progress) as bar:
+        task = bar.add_task("eval", total=len(records))
+        for start in range(0, len(records), batch_problems):
+            chunk = records[start: start + batch_problems]
+            ids = [render_prompt(tokenizer, r.prompt, cfg.model.use_chat_template) for r in chunk]
+            ro = engine.generate(policy, ids, [n] * len(ids), temperature, max_new, gen)
+            scores = pool.score(name, ro.texts, [chunk[i].ground_truth for i in ro.prompt_index.tolist()]).scores
+            for i in range(len(chunk)):
+                correct.append([s > 0 for s, p in zip(scores, ro.prompt_index.tolist()) if p == i])
+            g = engine.generate(policy, ids, [1] * len(ids), 0.0, max_new)
+            greedy += [s > 0 for s in pool.score(name, g.texts, [r.ground_truth for r in chunk]).scores]
+            bar.update(task, advance=len(chunk))
+    summary = summarize(correct, [r.data_source for r in records], k_list)
+    summary["overall"]["greedy_accuracy"] = sum(greedy) / max(1, len(greedy))
+    for src in summary["by_source"]:
+        flags = [g for g, r in zip(greedy, records) if r.data_source == src]
+        summary["by_source"][src]["greedy_accuracy"] = sum(flags) / max(1, len(flags))
+    summary["settings"] = {"model": model, "data": list(data), "split": split, "n": n, "k": k_list,
+                           "temperature": temperature, "max_new_tokens": max_new, "verifier": name,
+                           "seed": seed, "seconds": time.perf_counter() - t0}
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_eval_json(summary, out_dir / "eval.json")
+    plot_passk(summary, out_dir / "passk.png")
+    _print_table(summary)
+    return summary
+
+
+def _print_table(summary: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    ks = summary["settings"]["k"]
+    table = Table(title=f"pass@k (n={summary['settings']['n']}, T={summary['settings']['temperature']})")
+    for col in ["source", "problems", *[f"pass@{k}" for k in ks], "mean@n", "greedy"]:
+        table.add_column(col, justify="right")
+    rows = [("overall", summary["overall"])] + list(summary["by_source"].items())
+    for name, s in rows:
+        table.add_row(name, str(s.get("n_problems", "")), *[f"{s[f'pass@{k}']:.3f}" for k in ks],
+                      f"{s['mean@n']:.3f}", f"{s.get('greedy_accuracy', float('nan')):.3f}")
+    Console().print(table)
+    print(json.dumps({"overall": summary["overall"]}))

@@ -1,0 +1,19 @@
+"""The lab: built-in synthetic tasks and a tiny warm-started model, so RL runs offline on a CPU.
+
+A recipe says ``model: lab:addition`` and ``data.train: lab:addition``;
+``lab_model_path("addition")`` builds (once, cached) the model directory, and
+``make_splits("addition")`` gives the train/val/test prompts.
+"""
+
+from explorl.lab.tasks import TASKS, make_splits, parse_lab_spec
+
+__all__ = ["TASKS", "lab_model_path", "make_splits", "parse_lab_spec"]
+
+
+def __getattr__(name: str):
+    # Lazy: parsing a recipe's "lab:" spec or making prompts must not import torch/transformers.
+    if name == "lab_model_path":
+        from explorl.lab.build import lab_model_path
+
+        return lab_model_path
+    raise AttributeError(f"module 'explorl.lab' has no attribute {name!r}")

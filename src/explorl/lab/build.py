@@ -1,0 +1,343 @@
+"""Build (once) and cache the lab's tiny warm-started Llama model for a task.
+
+``lab_model_path("addition")`` returns a directory that ``from_pretrained`` loads: a ~0.9M
+parameter ``LlamaForCausalLM``, the character tokenizer, and ``lab.json`` (build settings and
+measured accuracies). The model is initialised from a fixed seed and trained with supervised
+fine-tuning on the task's train split until its *sampled* accuracy (temperature 1) on the
+validation split reaches ``target_accuracy``: a policy that is right some of the time, so RL has
+room to improve it. Everything is seeded, so a build is reproducible on one machine (the
+floating-point sums, hence the stopping step, may differ across CPUs and thread counts).
+
+Cache: ``$EXPLORL_LAB_CACHE``, else ``$XDG_CACHE_HOME/explorl/lab``, else
+``~/.cache/explorl/lab``; one directory ``<task>-<hash of the build settings>`` per model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from explorl.data.records import PromptRecord
+from explorl.lab.tasks import get_task, make_splits, task_params
+from explorl.lab.tokenizer import CHARS, EOS, PAD, SPECIALS, lab_tokenizer, save_lab_tokenizer
+
+log = logging.getLogger(__name__)
+
+BUILD_VERSION = 1
+"""Bump when the build procedure changes, so cached models are rebuilt."""
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """How a lab model is built. Every field is part of the cache key."""
+
+    seed: int = 0
+    """Seed of the initial weights, the SFT batch order and the accuracy sampling."""
+    split_seed: int = 0
+    """Seed of the task's train/val/test split (``make_splits(seed=...)``)."""
+    n_train: int = 2000
+    """Training problems; the SFT data."""
+    n_val: int = 128
+    """Validation problems; the accuracy measured while building and recorded in lab.json."""
+    n_test: int = 256
+    """Test problems (not used by the build; part of the split)."""
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 384
+    max_positions: int = 64
+    """Longest prompt + response the model can see."""
+    batch_size: int = 64
+    lr: float = 1e-3
+    warmup_steps: int = 20
+    weight_decay: float = 0.01
+    max_steps: int = 1500
+    """SFT step cap, reached only when the target accuracy is not."""
+    check_every: int = 50
+    """SFT steps between two accuracy checks."""
+    target_accuracy: float = 0.35
+    """Stop SFT at the first check whose sampled val accuracy (T=1) reaches this."""
+    check_samples: int = 2
+    """Samples per val prompt at each check."""
+    eval_samples: int = 8
+    """Samples per val prompt for the final sampled accuracy in lab.json."""
+
+
+SIZES: dict[str, dict[str, Any]] = {
+    "default": {},
+    # Seconds to build: for tests that need a loadable model, not a useful one.
+    "tiny": dict(
+        n_train=64, n_val=16, n_test=16, hidden_size=32, num_layers=1, num_heads=2,
+        intermediate_size=64, batch_size=16, max_steps=10, check_every=5, eval_samples=2,
+    ),
+}
+
+# Countdown learns slower than addition: a longer step cap (about 3 minutes on 2 CPU cores).
+TASK_DEFAULTS: dict[str, dict[str, Any]] = {"addition": {}, "countdown": {"max_steps": 2500}}
+
+_FIELDS = {f.name for f in dataclasses.fields(BuildConfig)}
+
+
+def resolve(task: str, *, size: str = "default", **overrides: Any) -> tuple[dict[str, Any], BuildConfig]:
+    """Split ``overrides`` into (task parameters, BuildConfig), layering task < size < overrides."""
+    t = get_task(task)
+    if size not in SIZES:
+        raise ValueError(f"unknown lab model size {size!r}; valid sizes: {sorted(SIZES)}")
+    unknown = set(overrides) - _FIELDS - set(t.defaults)
+    if unknown:
+        raise ValueError(
+            f"unknown lab build setting(s) {sorted(unknown)}; valid: task parameters "
+            f"{sorted(t.defaults)} and build settings {sorted(_FIELDS)}"
+        )
+    params = task_params(task, **{k: v for k, v in overrides.items() if k in t.defaults})
+    build = {**TASK_DEFAULTS.get(task, {}), **SIZES[size], **{k: v for k, v in overrides.items() if k in _FIELDS}}
+    return params, BuildConfig(**build)
+
+
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    if cache_dir is not None:
+        return Path(cache_dir)
+    if os.environ.get("EXPLORL_LAB_CACHE"):
+        return Path(os.environ["EXPLORL_LAB_CACHE"])
+    xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(xdg) / "explorl" / "lab"
+
+
+def build_key(task: str, params: dict[str, Any], cfg: BuildConfig) -> str:
+    """``<task>-<10 hex digits>``: the cache directory name of these build settings."""
+    blob = json.dumps(
+        {"version": BUILD_VERSION, "task": task, "params": params, "build": dataclasses.asdict(cfg)}, sort_keys=True
+    )
+    return f"{task}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
+
+
+def lab_model_path(
+    task: str, *, cache_dir: str | os.PathLike | None = None, size: str = "default", **overrides: Any
+) -> Path:
+    """Directory of the lab model for ``task``, building it first when it is not cached.
+
+    ``overrides`` are task parameters (e.g. ``max_digits=3``) or ``BuildConfig`` fields (e.g.
+    ``max_steps=200``); ``size="tiny"`` builds a throwaway model in seconds. Concurrent callers
+    (pytest-xdist workers, several runs) wait on a file lock; the first one builds into a
+    temporary directory and renames it into place, so no one ever sees a half-written model.
+    """
+    params, cfg = resolve(task, size=size, **overrides)
+    root = cache_root(cache_dir)
+    name = build_key(task, params, cfg)
+    final = root / name
+    if (final / "lab.json").exists():  # lab.json is written last: its presence = complete
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if (final / "lab.json").exists():  # built by someone else while we waited
+                return final
+            for stale in root.glob(f".{name}.*"):  # left by a builder that was killed
+                shutil.rmtree(stale, ignore_errors=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
+            try:
+                log.info("building lab model %s in %s", name, root)
+                _build(task, params, cfg, tmp)
+                if final.exists():  # an incomplete directory not made by us (no lab.json)
+                    shutil.rmtree(final)
+                os.replace(tmp, final)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return final
+
+
+# ----------------------------------------------------------------------------- the build
+
+
+def _build(task: str, params: dict[str, Any], cfg: BuildConfig, out: Path) -> None:
+    """Initialise, warm-start by SFT, measure, and save the model into ``out``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    t0 = time.perf_counter()
+    splits = make_splits(task, seed=cfg.split_seed, n_train=cfg.n_train, n_val=cfg.n_val, n_test=cfg.n_test, **params)
+    tok = lab_tokenizer(model_max_length=cfg.max_positions)
+    pad_id, eos_id = tok.convert_tokens_to_ids(PAD), tok.convert_tokens_to_ids(EOS)
+    config = LlamaConfig(
+        vocab_size=len(SPECIALS) + len(CHARS),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_heads,
+        max_position_embeddings=cfg.max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=pad_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=eos_id,
+    )
+    # fork_rng: the build must not move the caller's global RNG (weight init draws from it).
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        model = LlamaForCausalLM(config)
+    n_params = sum(p.numel() for p in model.parameters())
+
+    def encode(text: str) -> list[int]:
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    train = [(encode(r.prompt), encode(r.extra["solution"]) + [eos_id]) for r in splits["train"]]
+    too_long = max(len(p) + len(s) for p, s in train)
+    if too_long > cfg.max_positions:
+        raise ValueError(f"a {task} example has {too_long} tokens > max_positions={cfg.max_positions}")
+    max_new = max(len(s) for _, s in train) + 4  # room for a longer (wrong) answer
+
+    def accuracy(records: list[PromptRecord], n: int, temperature: float, seed: int) -> tuple[float, dict]:
+        g = torch.Generator().manual_seed(seed)
+        prompts = [encode(r.prompt) for r in records for _ in range(n)]
+        texts = sample(model, prompts, temperature=temperature, max_new_tokens=max_new,
+                       eos_id=eos_id, pad_id=pad_id, vocab=tok.convert_ids_to_tokens, generator=g)
+        hits = [get_task(task).check(t, r.ground_truth) for t, r in zip(texts, (r for r in records for _ in range(n)))]
+        by_diff = defaultdict(list)
+        for h, r in zip(hits, (r for r in records for _ in range(n))):
+            by_diff[r.extra["difficulty"]].append(h)
+        return sum(hits) / len(hits), {str(k): round(sum(v) / len(v), 4) for k, v in sorted(by_diff.items())}
+
+    # SFT: cross-entropy on the response tokens and EOS; prompt and padding are masked out.
+    L = max(len(p) + len(s) for p, s in train)
+    ids = torch.full((len(train), L), pad_id)  # (N, L), right-padded
+    labels = torch.full((len(train), L), -100)  # (N, L)
+    for i, (p, s) in enumerate(train):
+        ids[i, : len(p) + len(s)] = torch.tensor(p + s)
+        labels[i, len(p) : len(p) + len(s)] = torch.tensor(s)
+    lengths = (ids != pad_id).sum(-1)
+    g = torch.Generator().manual_seed(cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
+    order, pos = torch.randperm(len(train), generator=g), 0
+    history, step, loss = [], 0, float("nan")
+    model.train()
+    while step < cfg.max_steps:
+        if pos + cfg.batch_size > len(train):
+            order, pos = torch.randperm(len(train), generator=g), 0
+        idx = order[pos : pos + cfg.batch_size]
+        pos += cfg.batch_size
+        T = int(lengths[idx].max())
+        x = ids[idx, :T]  # (B, T)
+        res = model(input_ids=x, attention_mask=(x != pad_id).long(), labels=labels[idx, :T])
+        opt.zero_grad(set_to_none=True)
+        res.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        step += 1
+        loss = res.loss.item()
+        if step % cfg.check_every == 0 or step == cfg.max_steps:
+            model.eval()
+            acc, _ = accuracy(splits["val"], cfg.check_samples, 1.0, cfg.seed + step)
+            model.train()
+            history.append({"step": step, "loss": round(loss, 4), "val_sampled_accuracy": round(acc, 4)})
+            log.info("lab %s: step %d loss %.3f sampled val acc %.3f", task, step, loss, acc)
+            if acc >= cfg.target_accuracy:
+                break
+    model.eval()
+
+    # Final measurement with fresh sampling seeds (not the ones the stopping rule saw).
+    greedy, greedy_by = accuracy(splits["val"], 1, 0.0, cfg.seed)
+    sampled, sampled_by = accuracy(splits["val"], cfg.eval_samples, 1.0, cfg.seed + 10**6)
+    n_tr = min(len(splits["train"]), cfg.n_val)
+    train_sampled, _ = accuracy(splits["train"][:n_tr], cfg.check_samples, 1.0, cfg.seed + 2 * 10**6)
+
+    model.generation_config.pad_token_id = pad_id
+    model.generation_config.eos_token_id = eos_id
+    model.save_pretrained(out)  # config.json, generation_config.json, model.safetensors
+    save_lab_tokenizer(tok, out)
+    meta = {
+        "task": task,
+        "verifier": get_task(task).verifier,
+        "params": params,
+        "build": dataclasses.asdict(cfg),
+        "build_version": BUILD_VERSION,
+        "seed": cfg.seed,
+        "split_seed": cfg.split_seed,
+        "n_params": n_params,
+        "sft_steps": step,
+        "final_loss": round(loss, 4),
+        "val_greedy_accuracy": round(greedy, 4),
+        "val_sampled_accuracy": round(sampled, 4),
+        "val_sampled_samples": cfg.eval_samples * len(splits["val"]),
+        "val_greedy_accuracy_by_difficulty": greedy_by,
+        "val_sampled_accuracy_by_difficulty": sampled_by,
+        "train_sampled_accuracy": round(train_sampled, 4),
+        "max_new_tokens": max_new,
+        "history": history,
+        "build_seconds": round(time.perf_counter() - t0, 1),
+        "torch_num_threads": torch.get_num_threads(),
+        "torch_version": torch.__version__,
+        "transformers_version": __import__("transformers").__version__,
+    }
+    (out / "lab.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+@torch.no_grad()
+def sample(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    *,
+    temperature: float,
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+    vocab,
+    generator: torch.Generator,
+    batch_size: int = 512,
+) -> list[str]:
+    """Sample one response per prompt (``temperature == 0``: greedy); text up to EOS.
+
+    A plain KV-cached loop rather than ``generate``: it draws from an explicit generator, so
+    the build never touches the global RNG. ``vocab`` maps a list of ids to their characters.
+    """
+    texts: list[str] = []
+    for c in range(0, len(prompts), batch_size):
+        chunk = prompts[c : c + batch_size]
+        B, P = len(chunk), max(len(p) for p in chunk)
+        ids = torch.full((B, P), pad_id)  # (B, P), left-padded
+        mask = torch.zeros(B, P, dtype=torch.long)
+        for i, p in enumerate(chunk):
+            ids[i, P - len(p) :] = torch.tensor(p)
+            mask[i, P - len(p) :] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, P)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+        next_pos = pos[:, -1:] + 1  # (B, 1)
+        done = torch.zeros(B, dtype=torch.bool)
+        new = []
+        for t in range(max_new_tokens):
+            logits = out.logits[:, -1].float()  # (B, V)
+            if temperature == 0:
+                tok = logits.argmax(-1)
+            else:
+                tok = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator)[:, 0]
+            tok = torch.where(done, torch.full_like(tok, pad_id), tok)
+            new.append(tok)
+            done |= tok == eos_id
+            if done.all() or t == max_new_tokens - 1:
+                break
+            mask = torch.cat([mask, torch.ones(B, 1, dtype=torch.long)], 1)
+            out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos,
+                        past_key_values=out.past_key_values, use_cache=True)
+            next_pos = next_pos + 1
+        gen = torch.stack(new, 1).tolist()  # (B, R)
+        for row in gen:
+            row = row[: row.index(eos_id)] if eos_id in row else row
+            texts.append("".join(t for t in vocab(row) if t not in SPECIALS))
+    return texts

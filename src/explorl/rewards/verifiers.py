@@ -1,0 +1,260 @@
+"""Rule-based verifiers: ``(response_text, ground_truth) -> 1.0 | 0.0``.
+
+Model output is untrusted: verifiers only parse it, never execute it. A malformed response
+scores 0.0; a malformed *ground truth* is a data bug and raises ``ValueError`` (the pool counts
+it as an error rather than silently rewarding nothing).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import re
+from collections import Counter
+from collections.abc import Callable
+from fractions import Fraction
+
+Verifier = Callable[[str, str], float]
+
+
+# ----------------------------------------------------------------------------- exact
+
+
+def exact_verifier(response: str, ground_truth: str) -> float:
+    """1.0 iff the texts are equal after stripping and collapsing runs of whitespace."""
+    return float(" ".join(response.split()) == " ".join(ground_truth.split()))
+
+
+# ----------------------------------------------------------------------------- addition
+
+_INT = re.compile(r"\s*(-?[0-9]{1,100})\s*")
+
+
+def addition_verifier(response: str, ground_truth: str) -> float:
+    """1.0 iff the whole response (surrounding whitespace allowed) is the ground-truth integer.
+
+    The lab's addition task: the response is only the sum, e.g. ``"46"`` (text after EOS is
+    already cut by the rollout). ASCII digits with an optional leading ``-``; anything else
+    (``"46."``, ``"46 apples"``, ``"+46"``) is wrong. Integer values are compared, so ``"046"``
+    counts. More than 100 digits is wrong without conversion (Python caps int parsing).
+    """
+    m = _INT.fullmatch(response)
+    return float(m is not None and int(m.group(1)) == int(ground_truth.strip()))
+
+
+# ----------------------------------------------------------------------------- countdown
+
+MAX_COUNTDOWN_CHARS = 200
+MAX_COUNTDOWN_DEPTH = 16
+_TOKEN = re.compile(r"\s*(?:([0-9]+)|(.))")
+
+
+class _Reject(Exception):
+    """The response is not a valid Countdown expression."""
+
+
+class _ExprParser:
+    """Recursive descent over ``expr := term (('+'|'-') term)*``, ``term := factor (('*'|'/')
+    factor)*``, ``factor := INT | '(' expr ')'``, evaluated exactly with ``Fraction``.
+
+    Unary signs and every other operator (``**``, ``//``, ``%``, names, calls) are rejected:
+    the game's operations are the four binary ones, and a whitelist grammar cannot be talked
+    into evaluating anything else.
+    """
+
+    def __init__(self, text: str):
+        self.tokens: list[str] = []
+        for m in _TOKEN.finditer(text):
+            num, other = m.groups()
+            if num is not None:
+                self.tokens.append(num)
+            elif other.isspace():  # trailing whitespace
+                continue
+            elif other in "+-*/()":
+                self.tokens.append(other)
+            else:
+                raise _Reject(f"character {other!r}")
+        self.pos = 0
+        self.numbers: list[int] = []
+
+    def _peek(self) -> str | None:
+        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
+
+    def _next(self) -> str:
+        tok = self._peek()
+        if tok is None:
+            raise _Reject("unexpected end")
+        self.pos += 1
+        return tok
+
+    def parse(self) -> Fraction:
+        value = self._expr(0)
+        if self._peek() is not None:
+            raise _Reject(f"unexpected {self._peek()!r}")
+        return value
+
+    def _expr(self, depth: int) -> Fraction:
+        value = self._term(depth)
+        while self._peek() in ("+", "-"):
+            op, rhs = self._next(), self._term(depth)
+            value = value + rhs if op == "+" else value - rhs
+        return value
+
+    def _term(self, depth: int) -> Fraction:
+        value = self._factor(depth)
+        while self._peek() in ("*", "/"):
+            op, rhs = self._next(), self._factor(depth)
+            if op == "/" and rhs == 0:
+                raise _Reject("division by zero")
+            value = value * rhs if op == "*" else value / rhs
+        return value
+
+    def _factor(self, depth: int) -> Fraction:
+        tok = self._next()
+        if tok.isdigit():
+            self.numbers.append(int(tok))
+            return Fraction(int(tok))
+        if tok == "(":
+            if depth >= MAX_COUNTDOWN_DEPTH:
+                raise _Reject("nested too deeply")
+            value = self._expr(depth + 1)
+            if self._next() != ")":
+                raise _Reject("missing ')'")
+            return value
+        raise _Reject(f"unexpected {tok!r}")
+
+
+def parse_countdown_ground_truth(ground_truth: str) -> tuple[list[int], int]:
+    """``(numbers, target)`` from the JSON ground truth ``{"numbers": [..], "target": int}``."""
+    try:
+        gt = json.loads(ground_truth)
+        numbers, target = gt["numbers"], gt["target"]
+    except (ValueError, TypeError, KeyError) as e:
+        raise ValueError(
+            f'countdown ground truth must be JSON {{"numbers": [..], "target": int}}, '
+            f"got {ground_truth[:100]!r}"
+        ) from e
+    if not (
+        isinstance(numbers, list) and all(type(x) is int for x in numbers) and type(target) is int
+    ):
+        raise ValueError(
+            f"countdown ground truth needs integer numbers and target, got {ground_truth[:100]!r}"
+        )
+    return numbers, target
+
+
+def countdown_verifier(response: str, ground_truth: str) -> float:
+    """1.0 iff the response is an expression using each given number exactly once that equals
+    the target (the Countdown task of TinyZero).
+
+    Only ``+ - * /`` and parentheses; division is exact (``Fraction``), division by zero is
+    wrong. Expressions longer than ``MAX_COUNTDOWN_CHARS`` are wrong before parsing and nesting
+    deeper than ``MAX_COUNTDOWN_DEPTH`` is rejected while parsing, so the cost is bounded.
+    """
+    numbers, target = parse_countdown_ground_truth(ground_truth)
+    text = response.strip()
+    if not text or len(text) > MAX_COUNTDOWN_CHARS:
+        return 0.0
+    try:
+        parser = _ExprParser(text)
+        value = parser.parse()
+    except _Reject:
+        return 0.0
+    return float(Counter(parser.numbers) == Counter(numbers) and value == target)
+
+
+# ----------------------------------------------------------------------------- math
+
+
+def last_boxed(text: str) -> str | None:
+    """Contents of the last complete ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced."""
+    end = len(text)
+    for m in reversed(list(re.finditer(r"\\(?:boxed|fbox)\s*\{", text))):
+        depth, start = 1, m.end()
+        for i in range(start, end):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                return text[start:i]
+        # An earlier box that is still open where this unclosed one starts never closes, so
+        # each earlier candidate only needs scanning up to here: linear time overall.
+        end = m.start()
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _math_verify():
+    """Import math-verify on first use: it pulls in sympy (~0.5 s), which only ``math`` needs."""
+    import math_verify
+    import math_verify.grader
+    import math_verify.parser
+
+    # We pass timeout=None (its SIGALRM timer breaks outside the main thread; the pool enforces
+    # wall-clock limits instead). Mark its once-per-process warning about that as shown.
+    math_verify.parser.TIMEOUT_WARNING_SHOWN = True
+    math_verify.grader.TIMEOUT_WARNING_SHOWN = True
+    return math_verify
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_gold(ground_truth: str) -> list:
+    """Parsed ground truth; cached because a group of responses shares one ground truth."""
+    mv = _math_verify()
+    gt = ground_truth.strip()
+    # Bare answers ("1/2", "\frac{1}{2}", "(1,2)") parse as LaTeX only inside math delimiters.
+    text = gt if ("\\boxed" in gt or "$" in gt) else f"${gt}$"
+    return mv.parse(text, parsing_timeout=None) or mv.parse(gt, parsing_timeout=None) or [gt]
+
+
+def math_verifier(response: str, ground_truth: str) -> float:
+    """1.0 iff the response's final answer is mathematically equivalent to the ground truth.
+
+    The final answer is the last ``\\boxed{...}`` if there is one, else what math-verify
+    (HuggingFace, 0.9) extracts from the whole response ("final answer is ...", the last
+    expression). Equivalence is math-verify's ``verify`` (numeric, symbolic, sets, intervals).
+    """
+    mv = _math_verify()
+    boxed = last_boxed(response)
+    if boxed is not None:
+        latex = mv.LatexExtractionConfig(boxed_match_priority=0)
+        pred = mv.parse(f"\\boxed{{{boxed}}}", extraction_config=[latex], parsing_timeout=None)
+        pred = pred or [boxed.strip()]  # unparseable (e.g. plain words): still compare as text
+    else:
+        pred = mv.parse(response, parsing_timeout=None)
+    return float(bool(pred) and mv.verify(_parse_gold(ground_truth), pred, timeout_seconds=None))
+
+
+# ----------------------------------------------------------------------------- registry
+
+VERIFIERS: dict[str, Verifier] = {
+    "math": math_verifier,
+    "exact": exact_verifier,
+    "countdown": countdown_verifier,
+    "addition": addition_verifier,
+}
+
+# Work a verifier does once per process (imports, parser warm-up), kept out of the first
+# response's time limit by the pool.
+_WARMUPS: dict[str, Callable[[], object]] = {
+    "math": lambda: math_verifier("\\boxed{1}", "1"),
+}
+
+
+def resolve_verifier(spec: str, *, warm: bool = False) -> Verifier:
+    """The verifier ``spec``: a ``VERIFIERS`` key or an importable ``"module:function"``."""
+    if ":" in spec:
+        module, _, name = spec.partition(":")
+        try:
+            fn = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"cannot load verifier {spec!r}: {e}") from e
+        if not callable(fn):
+            raise ValueError(f"verifier {spec!r} is not callable")
+        return fn
+    if spec not in VERIFIERS:
+        raise ValueError(
+            f"unknown verifier {spec!r}; valid: {', '.join(VERIFIERS)} (or 'module:function')"
+        )
+    if warm and spec in _WARMUPS:
+        _WARMUPS[spec]()
+    return VERIFIERS[spec]

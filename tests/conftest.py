@@ -1,0 +1,56 @@
+"""Shared fixtures: a tiny lab model (built in seconds, cached) and small run configs."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from explorl import config as C
+
+torch.set_num_threads(1)  # two xdist workers on two cores
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """Directory of a throwaway lab model for the addition task (seconds to build, cached)."""
+    from explorl.lab import lab_model_path
+
+    # 1-digit addition, trained just long enough to be right ~30% of the time on its train split,
+    # so that RL steps see mixed groups (non-zero advantages) from the first step.
+    return lab_model_path("addition", size="tiny", **TINY_LAB, max_steps=100, check_every=1000, hidden_size=64,
+                          num_layers=2, intermediate_size=128, num_heads=2)
+
+
+TINY_LAB = {"max_digits": 1, "n_train": 30, "n_val": 10, "n_test": 10}
+
+
+def tiny_config(model_dir, overrides: dict | None = None, sets: list[str] | None = None) -> C.RunConfig:
+    """A run config that trains in about a second per step on the tiny lab model."""
+    data = {
+        "name": "tiny",
+        "max_steps": 2,
+        "model": {"path": str(model_dir)},
+        "lab": dict(TINY_LAB),
+        "data": {"train": ["lab:addition"], "prompts_per_step": 4},
+        "rollout": {"n_samples": 4, "max_response_len": 6},
+        "reward": {"num_workers": 1},
+        "optim": {"lr": 1e-3},
+        "eval": {"every": 2, "n_samples": 2, "k": [1, 2], "max_problems": 8},
+        "log": {"progress": False, "plots": False},
+    }
+    if overrides:
+        C._deep_update(data, overrides)
+    for s in sets or []:
+        k, v = C.parse_override(s)
+        C._set_path(data, k, v)
+    return C.from_dict(data)
+
+
+@pytest.fixture
+def make_config(tiny_model):
+    def _make(overrides: dict | None = None, sets: list[str] | None = None) -> C.RunConfig:
+        return tiny_config(tiny_model, overrides, sets)
+
+    return _make

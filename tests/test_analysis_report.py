@@ -1,0 +1,105 @@
+"""make_report: files written, grouping by recipe, table numbers equal hand-computed values."""
+
+import json
+import math
+import re
+import statistics
+
+import pytest
+
+from explorl.analysis import make_report
+
+
+def write_run(path, records, name, seed):
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(f"name: {name}\nseed: {seed}\nmax_steps: 20\n")
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def records(offset=0.0, val=True, controls=False):
+    """20 steps: reward = step/10 + offset, entropy = 2 − 0.05·step, validation every 5."""
+    out = []
+    for step in range(1, 21):
+        rec = {
+            "step": step,
+            "reward/mean": step / 10 + offset,
+            "entropy/mean": 2.0 - 0.05 * step,
+            "rollout/all_wrong_frac": 0.5 if step % 2 else 0.0,
+            "time/step_s": 2.0 + offset,
+        }
+        if controls:
+            rec.update({"control/temperature": 1.0, "entropy/stage1": 1.0, "entropy/stage2": 0.5,
+                        "rollout/budget_min": 4, "rollout/budget_max": 12, "cov/mean": 0.01})
+        if val and step % 5 == 0:
+            rec["val/accuracy"] = step / 100 + offset
+            rec["val/pass@4"] = step / 50
+        out.append(rec)
+    return out
+
+
+def rows_by_recipe(out_dir):
+    data = json.loads((out_dir / "report.json").read_text())
+    return {row["recipe"]: row for row in data["rows"]}
+
+
+def test_two_runs_report_files_and_numbers(tmp_path):
+    a = write_run(tmp_path / "a", records(), "grpo", 0)
+    b = write_run(tmp_path / "b", records(offset=1.0, val=False, controls=True), "eepo", 1)
+    md_path = make_report([a, b], tmp_path / "report")
+    out = tmp_path / "report"
+    assert md_path == out / "report.md"
+
+    md = md_path.read_text()
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert "reward.png" in links and "entropy.png" in links and "val_passk.png" in links
+    assert "temperature.png" in links and "budgets.png" in links
+    assert "eps_high.png" not in links  # nobody logged control/eps_high
+    for link in links:
+        assert (out / link).read_bytes()[:4] == b"\x89PNG"
+
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == len(links)
+    assert "<table>" in html and "src='reward.png'" not in html
+
+    grpo, eepo = rows_by_recipe(out)["grpo"]["metrics"], rows_by_recipe(out)["eepo"]["metrics"]
+    # last 10% of 20 steps = steps 19 and 20
+    assert grpo["final_reward"]["mean"] == pytest.approx((1.9 + 2.0) / 2)
+    final_h = ((2.0 - 0.95) + (2.0 - 1.0)) / 2
+    assert grpo["final_entropy"]["mean"] == pytest.approx(final_h)
+    assert grpo["entropy_ratio"]["mean"] == pytest.approx(final_h / 1.95)
+    assert grpo["last_val_accuracy"]["mean"] == pytest.approx(0.20)
+    assert grpo["last_val/pass@4"]["mean"] == pytest.approx(0.40)
+    assert grpo["all_wrong_frac"]["mean"] == pytest.approx(0.25)
+    assert grpo["step_s"]["mean"] == pytest.approx(2.0)
+    assert grpo["final_reward"]["std"] is None  # one seed: no spread
+    assert eepo["final_reward"]["mean"] == pytest.approx(2.95)
+    assert eepo["last_val_accuracy"]["mean"] is None and eepo["step_s"]["mean"] == pytest.approx(3.0)
+
+    # the markdown table shows the same numbers
+    assert "| grpo | 1 | 1.950 | 1.025 | 0.526 | 0.200 | 0.400 | 0.250 | 2.000 |" in md
+    assert "| eepo | 1 | 2.950 | 1.025 | 0.526 | — | — | 0.250 | 3.000 |" in md
+
+
+def test_seeds_of_one_recipe_are_grouped(tmp_path):
+    runs = [write_run(tmp_path / f"s{i}", records(offset=0.1 * i), "clip_cov", i) for i in range(3)]
+    make_report(runs, tmp_path / "out")
+    rows = rows_by_recipe(tmp_path / "out")
+    assert list(rows) == ["clip_cov"] and rows["clip_cov"]["seeds"] == [0, 1, 2]
+    final = rows["clip_cov"]["metrics"]["final_reward"]
+    per_seed = [1.95, 2.05, 2.15]
+    assert final["mean"] == pytest.approx(statistics.fmean(per_seed))
+    assert final["std"] == pytest.approx(statistics.stdev(per_seed)) and final["n"] == 3
+    assert math.isclose(final["std"], 0.1)
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| clip_cov | 3 | 2.050 ± 0.100 |" in md
+
+
+def test_report_survives_sparse_runs(tmp_path):
+    one = write_run(tmp_path / "one", [{"step": 1, "reward/mean": 0.5}], "tiny", 0)
+    empty = write_run(tmp_path / "empty", [], "empty", 0)
+    md = make_report([one, empty], tmp_path / "out").read_text()
+    assert "![Training reward](reward.png)" in md
+    assert "| tiny | 1 | 0.500 | — |" in md
+    with pytest.raises(ValueError):
+        make_report([], tmp_path / "none")

@@ -1,0 +1,105 @@
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from explorl import config as C
+
+RECIPES = sorted(Path(__file__).resolve().parents[1].joinpath("recipes").rglob("*.yaml"))
+
+
+def test_defaults_validate():
+    cfg = C.from_dict({})
+    assert cfg.algorithm.eps_low == 0.2 and cfg.rollout.n_samples == 8
+
+
+def test_unknown_key_names_path_and_suggests():
+    with pytest.raises(C.ConfigError) as e:
+        C.from_dict({"algorithm": {"eps_hihg": 0.3}})
+    msg = str(e.value)
+    assert msg.startswith("algorithm.eps_hihg: unknown key")
+    assert "did you mean 'algorithm.eps_high'" in msg
+
+
+def test_unknown_section_suggests():
+    with pytest.raises(C.ConfigError, match=r"rollot: unknown key; did you mean 'rollout'"):
+        C.from_dict({"rollot": {"n_samples": 4}})
+
+
+@pytest.mark.parametrize("data, path, fragment", [
+    ({"rollout": {"n_samples": 2.5}}, "rollout.n_samples", "expected an integer"),
+    ({"rollout": {"n_samples": True}}, "rollout.n_samples", "expected an integer"),
+    ({"optim": {"lr": "fast"}}, "optim.lr", "expected a number"),
+    ({"algorithm": {"agg": "token_mean"}}, "algorithm.agg", "did you mean 'token-mean'"),
+    ({"control": {"temperature": 3}}, "control.temperature", "expected a mapping"),
+    ({"eval": {"k": ["a"]}}, "eval.k[0]", "expected an integer"),
+])
+def test_wrong_types_name_the_key(data, path, fragment):
+    with pytest.raises(C.ConfigError) as e:
+        C.from_dict(data)
+    assert str(e.value).startswith(path + ":") and fragment in str(e.value)
+
+
+@pytest.mark.parametrize("data, path", [
+    ({"optim": {"lr": -1.0}}, "optim.lr"),
+    ({"rollout": {"temperature": 0.0}}, "rollout.temperature"),
+    ({"algorithm": {"clip_cov_lb": 5.0, "clip_cov_ub": 1.0}}, "algorithm.clip_cov_ub"),
+    ({"eval": {"n_samples": 4, "k": [8]}}, "eval.k"),
+    ({"control": {"temperature": {"t_min": 3.0}}}, "control.temperature.t_min"),
+    ({"control": {"budget": {"enabled": True, "n_min_limit": 10}}}, "control.budget.n_min_limit"),
+    ({"control": {"eepo": {"enabled": True}}, "rollout": {"n_samples": 1}}, "control.eepo.enabled"),
+])
+def test_impossible_values_name_the_key(data, path):
+    with pytest.raises(C.ConfigError) as e:
+        C.from_dict(data)
+    assert str(e.value).startswith(path + ":")
+
+
+def test_unknown_loss_and_advantage_names_are_rejected_with_choices():
+    with pytest.raises(C.ConfigError, match=r"algorithm.loss: 'clipcov' is not a known loss.*clip_cov"):
+        C.from_dict({"algorithm": {"loss": "clipcov"}})
+    with pytest.raises(C.ConfigError, match=r"algorithm.advantage:.*grpo"):
+        C.from_dict({"algorithm": {"advantage": "gpro"}})
+
+
+def test_overrides_parse_yaml_values(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("max_steps: 5\nalgorithm:\n  eps_high: 0.28\n")
+    cfg = C.load(recipe, ["algorithm.eps_high=0.3", "eval.k=[1, 2]", "data.train=lab:countdown"], seed=3)
+    assert cfg.algorithm.eps_high == 0.3 and cfg.eval.k == [1, 2] and cfg.data.train == ["lab:countdown"]
+    assert cfg.seed == 3 and cfg.max_steps == 5 and cfg.name == "r"
+
+
+def test_override_errors():
+    with pytest.raises(C.ConfigError, match="key=value"):
+        C.parse_override("algorithm.eps_high")
+    with pytest.raises(C.ConfigError, match=r"^algorithm.eps_high: expected a number"):
+        C.load(None, ["algorithm.eps_high.x=1"])
+
+
+def test_base_recipes_merge(tmp_path):
+    (tmp_path / "a.yaml").write_text("max_steps: 7\nalgorithm: {eps_high: 0.28, loss: ppo}\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\nalgorithm: {loss: kl_cov}\n")
+    cfg = C.load(tmp_path / "b.yaml")
+    assert (cfg.max_steps, cfg.algorithm.eps_high, cfg.algorithm.loss) == (7, 0.28, "kl_cov")
+
+
+def test_save_round_trip(tmp_path):
+    cfg = C.from_dict({"algorithm": {"clip_c": 3.0}, "eval": {"k": [1, 4]}})
+    C.save(cfg, tmp_path / "c.yaml")
+    again = C.from_dict(yaml.safe_load((tmp_path / "c.yaml").read_text()))
+    assert again == cfg
+
+
+def test_every_field_is_documented():
+    rows = C.reference()
+    missing = [path for path, _, _, doc in rows if not doc]
+    assert not missing, f"fields without a docstring: {missing}"
+    sections = [f.name for f in dataclasses.fields(C.RunConfig)]
+    assert all(C.field_docs(C.RunConfig).get(s) for s in sections)
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: str(p.relative_to(p.parents[1])))
+def test_every_recipe_validates(recipe):
+    C.load(recipe)

@@ -1,0 +1,181 @@
+"""E3 dynamic rollout budgets (ALGORITHMS 1c): allocations and rankings worked out by hand."""
+
+import math
+import random
+
+import pytest
+
+from explorl.control import BudgetAllocator, ControlContext, Knobs, StepStats, allocate_budgets
+
+
+def knobs(n=8):
+    return Knobs(
+        temperature=1.0,
+        eps_high=0.2,
+        entropy_coef=0.0,
+        kl_coef=0.0,
+        n_samples=n,
+        max_response_len=64,
+    )
+
+
+def ctx(dataset_size=6, B=3):
+    return ControlContext(
+        vocab_size=16, dataset_size=dataset_size, max_steps=100, prompts_per_step=B, n_samples=8
+    )
+
+
+def stats(step, idx, correct, samples, epoch_end, epoch=0):
+    return StepStats(
+        step=step,
+        max_steps=100,
+        entropy=0.5,
+        prompt_indices=idx,
+        prompt_correct=correct,
+        prompt_samples=samples,
+        epoch=epoch,
+        epoch_end=epoch_end,
+    )
+
+
+# ----------------------------------------------------------------------------- allocate_budgets
+
+
+def test_all_zero_ranks_are_uniform():
+    assert allocate_budgets([0.0, 0.0, 0.0], 8, 4, 12) == [8, 8, 8]
+    assert allocate_budgets([0.5, 0.5, 0.5, 0.5], 8, 4, 12) == [8, 8, 8, 8]
+
+
+def test_allocation_by_hand():
+    # B 4, N_tot 32, n_min 6 → extra 8; r = [0, 1/6, 1/3, 1/2]
+    # floor(6 + 8·r) = [6, 7, 8, 10] → 31; the leftover 1 goes to the hardest prompt with
+    # room: prompt 3 is at n_max, so prompt 2 gets it.
+    assert allocate_budgets([0.0, 0.25, 0.5, 0.75], 8, 6, 10) == [6, 7, 9, 10]
+
+
+def test_exact_integers_survive_float_rounding():
+    # r = [1/6, 2/6, 3/6], extra 18 → 2 + 18·r = [5, 8, 11] exactly; in floats the last two
+    # are 7.999… and 10.999…, and a bare floor would give [5, 7, 10] + 2 leftover → [5, 7, 12].
+    ranks = [1 / 5, 2 / 5, 3 / 5]
+    assert [2 + 18 * r / sum(ranks) for r in ranks][1:] != [8.0, 11.0]  # the float trap is real
+    assert allocate_budgets(ranks, 8, 2, 14) == [5, 8, 11]
+
+
+def test_published_failure_case_is_capped_and_redistributed():
+    # One hard prompt in an easy batch: the published code gives it floor(6 + 8·1) = 14 > n_max.
+    ranks, n_default, n_min, n_max = [0.9, 0.0, 0.0, 0.0], 8, 6, 10
+    uncapped = math.floor(n_min + (n_default * 4 - n_min * 4) * 1.0)
+    assert uncapped == 14 > n_max
+    # ours: cap at 10 and hand the excess 4 to the next-hardest prompts (equal ranks: batch order)
+    assert allocate_budgets(ranks, n_default, n_min, n_max) == [10, 10, 6, 6]
+
+
+def test_invariants_on_random_batches():
+    rng = random.Random(0)
+    for _ in range(500):
+        B = rng.randint(1, 12)
+        n_default = rng.randint(1, 16)
+        n_min = rng.randint(1, n_default)
+        n_max = rng.randint(n_default, 24)
+        ranks = [rng.choice([0.0, rng.random()]) for _ in range(B)]
+        counts = allocate_budgets(ranks, n_default, n_min, n_max)
+        assert sum(counts) == n_default * B
+        assert all(n_min <= c <= n_max for c in counts)
+        for i in range(B):
+            for j in range(B):
+                if ranks[i] > ranks[j]:  # harder never gets fewer
+                    assert counts[i] >= counts[j], (ranks, counts)
+
+
+def test_infeasible_bounds_are_rejected():
+    with pytest.raises(ValueError):
+        allocate_budgets([0.1, 0.2], 8, 9, 12)
+    assert allocate_budgets([], 8, 4, 12) == []
+
+
+# ----------------------------------------------------------------------------- the controller
+
+
+def step(ba, k, t, idx, correct, epoch_end):
+    m = ba.before_step(t, k, idx)
+    budgets = k.budgets_for(len(idx))
+    ba.after_step(stats(t, idx, correct, budgets, epoch_end), k)
+    return budgets, m
+
+
+def test_epochs_rank_widen_and_allocate_by_hand():
+    ba, k = BudgetAllocator(n_min_limit=4, n_max_limit=12, widen=2), knobs(8)
+    ba.setup(ctx(6, 3), k)
+    # epoch 1: plain GRPO, bounds [8, 8]
+    b, m = step(ba, k, 1, [0, 1, 2], [8, 4, 0], False)
+    assert b == [8, 8, 8]
+    assert m == {
+        "rollout/budget_min": 8.0,
+        "rollout/budget_max": 8.0,
+        "control/budget_n_min": 8.0,
+        "control/budget_n_max": 8.0,
+    }
+    b, _ = step(ba, k, 2, [3, 4, 5], [6, 2, 4], True)
+    assert b == [8, 8, 8]
+    # averages 1, .5, 0, .75, .25, .5 → descending (stable): 0, 3, 1, 5, 4, 2
+    assert ba.rank == [0 / 6, 2 / 6, 5 / 6, 1 / 6, 4 / 6, 3 / 6]
+    assert ba.bounds(8) == (6, 10)
+    # epoch 2, bounds [6, 10]: ranks [5/6, 0, 4/6] → r = [5/9, 0, 4/9], extra 6
+    # floor(6 + 6r) = [9, 6, 8] → 23; the leftover goes to prompt 2 (hardest) → [10, 6, 8]
+    b, m = step(ba, k, 3, [2, 0, 4], [0, 8, 1], False)
+    assert b == [10, 6, 8]
+    assert m == {
+        "rollout/budget_min": 6.0,
+        "rollout/budget_max": 10.0,
+        "control/budget_n_min": 6.0,
+        "control/budget_n_max": 10.0,
+    }
+    b, _ = step(ba, k, 4, [1, 3, 5], [4, 6, 4], True)
+    assert b == [8, 7, 9]  # r = [1/3, 1/6, 1/2]: exact
+    assert ba.bounds(8) == (4, 12)
+    b, m = step(ba, k, 5, [0, 1, 2], [8, 4, 0], True)
+    assert (m["control/budget_n_min"], m["control/budget_n_max"]) == (4.0, 12.0)
+    assert sum(b) == 24 and all(4 <= x <= 12 for x in b)
+    assert ba.bounds(8) == (4, 12)  # limits reached: no further widening
+
+
+def test_cumulative_statistics_use_the_real_sample_counts():
+    ba, k = BudgetAllocator(), knobs(8)
+    ba.setup(ctx(6, 3), k)
+    ba.after_step(stats(1, [0, 1, 2], [3, 0, 5], [4, 10, 10], False), k)
+    ba.after_step(stats(2, [0, 3, 4], [1, 2, 2], [4, 8, 8], False), k)
+    assert ba.cum_samples == [8, 10, 10, 8, 8, 0]
+    assert ba.cum_reward == [4.0, 0.0, 5.0, 2.0, 2.0, 0.0]
+
+
+def test_never_sampled_prompts_count_as_average_zero():
+    ba, k = BudgetAllocator(), knobs(8)
+    ba.setup(ctx(4, 2), k)
+    ba.after_step(stats(1, [0, 1], [8, 0], [8, 8], True), k)
+    # p0 avg 1; p1 (all wrong), p2 and p3 (never sampled) avg 0 → ties in index order
+    assert ba.rank == [0.0, 0.25, 0.5, 0.75]
+
+
+def test_n_default_is_read_from_the_knobs_each_step():
+    # a curriculum raising n_samples moves N_tot and the bounds with it
+    ba, k = BudgetAllocator(n_min_limit=4, n_max_limit=12, widen=2), knobs(8)
+    ba.setup(ctx(6, 3), k)
+    step(ba, k, 1, [0, 1, 2], [8, 4, 0], False)
+    step(ba, k, 2, [3, 4, 5], [6, 2, 4], True)
+    k.n_samples = 16
+    b, m = step(ba, k, 3, [2, 0, 4], [0, 8, 1], False)
+    assert sum(b) == 48
+    # bounds always contain n_default: [max(16−2, 4), min(16+2, max(12, 16))] = [14, 16]
+    assert (m["control/budget_n_min"], m["control/budget_n_max"]) == (14.0, 16.0)
+
+
+def test_other_dataset_falls_back_to_uniform_and_does_not_accumulate():
+    ba, k = BudgetAllocator(), knobs(8)
+    ba.setup(ctx(6, 3), k)
+    k.budgets = [1, 2, 3]
+    k.dataset = "anneal"
+    m = ba.before_step(1, k, [40, 41, 42])  # indices of another dataset
+    assert k.budgets is None and k.budgets_for(3) == [8, 8, 8]
+    assert m["rollout/budget_min"] == m["rollout/budget_max"] == 8.0
+    ba.after_step(stats(1, [40, 41, 42], [1, 1, 1], [8, 8, 8], True), k)
+    assert ba.widenings == 0 and sum(ba.cum_samples) == 0

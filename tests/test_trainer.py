@@ -1,0 +1,178 @@
+"""End-to-end training on the tiny lab model: smoke, metric meanings, resume, interrupt."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from explorl.rollout.fake import FakeEngine
+from explorl.runlog import read_metrics
+from explorl.trainer import TIME_KEYS, Trainer
+
+REQUIRED = ["step", "reward/mean", "reward/std", "entropy/mean", "response/length_mean", "rollout/n_samples",
+            "rollout/all_correct_frac", "rollout/all_wrong_frac", "loss/policy", "loss/clip_frac", "grad/norm",
+            "control/temperature", "control/eps_high", "time/step_s", "time/generate_s", "time/train_s",
+            "cov/mean", "adv/zero_frac"]
+VAL = ["val/accuracy", "val/greedy_accuracy", "val/pass@1", "val/pass@2"]
+
+
+def _weights(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_two_steps_change_parameters_and_log_every_key(make_config, tmp_path):
+    cfg = make_config()
+    t = Trainer(cfg, tmp_path / "run")
+    before = _weights(t.policy)
+    summary = t.train()
+    after = _weights(t.policy)
+    assert any(not torch.equal(before[k], after[k]) for k in before), "no parameter changed"
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        missing = [k for k in REQUIRED if k not in r]
+        assert not missing, missing
+        assert all(v is None or isinstance(v, (int, float)) for v in r.values())
+        assert 0 <= r["reward/mean"] <= 1 and r["reward/std"] >= 0
+        assert 0 <= r["rollout/all_wrong_frac"] <= 1 and 0 <= r["rollout/all_correct_frac"] <= 1
+        assert r["rollout/n_samples"] == 16
+        assert r["entropy/mean"] > 0 and math.isfinite(r["loss/policy"]) and r["grad/norm"] >= 0
+        assert 1 <= r["response/length_mean"] <= 6
+        assert r["control/temperature"] == 1.0 and r["control/eps_high"] == 0.2
+    assert all(k in rows[-1] for k in VAL) and 0 <= rows[-1]["val/accuracy"] <= 1
+    assert rows[-1]["val/pass@2"] >= rows[-1]["val/pass@1"]
+    out = tmp_path / "run"
+    assert (out / "config.yaml").is_file() and (out / "summary.json").is_file()
+    ckpt = out / "checkpoints" / "step-2"
+    assert (ckpt / "model.safetensors").is_file() and (ckpt / "trainer_state.pt").is_file()
+    assert summary["steps"] == 2 and not summary["interrupted"]
+    saved = load_file(ckpt / "model.safetensors")
+    name = next(k for k in saved if k in after)
+    assert torch.equal(saved[name], after[name])
+
+
+def _answer_engine(t: Trainer, pattern):
+    """Scripted responses: sample j of a prompt answers right iff pattern(prompt_pos, j)."""
+    truths = {}
+    for i, rec in enumerate(t.train_data):
+        truths[tuple(t._prompt_ids(t.train_data, i, "train"))] = (i, rec.ground_truth)
+
+    def respond(prompt_ids, j):
+        i, gt = truths[tuple(prompt_ids)]
+        return gt if pattern(i, j) else str(int(gt) + 1)
+
+    return FakeEngine(t.tokenizer, respond)
+
+
+def test_reward_and_rollout_metrics_mean_what_docs_say(make_config, tmp_path):
+    cfg = make_config({"max_steps": 1, "eval": {"every": 0}})
+    t = Trainer(cfg, tmp_path / "run")
+    # Prompts with an even dataset index: all 4 samples right; odd: only sample 0 right.
+    t.engine = _answer_engine(t, lambda i, j: i % 2 == 0 or j == 0)
+    batch_idx = t.order._perm(0)[:4]
+    m = t.train_step()
+    n_even = sum(1 for i in batch_idx if i % 2 == 0)
+    n_right = 4 * n_even + 1 * (4 - n_even)
+    assert m["reward/mean"] == pytest.approx(n_right / 16)
+    assert m["reward/accuracy"] == pytest.approx(n_right / 16)
+    assert m["rollout/all_correct_frac"] == pytest.approx(n_even / 4)
+    assert m["rollout/all_wrong_frac"] == 0.0
+    rewards = torch.tensor([1.0 if (i % 2 == 0 or j == 0) else 0.0 for i in batch_idx for j in range(4)])
+    assert m["reward/std"] == pytest.approx(float(rewards.std(unbiased=False)), abs=1e-6)
+    # Responses are the answers' characters + EOS.
+    lengths = [len(t.train_data[i].ground_truth if (i % 2 == 0 or j == 0) else str(int(t.train_data[i].ground_truth) + 1)) + 1
+               for i in batch_idx for j in range(4)]
+    assert m["response/length_mean"] == pytest.approx(sum(lengths) / 16)
+    # all-correct groups have zero advantage: the zero fraction counts exactly their responses
+    assert m["adv/zero_frac"] == pytest.approx(4 * n_even / 16)
+    t.pool.close()
+
+
+def test_signed_reward_convention(make_config, tmp_path):
+    cfg = make_config({"max_steps": 1, "eval": {"every": 0}, "reward": {"convention": "signed"}})
+    t = Trainer(cfg, tmp_path / "run")
+    t.engine = _answer_engine(t, lambda i, j: j < 2)
+    m = t.train_step()
+    assert m["reward/mean"] == pytest.approx(0.0) and m["reward/accuracy"] == pytest.approx(0.5)
+    t.pool.close()
+
+
+def _strip(rows):
+    return [{k: v for k, v in r.items() if not k.startswith(TIME_KEYS)} for r in rows]
+
+
+@pytest.mark.parametrize("extra", [
+    {},
+    {"control": {"temperature": {"enabled": True}, "budget": {"enabled": True}},
+     "algorithm": {"loss": "clip_cov", "clip_cov_lb": -10.0, "clip_cov_ratio": 0.05}, "lab": {"n_train": 8}},
+    {"control": {"eepo": {"enabled": True, "alpha": 10.0}, "adaptive": {"enabled": True, "warmup": 1}},
+     "algorithm": {"loss": "kl_cov", "entropy_coef": 0.01, "kl_coef": 0.01}, "optim": {"mini_batches": 2}},
+], ids=["grpo", "e3+clip_cov", "eepo+adaptive+kl_cov"])
+def test_resume_reproduces_uninterrupted_run(make_config, tmp_path, extra):
+    full = make_config({**extra, "max_steps": 5, "eval": {"every": 2}})
+    a = Trainer(full, tmp_path / "a")
+    a.train()
+    ref_rows = read_metrics(tmp_path / "a")
+
+    interrupted = Trainer(full, tmp_path / "b")
+    _interrupt_after(interrupted, 3)
+    assert interrupted.train()["interrupted"]
+    b = Trainer(full, tmp_path / "b", resume=True)
+    assert b.step == 3
+    b.train()
+    assert _strip(read_metrics(tmp_path / "b")) == _strip(ref_rows)
+    wa, wb = _weights(a.policy), _weights(b.policy)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def _interrupt_after(t: Trainer, n_steps: int) -> None:
+    """Make ``t`` behave as if Ctrl-C arrived during step ``n_steps``."""
+    original = t.train_step
+
+    def step_then_interrupt():
+        out = original()
+        if t.step >= n_steps:
+            t._stop = True  # what the SIGINT handler does
+        return out
+
+    t.train_step = step_then_interrupt
+
+
+def test_interrupt_checkpoints_and_resumes(make_config, tmp_path):
+    cfg = make_config({"max_steps": 4, "eval": {"every": 0}})
+    t = Trainer(cfg, tmp_path / "run")
+    _interrupt_after(t, 1)
+    summary = t.train()
+    assert summary["interrupted"] and summary["steps"] == 1
+    assert (tmp_path / "run" / "checkpoints" / "step-1" / "trainer_state.pt").is_file()
+    t2 = Trainer(cfg, tmp_path / "run", resume=True)
+    t2.train()
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1, 2, 3, 4]
+
+
+def test_resume_without_checkpoint_is_a_clear_error(make_config, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+        Trainer(make_config(), tmp_path / "empty", resume=True)
+
+
+def test_bad_data_row_stops_before_training(make_config, tmp_path):
+    bad = tmp_path / "train.jsonl"
+    bad.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n" + json.dumps({"prompt": "2+2="}) + "\n")
+    cfg = make_config({"data": {"train": [str(bad)], "val": [str(bad)], "prompts_per_step": 1},
+                       "reward": {"verifier": "addition"}})
+    with pytest.raises(ValueError, match=r"train.jsonl row 1.*answer"):
+        Trainer(cfg, tmp_path / "run")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_temperature_is_used_for_sampling_and_logged(make_config, tmp_path):
+    cfg = make_config({"max_steps": 1, "eval": {"every": 0}, "rollout": {"temperature": 0.7}})
+    t = Trainer(cfg, tmp_path / "run")
+    t.engine = _answer_engine(t, lambda i, j: True)
+    m = t.train_step()
+    assert t.engine.calls[0]["temperature"] == 0.7 and m["control/temperature"] == 0.7
+    t.pool.close()
