@@ -10,11 +10,11 @@ from fractions import Fraction
 import pytest
 import torch
 
-import explorl.lab as lab
+from explorl import lab
 from explorl.lab import TASKS, make_splits, parse_lab_spec
 from explorl.lab import build as lab_build
 
-SIZES = dict(n_train=300, n_val=50, n_test=50)
+SIZES = {"n_train": 300, "n_val": 50, "n_test": 50}
 
 
 def canonical(task: str, prompt: str) -> tuple:
@@ -59,7 +59,11 @@ def test_splits_are_deterministic_disjoint_and_mixed(task):
         keys[split] = {canonical(task, r.prompt) for r in recs}
         assert len(keys[split]) == n  # no duplicates inside a split either
         assert len({r.extra["difficulty"] for r in recs}) >= 2, f"{split}: one difficulty only"
-    assert not keys["train"] & keys["val"] and not keys["train"] & keys["test"] and not keys["val"] & keys["test"]
+    assert (
+        not keys["train"] & keys["val"]
+        and not keys["train"] & keys["test"]
+        and not keys["val"] & keys["test"]
+    )
 
 
 def test_addition_records():
@@ -68,7 +72,9 @@ def test_addition_records():
         a, b = (int(x) for x in r.prompt.rstrip("=").split("+"))
         assert r.prompt == f"{a}+{b}=" and r.ground_truth == r.extra["solution"] == str(a + b)
         assert 1 <= len(str(a)) <= 3
-        assert TASKS["addition"].check(f" {a + b}\n", r.ground_truth) and not TASKS["addition"].check(str(a + b + 1), r.ground_truth)
+        assert TASKS["addition"].check(f" {a + b}\n", r.ground_truth) and not TASKS[
+            "addition"
+        ].check(str(a + b + 1), r.ground_truth)
     assert max(len(str(int(x))) for r in recs for x in r.prompt.rstrip("=").split("+")) == 3
     assert TASKS["addition"].verifier == "addition"
 
@@ -81,7 +87,10 @@ def test_countdown_reference_solutions_are_correct(n_numbers):
         assert r.prompt == " ".join(map(str, truth["numbers"])) + f">{truth['target']}:"
         assert len(truth["numbers"]) == n_numbers and truth["numbers"] == sorted(truth["numbers"])
         value, used = safe_eval(r.extra["solution"])
-        assert value == truth["target"] and sorted(used) == truth["numbers"], (r.prompt, r.extra["solution"])
+        assert value == truth["target"] and sorted(used) == truth["numbers"], (
+            r.prompt,
+            r.extra["solution"],
+        )
         assert TASKS["countdown"].check(r.extra["solution"], r.ground_truth)
     assert TASKS["countdown"].verifier == "countdown"
 
@@ -89,7 +98,17 @@ def test_countdown_reference_solutions_are_correct(n_numbers):
 def test_countdown_check():
     gt = json.dumps({"numbers": [2, 3, 7], "target": 17})
     assert TASKS["countdown"].check("2*7+3", gt) and TASKS["countdown"].check(" (7*2)+3 ", gt)
-    for wrong in ["3*7-2", "2*7+3+0", "7*2+3*1", "17", "2*7+", "__import__('os')", "2**7+3", "", "7/(3-3)+2"]:
+    for wrong in [
+        "3*7-2",
+        "2*7+3+0",
+        "7*2+3*1",
+        "17",
+        "2*7+",
+        "__import__('os')",
+        "2**7+3",
+        "",
+        "7/(3-3)+2",
+    ]:
         assert not TASKS["countdown"].check(wrong, gt), wrong
 
 
@@ -136,8 +155,17 @@ def test_tiny_build_loads(tiny):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     meta = json.loads((tiny / "lab.json").read_text())
-    for key in ["task", "params", "seed", "n_params", "sft_steps", "val_greedy_accuracy",
-                "val_sampled_accuracy", "build_seconds", "torch_version"]:
+    for key in [
+        "task",
+        "params",
+        "seed",
+        "n_params",
+        "sft_steps",
+        "val_greedy_accuracy",
+        "val_sampled_accuracy",
+        "build_seconds",
+        "torch_version",
+    ]:
         assert key in meta
     assert meta["task"] == "addition" and meta["params"] == {"min_digits": 1, "max_digits": 2}
     assert tiny.name.startswith("addition-")
@@ -145,7 +173,10 @@ def test_tiny_build_loads(tiny):
     tok = AutoTokenizer.from_pretrained(tiny)
     assert type(model).__name__ == "LlamaForCausalLM"
     assert sum(p.numel() for p in model.parameters()) == meta["n_params"]
-    assert model.config.eos_token_id == tok.eos_token_id and model.config.pad_token_id == tok.pad_token_id
+    assert (
+        model.config.eos_token_id == tok.eos_token_id
+        and model.config.pad_token_id == tok.pad_token_id
+    )
     assert tok.decode(tok("3 7 2>17:")["input_ids"]) == "3 7 2>17:"
     out = model.generate(**tok(["12+7="], return_tensors="pt"), max_new_tokens=3, do_sample=False)
     assert out.shape == (1, 8)
@@ -166,10 +197,16 @@ def test_cached_build_is_reused(tiny, monkeypatch):
 def test_env_var_sets_cache_root(tmp_path, monkeypatch):
     monkeypatch.setenv("EXPLORL_LAB_CACHE", str(tmp_path))
     built = []
-    monkeypatch.setattr(lab_build, "_build", lambda task, params, cfg, out: built.append(out) or (out / "lab.json").write_text("{}"))
+    monkeypatch.setattr(
+        lab_build,
+        "_build",
+        lambda task, params, cfg, out: built.append(out) or (out / "lab.json").write_text("{}"),
+    )
     path = lab.lab_model_path("countdown", size="tiny")
     assert path.parent == tmp_path and path.name.startswith("countdown-") and len(built) == 1
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, path.name + ".lock"])  # no temp dir left
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [path.name, path.name + ".lock"]
+    )  # no temp dir left
     with pytest.raises(ValueError, match="unknown lab build setting"):
         lab.lab_model_path("countdown", max_digits=2)
 
@@ -185,7 +222,14 @@ def test_concurrent_builders_build_once(tmp_path, monkeypatch):
 
     monkeypatch.setattr(lab_build, "_build", slow_build)
     paths = []
-    threads = [threading.Thread(target=lambda: paths.append(lab.lab_model_path("addition", cache_dir=tmp_path, size="tiny"))) for _ in range(3)]
+    threads = [
+        threading.Thread(
+            target=lambda: paths.append(
+                lab.lab_model_path("addition", cache_dir=tmp_path, size="tiny")
+            )
+        )
+        for _ in range(3)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -206,18 +250,37 @@ def test_build_is_deterministic_and_leaves_global_state(tiny, tmp_path):
     assert torch.equal(torch.get_rng_state(), rng) and torch.get_num_threads() == threads
     assert (again / "model.safetensors").read_bytes() == (tiny / "model.safetensors").read_bytes()
     a, b = (json.loads((p / "lab.json").read_text()) for p in (tiny, again))
-    assert {k: v for k, v in a.items() if k != "build_seconds"} == {k: v for k, v in b.items() if k != "build_seconds"}
+    assert {k: v for k, v in a.items() if k != "build_seconds"} == {
+        k: v for k, v in b.items() if k != "build_seconds"
+    }
 
 
 def test_cached_sampling_matches_full_recompute():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=24, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=2, max_position_embeddings=64, pad_token_id=0)).eval()
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=24,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            max_position_embeddings=64,
+            pad_token_id=0,
+        )
+    ).eval()
     prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14]]
-    got = lab_build.sample(model, prompts, temperature=0.0, max_new_tokens=6, eos_id=2, pad_id=0,
-                           vocab=lambda ids: [f"<{i}>" for i in ids], generator=torch.Generator())
+    got = lab_build.sample(
+        model,
+        prompts,
+        temperature=0.0,
+        max_new_tokens=6,
+        eos_id=2,
+        pad_id=0,
+        vocab=lambda ids: [f"<{i}>" for i in ids],
+        generator=torch.Generator(),
+    )
     want = []
     with torch.no_grad():
         for p in prompts:
@@ -227,5 +290,5 @@ def test_cached_sampling_matches_full_recompute():
                 if nxt == 2:
                     break
                 x = torch.cat([x, torch.tensor([[nxt]])], 1)
-            want.append("".join(f"<{i}>" for i in x[0, len(p):].tolist() if i not in (0, 1, 2, 3)))
+            want.append("".join(f"<{i}>" for i in x[0, len(p) :].tolist()))
     assert got == want and len(set(got)) > 1

@@ -108,7 +108,7 @@ def _strip(rows):
 @pytest.mark.parametrize("extra", [
     {},
     {"control": {"temperature": {"enabled": True}, "budget": {"enabled": True}},
-     "algorithm": {"loss": "clip_cov", "clip_cov_lb": -10.0, "clip_cov_ratio": 0.05}, "lab": {"n_train": 8}},
+     "algorithm": {"loss": "clip_cov", "clip_cov_lb": -10.0, "clip_cov_ratio": 0.05}, "data": {"max_train_prompts": 8}},
     {"control": {"eepo": {"enabled": True, "alpha": 10.0}, "adaptive": {"enabled": True, "warmup": 1}},
      "algorithm": {"loss": "kl_cov", "entropy_coef": 0.01, "kl_coef": 0.01}, "optim": {"mini_batches": 2}},
 ], ids=["grpo", "e3+clip_cov", "eepo+adaptive+kl_cov"])

@@ -49,7 +49,9 @@ class LabConfig:
     split_seed: int = 0
     """Seed of the lab's deterministic train/val/test split."""
     n_train: int = 2000
-    """Number of training problems generated for a lab task."""
+    """Number of training problems generated for a lab task. The split depends on all three sizes:
+    keep them equal to the lab model's build (the defaults) so validation problems stay unseen;
+    use ``data.max_train_prompts`` for a smaller epoch."""
     n_val: int = 128
     """Number of validation problems."""
     n_test: int = 256
@@ -70,6 +72,8 @@ class DataConfig:
     """Validation data. Empty: the lab task's validation split (lab tasks only)."""
     anneal: list[str] = field(default_factory=list)
     """Second ("high-quality") dataset the curriculum switches to in the annealing phase."""
+    max_train_prompts: Optional[int] = None
+    """Use only the first N training prompts (a smaller epoch); None = all."""
     prompts_per_step: int = 8
     """Prompts per training step (B). The rollout batch holds about B × n_samples responses."""
     shuffle: bool = True
@@ -356,6 +360,8 @@ def _semantic_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
         ("max_steps", c.max_steps >= 1, "must be ≥ 1"),
         ("data.prompts_per_step", c.data.prompts_per_step >= 1, "must be ≥ 1"),
         ("data.train", len(c.data.train) >= 1, "needs at least one dataset"),
+        ("data.max_train_prompts", c.data.max_train_prompts is None or c.data.max_train_prompts >= c.data.prompts_per_step,
+         "must be ≥ data.prompts_per_step"),
         ("rollout.n_samples", r.n_samples >= 1, "must be ≥ 1"),
         ("rollout.temperature", r.temperature > 0, "must be > 0"),
         ("rollout.max_response_len", r.max_response_len >= 1, "must be ≥ 1"),

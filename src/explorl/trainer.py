@@ -90,7 +90,7 @@ class Trainer:
                     if cfg.algorithm.kl_coef > 0 or "kl_coef" in controlled else None)
         self.engine = engine or HFEngine(self.tokenizer, batch_size=cfg.rollout.batch_size)
 
-        self.train_data = load_split(cfg.data.train, cfg.lab, "train")
+        self.train_data = load_split(cfg.data.train, cfg.lab, "train")[: cfg.data.max_train_prompts]
         self.val_data = load_split(cfg.data.val or cfg.data.train, cfg.lab, "val" if not cfg.data.val else "train")
         self.anneal_data = load_split(cfg.data.anneal, cfg.lab, "train") if cfg.data.anneal else None
         self.verifier = cfg.reward.verifier if cfg.reward.verifier != "auto" else default_verifier(cfg.data.train)
@@ -374,11 +374,13 @@ class Trainer:
         t_start = time.perf_counter()
         step = self.step + 1
         metrics: dict = {}
+        t0 = time.perf_counter()
         for c in self.controllers:  # 5a. controllers set this step's knobs (the dataset first)
             metrics.update(c.before_batch(step, knobs))
         batch = (self.anneal_order if knobs.dataset == "anneal" and self.anneal_order else self.order).next_batch()
         for c in self.controllers:
             metrics.update(c.before_step(step, knobs, batch[0]))
+        t_control = time.perf_counter() - t0
 
         # 1. sample  2. score
         ro, scores, rewards, rm = self._rollout(knobs, batch)
@@ -410,8 +412,10 @@ class Trainer:
         stats = StepStats(step=step, max_steps=cfg.max_steps, entropy=entropy, prompt_indices=idx,
                           prompt_correct=correct, prompt_samples=counts, epoch=epoch, epoch_end=epoch_end)
         used = dataclasses.replace(knobs)
+        t0 = time.perf_counter()
         for c in self.controllers:
             metrics.update(c.after_step(stats, knobs))
+        metrics["time/control_s"] = t_control + time.perf_counter() - t0
 
         # 6. log
         lengths = ro.lengths.float()

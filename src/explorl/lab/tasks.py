@@ -22,9 +22,10 @@ from __future__ import annotations
 import ast
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 from explorl.data.records import PromptRecord
 
@@ -76,7 +77,9 @@ def _sample_addition(rng: random.Random, *, min_digits: int, max_digits: int) ->
 
 def _validate_addition(*, min_digits: int, max_digits: int) -> None:
     if not 1 <= min_digits <= max_digits <= 3:
-        raise ValueError(f"addition needs 1 <= min_digits <= max_digits <= 3, got {min_digits}, {max_digits}")
+        raise ValueError(
+            f"addition needs 1 <= min_digits <= max_digits <= 3, got {min_digits}, {max_digits}"
+        )
 
 
 def _check_addition(response: str, ground_truth: str) -> bool:
@@ -108,7 +111,9 @@ def _tree(rng: random.Random, nums: list[int]) -> tuple[int, str, int, int]:
     return value, f"{ls}{op}{rs}", p, ln + rn + (op != "+")
 
 
-def _sample_countdown(rng: random.Random, *, n_numbers: int, max_number: int, max_target: int) -> Problem:
+def _sample_countdown(
+    rng: random.Random, *, n_numbers: int, max_number: int, max_target: int
+) -> Problem:
     while True:
         nums = [rng.randint(1, max_number) for _ in range(n_numbers)]
         order = nums[:]
@@ -126,7 +131,9 @@ def _validate_countdown(*, n_numbers: int, max_number: int, max_target: int) -> 
     if n_numbers not in (3, 4):
         raise ValueError(f"countdown needs n_numbers in (3, 4), got {n_numbers}")
     if max_number < 1 or max_target < 1:
-        raise ValueError(f"countdown needs max_number >= 1 and max_target >= 1, got {max_number}, {max_target}")
+        raise ValueError(
+            f"countdown needs max_number >= 1 and max_target >= 1, got {max_number}, {max_target}"
+        )
 
 
 def _eval_expr(node: ast.AST, used: list[int]) -> Fraction:
@@ -191,14 +198,22 @@ def task_params(task: str, **params: Any) -> dict[str, Any]:
     t = get_task(task)
     unknown = set(params) - set(t.defaults)
     if unknown:
-        raise ValueError(f"unknown parameter(s) {sorted(unknown)} for lab task {task!r}; valid: {sorted(t.defaults)}")
+        raise ValueError(
+            f"unknown parameter(s) {sorted(unknown)} for lab task {task!r}; valid: {sorted(t.defaults)}"
+        )
     full = {**t.defaults, **params}
     t.validate(**full)
     return full
 
 
 def make_splits(
-    task: str, *, seed: int = 0, n_train: int = 2000, n_val: int = 128, n_test: int = 256, **params: Any
+    task: str,
+    *,
+    seed: int = 0,
+    n_train: int = 2000,
+    n_val: int = 128,
+    n_test: int = 256,
+    **params: Any,
 ) -> dict[str, list[PromptRecord]]:
     """Deterministic, disjoint ``{"train", "val", "test"}`` splits of a lab task.
 
@@ -226,7 +241,11 @@ def make_splits(
         seen.setdefault(p.key, p)
     problems = list(seen.values())
     rng.shuffle(problems)
-    cuts = {"test": problems[:n_test], "val": problems[n_test : n_test + n_val], "train": problems[n_test + n_val :]}
+    cuts = {
+        "test": problems[:n_test],
+        "val": problems[n_test : n_test + n_val],
+        "train": problems[n_test + n_val :],
+    }
     return {
         split: [
             PromptRecord(

@@ -25,7 +25,9 @@ def lab_tokenizer(model_max_length: int = 64) -> PreTrainedTokenizerFast:
     """A fresh character tokenizer over ``SPECIALS + CHARS`` (ids in that order)."""
     vocab = {t: i for i, t in enumerate([*SPECIALS, *CHARS])}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("(?m)."), behavior="isolated")  # (?m): . matches \n too
+    tok.pre_tokenizer = pre_tokenizers.Split(
+        Regex("(?m)."), behavior="isolated"
+    )  # (?m): . matches \n too
     tok.decoder = decoders.Fuse()
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok,
