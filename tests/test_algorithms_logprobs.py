@@ -122,6 +122,25 @@ def test_bfloat16_inputs_give_float32_outputs_and_input_dtype_grads():
     assert x.grad.dtype == torch.bfloat16
 
 
+def test_bfloat16_hidden_path_matches_naive():
+    d = data(6)
+    h = d["hidden"].to(torch.bfloat16).requires_grad_(True)
+    w = d["weight"].to(torch.bfloat16).requires_grad_(True)
+    logp, ent = logprobs_from_hidden(h, w, d["labels"], 0.9, chunk_size=4)
+    g = torch.autograd.grad(logp.sum() + ent.sum(), [h, w])
+    ref_lp, ref_ent = naive_logprobs(F.linear(h, w), d["labels"], 0.9)
+    g_ref = torch.autograd.grad(ref_lp.sum() + ref_ent.sum(), [h, w])
+    torch.testing.assert_close(logp, ref_lp)
+    torch.testing.assert_close(ent, ref_ent)
+    # The weight gradient is summed over chunks in float32, the naive one in one bf16
+    # matmul: equal up to bf16 rounding.
+    for a, r in zip(g, g_ref, strict=True):
+        assert a.dtype == torch.bfloat16
+        torch.testing.assert_close(
+            a.float(), r.float(), rtol=2e-2, atol=2e-2 * r.abs().max().item()
+        )
+
+
 def test_no_grad_inputs_work():
     # old log-probs are computed under no_grad with plain tensors
     d = data(5)

@@ -176,3 +176,49 @@ def test_temperature_is_used_for_sampling_and_logged(make_config, tmp_path):
     m = t.train_step()
     assert t.engine.calls[0]["temperature"] == 0.7 and m["control/temperature"] == 0.7
     t.pool.close()
+
+
+def test_hung_verifier_is_cut_off_and_counted(make_config, tmp_path):
+    cfg = make_config({"max_steps": 1, "eval": {"every": 0},
+                       "reward": {"verifier": "explorl.rewards.testing:_sleep_forever", "timeout_s": 0.3}})
+    t = Trainer(cfg, tmp_path / "run")
+    m = t.train()["final"]
+    assert m["reward/verify_timeouts"] == 16 and m["reward/mean"] == 0.0
+
+
+def test_entropy_and_covariance_metrics_are_batch_token_means(make_config, tmp_path):
+    from explorl.algorithms import compute_advantages, token_covariance
+
+    cfg = make_config({"max_steps": 1, "eval": {"every": 0}})
+    t = Trainer(cfg, tmp_path / "run")
+    captured = {}
+    original = t._rollout
+
+    def capture(knobs, batch):
+        out = original(knobs, batch)
+        captured["ro"], captured["rewards"] = out[0], out[2]
+        return out
+
+    t._rollout = capture
+    m = t.train_step()
+    ro = captured["ro"]
+    mask = ro.response_mask
+    assert m["entropy/mean"] == pytest.approx(float((ro.entropy * mask).sum() / mask.sum()), rel=1e-6)
+    adv, _ = compute_advantages("grpo", captured["rewards"], ro.prompt_index)
+    cov = token_covariance(ro.old_logp, adv, mask)
+    assert m["cov/mean"] == pytest.approx(float(cov.sum() / mask.sum()), rel=1e-5, abs=1e-7)
+    t.pool.close()
+
+
+def test_validation_metrics(make_config, tmp_path):
+    cfg = make_config({"max_steps": 1, "eval": {"every": 1, "n_samples": 2, "k": [1, 2]},
+                       "data": {"val": [], "train": ["lab:addition"]}})
+    t = Trainer(cfg, tmp_path / "run")
+    truths = {tuple(t._prompt_ids(t.val_data, i, "val")): r.ground_truth for i, r in enumerate(t.val_data)}
+    truths.update({tuple(t._prompt_ids(t.train_data, i, "train")): r.ground_truth for i, r in enumerate(t.train_data)})
+    # sample 0 right, sample 1 wrong: accuracy 1/2, pass@2 = 1; greedy (one sample, j = 0) right
+    t.engine = FakeEngine(t.tokenizer, lambda p, j: truths[tuple(p)] if j == 0 else "x")
+    m = t.train_step()
+    assert m["val/accuracy"] == pytest.approx(0.5) and m["val/pass@1"] == pytest.approx(0.5)
+    assert m["val/pass@2"] == pytest.approx(1.0) and m["val/greedy_accuracy"] == pytest.approx(1.0)
+    t.pool.close()

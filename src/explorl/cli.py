@@ -95,6 +95,12 @@ def _report(args) -> int:
     return 0
 
 
+def _study(args) -> int:
+    from explorl.study import run_study
+
+    return run_study(args.spec, quick=args.quick, out=args.out, jobs=args.jobs)
+
+
 def _config(args) -> int:
     """Print the recipe reference (every key, type, default and meaning), or a resolved recipe."""
     if args.recipe:
@@ -145,6 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("run_dirs", nargs="+")
     r.add_argument("--out", default="report")
     r.set_defaults(fn=_report)
+
+    s = sub.add_parser("study", help="recipes × seeds on a lab task: train, eval, report, check the papers' claims")
+    s.add_argument("spec", help="study spec (e.g. studies/lab.yaml)")
+    s.add_argument("--quick", action="store_true", help="apply the spec's quick: section (a ~10-minute check)")
+    s.add_argument("--out", help="study directory (default runs/study-<name>[-quick]); rerun to continue it")
+    s.add_argument("--jobs", type=int, help="runs trained at once (default: the spec's jobs)")
+    s.set_defaults(fn=_study)
 
     c = sub.add_parser("config", help="print the recipe reference, or a resolved recipe")
     c.add_argument("recipe", nargs="?")

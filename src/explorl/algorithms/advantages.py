@@ -31,8 +31,10 @@ def _group_sum(values: torch.Tensor, inverse: torch.Tensor, num_groups: int) -> 
 
 def degenerate_groups(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
     """True (N,) for responses whose group has size 1 or all-equal rewards (DAPO's filter)."""
-    inverse, G = group_inverse(group_index)
-    r = rewards.float()
+    return _degenerate(rewards.float(), *group_inverse(group_index))
+
+
+def _degenerate(r: torch.Tensor, inverse: torch.Tensor, G: int) -> torch.Tensor:
     gmax = r.new_full((G,), -torch.inf).scatter_reduce(0, inverse, r, "amax")  # (G,)
     gmin = r.new_full((G,), torch.inf).scatter_reduce(0, inverse, r, "amin")  # (G,)
     # max == min is exact for equal rewards, unlike std < tol (a float mean of equal
@@ -46,11 +48,11 @@ def _group_mean_count(rewards: torch.Tensor, group_index: torch.Tensor):
     r = rewards.float()
     count = _group_sum(torch.ones_like(r), inverse, G)  # (G,)
     mean = _group_sum(r, inverse, G) / count  # (G,)
-    return r, inverse, G, mean[inverse], count[inverse], degenerate_groups(r, group_index)
+    return r, inverse, G, mean[inverse], count[inverse], _degenerate(r, inverse, G)
 
 
 def grpo_advantages(rewards: torch.Tensor, group_index: torch.Tensor, eps: float) -> torch.Tensor:
-    """GRPO (DeepSeekMath Eq. 3): A_i = (r_i − mean_g) / (std_g + eps).
+    """GRPO (DeepSeekMath §4.1.2, outcome supervision): A_i = (r_i − mean_g) / (std_g + eps).
 
     std is the unbiased (n − 1) sample std, as ``torch.std`` in verl and TRL.
     """
@@ -64,7 +66,10 @@ def grpo_advantages(rewards: torch.Tensor, group_index: torch.Tensor, eps: float
 def dr_grpo_advantages(
     rewards: torch.Tensor, group_index: torch.Tensor, eps: float
 ) -> torch.Tensor:
-    """Dr.GRPO (Liu et al. 2025, Eq. 3): A_i = r_i − mean_g, no std division (eps unused)."""
+    """Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero"): A_i = r_i − mean_g, no std division.
+
+    ``eps`` is unused (one signature for all estimators).
+    """
     r, _, _, mean, _, degenerate = _group_mean_count(rewards, group_index)
     adv = r - mean  # (N,)
     return torch.where(degenerate, torch.zeros_like(adv), adv)

@@ -29,7 +29,7 @@ def aggregate(
     seq_denom: Denom = None,
     max_len: int | None = None,
 ) -> torch.Tensor:
-    """Reduce a (N, T) per-token loss to a scalar (DAPO Eq. 8 / GRPO Eq. 3 / Dr.GRPO Eq. 7).
+    """Reduce a (N, T) per-token loss to a scalar (ALGORITHMS.md §0: DAPO / GRPO / Dr.GRPO).
 
     - ``token-mean`` (DAPO): Σ loss·mask / token_denom; default token_denom = mask.sum().
     - ``seq-mean-token-mean`` (GRPO): Σ_i [Σ_t loss·mask / |o_i|] / seq_denom.

@@ -50,7 +50,7 @@ def token_covariance(
 def covariance_by_difficulty(
     cov: torch.Tensor, mask: torch.Tensor, group_accuracy: torch.Tensor
 ) -> dict[str, torch.Tensor]:
-    """Mean token covariance per prompt-difficulty bucket (Entropy Mechanism §3, Fig. 6).
+    """Mean token covariance per prompt-difficulty bucket (Entropy Mechanism §3; ALGORITHMS.md §2b).
 
     ``group_accuracy`` (N,) is, per response, the accuracy of its prompt's group. Buckets:
     easy = accuracy > 2/3, hard = accuracy < 1/3, medium otherwise (2/3 and 1/3 themselves

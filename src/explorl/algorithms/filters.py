@@ -8,7 +8,7 @@ from explorl.algorithms.advantages import degenerate_groups
 
 
 def informative_groups(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
-    """DAPO dynamic sampling (Eq. 11): True (N,) where the group's rewards are not all equal.
+    """DAPO dynamic sampling: True (N,) where the group's rewards are not all equal.
 
     A size-1 group is never informative (its rewards are trivially all equal). Group ids
     are arbitrary ints, groups may have unequal sizes.
@@ -19,7 +19,7 @@ def informative_groups(rewards: torch.Tensor, group_index: torch.Tensor) -> torc
 def overlong_penalty(
     lengths: torch.Tensor, max_len: int, buffer: int, penalty: float
 ) -> torch.Tensor:
-    """DAPO soft overlong punishment (Eq. 13), added to the reward; (N,) float.
+    """DAPO soft overlong punishment (R_length), added to the reward; (N,) float.
 
     0 if length ≤ max_len − buffer, then linear down to −penalty at max_len, and −penalty
     beyond. buffer = 0 turns the shaping off (all zeros), as ``rewards.overlong_buffer``.

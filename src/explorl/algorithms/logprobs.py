@@ -3,8 +3,9 @@
 H = logsumexp(z) − Σ softmax(z)·z on the temperature-scaled logits z = logits / T
 (ALGORITHMS.md §0). Both public functions are custom ``autograd.Function``s: the forward
 keeps only its inputs, and the backward recomputes one chunk at a time and writes its
-gradient straight into the result, so forward *and* backward hold one chunk of float32
-(chunk × |V|) work buffers beyond the unavoidable input/gradient tensors.
+gradient straight into the result. Forward and backward hold at most two float32
+chunk × |V| work buffers (the scaled logits z and softmax p; one without entropy) beyond
+the unavoidable inputs and their gradients. ``benchmarks/logprob_memory.py`` measures it.
 
 Gradients, per token, with p = softmax(z) and one-hot y of the label:
     ∂logp/∂z = y − p,        ∂H/∂z = p · (E_p[z] − z),        ∂/∂logits = ∂/∂z / T.
@@ -97,6 +98,7 @@ class _LogprobsFromLogits(torch.autograd.Function):
             logp[n0:n1, t0:t1] = lp.view(n1 - n0, t1 - t0)
             if with_entropy:
                 entropy[n0:n1, t0:t1] = h.view(n1 - n0, t1 - t0)
+            del z  # else it lives on while the next chunk is allocated: 2 chunks, not 1
         ctx.save_for_backward(logits, labels)
         ctx.temperature, ctx.chunk_size, ctx.with_entropy = temperature, chunk_size, with_entropy
         return (logp, entropy) if with_entropy else logp
@@ -117,6 +119,7 @@ class _LogprobsFromLogits(torch.autograd.Function):
                 ctx.temperature,
             )
             grad[n0:n1, t0:t1] = g.view(n1 - n0, t1 - t0, V)
+            del z, g  # free this chunk before the next one is allocated
         return grad, None, None, None, None
 
 
@@ -131,8 +134,8 @@ def logprobs_from_logits(
 
     logits (N, T, V) any float dtype, labels (N, T) long in [0, V). Returns float32 logp
     (N, T) and entropy (N, T) (None if ``with_entropy`` is False). Equal to
-    ``naive_logprobs`` in value and gradient; at most ``chunk_size`` tokens of float32
-    (·, V) work buffers exist at any time, forward or backward.
+    ``naive_logprobs`` in value and gradient; at most two float32 (chunk_size, V) work
+    buffers exist at any time, forward or backward.
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be ≥ 1, got {chunk_size}")
@@ -154,6 +157,7 @@ class _LogprobsFromHidden(torch.autograd.Function):
             logp[s:e] = lp
             if with_entropy:
                 entropy[s:e] = h
+            del z  # else it lives on while the next chunk is allocated: 2 chunks, not 1
         ctx.save_for_backward(hidden, weight, bias, labels)
         ctx.temperature, ctx.chunk_size, ctx.with_entropy = temperature, chunk_size, with_entropy
         return (logp, entropy) if with_entropy else logp
@@ -173,13 +177,15 @@ class _LogprobsFromHidden(torch.autograd.Function):
             z = torch.nn.functional.linear(h, weight, bias).float().div_(ctx.temperature)
             g_e = g_ent[s:e].float() if g_ent is not None else None
             g = _grad_chunk(z, labels[s:e], g_logp[s:e].float(), g_e, ctx.temperature)
-            g = g.to(hidden.dtype)  # (M_c, V), the dtype autograd would use for the logits
+            del z  # g now owns z's buffer  # (M_c, V) float32
             if need_h:
-                grad_h[s:e] = g @ weight
+                # cast to the logits' dtype first, as autograd would through the lm_head
+                grad_h[s:e] = g.to(hidden.dtype) @ weight
             if need_w:
-                grad_w.addmm_(g.t().float(), h.float())
+                grad_w.addmm_(g.t(), h.float())
             if need_b:
-                grad_b += g.float().sum(0)
+                grad_b += g.sum(0)
+            del g  # free this chunk before the next one is allocated
         grad_w = grad_w.to(weight.dtype) if need_w else None
         grad_b = grad_b.to(bias.dtype) if need_b else None
         return grad_h, grad_w, grad_b, None, None, None, None

@@ -79,7 +79,7 @@ def _num_selected(ratio: float, n_valid: int) -> int:
 
 
 def ppo_loss(logp, old_logp, advantages, mask, cfg, generator=None):
-    """PPO-clip surrogate (Schulman 2017 Eq. 7) with DAPO clip-higher and optional dual clip.
+    """PPO-clip surrogate (Schulman et al. 2017, L^CLIP), DAPO clip-higher, optional dual clip.
 
     loss = max(−A·ratio, −A·clip(ratio, 1−eps_low, 1+eps_high)); if clip_c is set and
     A < 0: min(loss, −A·clip_c). ``generator`` is unused (one signature for all losses).
@@ -126,7 +126,7 @@ def clip_cov_loss(logp, old_logp, advantages, mask, cfg, generator=None):
 
 
 def kl_cov_loss(logp, old_logp, advantages, mask, cfg, generator=None):
-    """KL-Cov (Entropy Mechanism Eq. 13): KL penalty on the top-k covariance tokens, no clip.
+    """KL-Cov (Entropy Mechanism Eq. 13–14): KL penalty on the top-k covariance tokens, no clip.
 
     k = max(1, floor(kl_cov_ratio · n_valid)) valid tokens with the largest Cov get
     −A·ratio + kl_cov_coef·|logp − old_logp|; all others −A·ratio. On the first on-policy

@@ -18,10 +18,14 @@ class RolloutEngine(Protocol):
         temperature: float,
         max_new_tokens: int,
         generator: torch.Generator | None = None,
+        seeds: list[int] | None = None,
     ) -> Rollouts:
         """Sample ``n_samples[i]`` responses for prompt i (token ids, no padding).
 
         ``model`` is passed per call so that EEPO can sample from its rollout copy.
         ``temperature == 0`` means greedy. Returned rows are grouped by prompt, in order.
+        ``seeds`` (one per prompt) asks for draws that depend only on (seeds[i], sample index),
+        not on the batch (``explorl.rollout.seeding``); the trainer always passes them, so
+        data-parallel ranks sample the same responses as one process would.
         """
         ...

@@ -25,7 +25,8 @@ class FakeEngine:
         self.calls: list[dict] = []
 
     @torch.no_grad()
-    def generate(self, model, prompt_ids, n_samples, temperature, max_new_tokens, generator=None) -> Rollouts:
+    def generate(self, model, prompt_ids, n_samples, temperature, max_new_tokens, generator=None,
+                 seeds=None) -> Rollouts:
         self.calls.append({"n_samples": list(n_samples), "temperature": temperature, "model": model})
         device = next(model.parameters()).device
         rows, texts, resp = [], [], []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from explorl.rollout.seeding import gumbel_sample, row_keys
 from explorl.rollout.types import Rollouts
 
 
@@ -50,18 +51,24 @@ class HFEngine:
         temperature: float,
         max_new_tokens: int,
         generator: torch.Generator | None = None,
+        seeds: list[int] | None = None,
     ) -> Rollouts:
+        """``seeds`` (one per prompt) switches to counter-based sampling: response j of prompt i
+        depends only on (seeds[i], j), not on the batch it is generated in (``rollout.seeding``)."""
         if len(prompt_ids) != len(n_samples):
             raise ValueError(f"{len(prompt_ids)} prompts but {len(n_samples)} sample counts")
         rows = [i for i, n in enumerate(n_samples) for _ in range(n)]  # response -> prompt
+        keys = row_keys(seeds, n_samples) if seeds is not None else None  # (N,) per-response keys
         parts = []
         for start in range(0, len(rows), self.batch_size):
             chunk = rows[start: start + self.batch_size]
             parts.append(self._generate_rows(model, [prompt_ids[i] for i in chunk], chunk, temperature,
-                                             max_new_tokens, generator))
+                                             max_new_tokens, generator,
+                                             None if keys is None else keys[start: start + self.batch_size]))
         return Rollouts.concat(parts, self.pad_id)
 
-    def _generate_rows(self, model, seqs, prompt_index, temperature, max_new_tokens, generator) -> Rollouts:
+    def _generate_rows(self, model, seqs, prompt_index, temperature, max_new_tokens, generator,
+                       keys=None) -> Rollouts:
         device = next(model.parameters()).device
         was_training = model.training
         model.eval()
@@ -91,6 +98,8 @@ class HFEngine:
             ent = -(logp_all.exp() * logp_all).sum(-1)  # (N,)
             if greedy:
                 tok = z.argmax(-1)
+            elif keys is not None:
+                tok = gumbel_sample(logp_all, keys, t)
             else:
                 tok = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
             tok = torch.where(alive, tok, torch.full_like(tok, self.pad_id))
