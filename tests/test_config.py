@@ -103,3 +103,10 @@ def test_every_field_is_documented():
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: str(p.relative_to(p.parents[1])))
 def test_every_recipe_validates(recipe):
     C.load(recipe)
+
+
+def test_recipe_reference_doc_is_current():
+    from explorl.docs import recipe_reference
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "recipes.md"
+    assert doc.read_text() == recipe_reference(), "regenerate: python -m explorl.docs > docs/recipes.md"

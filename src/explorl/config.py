@@ -317,6 +317,15 @@ class LogConfig:
 
 
 @dataclass
+class DistConfig:
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    """Data-parallel engine when a launcher starts several processes (``accelerate launch``,
+    ``torchrun``): ``ddp`` replicates the model; ``fsdp`` shards parameters, gradients and
+    optimizer state (an accelerate config file with ``distributed_type: FSDP`` selects it too).
+    Ignored in a single process."""
+
+
+@dataclass
 class RunConfig:
     name: str = "run"
     """Run/recipe name, used in report legends."""
@@ -344,6 +353,8 @@ class RunConfig:
     """Validation during training."""
     log: LogConfig = field(default_factory=LogConfig)
     """Logging, plots and checkpoints."""
+    dist: DistConfig = field(default_factory=DistConfig)
+    """Data-parallel training on several processes (README "Scaling out")."""
 
 
 # ----------------------------------------------------------------------------- validation
@@ -412,6 +423,12 @@ def _semantic_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
 
 
 def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return " / ".join(map(str, typing.get_args(tp)))
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " or ".join("None" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) is list:
+        return f"list[{_type_name(typing.get_args(tp)[0])}]"
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from explorl.control.base import ControlContext, ControlError, Controller, Knobs, StepStats
 from explorl.rollout.base import RolloutEngine
+from explorl.rollout.seeding import mix_seed
 from explorl.rollout.types import Rollouts
 
 
@@ -110,6 +111,7 @@ def unlearn_step(
     eps_r: float = 1e-2,
     temperature: float | None = None,
     micro_batch_size: int | None = None,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> float:
     """One momentum-free gradient step that lowers π_θ′ of the stage-1 tokens (EEPO Eq. 8–11).
 
@@ -125,18 +127,27 @@ def unlearn_step(
     Empty responses are skipped. The model's parameters are updated in place and their
     gradients freed; the forward runs in eval mode so no dropout noise enters. Returns L
     (before the step).
+
+    ``reduce`` (an in-place sum over data-parallel ranks) makes the step global: each rank
+    passes its share of the stage-1 sequences (possibly ``None``), the mean is over all ranks'
+    sequences and the summed gradient moves every rank's copy identically. Every rank must
+    call it then, as with any collective.
     """
-    T = rollouts_stage1.temperature if temperature is None else temperature
+    T = (rollouts_stage1.temperature if rollouts_stage1 is not None else 1.0) if temperature is None else temperature
     if T <= 0:
         raise ValueError(f"unlearning needs a sampling temperature > 0, got {T}")
-    lengths = rollouts_stage1.response_mask.sum(-1)  # (N,)
-    keep = torch.nonzero(lengths > 0).flatten()
-    if len(keep) == 0:
-        return 0.0
-    r = rollouts_stage1.select(keep)
-    n_seq = len(r)
-    mb = n_seq if micro_batch_size is None else micro_batch_size
     params = [p for p in rollout_model.parameters() if p.requires_grad]
+    device = params[0].device
+    if rollouts_stage1 is not None:
+        lengths = rollouts_stage1.response_mask.sum(-1)  # (N,)
+        r = rollouts_stage1.select(torch.nonzero(lengths > 0).flatten())
+    n_local = len(r) if rollouts_stage1 is not None else 0
+    n_seq = n_local
+    if reduce is not None:
+        n_seq = int(reduce(torch.tensor([float(n_local)], device=device)).item())
+    if n_seq == 0:
+        return 0.0
+    mb = max(1, n_local if micro_batch_size is None else micro_batch_size)
     for p in params:
         p.grad = None  # a deep copy carries the policy's stale .grad, if any
     was_training = rollout_model.training
@@ -144,8 +155,8 @@ def unlearn_step(
     L = 0.0
     try:
         with torch.enable_grad():
-            for start in range(0, n_seq, mb):
-                part = r.select(torch.arange(start, min(start + mb, n_seq)))
+            for start in range(0, n_local, mb):
+                part = r.select(torch.arange(start, min(start + mb, n_local)))
                 mask = part.response_mask.float()  # (n, R)
                 logits = _response_logits(rollout_model, part).float() / T  # (n, R, V)
                 logp = torch.log_softmax(logits, dim=-1)
@@ -155,6 +166,12 @@ def unlearn_step(
                 L_part = per_seq.sum() / n_seq  # this chunk's share of the mean over sequences
                 (-L_part).backward()  # ascent on L = descent on −L
                 L += L_part.item()
+        if reduce is not None:  # one all-reduce of every gradient and L
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            flat = reduce(torch.cat([g.flatten().float() for g in grads] + [torch.tensor([L], device=device)]))
+            L = float(flat[-1])
+            for p, g in zip(params, flat[:-1].split([p.numel() for p in params])):
+                p.grad = g.view_as(p).to(p.dtype)
         with torch.no_grad():
             for p in params:
                 if p.grad is not None:
@@ -180,6 +197,7 @@ def _subset(
     temperature: float,
     max_new_tokens: int,
     generator: torch.Generator | None,
+    seeds: list[int] | None = None,
 ) -> Rollouts | None:
     """Sample ``counts[i]`` responses for prompt i, skipping prompts with count 0.
 
@@ -189,6 +207,7 @@ def _subset(
     idx = [i for i, n in enumerate(counts) if n > 0]
     if not idx:
         return None
+    extra = {"seeds": [seeds[i] for i in idx]} if seeds is not None else {}
     out = engine.generate(
         model,
         [prompt_ids[i] for i in idx],
@@ -196,6 +215,7 @@ def _subset(
         temperature,
         max_new_tokens,
         generator,
+        **extra,
     )
     to_batch = torch.as_tensor(idx, dtype=torch.long)
     return dataclasses.replace(
@@ -220,6 +240,8 @@ def sample_then_forget(
     *,
     pad_id: int | None = None,
     micro_batch_size: int | None = None,
+    seeds: list[int] | None = None,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[Rollouts, dict[str, float]]:
     """EEPO two-stage rollout (EEPO Algorithm 1): sample, optionally forget, sample again.
 
@@ -243,15 +265,20 @@ def sample_then_forget(
         there is nothing to unlearn for and the step is skipped.
     ``pad_id``: padding for concatenation; ``None`` = ``engine.pad_id`` if it exists, else 0
     (masks, not pad values, mark the valid cells).
+    ``seeds``: per-prompt sampling seeds passed to the engine (stage 2 derives its own from
+    them). ``reduce``: data-parallel sum (see ``unlearn_step``); with it the caller decides
+    ``unlearn`` for the global batch and every rank takes the same step, so ``eepo/unlearn_loss``
+    is global too.
     """
     if len(n_samples) != len(prompt_ids):
         raise ValueError(f"{len(prompt_ids)} prompts but {len(n_samples)} sample counts")
     n2 = [n // 2 for n in n_samples]
     n1 = [n - m for n, m in zip(n_samples, n2)]
-    stage1 = _subset(engine, policy, prompt_ids, n1, 1, temperature, max_new_tokens, generator)
+    seeds2 = [mix_seed(s, 2) for s in seeds] if seeds is not None else None
+    stage1 = _subset(engine, policy, prompt_ids, n1, 1, temperature, max_new_tokens, generator, seeds)
     metrics = {"eepo/unlearn_loss": 0.0, "eepo/active": 0.0}
     sampler = policy
-    if unlearn and stage1 is not None and sum(n2) > 0:
+    if unlearn and (reduce is not None or (stage1 is not None and sum(n2) > 0)):
         sampler = copy.deepcopy(policy)
         metrics["eepo/unlearn_loss"] = unlearn_step(
             sampler,
@@ -261,9 +288,10 @@ def sample_then_forget(
             eps_r=eps_r,
             temperature=temperature,
             micro_batch_size=micro_batch_size,
+            reduce=reduce,
         )
         metrics["eepo/active"] = 1.0
-    stage2 = _subset(engine, sampler, prompt_ids, n2, 2, temperature, max_new_tokens, generator)
+    stage2 = _subset(engine, sampler, prompt_ids, n2, 2, temperature, max_new_tokens, generator, seeds2)
     del sampler  # drop the copy before the policy update allocates activations
     parts = [p for p in (stage1, stage2) if p is not None]
     if not parts:

@@ -9,7 +9,8 @@ argmax(log p + G), G = −log(−log U), is an exact sample of p. The draw of a 
 the other rows, so a prompt's responses are the same whichever rank samples them, in whatever
 batch — and a run resumed at a different number of ranks continues the same sample stream.
 
-Cost: one (N, |V|) integer hash per generated token, about what ``multinomial`` costs.
+Cost per generated token: N seeded ``torch.rand`` calls on CPU (cheaper than ``multinomial``),
+one (N, |V|) integer hash on accelerators.
 """
 
 from __future__ import annotations
@@ -49,14 +50,35 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def uniform_noise(keys: torch.Tensor, t: int, vocab_size: int) -> torch.Tensor:
-    """U (N, V) float32 in (0, 1): a hash of (row key, position t, token id), 24 random bits."""
+def _hashed_uniform(keys: torch.Tensor, t: int, vocab_size: int) -> torch.Tensor:
+    """U (N, V) as a vectorised hash of (key, t, token id), 24 random bits (for accelerators)."""
     lo, hi = keys & _M32, keys >> 32  # (N,)
     row = _mix32(_mix32(lo ^ ((t * 0x61C88647 + 1) & _M32)) ^ hi)  # (N,)
     row2 = _mix32(row ^ 0x5BD1E995)
     tok = _mix32(torch.arange(vocab_size, device=keys.device, dtype=torch.long) * 0x2545F491 & _M32)  # (V,)
     bits = _mix32(_mix32(row[:, None] ^ tok[None, :]) ^ row2[:, None])  # (N, V)
     return ((bits >> 8).float() + 0.5) / float(1 << 24)
+
+
+def _generator_uniform(keys: torch.Tensor, t: int, vocab_size: int) -> torch.Tensor:
+    """U (N, V) from one freshly seeded generator per row (CPU: faster than int64 hashing)."""
+    out = torch.empty(len(keys), vocab_size, device=keys.device)
+    for i, k in enumerate(keys.tolist()):
+        g = torch.Generator(keys.device).manual_seed(mix_seed(k, t))
+        torch.rand(vocab_size, generator=g, device=keys.device, out=out[i])
+    return out.clamp_(min=2.0**-60)  # rand may return exactly 0
+
+
+def uniform_noise(keys: torch.Tensor, t: int, vocab_size: int) -> torch.Tensor:
+    """U (N, V) float32 in (0, 1) that depends only on (row key, position t, token id).
+
+    On CPU one generator per row (N small launches are cheap there); on accelerators an
+    integer hash over the whole (N, V) block (one kernel chain instead of N launches). The
+    two give different (equally valid) draws, as CPU and GPU runs differ anyway.
+    """
+    if keys.device.type == "cpu":
+        return _generator_uniform(keys, t, vocab_size)
+    return _hashed_uniform(keys, t, vocab_size)
 
 
 def gumbel_sample(logp: torch.Tensor, keys: torch.Tensor, t: int) -> torch.Tensor:

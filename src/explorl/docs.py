@@ -1,0 +1,37 @@
+"""Generate docs/recipes.md (the recipe reference) from the config tree's field docstrings."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+from explorl import config as C
+
+HEADER = """# Recipe reference
+
+Generated from `src/explorl/config.py` by `python -m explorl.docs > docs/recipes.md` (a test
+keeps it in sync). Every key of a recipe, its type, its default and its meaning; the config
+classes are the only home of these defaults. Override any key with `--set key=value`.
+"""
+
+
+def recipe_reference() -> str:
+    lines = [HEADER]
+    hints = typing.get_type_hints(C.RunConfig)
+    top_docs = C.field_docs(C.RunConfig)
+    leaf_rows = [r for r in C.reference() if "." not in r[0]]
+    lines += ["## Top level", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+    lines += [f"| `{p}` | {t} | `{d}` | {doc} |" for p, t, d, doc in leaf_rows]
+    for f in dataclasses.fields(C.RunConfig):
+        tp = hints[f.name]
+        if not dataclasses.is_dataclass(tp):
+            continue
+        lines += ["", f"## `{f.name}` — {top_docs.get(f.name, '')}", "",
+                  "| key | type | default | meaning |", "|---|---|---|---|"]
+        for p, t, d, doc in C.reference(tp, f.name + "."):
+            lines.append(f"| `{p}` | {t.replace('|', '/')} | `{d}` | {doc.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(recipe_reference(), end="")

@@ -1,0 +1,207 @@
+"""``explorl study``: spec validation, resumability, the claims' rules, and a tiny study end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from explorl import config as C
+from explorl import study as S
+from explorl.cli import main
+
+from conftest import TINY_LAB
+
+# ----------------------------------------------------------------------------- spec
+
+
+def _write(tmp_path: Path, data: dict, name: str = "spec.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_spec_quick_section_replaces_keys_and_appends_set(tmp_path):
+    path = _write(tmp_path, {"name": "s", "recipes": ["grpo"], "seeds": [0, 1, 2], "max_steps": 300,
+                             "set": ["eval.every=20"], "eval": {"n": 16, "split": "test"},
+                             "quick": {"seeds": [0], "max_steps": 50, "set": ["eval.every=10"],
+                                       "eval": {"max_problems": 32}}})
+    full = S.load_spec(path)
+    assert (full.seeds, full.max_steps, full.set, full.eval.max_problems) == ([0, 1, 2], 300, ["eval.every=20"], None)
+    quick = S.load_spec(path, quick=True)
+    assert (quick.seeds, quick.max_steps) == ([0], 50)
+    assert quick.set == ["eval.every=20", "eval.every=10"]  # appended: the quick value wins
+    assert (quick.eval.n, quick.eval.split, quick.eval.max_problems) == (16, "test", 32)
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"recpies": ["grpo"]}, "recpies: unknown key; did you mean 'recipes'?"),
+    ({"recipes": ["grpo"], "quick": {"max_step": 3}}, "quick.max_step: unknown key; did you mean 'quick.max_steps'?"),
+    ({"recipes": ["grop"]}, "recipes[0]: unknown recipe 'grop'; did you mean 'grpo'?"),
+    ({"recipes": ["grpo"], "seeds": "zero"}, "seeds: expected a list"),
+    ({"recipes": ["grpo"], "eval": {"n": 4, "k": [1, 8]}}, "eval.k: every k must be in [1, eval.n]"),
+    ({"recipes": ["grpo"], "task": "subtraction"}, "task: 'subtraction' is not a lab task"),
+    ({"recipes": ["grpo"], "set": ["algorithm.eps_hihg=0.3"]}, "algorithm.eps_hihg: unknown key"),
+    ({"recipes": ["grpo"], "variants": [{"name": "grpo", "recipe": "grpo"}]}, "names used twice: grpo"),
+    ({"recipes": [], "variants": [{"name": "v", "recipe": "grpo", "sett": []}]},
+     "variants[0].sett: unknown key; did you mean 'variants[0].set'?"),
+])
+def test_spec_errors_name_the_key(tmp_path, data, message):
+    path = _write(tmp_path, data)
+    with pytest.raises(C.ConfigError) as e:
+        S.plan_runs(S.load_spec(path), path, tmp_path / "out")
+    assert message in str(e.value) and str(path) in str(e.value)
+
+
+def test_study_cli_reports_spec_errors(tmp_path, capsys):
+    path = _write(tmp_path, {"recipes": ["grpo"], "jobz": 2})
+    assert main(["study", str(path)]) == 2
+    assert "jobz: unknown key; did you mean 'jobs'?" in capsys.readouterr().err
+
+
+def test_lab_spec_plans_every_required_recipe():
+    root = Path(__file__).resolve().parents[1]
+    spec = S.load_spec(root / "studies" / "lab.yaml")
+    plans = S.plan_runs(spec, root / "studies" / "lab.yaml", Path("/tmp/unused"))
+    names = set(S.order_rows(spec, plans))
+    assert {"grpo", "dapo", "entropy_bonus", "clip_cov", "kl_cov", "e3_ts", "e3", "eepo", "es_wsd"} <= names
+    assert {n for c in S.CLAIMS for n in c.needs} <= names  # the full study can decide every claim
+    assert len(spec.seeds) == 3 and {p.cfg.max_steps for p in plans} == {spec.max_steps}
+    # the same rollout budget for every recipe: prompts per step × samples per prompt
+    assert {(p.cfg.data.prompts_per_step, p.cfg.rollout.n_samples) for p in plans} == {(8, 8)}
+    quick = S.load_spec(root / "studies" / "lab.yaml", quick=True)
+    assert quick.publish is None and len(quick.seeds) == 1 and quick.max_steps < spec.max_steps
+
+
+# ----------------------------------------------------------------------------- resumability
+
+
+def test_run_state_skips_finished_resumes_interrupted_and_refuses_other_configs(tmp_path):
+    path = _write(tmp_path, {"recipes": ["grpo"], "max_steps": 10})
+    spec = S.load_spec(path)
+    (plan,) = S.plan_runs(spec, path, tmp_path / "out")
+    assert S.run_state(plan) == "fresh"
+    plan.out.mkdir(parents=True)
+    C.save(plan.cfg, plan.out / "config.yaml")
+    (plan.out / "metrics.jsonl").write_text("")
+    assert S.run_state(plan) == "restart"  # started, no checkpoint yet
+    ckpt = plan.out / "checkpoints" / "step-4"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.pt").write_bytes(b"")
+    (plan.out / "summary.json").write_text(json.dumps({"steps": 4, "max_steps": 10, "interrupted": True}))
+    assert S.run_state(plan) == "resume"
+    assert S._train_cmd(plan, "resume")[-2:] == ["--resume", str(plan.out)]
+    (plan.out / "summary.json").write_text(json.dumps({"steps": 10, "max_steps": 10, "interrupted": False}))
+    assert S.run_state(plan) == "done"
+    other = C.load(plan.recipe, [*plan.sets, "optim.lr=1.0e-3"], max_steps=10, seed=0)
+    C.save(other, plan.out / "config.yaml")
+    with pytest.raises(C.ConfigError, match="another configuration"):
+        S.run_state(plan)
+
+
+# ----------------------------------------------------------------------------- claims
+
+
+def _run(**kw) -> dict:
+    base = {key: None for key, *_ in S.columns([1, 16])}
+    base.update({"initial_reward": 0.5, "final_reward": 0.5, "H0": None, "tracking_rel_bias": None,
+                 "target_mean": None, "tracking_bias": None, "tracked_entropy_mean": None,
+                 "eepo_active_frac": None, "anneal_entropy_ratio": None, "law_r2": None, "law_points": 0,
+                 "law_rmse": None, "law_naive_rmse": None, "law_final_error": None, "step_s": 0.1})
+    base.update(kw)
+    return base
+
+
+def _claims(per_run: dict[str, list[dict]]) -> dict[str, dict]:
+    table = S.build_table(list(per_run), per_run, [1, 16])
+    return {c["id"]: c for c in S.evaluate_claims(table, per_run)}
+
+
+def test_claim_rules_yes_partial_no_and_not_run():
+    fall = [_run(entropy_ratio=0.7, initial_reward=0.4, final_reward=0.6, final_entropy=0.25) for _ in range(3)]
+    flat = [_run(entropy_ratio=0.95, initial_reward=0.4, final_reward=0.6, final_entropy=0.34) for _ in range(3)]
+    assert _claims({"grpo": fall})["1"]["verdict"] == "yes"
+    assert _claims({"grpo": flat})["1"]["verdict"] == "partial"  # reward rose, entropy did not fall
+    assert _claims({"grpo": [_run(entropy_ratio=1.1, final_entropy=0.4)]})["1"]["verdict"] == "no"
+    assert _claims({"grpo": fall})["3a"]["verdict"] == "not run"
+
+    # "clearly above": the difference of means must exceed the combined seed std
+    cov = {"grpo": [_run(final_entropy=h) for h in (0.25, 0.26, 0.27)],
+           "clip_cov": [_run(final_entropy=h) for h in (0.30, 0.31, 0.32)],
+           "kl_cov": [_run(final_entropy=h) for h in (0.20, 0.30, 0.40)]}
+    c = _claims(cov)["3a"]
+    assert c["conditions"] == [True, False] and c["verdict"] == "partial"
+
+    eepo = [_run(eepo_active_frac=0.5, eepo_dH=0.02), _run(eepo_active_frac=0.4, eepo_dH=0.03)]
+    assert _claims({"eepo": eepo})["4"]["verdict"] == "yes"
+    never = [_run(eepo_active_frac=0.0, eepo_dH=None)]
+    assert _claims({"eepo": never})["4"]["verdict"] == "no"
+
+
+def test_tracking_claim_compares_with_grpo_on_the_same_target():
+    es = [_run(tracking_rel_bias=0.02, tracking_bias=0.006, target_mean=0.3, tracking_error=0.03)]
+    near = [_run(tracked_entropy_mean=0.301)]  # GRPO happens to sit on the target: nothing to show
+    far = [_run(tracked_entropy_mean=0.36)]
+    assert _claims({"grpo": far, "es_constant": es})["5a"]["verdict"] == "yes"
+    assert _claims({"grpo": near, "es_constant": es})["5a"]["verdict"] == "partial"
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+@pytest.mark.slow
+def test_tiny_study_end_to_end_is_resumable_and_reproducible(tiny_model, tmp_path, capsys):
+    lab = [f"lab.{k}={v}" for k, v in TINY_LAB.items()]
+    spec = {
+        "name": "tiny", "task": "addition", "recipes": ["grpo", "es_constant"], "seeds": [0], "max_steps": 3,
+        "set": [f"model.path={tiny_model}", *lab, "data.prompts_per_step=4", "rollout.n_samples=4",
+                "rollout.max_response_len=6", "optim.lr=1.0e-3", "eval.every=1", "eval.n_samples=2",
+                "eval.k=[1, 2]", "eval.max_problems=4", "reward.num_workers=1", "log.plots=false",
+                "log.checkpoint_every=0"],
+        "eval": {"n": 4, "k": [1, 4], "split": "test", "max_problems": 4},
+        "jobs": 2,
+    }
+    path = _write(tmp_path, spec)
+    out = tmp_path / "study"
+    assert main(["study", str(path), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "2 to train" in printed
+    for name in ("study.md", "claims.md", "study.json", "report/report.md"):
+        assert (out / name).is_file(), name
+    assert list((out / "report").glob("claim_*.png")) and list((out / "report").glob("entropy.png"))
+    first = json.loads((out / "study.json").read_text())
+    assert first["rows"] == ["grpo", "es_constant"]
+    cols = {c["key"] for c in first["columns"]}
+    assert {"entropy_ratio", "final_reward", "eval_pass@1", "eval_pass@4", "all_wrong_frac", "tracking_error",
+            "eepo_dH", "step_s", "overhead", "rollouts_per_step"} <= cols
+    assert first["table"]["grpo"]["eval_pass@1"]["n"] == 1
+    assert first["table"]["es_constant"]["tracking_error"]["mean"] is not None
+    assert first["table"]["grpo"]["tracking_error"]["mean"] is None  # no target, no tracking error
+    assert [c["id"] for c in first["claims"]] == [c.id for c in S.CLAIMS]
+    assert {c["verdict"] for c in first["claims"]} <= {"yes", "partial", "no", "n/a", "not run"}
+    assert next(c for c in first["claims"] if c["id"] == "3a")["verdict"] == "not run"
+    md = (out / "study.md").read_text()
+    assert "## Claims" in md and "| grpo | 1 |" in md and first["fingerprint"] in md
+
+    # Rerun: nothing is retrained or re-evaluated, and the table is the same.
+    stamps = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/*.jsonl")}
+    stamps |= {p: p.stat().st_mtime_ns for p in out.glob("runs/*/eval/eval.json")}
+    assert main(["study", str(path), "--out", str(out)]) == 0
+    assert "0 to train" in capsys.readouterr().out
+    assert stamps == {p: p.stat().st_mtime_ns for p in stamps}
+    assert json.loads((out / "study.json").read_text())["fingerprint"] == first["fingerprint"]
+
+    # Same seed, trained again from scratch: every non-timing number is reproduced.
+    import shutil
+
+    shutil.rmtree(out / "runs" / "grpo-seed0")
+    assert main(["study", str(path), "--out", str(out)]) == 0
+    assert "1 to train" in capsys.readouterr().out
+    again = json.loads((out / "study.json").read_text())
+    assert again["fingerprint"] == first["fingerprint"]
+    timing = {c["key"] for c in first["columns"] if c["timing"]}
+    for row in first["rows"]:
+        strip = lambda t: {k: v for k, v in t.items() if k not in timing}  # noqa: E731
+        assert strip(again["table"][row]) == strip(first["table"][row])
