@@ -1,0 +1,63 @@
+"""explorl: controlling exploration in RL with verifiable rewards for language models.
+
+The public API. Names resolve lazily, so ``import explorl`` (and the pure math in
+``explorl.algorithms``) does not import transformers until something needs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    # configuration
+    "RunConfig": "explorl.config",
+    "ConfigError": "explorl.config",
+    "load_config": ("explorl.config", "load"),
+    # training
+    "Trainer": "explorl.trainer",
+    # algorithms (pure tensor functions)
+    "ADVANTAGES": "explorl.algorithms",
+    "LOSSES": "explorl.algorithms",
+    "compute_advantages": "explorl.algorithms",
+    "aggregate": "explorl.algorithms",
+    "token_covariance": "explorl.algorithms",
+    # controllers
+    "CONTROLLERS": "explorl.control",
+    "Controller": "explorl.control",
+    "Knobs": "explorl.control",
+    "StepStats": "explorl.control",
+    # rollouts
+    "Rollouts": "explorl.rollout.types",
+    "HFEngine": "explorl.rollout.hf",
+    "FakeEngine": "explorl.rollout.fake",
+    # data and rewards
+    "PromptRecord": "explorl.data",
+    "load_prompts": "explorl.data",
+    "VERIFIERS": "explorl.rewards",
+    "VerifierPool": "explorl.rewards",
+    # lab
+    "lab_model_path": "explorl.lab",
+    "make_splits": "explorl.lab",
+    # evaluation and analysis
+    "pass_at_k": "explorl.eval",
+    "fit_entropy_law": "explorl.analysis",
+    "make_report": "explorl.analysis",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str):
+    target = _EXPORTS.get(name)
+    if target is None:
+        raise AttributeError(f"module 'explorl' has no attribute {name!r}")
+    module, attr = target if isinstance(target, tuple) else (target, name)
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__
