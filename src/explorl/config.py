@@ -150,7 +150,7 @@ class AlgorithmConfig:
     """DAPO dynamic sampling: drop groups with identical rewards, regenerate to refill the batch."""
     max_gen_rounds: int = 3
     """DAPO dynamic sampling: most generation rounds per step."""
-    logprob_chunk: int = 2048
+    logprob_chunk: int = 512
     """Tokens per chunk when computing log-probs and entropy (bounds the logits memory)."""
 
 

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import os
+import warnings
 
 import torch
 
@@ -66,8 +68,29 @@ class Single:
         start = self.rank * base + min(self.rank, extra)
         return slice(start, start + base + (self.rank < extra))
 
-    def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
+    def wrap(self, module: LogProbModule) -> torch.nn.Module:
+        """The module the loss runs through: DDP/FSDP-wrapped under a launcher, else itself."""
         return module
+
+    def full_model(self, scorer: torch.nn.Module, version: int) -> torch.nn.Module:
+        """The policy with its current full weights, for sampling, validation and saving.
+
+        ``version`` counts optimizer steps; FSDP refreshes its replica when it changed.
+        """
+        return _unwrap(scorer).policy
+
+    def optimizer_state(self, scorer: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+        """The optimizer state to checkpoint (complete on rank 0)."""
+        return optimizer.state_dict()
+
+    def load_optimizer_state(self, scorer: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        """Load a checkpointed optimizer state, whatever the strategy that wrote it."""
+        if _keyed_by_name(state):  # written under FSDP
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            set_optimizer_state_dict(scorer, optimizer, state, options=StateDictOptions(full_state_dict=True))
+        else:
+            optimizer.load_state_dict(state)
 
     def no_sync(self, module: torch.nn.Module):
         return contextlib.nullcontext()
@@ -111,11 +134,51 @@ class Parallel(Single):
         self.world_size = self.accelerator.num_processes
         self.is_main = self.accelerator.is_main_process
         self.device = self.accelerator.device
-        self.strategy = "fsdp" if self.accelerator.distributed_type == DistributedType.FSDP else "ddp"
+        self._accelerate_fsdp = self.accelerator.distributed_type == DistributedType.FSDP
+        self.strategy = "fsdp" if strategy == "fsdp" or self._accelerate_fsdp else "ddp"
         atexit.register(_destroy)
 
-    def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
-        return self.accelerator.prepare_model(module)
+    def wrap(self, module: LogProbModule) -> torch.nn.Module:
+        if self.strategy == "fsdp":
+            if self._accelerate_fsdp and self.accelerator.state.fsdp_plugin.fsdp_version != 1:
+                raise ValueError("explorl supports FSDP version 1 (accelerate's default); set fsdp_version: 1")
+            # Sampling runs token by token on each rank's own prompts, which sharded weights cannot
+            # do without a collective per token: a full replica (no gradients, no optimizer
+            # state) samples instead and is refreshed after each update (``full_model``).
+            self._replica = copy.deepcopy(module.policy).requires_grad_(False)
+            self._replica_version = None
+            self._param_names = [n for n, _ in module.named_parameters()]  # the optimizer's order at N = 1
+            if not self._accelerate_fsdp:  # accelerate turns FSDP on for GPUs only: same wrapping by hand
+                return _fsdp(module, self.device)
+        with warnings.catch_warnings():  # torch ≥ 2.12 prefers forward_sync_buffers, which accelerate lacks
+            warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
+            return self.accelerator.prepare_model(module)
+
+    def full_model(self, scorer: torch.nn.Module, version: int) -> torch.nn.Module:
+        if self.strategy != "fsdp":
+            return super().full_model(scorer, version)
+        if version != self._replica_version:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            full = get_model_state_dict(scorer, options=StateDictOptions(full_state_dict=True))
+            self._replica.load_state_dict({k.removeprefix("policy."): v for k, v in full.items()}, strict=False)
+            self._replica_version = version
+        return self._replica
+
+    def optimizer_state(self, scorer: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+        if self.strategy != "fsdp":  # DDP: every rank holds the whole (identical) state
+            return super().optimizer_state(scorer, optimizer)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        return get_optimizer_state_dict(scorer, optimizer,
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def load_optimizer_state(self, scorer: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        if self.strategy == "fsdp" and not _keyed_by_name(state):  # written by one process or DDP
+            state = {"state": {self._param_names[i]: v for i, v in state["state"].items()},
+                     "param_groups": [{**g, "params": [self._param_names[i] for i in g["params"]]}
+                                      for g in state["param_groups"]]}
+        super().load_optimizer_state(scorer, optimizer, state)
 
     def no_sync(self, module: torch.nn.Module):
         return module.no_sync()
@@ -143,6 +206,29 @@ class Parallel(Single):
 
     def barrier(self) -> None:
         torch.distributed.barrier()
+
+
+def _fsdp(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """FSDP (version 1) with one unit per transformer layer, as accelerate's default auto-wrap."""
+    import functools
+
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    names = set(getattr(module, "_no_split_modules", None) or [])
+    layers = {type(m) for m in module.modules() if type(m).__name__ in names}
+    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layers) if layers else None
+    cuda = device.type == "cuda"  # on CPU (tests) FSDP refuses to sync states; every rank loaded the same weights
+    return FullyShardedDataParallel(module, auto_wrap_policy=policy, use_orig_params=True,
+                                    device_id=device if cuda else None, sync_module_states=cuda)
+
+
+def _unwrap(module: torch.nn.Module) -> torch.nn.Module:
+    return getattr(module, "module", module)  # DDP and FSDP keep the wrapped module in .module
+
+
+def _keyed_by_name(optimizer_state: dict) -> bool:
+    return any(isinstance(k, str) for k in optimizer_state.get("state", {}))
 
 
 def _destroy() -> None:

@@ -3,10 +3,20 @@
 Everything a method changes lives elsewhere: the math in ``explorl.algorithms``, the between-step
 mechanisms in ``explorl.control`` (reached through ``before_step``/``after_step`` hooks and the
 ``Knobs`` they set), sampling in ``explorl.rollout``, verification in ``explorl.rewards``.
+
+Data parallelism (``explorl.dist``, README "Scaling out"): with N processes each rank samples and
+scores a contiguous share of the step's prompts (a prompt's group is never split), and one
+all-gather per generation round gives every rank the per-response statistics of the whole batch
+(``StepBatch``). From them every rank computes the same advantages, loss denominators, controller
+statistics and metrics as one process would; each rank back-propagates its responses' share of
+the global loss and DDP (or FSDP) sums the gradients. At N = 1 the same code runs with no-op
+collectives. Sampling draws depend on (seed, step, prompt position, sample index) only
+(``explorl.rollout.seeding``), so the responses do not depend on N either.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -22,22 +32,25 @@ import torch
 from explorl import config as C
 from explorl.algorithms import (
     LOSSES, aggregate, compute_advantages, covariance_by_difficulty, informative_groups,
-    kl_estimate, overlong_penalty, token_covariance,
+    kl_estimate, overlong_penalty,
 )
 from explorl.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
 from explorl.control import ControlContext, Knobs, StepStats, build_controllers, sample_then_forget
 from explorl.data.order import DataOrder
 from explorl.data.sources import default_verifier, load_split
+from explorl.dist import LogProbModule, make_dist
 from explorl.eval.passk import pass_at_k
-from explorl.models import load_model, load_tokenizer, render_prompt, resolve_device, resolve_model_path
+from explorl.models import load_model, load_tokenizer, render_prompt, resolve_model_path
 from explorl.rewards import to_reward
 from explorl.rewards.pool import VerifierPool
 from explorl.rollout.hf import HFEngine
 from explorl.rollout.scoring import response_logprobs
+from explorl.rollout.seeding import mix_seed
 from explorl.rollout.types import Rollouts
 from explorl.runlog import MetricsLog, ProgressBar
 
 TIME_KEYS = ("time/", "perf/")  # wall-clock metrics: excluded from resume-equality checks
+TRAIN_STREAM, VAL_STREAM = 0, 1  # first component of the sampling seeds after the run seed
 
 
 def controller_specs(cfg: C.RunConfig) -> dict[str, dict]:
@@ -65,11 +78,59 @@ def controller_specs(cfg: C.RunConfig) -> dict[str, dict]:
     return specs
 
 
+
+@dataclasses.dataclass
+class StepBatch:
+    """The step's responses as every rank sees them: one row per response of the global batch.
+
+    ``rows`` holds (N,) columns in the order one process would have them (prompt by prompt):
+    ``group`` (the prompt's position among the step's sampled prompts), ``reward``, ``score``,
+    ``length`` (valid tokens), ``entropy_sum`` and ``logp_sum`` (sums over the response's tokens
+    at the sampling temperature), ``truncated``, ``stage`` (EEPO; 0 otherwise) and ``rank`` (the
+    rank holding the response). ``local`` (n,) maps this rank's kept rollouts to their rows.
+    """
+
+    rows: dict[str, torch.Tensor]
+    local: torch.Tensor
+    prompt_indices: list[int]  # dataset index of every prompt sampled this step (all rounds)
+    prompt_correct: list[float]
+    prompt_samples: list[int]
+    epoch: int
+    epoch_end: bool
+
+
+def response_stats(ro: Rollouts, scores: torch.Tensor, rewards: torch.Tensor, rank: int) -> dict[str, torch.Tensor]:
+    """This rank's rows of ``StepBatch.rows``."""
+    mask = ro.response_mask.cpu()
+    n = len(ro)
+    return {
+        "group": ro.prompt_index.cpu().long(),
+        "reward": rewards.double(),
+        "score": scores.double(),
+        "length": mask.sum(-1).long(),
+        "entropy_sum": (ro.entropy.cpu() * mask).sum(-1).double(),
+        "logp_sum": (ro.old_logp.cpu() * mask).sum(-1).double(),
+        "truncated": ro.truncated.cpu().bool() if ro.truncated is not None else torch.zeros(n, dtype=torch.bool),
+        "stage": ro.stage.cpu().long() if ro.stage is not None else torch.zeros(n, dtype=torch.long),
+        "rank": torch.full((n,), rank, dtype=torch.long),
+    }
+
+
+def _cat(tables: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return {k: torch.cat([t[k] for t in tables]) for k in tables[0]}
+
+
 class Trainer:
     """GRPO-family trainer for a local HF causal LM, with pluggable exploration controllers."""
 
     def __init__(self, cfg: C.RunConfig, out_dir: str | Path, *, resume: bool = False, engine=None):
         self.cfg = cfg = C.validate(cfg)
+        # First: under a launcher this joins the process group, so no rank writes into the run
+        # directory while another one is still checking or clearing it (``--force``).
+        self.dist = make_dist(cfg.dist.strategy, cfg.model.device)
+        if cfg.data.prompts_per_step < self.dist.world_size:
+            raise ValueError(f"data.prompts_per_step={cfg.data.prompts_per_step} < {self.dist.world_size} "
+                             "processes: every rank needs at least one prompt per step")
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "plots").mkdir(exist_ok=True)
@@ -78,12 +139,15 @@ class Trainer:
         ckpt = latest_checkpoint(self.out) if resume else None
         if resume and ckpt is None:
             raise FileNotFoundError(f"--resume {self.out}: no complete checkpoint under {self.out / 'checkpoints'}")
-        self.device = resolve_device(cfg.model.device)
+        self.device = self.dist.device
         base_path = resolve_model_path(cfg.model.path)
         policy_path = ckpt if (ckpt is not None and (ckpt / "config.json").exists()) else base_path
         self.tokenizer = load_tokenizer(base_path, cfg.model)
         self.policy = load_model(policy_path, cfg.model, self.device)
         self.vocab_size = self.policy.get_output_embeddings().weight.shape[0]
+        self.n_params = sum(p.numel() for p in self.policy.parameters())
+        # The loss's forward as a module, wrapped by DDP/FSDP under a launcher (itself at N = 1).
+        self.scorer = self.dist.wrap(LogProbModule(self.policy))
         controlled = {cfg.control.adaptive.actuator} if cfg.control.adaptive.enabled else set()
         # The reference model costs a full copy of the weights: load it only when a loss needs it.
         self.ref = (load_model(base_path, cfg.model, self.device, frozen=True)
@@ -100,14 +164,14 @@ class Trainer:
                                        cfg.data.shuffle) if self.anneal_data else None)
 
         o = cfg.optim
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
+        self.optimizer = torch.optim.AdamW(self.scorer.parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
                                            weight_decay=o.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps > 0 else 1.0)
 
         gen_device = self.device if self.device.type == "cuda" else torch.device("cpu")
+        # Sampling needs no generator: its draws are seeded per prompt (TRAIN_STREAM / VAL_STREAM).
         self.generators = {
-            "sample": torch.Generator(gen_device).manual_seed(cfg.seed),
             "loss": torch.Generator(gen_device).manual_seed(cfg.seed + 1),
             "shuffle": torch.Generator().manual_seed(cfg.seed + 2),
         }
@@ -122,9 +186,12 @@ class Trainer:
         self.step = 0
         if ckpt is not None:
             self._load(ckpt)
-        C.save(cfg, self.out / "config.yaml")
+        if self.dist.is_main:
+            C.save(cfg, self.out / "config.yaml")
         self.pool = VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s)
-        self.metrics_log = MetricsLog(self.out / "metrics.jsonl", truncate_after=self.step if resume else 0)
+        # metrics.jsonl holds global values: only rank 0 writes it.
+        self.metrics_log = (MetricsLog(self.out / "metrics.jsonl", truncate_after=self.step if resume else 0)
+                            if self.dist.is_main else None)
         self._stop = False
 
     # ------------------------------------------------------------------ state
@@ -138,7 +205,7 @@ class Trainer:
     def state_dict(self) -> dict:
         return {
             "step": self.step,
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self.dist.optimizer_state(self.scorer, self.optimizer),
             "scheduler": self.scheduler.state_dict(),
             "rng": rng_state(self.generators),
             "data": self.order.state_dict(),
@@ -150,7 +217,7 @@ class Trainer:
     def _load(self, ckpt: Path) -> None:
         state = load_state(ckpt)
         self.step = state["step"]
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.dist.load_optimizer_state(self.scorer, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.order.load_state_dict(state["data"])
         if self.anneal_order and state.get("anneal_data"):
@@ -165,10 +232,24 @@ class Trainer:
         set_rng_state(state["rng"], self.generators)
 
     def save(self) -> Path:
-        return save_checkpoint(self.out, self.step, self.policy, self.tokenizer, self.state_dict(),
-                               save_model=self.cfg.log.save_model, keep=self.cfg.log.keep_checkpoints)
+        """Rank 0 writes the checkpoint (weights and state are the same on every rank); the others wait.
+
+        Sampling seeds depend on the step only and the state holds no per-rank stream, so a
+        checkpoint resumes at any number of processes.
+        """
+        state, policy = self.state_dict(), self._policy_now()
+        path = self.out / "checkpoints" / f"step-{self.step}"
+        if self.dist.is_main:
+            path = save_checkpoint(self.out, self.step, policy, self.tokenizer, state,
+                                   save_model=self.cfg.log.save_model, keep=self.cfg.log.keep_checkpoints)
+        self.dist.barrier()
+        return path
 
     # ------------------------------------------------------------------ pieces
+
+    def _policy_now(self) -> torch.nn.Module:
+        """The policy with its current full weights: sampling, validation and checkpoints use it."""
+        return self.dist.full_model(self.scorer, version=self.scheduler.last_epoch)
 
     def _prompt_ids(self, data: list, idx: int, tag: str) -> list[int]:
         key = (tag, idx)
@@ -180,14 +261,16 @@ class Trainer:
             self._prompt_cache[key] = ids
         return self._prompt_cache[key]
 
-    def _sample(self, prompt_ids: list[list[int]], budgets: list[int], knobs: Knobs) -> tuple[Rollouts, dict]:
+    def _sample(self, prompt_ids: list[list[int]], budgets: list[int], knobs: Knobs, seeds: list[int],
+                unlearn: bool) -> tuple[Rollouts, dict]:
         if self.eepo.enabled:
             return sample_then_forget(
-                self.engine, self.policy, prompt_ids, budgets, knobs.temperature, knobs.max_response_len,
-                self.generators["sample"], unlearn=knobs.unlearn, lr=self.eepo.lr, eps_l=self.eepo.eps_l,
-                eps_r=self.eepo.eps_r, pad_id=self.engine.pad_id, micro_batch_size=self.cfg.optim.micro_batch_size)
-        ro = self.engine.generate(self.policy, prompt_ids, budgets, knobs.temperature, knobs.max_response_len,
-                                  self.generators["sample"])
+                self.engine, self._policy_now(), prompt_ids, budgets, knobs.temperature, knobs.max_response_len, None,
+                unlearn=unlearn, lr=self.eepo.lr, eps_l=self.eepo.eps_l, eps_r=self.eepo.eps_r,
+                pad_id=self.engine.pad_id, micro_batch_size=self.cfg.optim.micro_batch_size, seeds=seeds,
+                reduce=self.dist.all_reduce_ if self.dist.world_size > 1 else None)
+        ro = self.engine.generate(self._policy_now(), prompt_ids, budgets, knobs.temperature,
+                                  knobs.max_response_len, seeds=seeds)
         return ro, {}
 
     def _score(self, ro: Rollouts, truths: list[str]) -> tuple[torch.Tensor, torch.Tensor, dict]:
@@ -201,23 +284,29 @@ class Trainer:
                                                  rc.overlong_buffer, rc.overlong_penalty)
         return scores, rewards, {"reward/verify_timeouts": float(res.timeouts), "reward/verify_errors": float(res.errors)}
 
-    def _rollout(self, knobs: Knobs, batch: tuple[list[int], int, bool]) -> tuple[Rollouts, torch.Tensor, torch.Tensor, dict]:
-        """# 1. sample and # 2. score, with DAPO dynamic sampling rounds when enabled.
+    def _rollout(self, knobs: Knobs, batch: tuple[list[int], int, bool]):
+        """# 1. sample and # 2. score this rank's share of the prompts (DAPO dynamic sampling rounds
+        when enabled); one all-gather per round makes the responses' statistics global.
 
-        Returns the kept rollouts (prompt_index = position in ``prompts``), scores, rewards, the
-        dataset indices of all prompts sampled this step, the epochs flags and metrics.
+        Returns this rank's kept rollouts (prompt_index = position among all prompts sampled this
+        step), their scores and rewards, metrics, and the global ``StepBatch``.
         """
         a = self.cfg.algorithm
         use_anneal = knobs.dataset == "anneal" and self.anneal_order is not None
         data, order, tag = ((self.anneal_data, self.anneal_order, "anneal") if use_anneal
                             else (self.train_data, self.order, "train"))
         B = self.cfg.data.prompts_per_step
+        max_rounds = a.max_gen_rounds if a.dynamic_sampling else 1
+        step, rank = self.step + 1, self.dist.rank
         kept: list[tuple[Rollouts, torch.Tensor, torch.Tensor]] = []
-        all_idx, all_scores, all_counts = [], [], []
+        kept_rows: list[dict] = []
+        kept_local: list[torch.Tensor] = []
+        all_idx: list[int] = []
+        all_counts: list[tuple[torch.Tensor, torch.Tensor]] = []
         metrics: dict = {}
-        n_kept_groups, n_groups_total, rounds, epoch_end, epoch = 0, 0, 0, False, 0
+        n_kept_groups, n_kept_rows, n_groups_total, rounds, epoch_end, epoch = 0, 0, 0, 0, False, 0
         t_gen = t_score = 0.0
-        while rounds < (a.max_gen_rounds if a.dynamic_sampling else 1) and n_kept_groups < B:
+        while rounds < max_rounds and n_kept_groups < B:
             if rounds == 0:
                 idx, epoch, end = batch
             else:
@@ -225,37 +314,51 @@ class Trainer:
             epoch_end |= end
             rounds += 1
             budgets = knobs.budgets_for(len(idx)) if rounds == 1 else [knobs.n_samples] * len(idx)
+            mine = self.dist.shard(len(idx))  # budgets were allocated over the global batch
+            seeds = [mix_seed(self.cfg.seed, TRAIN_STREAM, step, rounds, p) for p in range(len(idx))]
+            unlearn = knobs.unlearn and any(n // 2 > 0 for n in budgets)  # decided for the global batch
             t0 = time.perf_counter()
-            ro, m = self._sample([self._prompt_ids(data, i, tag) for i in idx], budgets, knobs)
+            ro, m = self._sample([self._prompt_ids(data, i, tag) for i in idx[mine]], budgets[mine], knobs,
+                                 seeds[mine], unlearn)
+            ro.prompt_index = ro.prompt_index + mine.start  # position in this round's global batch
             t_gen += time.perf_counter() - t0
-            for k, v in m.items():
-                metrics[k] = metrics.get(k, 0.0) + v / max(1, a.max_gen_rounds if a.dynamic_sampling else 1)
             t0 = time.perf_counter()
-            pi = ro.prompt_index.cpu()
-            scores, rewards, sm = self._score(ro, [data[idx[i]].ground_truth for i in pi.tolist()])
+            scores, rewards, sm = self._score(ro, [data[idx[i]].ground_truth for i in ro.prompt_index.cpu().tolist()])
             t_score += time.perf_counter() - t0
-            for k, v in sm.items():
-                metrics[k] = metrics.get(k, 0.0) + v
+            # The round's one collective: every rank's per-response statistics and verifier counters.
+            parts = self.dist.gather({"rows": response_stats(ro, scores, rewards, rank), **sm})
+            rows = _cat([p["rows"] for p in parts])
+            offset = sum(len(p["rows"]["group"]) for p in parts[:rank])  # this rank's first row
+            for k in sm:
+                metrics[k] = metrics.get(k, 0.0) + sum(p[k] for p in parts)
+            for k, v in {**m, **_stage_entropy(rows, m)}.items():
+                metrics[k] = metrics.get(k, 0.0) + v / max_rounds
+            pi = rows["group"]
             counts = torch.bincount(pi, minlength=len(idx))
-            correct = torch.zeros(len(idx)).index_add_(0, pi, scores)
-            all_scores.append(scores)
-            ro.prompt_index = ro.prompt_index + len(all_idx)  # positions among all sampled prompts
+            correct = torch.zeros(len(idx), dtype=torch.float64).index_add_(0, pi, rows["score"])
+            if a.dynamic_sampling:
+                informative = informative_groups(rows["reward"], pi)
+                keep_groups = sorted(set(pi[informative].tolist()))[: B - n_kept_groups]
+                keep = torch.isin(pi, torch.as_tensor(keep_groups, dtype=torch.long))  # (rows,) global
+                n_kept_groups += len(keep_groups)
+            else:
+                keep = torch.ones(len(pi), dtype=torch.bool)
+                n_kept_groups = len(idx)
+            mine_keep = keep[offset: offset + len(ro)]
+            sel = mine_keep.nonzero().squeeze(-1)
+            ro_k = ro.select(sel)
+            ro_k.prompt_index = ro_k.prompt_index + len(all_idx)  # position among all sampled prompts
+            kept.append((ro_k, scores[sel], rewards[sel]))
+            kept_local.append(n_kept_rows + (keep.long().cumsum(0) - 1)[offset: offset + len(ro)][sel])
+            rows = {k: v[keep] for k, v in rows.items()}
+            rows["group"] = rows["group"] + len(all_idx)
+            kept_rows.append(rows)
+            n_kept_rows += int(keep.sum())
             all_idx += idx
             all_counts.append((counts, correct))
             n_groups_total += len(idx)
-            if a.dynamic_sampling:
-                keep = informative_groups(rewards, pi)
-                keep_groups = sorted(set(pi[keep].tolist()))[: B - n_kept_groups]
-                rows = torch.isin(pi, torch.as_tensor(keep_groups, dtype=torch.long)).nonzero().squeeze(-1)
-                n_kept_groups += len(keep_groups)
-                if len(rows):
-                    kept.append((ro.select(rows), scores[rows], rewards[rows]))
-            else:
-                kept.append((ro, scores, rewards))
-                n_kept_groups = len(idx)
-        if not kept:  # every group was uninformative in every round: train on nothing this step
-            kept.append((ro.select([]), scores[:0], rewards[:0]))
-        ro = Rollouts.concat([k[0] for k in kept], self.engine.pad_id) if len(kept) > 1 else kept[0][0]
+        parts_ro = [k[0] for k in kept if len(k[0])] or [kept[0][0]]
+        ro = Rollouts.concat(parts_ro, self.engine.pad_id) if len(parts_ro) > 1 else parts_ro[0]
         scores = torch.cat([k[1] for k in kept])
         rewards = torch.cat([k[2] for k in kept])
         counts = torch.cat([c for c, _ in all_counts])
@@ -267,104 +370,142 @@ class Trainer:
             "rollout/all_correct_frac": float((correct == counts).float().mean()),
             "time/generate_s": t_gen, "time/score_s": t_score,
         })
-        self._step_prompts = (all_idx, correct.tolist(), counts.tolist(), epoch, epoch_end)
-        return ro, scores, rewards, metrics
+        sb = StepBatch(rows=_cat(kept_rows), local=torch.cat(kept_local), prompt_indices=all_idx,
+                       prompt_correct=correct.tolist(), prompt_samples=counts.tolist(), epoch=epoch,
+                       epoch_end=epoch_end)
+        return ro, scores, rewards, metrics, sb
 
-    def _update(self, ro: Rollouts, adv: torch.Tensor, knobs: Knobs) -> dict:
-        """# 4. update: PPO epochs × mini-batches, gradient accumulation over micro-batches."""
+    def _update(self, ro: Rollouts, adv: torch.Tensor, knobs: Knobs, sb: StepBatch) -> tuple[dict, dict]:
+        """# 4. update: PPO epochs × mini-batches of the global batch, gradient accumulation over micro-batches.
+
+        One shared generator permutes the global batch, so every rank cuts the same mini-batches;
+        each rank takes the rows of a mini-batch it holds. Every micro-batch's loss is divided by
+        its mini-batch's *global* token and sequence counts, so the ranks' gradients sum to the
+        one-process gradient (DDP averages, hence the loss × N). Returns metrics that are the same
+        on every rank, and this rank's sums for ``_loss_metrics`` (added over ranks by the caller).
+        """
         cfg, a, o = self.cfg, self.cfg.algorithm, self.cfg.optim
-        N = len(ro)
+        rows, W = sb.rows, self.dist.world_size
+        N = len(rows["reward"])  # global
         if N == 0:
-            return {"loss/policy": 0.0, "loss/clip_frac": 0.0, "grad/norm": 0.0, "train/optimizer_steps": 0.0}
+            return {"loss/policy": 0.0, "loss/clip_frac": 0.0, "grad/norm": 0.0, "train/optimizer_steps": 0.0}, {}
         loss_fn = LOSSES[a.loss]
         lcfg = SimpleNamespace(**{**dataclasses.asdict(a), "eps_high": knobs.eps_high})
-        need_entropy = knobs.entropy_coef > 0
         max_len = a.agg_max_len or cfg.rollout.max_response_len
         n_mb = min(o.mini_batches, N)
+        local_row = torch.full((N,), -1, dtype=torch.long)
+        local_row[sb.local] = torch.arange(len(sb.local))  # global row -> this rank's row, or -1
         sums: dict[str, torch.Tensor] = {}
-        tok_total = torch.zeros(())
-        n_opt, policy_loss_sum, grad_norm_sum = 0, torch.zeros(()), torch.zeros(())
+        n_opt, grad_norm_sum = 0, 0.0
         adv = adv.to(self.device)
-        self.policy.train()
+        self.scorer.train()
         for _ in range(o.ppo_epochs):
             order = (torch.randperm(N, generator=self.generators["shuffle"]) if n_mb > 1 or o.ppo_epochs > 1
                      else torch.arange(N))
             for mb in order.tensor_split(n_mb):
-                mb_mask = ro.response_mask[mb]
-                tok_denom = mb_mask.sum().clamp_min(1)
-                seq_denom = len(mb)
+                agg = dict(token_denom=rows["length"][mb].sum().clamp_min(1), seq_denom=len(mb), max_len=max_len)
+                mine = local_row[mb]
+                micros = mine[mine >= 0].split(o.micro_batch_size)
+                # Every rank runs as many forward/backward passes as the busiest one: only the last
+                # synchronises gradients (DDP), and FSDP gathers weights in every pass.
+                per_rank = torch.bincount(rows["rank"][mb], minlength=W)
+                n_micro = int(max(math.ceil(int(c) / o.micro_batch_size) for c in per_rank))
                 self.optimizer.zero_grad(set_to_none=True)
-                mb_policy = torch.zeros(())
-                for micro in mb.split(o.micro_batch_size):
-                    sub = ro.select(micro)
-                    mask = sub.response_mask
-                    logp, ent = response_logprobs(self.policy, sub.prompt_ids, sub.prompt_mask, sub.response_ids,
-                                                  mask, knobs.temperature, chunk_size=a.logprob_chunk,
-                                                  with_entropy=need_entropy)
-                    per_tok, m = loss_fn(logp, sub.old_logp, adv[micro], mask, lcfg,
-                                         generator=self.generators["loss"])
-                    agg = dict(token_denom=tok_denom, seq_denom=seq_denom, max_len=max_len)
-                    pg = aggregate(per_tok, mask, a.agg, **agg)
-                    loss = pg
-                    if need_entropy:
-                        bonus = aggregate(ent, mask, a.agg, **agg)
-                        loss = loss - knobs.entropy_coef * bonus
-                        sums["loss/entropy_bonus"] = sums.get("loss/entropy_bonus", 0) + bonus.detach() * seq_denom
-                    if knobs.kl_coef > 0 and self.ref is not None:
-                        with torch.no_grad():
-                            ref_logp, _ = response_logprobs(self.ref, sub.prompt_ids, sub.prompt_mask,
-                                                            sub.response_ids, mask, knobs.temperature,
-                                                            chunk_size=a.logprob_chunk, with_entropy=False)
-                        kl = kl_estimate(logp, ref_logp, a.kl_estimator) * mask
-                        loss = loss + knobs.kl_coef * aggregate(kl, mask, a.agg, **agg)
-                        sums["kl/ref_mean"] = sums.get("kl/ref_mean", 0) + kl.detach().sum()
-                    loss.backward()
-                    n_tok = mask.sum()
-                    tok_total += n_tok
-                    for k, v in m.items():
-                        if k != "cov/mean":  # logged once per step from the whole batch instead
-                            sums[k] = sums.get(k, 0) + v.detach().float() * n_tok
-                    mb_policy += pg.detach()
-                gn = (torch.nn.utils.clip_grad_norm_(self.policy.parameters(), o.max_grad_norm)
-                      if o.max_grad_norm > 0 else _grad_norm(self.policy))
+                for k in range(n_micro):
+                    sync = k == n_micro - 1
+                    with contextlib.nullcontext() if sync else self.dist.no_sync(self.scorer):
+                        if k < len(micros):
+                            loss = self._micro_loss(ro.select(micros[k]), adv[micros[k]], knobs, loss_fn, lcfg,
+                                                    agg, sums)
+                        else:
+                            loss = self._idle_loss()
+                        (loss * W).backward()
+                gn = self.dist.clip_grad_norm_(self.scorer, o.max_grad_norm)
                 self.optimizer.step()
                 self.scheduler.step()
                 n_opt += 1
-                policy_loss_sum += mb_policy
-                grad_norm_sum += gn.detach().float()
+                grad_norm_sum += float(gn)
         self.optimizer.zero_grad(set_to_none=True)
-        out = {k: float(v / tok_total.clamp_min(1)) for k, v in sums.items()
-               if k not in ("loss/entropy_bonus",)}
-        if "loss/entropy_bonus" in sums:  # seq-weighted sum of per-mini-batch aggregates → mean aggregate
-            out["loss/entropy_bonus"] = float(sums["loss/entropy_bonus"] / (N * o.ppo_epochs))
-        out["loss/policy"] = float(policy_loss_sum / n_opt)
-        out["grad/norm"] = float(grad_norm_sum / n_opt)
-        out["train/optimizer_steps"] = float(n_opt)
-        out["train/lr"] = float(self.scheduler.get_last_lr()[0])
-        return out
+        out = {"grad/norm": grad_norm_sum / n_opt, "train/optimizer_steps": float(n_opt),
+               "train/lr": float(self.scheduler.get_last_lr()[0])}
+        return out, {k: float(v) for k, v in sums.items()}
+
+    def _micro_loss(self, sub: Rollouts, adv: torch.Tensor, knobs: Knobs, loss_fn, lcfg, agg: dict,
+                    sums: dict) -> torch.Tensor:
+        """This micro-batch's share of the mini-batch loss; adds its metric sums to ``sums``."""
+        a = self.cfg.algorithm
+        mask = sub.response_mask
+        need_entropy = knobs.entropy_coef > 0
+        logp, ent = self.scorer(sub.prompt_ids, sub.prompt_mask, sub.response_ids, mask, knobs.temperature,
+                                chunk_size=a.logprob_chunk, with_entropy=need_entropy)
+        per_tok, m = loss_fn(logp, sub.old_logp, adv, mask, lcfg, generator=self.generators["loss"])
+        pg = aggregate(per_tok, mask, a.agg, **agg)
+        loss = pg
+        if need_entropy:
+            bonus = aggregate(ent, mask, a.agg, **agg)
+            loss = loss - knobs.entropy_coef * bonus
+            _add(sums, "loss/entropy_bonus", bonus.detach() * agg["seq_denom"])
+        if knobs.kl_coef > 0 and self.ref is not None:
+            with torch.no_grad():
+                ref_logp, _ = response_logprobs(self.ref, sub.prompt_ids, sub.prompt_mask, sub.response_ids, mask,
+                                                knobs.temperature, chunk_size=a.logprob_chunk, with_entropy=False)
+            kl = kl_estimate(logp, ref_logp, a.kl_estimator) * mask
+            loss = loss + knobs.kl_coef * aggregate(kl, mask, a.agg, **agg)
+            _add(sums, "kl/ref_mean", kl.detach().sum())
+        n_tok = mask.sum()
+        _add(sums, "tokens", n_tok)
+        for k, v in m.items():
+            if k != "cov/mean":  # logged once per step from the whole batch instead
+                _add(sums, k, v.detach().float() * n_tok)
+        _add(sums, "loss/policy", pg.detach())
+        return loss
+
+    def _idle_loss(self) -> torch.Tensor:
+        """A zero loss through the wrapped model for a rank with no rows left in this pass: its
+        forward/backward still has to join the gradient collectives of DDP/FSDP."""
+        tok = torch.full((1, 1), self.engine.pad_id, dtype=torch.long, device=self.device)
+        yes = torch.ones((1, 1), dtype=torch.bool, device=self.device)
+        logp, _ = self.scorer(tok, yes, tok, yes, 1.0, with_entropy=False)
+        return logp.sum() * 0.0
 
     @torch.no_grad()
     def validate(self) -> dict:
-        """Sampled accuracy and pass@k at the training temperature, plus greedy accuracy."""
+        """Sampled accuracy and pass@k at the training temperature, plus greedy accuracy.
+
+        Each rank samples a contiguous share of the problems; one gather makes the metrics global.
+        """
         e = self.cfg.eval
         data = self.val_data[: e.max_problems]
         if not data:
             return {}
-        ids = [self._prompt_ids(self.val_data, i, "val") for i in range(len(data))]
+        mine = self.dist.shard(len(data))
+        ids = [self._prompt_ids(self.val_data, i, "val") for i in range(mine.start, mine.stop)]
         T = e.temperature if e.temperature is not None else self.knobs.temperature
-        ro = self.engine.generate(self.policy, ids, [e.n_samples] * len(ids), T, self.knobs.max_response_len,
-                                  self.generators["sample"])
-        pi = ro.prompt_index.cpu()
-        scores = torch.tensor(self.pool.score(self.verifier, ro.texts, [data[i].ground_truth for i in pi]).scores)
-        correct = torch.zeros(len(ids)).index_add_(0, pi, scores)
-        out = {"val/accuracy": float(scores.mean()),
-               "val/entropy": float((ro.entropy * ro.response_mask).sum() / ro.response_mask.sum().clamp_min(1))}
+        policy = self._policy_now()
+        local = {"problem": torch.zeros(0, dtype=torch.long), "score": torch.zeros(0, dtype=torch.float64),
+                 "entropy_sum": torch.zeros(0, dtype=torch.float64), "length": torch.zeros(0, dtype=torch.long),
+                 "greedy": torch.zeros(0, dtype=torch.float64)}
+        if ids:
+            seeds = [mix_seed(self.cfg.seed, VAL_STREAM, self.step, p) for p in range(mine.start, mine.stop)]
+            ro = self.engine.generate(policy, ids, [e.n_samples] * len(ids), T, self.knobs.max_response_len,
+                                      seeds=seeds)
+            problem = ro.prompt_index.cpu() + mine.start
+            scores = self.pool.score(self.verifier, ro.texts, [data[i].ground_truth for i in problem]).scores
+            mask = ro.response_mask.cpu()
+            local.update(problem=problem, score=torch.tensor(scores, dtype=torch.float64),
+                         entropy_sum=(ro.entropy.cpu() * mask).sum(-1).double(), length=mask.sum(-1).long())
+            if e.greedy:
+                g = self.engine.generate(policy, ids, [1] * len(ids), 0.0, self.knobs.max_response_len)
+                gs = self.pool.score(self.verifier, g.texts, [d.ground_truth for d in data[mine]]).scores
+                local["greedy"] = torch.tensor(gs, dtype=torch.float64)
+        rows = _cat(self.dist.gather(local))
+        correct = torch.zeros(len(data), dtype=torch.float64).index_add_(0, rows["problem"], rows["score"])
+        out = {"val/accuracy": float(rows["score"].mean()),
+               "val/entropy": float(rows["entropy_sum"].sum() / rows["length"].sum().clamp_min(1))}
         for k in e.k:
             out[f"val/pass@{k}"] = float(np.mean([pass_at_k(e.n_samples, int(c), k) for c in correct.tolist()]))
         if e.greedy:
-            g = self.engine.generate(self.policy, ids, [1] * len(ids), 0.0, self.knobs.max_response_len)
-            gs = self.pool.score(self.verifier, g.texts, [d.ground_truth for d in data]).scores
-            out["val/greedy_accuracy"] = float(np.mean(gs))
+            out["val/greedy_accuracy"] = float(rows["greedy"].mean())
         return out
 
     # ------------------------------------------------------------------ loop
@@ -382,55 +523,57 @@ class Trainer:
             metrics.update(c.before_step(step, knobs, batch[0]))
         t_control = time.perf_counter() - t0
 
-        # 1. sample  2. score
-        ro, scores, rewards, rm = self._rollout(knobs, batch)
+        # 1. sample  2. score (this rank's share; ``sb`` holds the whole batch's statistics)
+        ro, scores, rewards, rm, sb = self._rollout(knobs, batch)
         metrics.update(rm)
-        mask = ro.response_mask
-        n_tok = mask.sum().clamp_min(1)
+        rows = sb.rows
+        n_tok = rows["length"].sum().clamp_min(1)
 
-        # 3. advantages (groups = prompts; sizes may differ under dynamic budgets)
-        group = ro.prompt_index.cpu()
-        adv, am = compute_advantages(cfg.algorithm.advantage, rewards, group, eps=cfg.algorithm.adv_eps)
+        # 3. advantages over the global batch (groups = prompts, never split across ranks; sizes
+        # may differ under dynamic budgets); this rank keeps its responses' share.
+        adv_all, am = compute_advantages(cfg.algorithm.advantage, rows["reward"].float(), rows["group"],
+                                         eps=cfg.algorithm.adv_eps)
+        adv = adv_all[sb.local]
         metrics.update({k: float(v) for k, v in am.items()})
         # Covariance diagnostics on the sampling pass's log-probs (= the policy's, before the update).
-        acc_by_group = torch.zeros(int(group.max()) + 1 if len(group) else 0).index_add_(0, group, scores)
-        size_by_group = torch.bincount(group, minlength=len(acc_by_group)).clamp_min(1)
-        group_acc = (acc_by_group / size_by_group)[group] if len(group) else scores
-        cov = token_covariance(ro.old_logp.cpu(), adv, mask.cpu())
-        metrics["cov/mean"] = float(cov.sum() / n_tok.cpu())
-        metrics.update({k: float(v) for k, v in covariance_by_difficulty(cov, mask.cpu(), group_acc).items()})
+        metrics.update(covariance_metrics(rows, adv_all))
 
         # 4. update
         t0 = time.perf_counter()
-        metrics.update(self._update(ro, adv, knobs))
+        upd, sums = self._update(ro, adv, knobs, sb)
+        # The step's one reduction: loss and token sums, and the Ctrl-C flag (all ranks stop together).
+        total = self.dist.sum_dict({**sums, "stop": float(self._stop)})
+        self._stop = total.pop("stop") > 0
+        metrics.update({**upd, **_loss_metrics(total, len(rows["reward"]), cfg.optim.ppo_epochs, upd)})
         metrics["time/train_s"] = time.perf_counter() - t0
         self.step = step
 
         # 5b. controllers read the step's global statistics
-        entropy = float((ro.entropy * mask).sum() / n_tok)
-        idx, correct, counts, epoch, epoch_end = self._step_prompts
-        stats = StepStats(step=step, max_steps=cfg.max_steps, entropy=entropy, prompt_indices=idx,
-                          prompt_correct=correct, prompt_samples=counts, epoch=epoch, epoch_end=epoch_end)
+        entropy = float(rows["entropy_sum"].sum() / n_tok)
+        stats = StepStats(step=step, max_steps=cfg.max_steps, entropy=entropy, prompt_indices=sb.prompt_indices,
+                          prompt_correct=sb.prompt_correct, prompt_samples=sb.prompt_samples, epoch=sb.epoch,
+                          epoch_end=sb.epoch_end)
         used = dataclasses.replace(knobs)
         t0 = time.perf_counter()
         for c in self.controllers:
             metrics.update(c.after_step(stats, knobs))
         metrics["time/control_s"] = t_control + time.perf_counter() - t0
 
-        # 6. log
-        lengths = ro.lengths.float()
+        # 6. log (global values, the same on every rank)
+        n = len(rows["reward"])
+        lengths = rows["length"].double()
         metrics.update({
             "step": step,
-            "epoch": epoch,
-            "reward/mean": float(rewards.mean()) if len(rewards) else 0.0,
-            "reward/std": float(rewards.std(unbiased=False)) if len(rewards) else 0.0,
-            "reward/accuracy": float(scores.mean()) if len(scores) else 0.0,
+            "epoch": sb.epoch,
+            "reward/mean": float(rows["reward"].mean()) if n else 0.0,
+            "reward/std": float(rows["reward"].std(unbiased=False)) if n else 0.0,
+            "reward/accuracy": float(rows["score"].mean()) if n else 0.0,
             "entropy/mean": entropy,
-            "response/length_mean": float(lengths.mean()) if len(lengths) else 0.0,
-            "response/length_max": float(lengths.max()) if len(lengths) else 0.0,
-            "response/truncated_frac": float(ro.truncated.float().mean()) if ro.truncated is not None and len(ro) else 0.0,
-            "rollout/n_samples": float(sum(counts)),
-            "rollout/n_trained": float(len(ro)),
+            "response/length_mean": float(lengths.mean()) if n else 0.0,
+            "response/length_max": float(lengths.max()) if n else 0.0,
+            "response/truncated_frac": float(rows["truncated"].double().mean()) if n else 0.0,
+            "rollout/n_samples": float(sum(sb.prompt_samples)),
+            "rollout/n_trained": float(n),
             "control/temperature": used.temperature,
             "control/eps_high": used.eps_high,
             "control/entropy_coef": used.entropy_coef,
@@ -445,8 +588,8 @@ class Trainer:
 
     def train(self) -> dict:
         """Run to ``max_steps``; Ctrl-C finishes the current step, checkpoints and returns."""
-        cfg = self.cfg
-        bar = ProgressBar(cfg.max_steps, self.step, enabled=cfg.log.progress)
+        cfg, main = self.cfg, self.dist.is_main
+        bar = ProgressBar(cfg.max_steps, self.step, enabled=cfg.log.progress and main)
         previous = signal.getsignal(signal.SIGINT)
 
         def on_sigint(signum, frame):
@@ -461,7 +604,8 @@ class Trainer:
         try:
             while self.step < cfg.max_steps and not self._stop:
                 last = self.train_step()
-                self.metrics_log.write(last)
+                if self.metrics_log is not None:
+                    self.metrics_log.write(last)
                 bar.update(self.step, last)
                 if "val/accuracy" in last and cfg.log.plots:
                     self.plot()
@@ -471,17 +615,21 @@ class Trainer:
         finally:
             signal.signal(signal.SIGINT, previous)
             bar.close()
-            self.metrics_log.close()
+            if self.metrics_log is not None:
+                self.metrics_log.close()
             self.pool.close()
         if cfg.log.plots:
             self.plot()
         summary = {"steps": self.step, "max_steps": cfg.max_steps, "interrupted": self._stop and self.step < cfg.max_steps,
                    "seconds": time.perf_counter() - t_run, "checkpoint": str(ckpt), "final": last,
-                   "n_params": sum(p.numel() for p in self.policy.parameters())}
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default))
+                   "n_params": self.n_params, "processes": self.dist.world_size}
+        if main:
+            (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default))
         return summary
 
     def plot(self) -> None:
+        if not self.dist.is_main:
+            return
         try:
             from explorl.plots import plot_training_curves
             plot_training_curves(self.out)
@@ -489,9 +637,55 @@ class Trainer:
             print(f"warning: plotting failed: {e}")
 
 
-def _grad_norm(model) -> torch.Tensor:
-    norms = [p.grad.detach().norm() for p in model.parameters() if p.grad is not None]
-    return torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros(())
+def covariance_metrics(rows: dict[str, torch.Tensor], adv: torch.Tensor) -> dict[str, float]:
+    """``cov/mean`` and ``cov/by_difficulty/*`` of the global batch from per-response sums.
+
+    A is constant along a response, so the token covariance of Entropy Mechanism Eq. 10 summed
+    over response i is (A_i − Ā)·(Σ_t logp_it − |o_i|·l̄), with Ā and l̄ the token means of the
+    batch: no token tensor has to cross ranks. The bucket means spread each response's sum
+    evenly over its tokens, which leaves every token-weighted mean unchanged.
+    """
+    n = rows["length"].double()  # (N,)
+    a = adv.double()
+    n_tok = n.sum().clamp_min(1)
+    l_bar = rows["logp_sum"].sum() / n_tok
+    a_bar = (a * n).sum() / n_tok
+    cov = (a - a_bar) * (rows["logp_sum"] - n * l_bar)  # (N,) per-response sums of the token covariance
+    out = {"cov/mean": float(cov.sum() / n_tok)}
+    group = rows["group"]
+    size = torch.bincount(group).clamp_min(1) if len(group) else torch.ones(0)
+    acc = (torch.zeros(len(size), dtype=torch.float64).index_add_(0, group, rows["score"]) / size)[group]
+    width = int(n.max()) if len(n) else 0
+    mask = torch.arange(width)[None, :] < rows["length"][:, None]  # (N, T)
+    spread = (cov / n.clamp_min(1))[:, None].expand(-1, width)  # (N, T)
+    out.update({k: float(v) for k, v in covariance_by_difficulty(spread, mask, acc).items()})
+    return out
+
+
+def _stage_entropy(rows: dict[str, torch.Tensor], sample_metrics: dict) -> dict[str, float]:
+    """EEPO's per-stage entropies of the round's global batch (replacing the rank-local ones)."""
+    out = {}
+    for s in (1, 2):
+        if f"entropy/stage{s}" in sample_metrics:
+            sel = rows["stage"] == s
+            n = rows["length"][sel].sum()
+            out[f"entropy/stage{s}"] = float(rows["entropy_sum"][sel].sum() / n) if n > 0 else 0.0
+    return out
+
+
+def _add(sums: dict, key: str, value: torch.Tensor) -> None:
+    sums[key] = sums.get(key, 0) + value
+
+
+def _loss_metrics(total: dict[str, float], n_rows: int, ppo_epochs: int, upd: dict) -> dict[str, float]:
+    """Metrics from the update's sums over all ranks: token-weighted means, except the two below."""
+    tokens = max(total.pop("tokens", 0.0), 1.0)
+    out = {k: v / tokens for k, v in total.items() if k not in ("loss/entropy_bonus", "loss/policy")}
+    if "loss/entropy_bonus" in total:  # seq-weighted sum of per-mini-batch aggregates → mean aggregate
+        out["loss/entropy_bonus"] = total["loss/entropy_bonus"] / (n_rows * ppo_epochs)
+    if "loss/policy" in total:  # sum over optimizer steps of the mini-batch losses → mean
+        out["loss/policy"] = total["loss/policy"] / max(1.0, upd["train/optimizer_steps"])
+    return out
 
 
 def _json_default(o):

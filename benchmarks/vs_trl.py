@@ -1,0 +1,204 @@
+"""explorl's rollout-and-update loop vs TRL's GRPOTrainer, side by side (steps/s, figures only).
+
+    .venv/bin/pip install -e '.[bench]'          # TRL: a benchmark dependency, never a runtime one
+    .venv/bin/python benchmarks/vs_trl.py [--reps 5] [--steps 20] [--warmup 3] [--threads 1]
+
+Both sides train the same lab model (float32, CPU) on the lab's addition prompts with the same
+settings: P prompts × G samples per step, ≤ 8 response tokens, temperature 1, lr 2e-5 constant,
+one optimizer step per batch (no PPO epochs, no mini-batches), no KL term, clip 0.2, token-mean
+loss, group-normalised advantages, grad-norm clip 1.0, the same addition verifier and the same
+number of torch threads. TRL is configured fairly: ``use_cpu=True``, ``bf16=False``,
+``gradient_checkpointing=False``, logging and saving off, its default (fused) AdamW. explorl
+keeps its entropy metrics on (they come from the sampling pass).
+
+Every measurement is a fresh subprocess; the two sides alternate (A B A B …) so neither gets
+warmer caches or a quieter stretch of a shared machine. Each run times ``--steps`` steps after
+``--warmup`` steps; a repetition's figure is steps / wall time over those steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LR = 2e-5
+MAX_NEW = 8  # recipes/lab/grpo.yaml: rollout.max_response_len
+
+
+def peak_rss_mb() -> float:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def timed(fn, box: list):
+    """Wrap ``fn`` so each call's wall time is appended to ``box``."""
+    def wrapper(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            box.append(time.perf_counter() - t0)
+    return wrapper
+
+
+def run_explorl(prompts: int, samples: int, steps: int, warmup: int) -> dict:
+    sys.path.insert(0, str(ROOT / "src"))
+    from explorl import config as C
+    from explorl.trainer import Trainer
+
+    cfg = C.load(ROOT / "recipes/lab/grpo.yaml", [
+        f"data.prompts_per_step={prompts}", f"rollout.n_samples={samples}", f"rollout.max_response_len={MAX_NEW}",
+        f"optim.lr={LR:.1e}", "optim.mini_batches=1", "optim.ppo_epochs=1", f"optim.micro_batch_size={prompts * samples}",
+        "optim.warmup_steps=0", "algorithm.kl_coef=0.0", "algorithm.agg=token-mean", "model.dtype=float32",
+        "model.device=cpu", "eval.every=0", "log.progress=false", "log.plots=false", "log.checkpoint_every=0",
+        "log.save_model=false"], max_steps=warmup + steps)
+    with tempfile.TemporaryDirectory() as out:
+        t = Trainer(cfg, out)
+        gen: list[float] = []
+        t.engine.generate = timed(t.engine.generate, gen)
+        ends = []
+        for _ in range(warmup + steps):
+            row = t.train_step()
+            t.metrics_log.write(row)  # what ``Trainer.train`` does per step, minus the progress bar
+            ends.append(time.perf_counter())
+        assert "entropy/mean" in row
+        t.metrics_log.close()
+        t.pool.close()
+    return {"steps_per_s": steps / (ends[-1] - ends[warmup - 1]), "gen_s": statistics.median(gen[warmup:]),
+            "peak_rss_mb": peak_rss_mb()}
+
+
+def run_trl(prompts: int, samples: int, steps: int, warmup: int) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    sys.path.insert(0, str(ROOT / "src"))
+    from explorl.config import ModelConfig
+    from explorl.lab import lab_model_path, make_splits
+    from explorl.models import load_tokenizer
+    from explorl.rewards import VERIFIERS
+
+    path = lab_model_path("addition")
+    tok = load_tokenizer(path, ModelConfig())
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    train = make_splits("addition", seed=0)["train"]
+    data = Dataset.from_list([{"prompt": r.prompt, "ground_truth": r.ground_truth} for r in train])
+    verify = VERIFIERS["addition"]
+
+    def addition_reward(completions, ground_truth, **kwargs):
+        return [verify(c, g) for c, g in zip(completions, ground_truth)]
+
+    ends: list[float] = []
+
+    class StepClock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            ends.append(time.perf_counter())
+
+    with tempfile.TemporaryDirectory() as out:
+        args = GRPOConfig(
+            output_dir=out, max_steps=warmup + steps, learning_rate=LR, lr_scheduler_type="constant",
+            warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
+            per_device_train_batch_size=prompts * samples, gradient_accumulation_steps=1,
+            num_generations=samples, steps_per_generation=1, num_iterations=1, max_completion_length=MAX_NEW,
+            temperature=1.0, top_p=1.0, top_k=0, beta=0.0, epsilon=0.2, loss_type="dapo", scale_rewards="group",
+            use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, disable_dropout=True,
+            logging_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True,
+            dataloader_num_workers=0, seed=0,
+        )
+        trainer = GRPOTrainer(model=model, reward_funcs=addition_reward, args=args, train_dataset=data,
+                              processing_class=tok, callbacks=[StepClock()])
+        gen: list[float] = []
+        model.generate = timed(model.generate, gen)
+        trainer.train()
+    return {"steps_per_s": steps / (ends[-1] - ends[warmup - 1]), "gen_s": statistics.median(gen[warmup:]),
+            "peak_rss_mb": peak_rss_mb()}
+
+
+def worker(spec: dict) -> None:
+    import torch
+    torch.set_num_threads(spec["threads"])
+    torch.manual_seed(0)
+    run = run_explorl if spec["side"] == "explorl" else run_trl
+    res = run(spec["prompts"], spec["samples"], spec["steps"], spec["warmup"])
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+def measure(side: str, prompts: int, samples: int, args) -> dict:
+    spec = dict(side=side, prompts=prompts, samples=samples, steps=args.steps, warmup=args.warmup,
+                threads=args.threads)
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
+           "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
+    proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True, text=True,
+                          env=env, cwd=ROOT)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise RuntimeError(f"{side} worker failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+
+
+def spread(xs: list[float]) -> str:
+    """median ± half the range, and the range as a percentage of the median."""
+    med = statistics.median(xs)
+    half = (max(xs) - min(xs)) / 2
+    return f"{med:6.2f} ± {half:4.2f} (±{100 * half / med:3.0f}%)"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--reps", type=int, default=5, help="alternating A/B repetitions per size")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per run")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps before them")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads on both sides (1: on a shared 2-core machine, 2 threads make OpenMP "
+                        "barriers wait on descheduled threads and every step many times slower)")
+    p.add_argument("--sizes", nargs="+", default=["8x8", "32x8"], help="PROMPTSxSAMPLES per step")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return worker(json.loads(args.worker))
+
+    import platform
+
+    import torch
+    import transformers
+    import trl
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average "
+          f"{os.getloadavg()[0]:.1f}; python {platform.python_version()}, torch {torch.__version__}, "
+          f"transformers {transformers.__version__}, trl {trl.__version__}; {args.threads} torch thread(s) per side")
+    print(f"{args.reps} alternating repetitions × ({args.warmup} warm-up + {args.steps} timed steps) per side and size")
+    medians = {}
+    for size in args.sizes:
+        P, G = (int(x) for x in size.split("x"))
+        runs: dict[str, list[dict]] = {"explorl": [], "trl": []}
+        for rep in range(args.reps):
+            for side in ("explorl", "trl"):
+                r = measure(side, P, G, args)
+                runs[side].append(r)
+                print(f"  {size} rep {rep + 1} {side:8s} {r['steps_per_s']:6.2f} steps/s  "
+                      f"generate {r['gen_s'] * 1000:5.1f} ms/step  peak RSS {r['peak_rss_mb']:4.0f} MB", flush=True)
+        ratios = [e["steps_per_s"] / t["steps_per_s"] for e, t in zip(runs["explorl"], runs["trl"])]
+        medians[size] = statistics.median(ratios)
+        print(f"{size} ({P} prompts x {G} samples, {P * G} responses/step):")
+        for side in ("explorl", "trl"):
+            rs = runs[side]
+            sps = [r["steps_per_s"] for r in rs]
+            gen_share = statistics.median(r["gen_s"] * r["steps_per_s"] for r in rs)
+            print(f"  {side:8s} steps/s {spread(sps)}  generation {100 * gen_share:3.0f}% of a step  "
+                  f"peak RSS {max(r['peak_rss_mb'] for r in rs):4.0f} MB")
+        print(f"  ratio explorl/TRL {spread(ratios)}  (per rep: {', '.join(f'{x:.2f}' for x in ratios)})")
+    print("explorl/TRL steps-per-second ratio: "
+          + ", ".join(f"{medians[s]:.2f} ({s})" for s in args.sizes))
+
+
+if __name__ == "__main__":
+    main()
