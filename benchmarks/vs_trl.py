@@ -38,6 +38,44 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process and its descendants (explorl's verifier workers)."""
+    import psutil
+    me = psutil.Process()
+    total = 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:  # exited meanwhile
+            pass
+    return total
+
+
+def children_rss_mb() -> float:
+    """Resident memory of this process's descendants now (explorl's verifier workers)."""
+    import psutil
+    total = 0
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            total += proc.memory_info().rss
+        except psutil.Error:
+            pass
+    return total / 2**20
+
+
+def stamp() -> tuple[float, float]:
+    return time.perf_counter(), cpu_seconds()
+
+
+def rates(ends: list[tuple[float, float]], warmup: int, gen: list[float]) -> dict:
+    """Steps per wall second and per CPU second over the steps after warm-up."""
+    steps = len(ends) - warmup
+    (w0, c0), (w1, c1) = ends[warmup - 1], ends[-1]
+    return {"steps_per_s": steps / (w1 - w0), "steps_per_cpu_s": steps / (c1 - c0),
+            "gen_s": statistics.median(gen[warmup:]), "peak_rss_mb": peak_rss_mb(), "workers_rss_mb": children_rss_mb()}
+
+
 def timed(fn, box: list):
     """Wrap ``fn`` so each call's wall time is appended to ``box``."""
     def wrapper(*a, **k):
@@ -49,8 +87,8 @@ def timed(fn, box: list):
     return wrapper
 
 
-def run_explorl(prompts: int, samples: int, steps: int, warmup: int) -> dict:
-    sys.path.insert(0, str(ROOT / "src"))
+def run_explorl(prompts: int, samples: int, steps: int, warmup: int, src: str) -> dict:
+    sys.path.insert(0, src)
     from explorl import config as C
     from explorl.trainer import Trainer
 
@@ -68,21 +106,20 @@ def run_explorl(prompts: int, samples: int, steps: int, warmup: int) -> dict:
         for _ in range(warmup + steps):
             row = t.train_step()
             t.metrics_log.write(row)  # what ``Trainer.train`` does per step, minus the progress bar
-            ends.append(time.perf_counter())
+            ends.append(stamp())
         assert "entropy/mean" in row
         t.metrics_log.close()
         t.pool.close()
-    return {"steps_per_s": steps / (ends[-1] - ends[warmup - 1]), "gen_s": statistics.median(gen[warmup:]),
-            "peak_rss_mb": peak_rss_mb()}
+    return rates(ends, warmup, gen)
 
 
-def run_trl(prompts: int, samples: int, steps: int, warmup: int) -> dict:
+def run_trl(prompts: int, samples: int, steps: int, warmup: int, src: str) -> dict:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    sys.path.insert(0, str(ROOT / "src"))
+    sys.path.insert(0, src)
     from explorl.config import ModelConfig
     from explorl.lab import lab_model_path, make_splits
     from explorl.models import load_tokenizer
@@ -98,11 +135,11 @@ def run_trl(prompts: int, samples: int, steps: int, warmup: int) -> dict:
     def addition_reward(completions, ground_truth, **kwargs):
         return [verify(c, g) for c, g in zip(completions, ground_truth)]
 
-    ends: list[float] = []
+    ends: list[tuple[float, float]] = []
 
     class StepClock(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
-            ends.append(time.perf_counter())
+            ends.append(stamp())
 
     with tempfile.TemporaryDirectory() as out:
         args = GRPOConfig(
@@ -120,26 +157,26 @@ def run_trl(prompts: int, samples: int, steps: int, warmup: int) -> dict:
         gen: list[float] = []
         model.generate = timed(model.generate, gen)
         trainer.train()
-    return {"steps_per_s": steps / (ends[-1] - ends[warmup - 1]), "gen_s": statistics.median(gen[warmup:]),
-            "peak_rss_mb": peak_rss_mb()}
+    return rates(ends, warmup, gen)
 
 
 def worker(spec: dict) -> None:
     import torch
     torch.set_num_threads(spec["threads"])
     torch.manual_seed(0)
-    run = run_explorl if spec["side"] == "explorl" else run_trl
-    res = run(spec["prompts"], spec["samples"], spec["steps"], spec["warmup"])
+    run = run_trl if spec["side"] == "trl" else run_explorl
+    res = run(spec["prompts"], spec["samples"], spec["steps"], spec["warmup"], spec["src"])
     print("RESULT " + json.dumps(res), flush=True)
 
 
 def measure(side: str, prompts: int, samples: int, args) -> dict:
+    src = args.ref_src if side == "explorl-ref" else str(ROOT / "src")
     spec = dict(side=side, prompts=prompts, samples=samples, steps=args.steps, warmup=args.warmup,
-                threads=args.threads)
+                threads=args.threads, src=str(Path(src).resolve()))
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
            "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
-    proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True, text=True,
-                          env=env, cwd=ROOT)
+    proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True,
+                          text=True, check=False, env=env, cwd=ROOT)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
@@ -147,7 +184,7 @@ def measure(side: str, prompts: int, samples: int, args) -> dict:
 
 
 def spread(xs: list[float]) -> str:
-    """median ± half the range, and the range as a percentage of the median."""
+    """median ± half the range, and the half-range as a percentage of the median."""
     med = statistics.median(xs)
     half = (max(xs) - min(xs)) / 2
     return f"{med:6.2f} ± {half:4.2f} (±{100 * half / med:3.0f}%)"
@@ -162,6 +199,8 @@ def main() -> None:
                    help="torch threads on both sides (1: on a shared 2-core machine, 2 threads make OpenMP "
                         "barriers wait on descheduled threads and every step many times slower)")
     p.add_argument("--sizes", nargs="+", default=["8x8", "32x8"], help="PROMPTSxSAMPLES per step")
+    p.add_argument("--ref-src", help="also time explorl from this source tree (e.g. an older commit's src/), "
+                                     "as a third side 'explorl-ref'")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -172,30 +211,39 @@ def main() -> None:
     import torch
     import transformers
     import trl
+    sides = ["explorl", "trl"] + (["explorl-ref"] if args.ref_src else [])
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average "
-          f"{os.getloadavg()[0]:.1f}; python {platform.python_version()}, torch {torch.__version__}, "
+          f"{os.getloadavg()[0]:.1f} at start; python {platform.python_version()}, torch {torch.__version__}, "
           f"transformers {transformers.__version__}, trl {trl.__version__}; {args.threads} torch thread(s) per side")
-    print(f"{args.reps} alternating repetitions × ({args.warmup} warm-up + {args.steps} timed steps) per side and size")
+    print(f"{args.reps} alternating repetitions of {' / '.join(sides)}, each {args.warmup} warm-up + "
+          f"{args.steps} timed steps in a fresh process")
     medians = {}
     for size in args.sizes:
         P, G = (int(x) for x in size.split("x"))
-        runs: dict[str, list[dict]] = {"explorl": [], "trl": []}
+        runs: dict[str, list[dict]] = {side: [] for side in sides}
         for rep in range(args.reps):
-            for side in ("explorl", "trl"):
+            for side in sides:
                 r = measure(side, P, G, args)
                 runs[side].append(r)
-                print(f"  {size} rep {rep + 1} {side:8s} {r['steps_per_s']:6.2f} steps/s  "
-                      f"generate {r['gen_s'] * 1000:5.1f} ms/step  peak RSS {r['peak_rss_mb']:4.0f} MB", flush=True)
-        ratios = [e["steps_per_s"] / t["steps_per_s"] for e, t in zip(runs["explorl"], runs["trl"])]
-        medians[size] = statistics.median(ratios)
-        print(f"{size} ({P} prompts x {G} samples, {P * G} responses/step):")
-        for side in ("explorl", "trl"):
+                print(f"  {size} rep {rep + 1} {side:11s} {r['steps_per_s']:6.2f} steps/s  "
+                      f"{r['steps_per_cpu_s']:6.2f} steps/CPU-s  generate {r['gen_s'] * 1000:5.1f} ms/step  "
+                      f"peak RSS {r['peak_rss_mb']:4.0f} MB  (load {os.getloadavg()[0]:.1f})", flush=True)
+        print(f"{size} ({P} prompts x {G} samples = {P * G} responses per step, median ± half-range over reps):")
+        for side in sides:
             rs = runs[side]
-            sps = [r["steps_per_s"] for r in rs]
             gen_share = statistics.median(r["gen_s"] * r["steps_per_s"] for r in rs)
-            print(f"  {side:8s} steps/s {spread(sps)}  generation {100 * gen_share:3.0f}% of a step  "
-                  f"peak RSS {max(r['peak_rss_mb'] for r in rs):4.0f} MB")
-        print(f"  ratio explorl/TRL {spread(ratios)}  (per rep: {', '.join(f'{x:.2f}' for x in ratios)})")
+            print(f"  {side:11s} steps/s {spread([r['steps_per_s'] for r in rs])}   "
+                  f"steps/CPU-s {spread([r['steps_per_cpu_s'] for r in rs])}   "
+                  f"generation {100 * gen_share:3.0f}% of a step   "
+                  f"peak RSS {max(r['peak_rss_mb'] for r in rs):4.0f} MB"
+                  f" (+{max(r['workers_rss_mb'] for r in rs):3.0f} MB in subprocesses)")
+        for other in sides[1:]:
+            wall = [e["steps_per_s"] / o["steps_per_s"] for e, o in zip(runs["explorl"], runs[other])]
+            cpu = [e["steps_per_cpu_s"] / o["steps_per_cpu_s"] for e, o in zip(runs["explorl"], runs[other])]
+            if other == "trl":
+                medians[size] = statistics.median(wall)
+            print(f"  explorl/{other} steps/s ratio {spread(wall)} (per rep: {', '.join(f'{x:.2f}' for x in wall)})"
+                  f";  per CPU-second {spread(cpu)}")
     print("explorl/TRL steps-per-second ratio: "
           + ", ".join(f"{medians[s]:.2f} ({s})" for s in args.sizes))
 

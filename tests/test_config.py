@@ -6,7 +6,8 @@ import yaml
 
 from explorl import config as C
 
-RECIPES = sorted(Path(__file__).resolve().parents[1].joinpath("recipes").rglob("*.yaml"))
+RECIPES = sorted(p for p in Path(__file__).resolve().parents[1].joinpath("recipes").rglob("*.yaml")
+                 if "accelerate" not in p.parts)  # recipes/accelerate/ holds launcher configs, not recipes
 
 
 def test_defaults_validate():

@@ -292,3 +292,8 @@ def test_cached_sampling_matches_full_recompute():
                 x = torch.cat([x, torch.tensor([[nxt]])], 1)
             want.append("".join(f"<{i}>" for i in x[0, len(p) :].tolist()))
     assert got == want and len(set(got)) > 1
+
+
+def test_public_api():
+    assert sorted(lab.__all__) == ["TASKS", "lab_model_path", "make_splits", "parse_lab_spec"]
+    assert all(getattr(lab, name) is not None for name in lab.__all__)

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import TINY_LAB
 
 from explorl import config as C
 from explorl import study as S
 from explorl.cli import main
-
-from conftest import TINY_LAB
 
 # ----------------------------------------------------------------------------- spec
 
@@ -92,7 +92,7 @@ def test_run_state_skips_finished_resumes_interrupted_and_refuses_other_configs(
     (ckpt / "trainer_state.pt").write_bytes(b"")
     (plan.out / "summary.json").write_text(json.dumps({"steps": 4, "max_steps": 10, "interrupted": True}))
     assert S.run_state(plan) == "resume"
-    assert S._train_cmd(plan, "resume")[-2:] == ["--resume", str(plan.out)]
+    assert S.train_args(plan, "resume") == ["train", "--resume", str(plan.out)]
     (plan.out / "summary.json").write_text(json.dumps({"steps": 10, "max_steps": 10, "interrupted": False}))
     assert S.run_state(plan) == "done"
     other = C.load(plan.recipe, [*plan.sets, "optim.lr=1.0e-3"], max_steps=10, seed=0)
@@ -194,8 +194,6 @@ def test_tiny_study_end_to_end_is_resumable_and_reproducible(tiny_model, tmp_pat
     assert json.loads((out / "study.json").read_text())["fingerprint"] == first["fingerprint"]
 
     # Same seed, trained again from scratch: every non-timing number is reproduced.
-    import shutil
-
     shutil.rmtree(out / "runs" / "grpo-seed0")
     assert main(["study", str(path), "--out", str(out)]) == 0
     assert "1 to train" in capsys.readouterr().out
@@ -203,5 +201,6 @@ def test_tiny_study_end_to_end_is_resumable_and_reproducible(tiny_model, tmp_pat
     assert again["fingerprint"] == first["fingerprint"]
     timing = {c["key"] for c in first["columns"] if c["timing"]}
     for row in first["rows"]:
-        strip = lambda t: {k: v for k, v in t.items() if k not in timing}  # noqa: E731
-        assert strip(again["table"][row]) == strip(first["table"][row])
+        for key, cell in first["table"][row].items():
+            if key not in timing:
+                assert again["table"][row][key] == cell, (row, key)

@@ -88,6 +88,10 @@ class Single:
         if _keyed_by_name(state):  # written under FSDP
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
+            # FSDP shares one ``step`` tensor among the parameters of a unit; loaded as is, Adam
+            # would advance that shared count once per parameter. Every parameter gets its own.
+            state = {**state, "state": {k: {n: v.clone() if isinstance(v, torch.Tensor) else v for n, v in s.items()}
+                                        for k, s in state["state"].items()}}
             set_optimizer_state_dict(scorer, optimizer, state, options=StateDictOptions(full_state_dict=True))
         else:
             optimizer.load_state_dict(state)
@@ -122,12 +126,12 @@ class Parallel(Single):
         from accelerate import Accelerator
         from accelerate.utils import DistributedDataParallelKwargs, DistributedType, FullyShardedDataParallelPlugin
 
-        # Buffers (rotary tables) are constants: DDP must not broadcast them at every forward,
-        # which would also require every rank to run the same number of forwards.
+        # Buffers (rotary tables) are constants: no broadcast from rank 0 at every forward.
         handlers = [DistributedDataParallelKwargs(broadcast_buffers=False)]
         fsdp = None
-        if strategy == "fsdp" and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true":
-            fsdp = FullyShardedDataParallelPlugin(use_orig_params=True)  # an accelerate config file may give its own
+        env_fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"  # accelerate config file
+        if strategy == "fsdp" and not env_fsdp:
+            fsdp = FullyShardedDataParallelPlugin(use_orig_params=False)  # an accelerate config file may give its own
         cpu = device_spec == "cpu" or (device_spec == "auto" and not torch.cuda.is_available())
         self.accelerator = Accelerator(cpu=cpu, kwargs_handlers=handlers, fsdp_plugin=fsdp)
         self.rank = self.accelerator.process_index
@@ -135,7 +139,7 @@ class Parallel(Single):
         self.is_main = self.accelerator.is_main_process
         self.device = self.accelerator.device
         self._accelerate_fsdp = self.accelerator.distributed_type == DistributedType.FSDP
-        self.strategy = "fsdp" if strategy == "fsdp" or self._accelerate_fsdp else "ddp"
+        self.strategy = "fsdp" if strategy == "fsdp" or env_fsdp or self._accelerate_fsdp else "ddp"
         atexit.register(_destroy)
 
     def wrap(self, module: LogProbModule) -> torch.nn.Module:
@@ -161,7 +165,7 @@ class Parallel(Single):
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
             full = get_model_state_dict(scorer, options=StateDictOptions(full_state_dict=True))
-            self._replica.load_state_dict({k.removeprefix("policy."): v for k, v in full.items()}, strict=False)
+            self._replica.load_state_dict({k.removeprefix("policy."): v for k, v in full.items()})
             self._replica_version = version
         return self._replica
 
@@ -209,7 +213,11 @@ class Parallel(Single):
 
 
 def _fsdp(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    """FSDP (version 1) with one unit per transformer layer, as accelerate's default auto-wrap."""
+    """FSDP (version 1) with one unit per transformer layer, as accelerate's default auto-wrap.
+
+    ``use_orig_params=False``: with True, torch 2.13 gathers wrong values for the full optimizer
+    state (checked on CPU/gloo), which checkpoints need.
+    """
     import functools
 
     from torch.distributed.fsdp import FullyShardedDataParallel
@@ -219,8 +227,8 @@ def _fsdp(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     layers = {type(m) for m in module.modules() if type(m).__name__ in names}
     policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layers) if layers else None
     cuda = device.type == "cuda"  # on CPU (tests) FSDP refuses to sync states; every rank loaded the same weights
-    return FullyShardedDataParallel(module, auto_wrap_policy=policy, use_orig_params=True,
-                                    device_id=device if cuda else None, sync_module_states=cuda)
+    return FullyShardedDataParallel(module, auto_wrap_policy=policy, use_orig_params=False,
+                                    device_id=device if cuda else torch.device("cpu"), sync_module_states=cuda)
 
 
 def _unwrap(module: torch.nn.Module) -> torch.nn.Module:

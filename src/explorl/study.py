@@ -291,23 +291,54 @@ def _eval_done(plan: RunPlan, spec: StudySpec) -> bool:
             and s.get("split") == e.split and s.get("seed") == e.seed)
 
 
-def _train_cmd(plan: RunPlan, state: str) -> list[str]:
-    exe = [sys.executable, "-m", "explorl", "train"]
+def train_args(plan: RunPlan, state: str) -> list[str]:
+    """``explorl train`` arguments that start (``fresh``/``restart``) or ``resume`` the run."""
     if state == "resume":
-        return [*exe, "--resume", str(plan.out)]
-    cmd = [*exe, str(plan.recipe), "--out", str(plan.out), "--seed", str(plan.seed),
-           "--max-steps", str(plan.cfg.max_steps)]
+        return ["train", "--resume", str(plan.out)]
+    args = ["train", str(plan.recipe), "--out", str(plan.out), "--seed", str(plan.seed),
+            "--max-steps", str(plan.cfg.max_steps)]
     for s in plan.sets:
-        cmd += ["--set", s]
-    return cmd + (["--force"] if state == "restart" else [])
+        args += ["--set", s]
+    return args + (["--force"] if state == "restart" else [])
 
 
-def _eval_cmd(plan: RunPlan, spec: StudySpec) -> list[str]:
+def eval_args(plan: RunPlan, spec: StudySpec) -> list[str]:
+    """``explorl eval`` arguments that evaluate the run's final checkpoint into ``<run>/eval/``."""
     e = spec.eval
-    cmd = [sys.executable, "-m", "explorl", "eval", str(plan.out), "--data", f"lab:{spec.task}",
-           "--split", e.split, "--n", str(e.n), "--k", *map(str, e.k), "--temperature", str(e.temperature),
-           "--seed", str(e.seed), "--out", str(plan.out / "eval")]
-    return cmd + (["--max-problems", str(e.max_problems)] if e.max_problems else [])
+    args = ["eval", str(plan.out), "--data", f"lab:{spec.task}", "--split", e.split, "--n", str(e.n),
+            "--k", *map(str, e.k), "--temperature", str(e.temperature), "--seed", str(e.seed),
+            "--out", str(plan.out / "eval")]
+    return args + (["--max-problems", str(e.max_problems)] if e.max_problems else [])
+
+
+THEN = "--then"  # separates the explorl commands that one job process runs in turn
+
+
+def job_command(commands: list[list[str]]) -> list[str]:
+    """The child process of one job: ``explorl train …`` then ``explorl eval …`` in one Python,
+    so the run pays the torch/transformers import once (``python -m explorl.study``)."""
+    argv = [sys.executable, "-m", "explorl.study"]
+    for i, c in enumerate(commands):
+        argv += ([THEN] if i else []) + c
+    return argv
+
+
+def job_main(argv: list[str]) -> int:
+    """Run ``explorl`` commands separated by ``--then`` in turn; stop at the first that fails."""
+    from explorl.cli import main
+
+    commands: list[list[str]] = [[]]
+    for a in argv:
+        if a == THEN:
+            commands.append([])
+        else:
+            commands[-1].append(a)
+    for c in commands:
+        print(f"$ explorl {' '.join(c)}", flush=True)
+        rc = main(c)
+        if rc:
+            return rc
+    return 0
 
 
 def _env() -> dict[str, str]:
@@ -323,40 +354,30 @@ class JobResult:
     seconds: float = 0.0
 
 
-def _call(cmd: list[str], log: Path) -> int:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("a") as f:
-        f.write(f"$ {' '.join(cmd)}\n")
-        f.flush()
-        return subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=_env())
-
-
 def execute(plan: RunPlan, spec: StudySpec, logs: Path, stop: threading.Event) -> JobResult:
     """Train (or resume) one run, then evaluate its final policy; skip what is already done."""
     t0 = time.perf_counter()
     state = run_state(plan)
-    did = False
+    commands = []
     if state != "done":
-        if stop.is_set():
-            return JobResult(plan, "interrupted", "not started")
         shutil.rmtree(plan.out / "eval", ignore_errors=True)  # a stale evaluation of an older policy
-        rc = _call(_train_cmd(plan, state), logs / f"{plan.key}.train.log")
-        if rc == 130 or stop.is_set():
-            return JobResult(plan, "interrupted", f"train exited {rc}", time.perf_counter() - t0)
-        if rc != 0 or run_state(plan) != "done":
-            return JobResult(plan, "failed", f"train exited {rc}; log {logs / f'{plan.key}.train.log'}",
-                             time.perf_counter() - t0)
-        did = True
-    if not _eval_done(plan, spec):
-        if stop.is_set():
-            return JobResult(plan, "interrupted", "eval not started", time.perf_counter() - t0)
-        rc = _call(_eval_cmd(plan, spec), logs / f"{plan.key}.eval.log")
-        if rc != 0 or not _eval_done(plan, spec):
-            status = "interrupted" if stop.is_set() else "failed"
-            return JobResult(plan, status, f"eval exited {rc}; log {logs / f'{plan.key}.eval.log'}",
-                             time.perf_counter() - t0)
-        did = True
-    return JobResult(plan, "done" if did else "skipped", state, time.perf_counter() - t0)
+        commands.append(train_args(plan, state))
+    if state != "done" or not _eval_done(plan, spec):
+        commands.append(eval_args(plan, spec))
+    if not commands:
+        return JobResult(plan, "skipped", state)
+    if stop.is_set():
+        return JobResult(plan, "interrupted", "not started")
+    log = logs / f"{plan.key}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as f:
+        rc = subprocess.call(job_command(commands), stdout=f, stderr=subprocess.STDOUT, env=_env())
+    seconds = time.perf_counter() - t0
+    if rc == 130 or stop.is_set():
+        return JobResult(plan, "interrupted", f"exit code {rc}", seconds)
+    if rc != 0 or run_state(plan) != "done" or not _eval_done(plan, spec):
+        return JobResult(plan, "failed", f"exit code {rc}; log {log}", seconds)
+    return JobResult(plan, "done", state, seconds)
 
 
 # ----------------------------------------------------------------------------- per-run numbers
@@ -1006,10 +1027,13 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
     results: list[JobResult] = []
     logs = out / "logs"
     pool = ThreadPoolExecutor(max_workers=spec.jobs)
-    futures = [pool.submit(execute, p, spec, logs, stop) for p in plans]
+    futures = {pool.submit(execute, p, spec, logs, stop): p for p in plans}
     try:
         for i, fut in enumerate(as_completed(futures), 1):
-            r = fut.result()
+            try:
+                r = fut.result()
+            except Exception as e:  # noqa: BLE001 — one broken run must not lose the others
+                r = JobResult(futures[fut], "failed", f"{type(e).__name__}: {e}")
             results.append(r)
             log(f"  [{i}/{len(plans)}] {r.plan.key}: {r.status}"
                 + (f" ({r.detail})" if r.status in ("failed", "interrupted") else f" in {r.seconds:.0f}s")
@@ -1038,3 +1062,7 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
         log("failed runs: " + "; ".join(f"{r.plan.key} ({r.detail})" for r in failed))
         return 1
     return 0
+
+
+if __name__ == "__main__":  # a study job's child process (see ``job_command``)
+    sys.exit(job_main(sys.argv[1:]))

@@ -10,6 +10,7 @@ Prompts are plain text for the lab's character tokenizer (no chat template):
   ground truth is the JSON string ``{"numbers": [2, 3, 7], "target": 17}``. Problems are
   generated from a random expression tree with integer, non-negative intermediate results, so
   every problem has a solution; difficulty = number of operators other than ``+`` in it.
+  ``n_numbers`` (3 or 4) numbers in 1..``max_number`` (12), targets in 1..``max_target`` (99).
 
 Every record carries ``extra = {"difficulty": int, "solution": str}``; ``solution`` is the
 reference answer the lab model is warm-started on (for addition it equals the ground truth).

@@ -4,6 +4,17 @@ Unlike ``model.generate`` this loop returns what RL needs from the sampling pass
 log-prob and entropy of every sampled token at the sampling temperature (so the trainer can
 reuse them as old log-probs while the policy is unchanged), and it accepts a different number
 of samples per prompt (E3 budgets) in one batch.
+
+Where the time goes, and what the loop does about it (figures: benchmarks/README.md):
+
+- **Shared prompts are encoded once.** GRPO samples G responses per prompt; the prefill runs on
+  the distinct prompts only and the KV cache is then fanned out to the G rows
+  (``Cache.reorder_cache``), and the first token's distribution is computed once per prompt.
+- **Finished rows leave the batch.** When enough rows have emitted EOS, the batch (KV cache,
+  mask, positions) is compacted to the rows still going; the loop stops when none is left.
+  Compacting only once the live fraction drops below ``compact_ratio`` bounds the copying.
+- **One host round-trip per token at most**, and on accelerators one every ``sync_every``
+  tokens: finished rows keep decoding (masked) until the next check.
 """
 
 from __future__ import annotations
@@ -33,11 +44,20 @@ def position_ids(mask: torch.Tensor) -> torch.Tensor:
 
 
 class HFEngine:
-    """The ``hf`` rollout engine: sampling with the training model's weights and a KV cache."""
+    """The ``hf`` rollout engine: sampling with the training model's weights and a KV cache.
 
-    def __init__(self, tokenizer, *, batch_size: int = 256, eos_ids: list[int] | None = None):
+    ``compact_ratio``: drop finished rows from the batch once at most this fraction of it is
+    still generating (1 = as soon as any row finishes, 0 = never). ``sync_every``: on
+    accelerators, how many tokens between checks for finished rows (each check is a device
+    sync); on CPU every token is checked, as a check costs nothing there.
+    """
+
+    def __init__(self, tokenizer, *, batch_size: int = 256, eos_ids: list[int] | None = None,
+                 compact_ratio: float = 0.5, sync_every: int = 4):
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self.compact_ratio = compact_ratio
+        self.sync_every = sync_every
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         eos = eos_ids if eos_ids is not None else [tokenizer.eos_token_id]
         self.eos_ids = torch.as_tensor([e for e in eos if e is not None], dtype=torch.long)
@@ -62,68 +82,100 @@ class HFEngine:
         parts = []
         for start in range(0, len(rows), self.batch_size):
             chunk = rows[start: start + self.batch_size]
-            parts.append(self._generate_rows(model, [prompt_ids[i] for i in chunk], chunk, temperature,
-                                             max_new_tokens, generator,
+            parts.append(self._generate_rows(model, prompt_ids, chunk, temperature, max_new_tokens, generator,
                                              None if keys is None else keys[start: start + self.batch_size]))
-        return Rollouts.concat(parts, self.pad_id)
+        return Rollouts.concat(parts, self.pad_id) if len(parts) > 1 else parts[0]
 
-    def _generate_rows(self, model, seqs, prompt_index, temperature, max_new_tokens, generator,
+    def _generate_rows(self, model, prompt_ids, prompt_index, temperature, max_new_tokens, generator,
                        keys=None) -> Rollouts:
+        """Sample one response per entry of ``prompt_index`` (rows of one prompt are adjacent)."""
         device = next(model.parameters()).device
         was_training = model.training
         model.eval()
-        ids, mask = left_pad(seqs, self.pad_id, device)  # (N, P)
-        N = ids.shape[0]
+        N = len(prompt_index)
+        # Distinct prompts of this batch; ``inv`` maps each row to its prompt's row in the prefill.
+        uniq = list(dict.fromkeys(prompt_index))
+        slot = {p: k for k, p in enumerate(uniq)}
+        inv = torch.as_tensor([slot[p] for p in prompt_index], dtype=torch.long, device=device)  # (N,)
+        ids_u, mask_u = left_pad([prompt_ids[p] for p in uniq], self.pad_id, device)  # (U, P)
+        P = ids_u.shape[1]
+        single_eos = self.eos_ids.numel() == 1
         eos = self.eos_ids.to(device)
+        eos_id = int(self.eos_ids[0]) if single_eos else None
         greedy = temperature == 0
         scale = 1.0 if greedy else 1.0 / temperature
+        check_every = 1 if device.type == "cpu" else max(1, self.sync_every)
 
         out_tokens = torch.full((N, max_new_tokens), self.pad_id, dtype=torch.long, device=device)
         out_logp = torch.zeros((N, max_new_tokens), device=device)
         out_ent = torch.zeros((N, max_new_tokens), device=device)
         out_mask = torch.zeros((N, max_new_tokens), dtype=torch.bool, device=device)
-        alive = torch.ones(N, dtype=torch.bool, device=device)
+        finished = torch.zeros(N, dtype=torch.bool, device=device)
 
-        cache = DynamicCache()
-        attn = mask.long()
-        pos = position_ids(mask)
-        step_ids = ids
+        # Prefill: the distinct prompts once, then fan the cache and the last logits out to the rows.
+        cache = DynamicCache(config=model.config)
+        out = model(input_ids=ids_u, attention_mask=mask_u.long(), position_ids=position_ids(mask_u),
+                    past_key_values=cache, use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1, :]  # (U, V)
+        if len(uniq) < N:
+            cache.reorder_cache(inv)
+            logits = logits[inv]  # (N, V)
+        del out
+
+        # The rows' attention masks over every position they can reach, sliced per step.
+        attn = torch.cat([mask_u[inv], torch.ones((N, max_new_tokens), dtype=torch.bool, device=device)], 1)
+        pos = position_ids(mask_u)[inv, -1:] + 1  # (N, 1): position of the first response token
+        idx = torch.arange(N, device=device)  # batch row -> output row
+        row_keys_ = keys.to(device) if keys is not None else None
+        alive = torch.ones(N, dtype=torch.bool, device=device)  # per batch row
         n_steps = 0
         for t in range(max_new_tokens):
-            out = model(input_ids=step_ids, attention_mask=attn, position_ids=pos,
-                        past_key_values=cache, use_cache=True, logits_to_keep=1)
-            z = out.logits[:, -1, :].float() * scale  # (N, V) at the sampling temperature
+            z = logits.float() * scale  # (n, V) at the sampling temperature
             logp_all = torch.log_softmax(z, dim=-1)
+            p_all = logp_all.exp()
             # Entropy at the sampling temperature: the quantity E3's scheduler and the metrics use.
-            ent = -(logp_all.exp() * logp_all).sum(-1)  # (N,)
+            ent = -(p_all * logp_all).sum(-1)  # (n,)
             if greedy:
                 tok = z.argmax(-1)
-            elif keys is not None:
-                tok = gumbel_sample(logp_all, keys, t)
+            elif row_keys_ is not None:
+                tok = gumbel_sample(logp_all, row_keys_, t)
             else:
-                tok = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
-            tok = torch.where(alive, tok, torch.full_like(tok, self.pad_id))
-            out_tokens[:, t] = tok
-            out_logp[:, t] = logp_all.gather(-1, tok[:, None]).squeeze(-1) * alive
-            out_ent[:, t] = ent * alive
-            out_mask[:, t] = alive
+                tok = torch.multinomial(p_all, 1, generator=generator).squeeze(-1)
+            tok = tok.masked_fill(~alive, self.pad_id)
+            out_tokens[idx, t] = tok
+            out_logp[idx, t] = logp_all.gather(-1, tok[:, None]).squeeze(-1) * alive
+            out_ent[idx, t] = ent * alive
+            out_mask[idx, t] = alive
             n_steps = t + 1
-            alive = alive & ~torch.isin(tok, eos)
-            if not bool(alive.any()):
+            done = alive & ((tok == eos_id) if single_eos else torch.isin(tok, eos))
+            finished[idx] |= done
+            alive = alive & ~done
+            if t == max_new_tokens - 1:
                 break
-            step_ids = tok[:, None]
-            attn = torch.cat([attn, torch.ones((N, 1), dtype=attn.dtype, device=device)], dim=1)
-            pos = pos[:, -1:] + 1
+            if (t + 1) % check_every == 0:
+                n_alive = int(alive.sum())  # the step's one host sync
+                if n_alive == 0:
+                    break
+                if n_alive <= self.compact_ratio * len(alive) and n_alive < len(alive):
+                    keep = alive.nonzero().squeeze(-1)  # (n_alive,)
+                    cache.reorder_cache(keep)
+                    idx, tok, alive, attn, pos = idx[keep], tok[keep], alive[keep], attn[keep], pos[keep]
+                    if row_keys_ is not None:
+                        row_keys_ = row_keys_[keep]
+            logits = model(input_ids=tok[:, None], attention_mask=attn[:, : P + t + 1], position_ids=pos,
+                           past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
+            pos = pos + 1
         if was_training:
             model.train()
 
         out_tokens, out_logp = out_tokens[:, :n_steps], out_logp[:, :n_steps]
         out_ent, out_mask = out_ent[:, :n_steps], out_mask[:, :n_steps]
-        texts = self.tokenizer.batch_decode(
-            [row[m].tolist() for row, m in zip(out_tokens.cpu(), out_mask.cpu())], skip_special_tokens=True)
+        lengths = out_mask.sum(-1).tolist()
+        texts = self.tokenizer.batch_decode([row[:n] for row, n in zip(out_tokens.tolist(), lengths)],
+                                            skip_special_tokens=True)
         return Rollouts(
-            prompt_ids=ids, prompt_mask=mask, response_ids=out_tokens, response_mask=out_mask,
+            prompt_ids=ids_u[inv], prompt_mask=mask_u[inv], response_ids=out_tokens, response_mask=out_mask,
             old_logp=out_logp, entropy=out_ent,
             prompt_index=torch.as_tensor(prompt_index, dtype=torch.long, device=device),
-            texts=texts, temperature=temperature, truncated=alive.clone(),
+            texts=texts, temperature=temperature, truncated=~finished,
         )
