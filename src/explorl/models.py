@@ -27,13 +27,22 @@ def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def resolve_model_path(path: str, lab_params: dict | None = None) -> Path:
-    """A local directory, or ``lab:<task>`` → the built (and cached) lab model's directory."""
+def resolve_model_path(path: str, lab=None) -> Path:
+    """A local directory, or ``lab:<task>`` → the built (and cached) lab model's directory.
+
+    ``lab`` (a ``LabConfig``) makes the lab model's SFT split the same as the one RL uses, so
+    validation problems are never in the model's supervised training data.
+    """
     from explorl.lab import lab_model_path, parse_lab_spec
 
     task = parse_lab_spec(path)
     if task is not None:
-        return lab_model_path(task, **(lab_params or {}))
+        if lab is None:
+            return lab_model_path(task)
+        from explorl.data.sources import lab_task_params
+
+        return lab_model_path(task, split_seed=lab.split_seed, n_train=lab.n_train, n_val=lab.n_val,
+                              n_test=lab.n_test, **lab_task_params(task, lab))
     p = Path(path).expanduser()
     if not p.is_dir():
         raise FileNotFoundError(

@@ -140,7 +140,7 @@ class Trainer:
         if resume and ckpt is None:
             raise FileNotFoundError(f"--resume {self.out}: no complete checkpoint under {self.out / 'checkpoints'}")
         self.device = self.dist.device
-        base_path = resolve_model_path(cfg.model.path)
+        base_path = resolve_model_path(cfg.model.path, cfg.lab)
         policy_path = ckpt if (ckpt is not None and (ckpt / "config.json").exists()) else base_path
         self.tokenizer = load_tokenizer(base_path, cfg.model)
         self.policy = load_model(policy_path, cfg.model, self.device)
