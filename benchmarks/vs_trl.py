@@ -1,6 +1,6 @@
 """explorl's rollout-and-update loop vs TRL's GRPOTrainer, side by side (steps/s, figures only).
 
-    .venv/bin/pip install -e '.[bench]'          # TRL: a benchmark dependency, never a runtime one
+    .venv/bin/pip install 'trl==1.16.*'          # the `bench` extra: never a runtime dependency
     .venv/bin/python benchmarks/vs_trl.py [--reps 5] [--steps 20] [--warmup 3] [--threads 1]
 
 Both sides train the same lab model (float32, CPU) on the lab's addition prompts with the same
@@ -11,9 +11,17 @@ number of torch threads. TRL is configured fairly: ``use_cpu=True``, ``bf16=Fals
 ``gradient_checkpointing=False``, logging and saving off, its default (fused) AdamW. explorl
 keeps its entropy metrics on (they come from the sampling pass).
 
-Every measurement is a fresh subprocess; the two sides alternate (A B A B …) so neither gets
-warmer caches or a quieter stretch of a shared machine. Each run times ``--steps`` steps after
-``--warmup`` steps; a repetition's figure is steps / wall time over those steps.
+Every measurement is a fresh subprocess; the sides alternate (A B A B …) so neither gets warmer
+caches or a quieter stretch of a shared machine. Each run times ``--steps`` steps after
+``--warmup`` steps; a repetition's figures are steps per wall second over those steps and steps
+per CPU second of the process tree (less sensitive to other load on the machine). Printed per
+size: median ± half-range of each side and of the per-repetition ratio, the generation share
+of a step and peak memory; the last line is
+
+    explorl/TRL steps-per-second ratio: <median at 8x8> (8x8), <median at 32x8> (32x8)
+
+``--ref-src DIR`` adds a third side: explorl imported from another source tree (before/after).
+Figures and the machine they were measured on: benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -73,7 +81,8 @@ def rates(ends: list[tuple[float, float]], warmup: int, gen: list[float]) -> dic
     steps = len(ends) - warmup
     (w0, c0), (w1, c1) = ends[warmup - 1], ends[-1]
     return {"steps_per_s": steps / (w1 - w0), "steps_per_cpu_s": steps / (c1 - c0),
-            "gen_s": statistics.median(gen[warmup:]), "peak_rss_mb": peak_rss_mb(), "workers_rss_mb": children_rss_mb()}
+            "gen_s": statistics.median(gen[warmup:]), "peak_rss_mb": peak_rss_mb(),
+            "workers_rss_mb": children_rss_mb()}
 
 
 def timed(fn, box: list):
@@ -87,17 +96,24 @@ def timed(fn, box: list):
     return wrapper
 
 
-def run_explorl(prompts: int, samples: int, steps: int, warmup: int, src: str) -> dict:
-    sys.path.insert(0, src)
+def explorl_config(prompts: int, samples: int, steps: int):
+    """The explorl run: the lab GRPO recipe at the benchmark's settings."""
     from explorl import config as C
-    from explorl.trainer import Trainer
 
-    cfg = C.load(ROOT / "recipes/lab/grpo.yaml", [
+    return C.load(ROOT / "recipes/lab/grpo.yaml", [
         f"data.prompts_per_step={prompts}", f"rollout.n_samples={samples}", f"rollout.max_response_len={MAX_NEW}",
-        f"optim.lr={LR:.1e}", "optim.mini_batches=1", "optim.ppo_epochs=1", f"optim.micro_batch_size={prompts * samples}",
+        f"optim.lr={LR:.1e}", "optim.mini_batches=1", "optim.ppo_epochs=1",
+        f"optim.micro_batch_size={prompts * samples}",
         "optim.warmup_steps=0", "algorithm.kl_coef=0.0", "algorithm.agg=token-mean", "model.dtype=float32",
         "model.device=cpu", "eval.every=0", "log.progress=false", "log.plots=false", "log.checkpoint_every=0",
-        "log.save_model=false"], max_steps=warmup + steps)
+        "log.save_model=false"], max_steps=steps)
+
+
+def run_explorl(prompts: int, samples: int, steps: int, warmup: int, src: str) -> dict:
+    sys.path.insert(0, src)
+    from explorl.trainer import Trainer
+
+    cfg = explorl_config(prompts, samples, warmup + steps)
     with tempfile.TemporaryDirectory() as out:
         t = Trainer(cfg, out)
         gen: list[float] = []
@@ -120,15 +136,15 @@ def run_trl(prompts: int, samples: int, steps: int, warmup: int, src: str) -> di
     from trl import GRPOConfig, GRPOTrainer
 
     sys.path.insert(0, src)
-    from explorl.config import ModelConfig
-    from explorl.lab import lab_model_path, make_splits
-    from explorl.models import load_tokenizer
+    from explorl.data.sources import load_split
+    from explorl.models import load_tokenizer, resolve_model_path
     from explorl.rewards import VERIFIERS
 
-    path = lab_model_path("addition")
-    tok = load_tokenizer(path, ModelConfig())
+    cfg = explorl_config(prompts, samples, warmup + steps)  # the same model and prompts as explorl's run
+    path = resolve_model_path(cfg.model.path, cfg.lab)
+    tok = load_tokenizer(path, cfg.model)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    train = make_splits("addition", seed=0)["train"]
+    train = load_split(cfg.data.train, cfg.lab, "train")
     data = Dataset.from_list([{"prompt": r.prompt, "ground_truth": r.ground_truth} for r in train])
     verify = VERIFIERS["addition"]
 

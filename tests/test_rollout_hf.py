@@ -180,8 +180,8 @@ def naive_response_logprobs(model, ro_like, T):
 def sample_batch(model, budgets, seed=0, max_new=7):
     tok = _FakeTokenizer()
     g = torch.Generator().manual_seed(seed)
-    prompts = [[1] + torch.randint(3, 24, (int(n),), generator=g).tolist() for n in torch.randint(1, 6, (len(budgets),),
-                                                                                                  generator=g)]
+    lengths = torch.randint(1, 6, (len(budgets),), generator=g).tolist()
+    prompts = [[1] + torch.randint(3, 24, (n,), generator=g).tolist() for n in lengths]
     ro = HFEngine(tok).generate(model, prompts, budgets, 1.0, max_new, seeds=list(range(seed, seed + len(budgets))))
     perm = torch.randperm(len(ro), generator=g)  # micro-batches of a shuffled mini-batch
     ro = ro.select(perm)
