@@ -42,9 +42,11 @@ def _train(args) -> int:
         if args.force and (out / "metrics.jsonl").exists():
             import shutil
 
-            shutil.rmtree(out)
+            shutil.rmtree(out, ignore_errors=True)  # under a launcher every rank clears it
         trainer = Trainer(cfg, out)
     summary = trainer.train()
+    if not trainer.dist.is_main:  # several processes: rank 0 reports
+        return 130 if summary["interrupted"] else 0
     out = trainer.out
     final = summary["final"]
     print(f"run directory: {out}")

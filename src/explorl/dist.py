@@ -86,7 +86,10 @@ class Single:
     def load_optimizer_state(self, scorer: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
         """Load a checkpointed optimizer state, whatever the strategy that wrote it."""
         if _keyed_by_name(state):  # written under FSDP
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                set_optimizer_state_dict,
+            )
 
             # FSDP shares one ``step`` tensor among the parameters of a unit; loaded as is, Adam
             # would advance that shared count once per parameter. Every parameter gets its own.
@@ -124,7 +127,11 @@ class Parallel(Single):
 
     def __init__(self, strategy: str = "ddp", device_spec: str = "auto"):
         from accelerate import Accelerator
-        from accelerate.utils import DistributedDataParallelKwargs, DistributedType, FullyShardedDataParallelPlugin
+        from accelerate.utils import (
+            DistributedDataParallelKwargs,
+            DistributedType,
+            FullyShardedDataParallelPlugin,
+        )
 
         # Buffers (rotary tables) are constants: no broadcast from rank 0 at every forward.
         handlers = [DistributedDataParallelKwargs(broadcast_buffers=False)]
@@ -162,7 +169,10 @@ class Parallel(Single):
         if self.strategy != "fsdp":
             return super().full_model(scorer, version)
         if version != self._replica_version:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                get_model_state_dict,
+            )
 
             full = get_model_state_dict(scorer, options=StateDictOptions(full_state_dict=True))
             self._replica.load_state_dict({k.removeprefix("policy."): v for k, v in full.items()})
@@ -172,7 +182,10 @@ class Parallel(Single):
     def optimizer_state(self, scorer: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
         if self.strategy != "fsdp":  # DDP: every rank holds the whole (identical) state
             return super().optimizer_state(scorer, optimizer)
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+        )
 
         return get_optimizer_state_dict(scorer, optimizer,
                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))

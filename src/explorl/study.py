@@ -413,6 +413,7 @@ def run_numbers(run: Run, cfg: dict, eval_summary: dict | None, k_list: list[int
     out["final_reward"] = _mean(R[-w:])
     out["all_wrong_frac"] = _mean([float(r["rollout/all_wrong_frac"]) for r in recs if "rollout/all_wrong_frac" in r])
     out["rollouts_per_step"] = _mean([float(r["rollout/n_samples"]) for r in recs if "rollout/n_samples" in r])
+    out["clip_frac"] = _mean([float(r["loss/clip_frac"]) for r in recs if "loss/clip_frac" in r])
     overall = (eval_summary or {}).get("overall", {})
     for k in k_list:
         out[f"eval_pass@{k}"] = overall.get(f"pass@{k}")
@@ -506,6 +507,7 @@ def columns(k_list: list[int]) -> list[tuple[str, str, int, bool]]:
         ("tracking_error", "tracking error (nats)", 3, False),
         ("eepo_dH", "EEPO H2 − H1 (nats)", 3, False),
         ("rollouts_per_step", "rollouts / step", 1, False),
+        ("clip_frac", "PPO clip frac", 4, False),
         ("step_s", "s / step", 3, True),
         ("overhead", "overhead vs GRPO", 2, True),
     ]
@@ -869,6 +871,8 @@ COLUMN_NOTES = """\
 - **EEPO H2 − H1**: mean of `entropy/stage2 − entropy/stage1` over the steps where the gate was
   open (the unlearning step ran).
 - **rollouts / step**: mean `rollout/n_samples` (DAPO's dynamic sampling generates extra rounds).
+- **PPO clip frac**: mean `loss/clip_frac`, the fraction of tokens whose clip is active: the
+  lever of every method that moves `eps_high` (DAPO's clip-higher, the adaptive controller).
 - **s / step**: mean wall-clock seconds of a training step without validation (`time/step_s −
   time/val_s`), with `jobs` runs sharing the machine; **overhead vs GRPO**: s / step ÷ GRPO's − 1.
   Timing columns vary between reruns and machines; every other column is reproduced exactly by
@@ -918,7 +922,7 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
           f"({budget} per step for every recipe; DAPO's dynamic sampling adds generation rounds, see "
           f"rollouts / step). Overrides for every run: "
           f"`{' '.join(spec.set) or '—'}`. Produced by `{cmd}` in {wall_s / 60:.1f} min of wall-clock "
-          f"({spec.jobs} jobs); the overlay report with every curve is [report/report.md](report/report.md)."), ""]
+          f"({spec.jobs} jobs, summed over the command's invocations); the overlay report with every curve is [report/report.md](report/report.md)."), ""]
     if failed:
         md += ["**Incomplete:** these runs failed and are missing from the tables: "
                + "; ".join(f"{j.plan.key} ({j.detail})" for j in failed), ""]
@@ -1050,7 +1054,13 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
         log("interrupted; rerun the same command to continue")
         return 130
     failed = [r for r in results if r.status == "failed"]
-    payload = analyse(out, spec, spec_path, quick, plans, failed, time.perf_counter() - t0)
+    # Wall-clock adds up over the invocations that built this study (a rerun that only resumes
+    # or re-analyses does not reset it).
+    wall_s = time.perf_counter() - t0
+    previous = out / "study.json"
+    if previous.exists():
+        wall_s += json.loads(previous.read_text()).get("timing", {}).get("wall_s") or 0.0
+    payload = analyse(out, spec, spec_path, quick, plans, failed, wall_s)
     if spec.publish:
         dest = spec_path.parent / spec.publish
         publish(out, dest)

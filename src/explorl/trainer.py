@@ -31,8 +31,7 @@ import torch
 
 from explorl import config as C
 from explorl.algorithms import (
-    LOSSES, aggregate, compute_advantages, covariance_by_difficulty, informative_groups,
-    kl_estimate, overlong_penalty,
+    LOSSES, aggregate, compute_advantages, informative_groups, kl_estimate, overlong_penalty,
 )
 from explorl.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
 from explorl.control import ControlContext, Knobs, StepStats, build_controllers, sample_then_forget
@@ -48,6 +47,9 @@ from explorl.rollout.scoring import response_logprobs
 from explorl.rollout.seeding import mix_seed
 from explorl.rollout.types import Rollouts
 from explorl.runlog import MetricsLog, ProgressBar
+from explorl.step_batch import (
+    StepBatch, concat_rows, covariance_metrics, response_stats, stage_entropy,
+)
 
 TIME_KEYS = ("time/", "perf/")  # wall-clock metrics: excluded from resume-equality checks
 TRAIN_STREAM, VAL_STREAM = 0, 1  # first component of the sampling seeds after the run seed
@@ -77,47 +79,6 @@ def controller_specs(cfg: C.RunConfig) -> dict[str, dict]:
                                    max_response_len=c.max_response_len, anneal_dataset=bool(cfg.data.anneal))
     return specs
 
-
-
-@dataclasses.dataclass
-class StepBatch:
-    """The step's responses as every rank sees them: one row per response of the global batch.
-
-    ``rows`` holds (N,) columns in the order one process would have them (prompt by prompt):
-    ``group`` (the prompt's position among the step's sampled prompts), ``reward``, ``score``,
-    ``length`` (valid tokens), ``entropy_sum`` and ``logp_sum`` (sums over the response's tokens
-    at the sampling temperature), ``truncated``, ``stage`` (EEPO; 0 otherwise) and ``rank`` (the
-    rank holding the response). ``local`` (n,) maps this rank's kept rollouts to their rows.
-    """
-
-    rows: dict[str, torch.Tensor]
-    local: torch.Tensor
-    prompt_indices: list[int]  # dataset index of every prompt sampled this step (all rounds)
-    prompt_correct: list[float]
-    prompt_samples: list[int]
-    epoch: int
-    epoch_end: bool
-
-
-def response_stats(ro: Rollouts, scores: torch.Tensor, rewards: torch.Tensor, rank: int) -> dict[str, torch.Tensor]:
-    """This rank's rows of ``StepBatch.rows``."""
-    mask = ro.response_mask.cpu()
-    n = len(ro)
-    return {
-        "group": ro.prompt_index.cpu().long(),
-        "reward": rewards.double(),
-        "score": scores.double(),
-        "length": mask.sum(-1).long(),
-        "entropy_sum": (ro.entropy.cpu() * mask).sum(-1).double(),
-        "logp_sum": (ro.old_logp.cpu() * mask).sum(-1).double(),
-        "truncated": ro.truncated.cpu().bool() if ro.truncated is not None else torch.zeros(n, dtype=torch.bool),
-        "stage": ro.stage.cpu().long() if ro.stage is not None else torch.zeros(n, dtype=torch.long),
-        "rank": torch.full((n,), rank, dtype=torch.long),
-    }
-
-
-def _cat(tables: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    return {k: torch.cat([t[k] for t in tables]) for k in tables[0]}
 
 
 class Trainer:
@@ -327,11 +288,11 @@ class Trainer:
             t_score += time.perf_counter() - t0
             # The round's one collective: every rank's per-response statistics and verifier counters.
             parts = self.dist.gather({"rows": response_stats(ro, scores, rewards, rank), **sm})
-            rows = _cat([p["rows"] for p in parts])
+            rows = concat_rows([p["rows"] for p in parts])
             offset = sum(len(p["rows"]["group"]) for p in parts[:rank])  # this rank's first row
             for k in sm:
                 metrics[k] = metrics.get(k, 0.0) + sum(p[k] for p in parts)
-            for k, v in {**m, **_stage_entropy(rows, m)}.items():
+            for k, v in {**m, **stage_entropy(rows, m)}.items():
                 metrics[k] = metrics.get(k, 0.0) + v / max_rounds
             pi = rows["group"]
             counts = torch.bincount(pi, minlength=len(idx))
@@ -370,7 +331,7 @@ class Trainer:
             "rollout/all_correct_frac": float((correct == counts).float().mean()),
             "time/generate_s": t_gen, "time/score_s": t_score,
         })
-        sb = StepBatch(rows=_cat(kept_rows), local=torch.cat(kept_local), prompt_indices=all_idx,
+        sb = StepBatch(rows=concat_rows(kept_rows), local=torch.cat(kept_local), prompt_indices=all_idx,
                        prompt_correct=correct.tolist(), prompt_samples=counts.tolist(), epoch=epoch,
                        epoch_end=epoch_end)
         return ro, scores, rewards, metrics, sb
@@ -498,7 +459,7 @@ class Trainer:
                 g = self.engine.generate(policy, ids, [1] * len(ids), 0.0, self.knobs.max_response_len)
                 gs = self.pool.score(self.verifier, g.texts, [d.ground_truth for d in data[mine]]).scores
                 local["greedy"] = torch.tensor(gs, dtype=torch.float64)
-        rows = _cat(self.dist.gather(local))
+        rows = concat_rows(self.dist.gather(local))
         correct = torch.zeros(len(data), dtype=torch.float64).index_add_(0, rows["problem"], rows["score"])
         out = {"val/accuracy": float(rows["score"].mean()),
                "val/entropy": float(rows["entropy_sum"].sum() / rows["length"].sum().clamp_min(1))}
@@ -524,7 +485,7 @@ class Trainer:
         t_control = time.perf_counter() - t0
 
         # 1. sample  2. score (this rank's share; ``sb`` holds the whole batch's statistics)
-        ro, scores, rewards, rm, sb = self._rollout(knobs, batch)
+        ro, _scores, _rewards, rm, sb = self._rollout(knobs, batch)
         metrics.update(rm)
         rows = sb.rows
         n_tok = rows["length"].sum().clamp_min(1)
@@ -635,42 +596,6 @@ class Trainer:
             plot_training_curves(self.out)
         except Exception as e:  # a plotting problem must never cost a training run
             print(f"warning: plotting failed: {e}")
-
-
-def covariance_metrics(rows: dict[str, torch.Tensor], adv: torch.Tensor) -> dict[str, float]:
-    """``cov/mean`` and ``cov/by_difficulty/*`` of the global batch from per-response sums.
-
-    A is constant along a response, so the token covariance of Entropy Mechanism Eq. 10 summed
-    over response i is (A_i − Ā)·(Σ_t logp_it − |o_i|·l̄), with Ā and l̄ the token means of the
-    batch: no token tensor has to cross ranks. The bucket means spread each response's sum
-    evenly over its tokens, which leaves every token-weighted mean unchanged.
-    """
-    n = rows["length"].double()  # (N,)
-    a = adv.double()
-    n_tok = n.sum().clamp_min(1)
-    l_bar = rows["logp_sum"].sum() / n_tok
-    a_bar = (a * n).sum() / n_tok
-    cov = (a - a_bar) * (rows["logp_sum"] - n * l_bar)  # (N,) per-response sums of the token covariance
-    out = {"cov/mean": float(cov.sum() / n_tok)}
-    group = rows["group"]
-    size = torch.bincount(group).clamp_min(1) if len(group) else torch.ones(0)
-    acc = (torch.zeros(len(size), dtype=torch.float64).index_add_(0, group, rows["score"]) / size)[group]
-    width = int(n.max()) if len(n) else 0
-    mask = torch.arange(width)[None, :] < rows["length"][:, None]  # (N, T)
-    spread = (cov / n.clamp_min(1))[:, None].expand(-1, width)  # (N, T)
-    out.update({k: float(v) for k, v in covariance_by_difficulty(spread, mask, acc).items()})
-    return out
-
-
-def _stage_entropy(rows: dict[str, torch.Tensor], sample_metrics: dict) -> dict[str, float]:
-    """EEPO's per-stage entropies of the round's global batch (replacing the rank-local ones)."""
-    out = {}
-    for s in (1, 2):
-        if f"entropy/stage{s}" in sample_metrics:
-            sel = rows["stage"] == s
-            n = rows["length"][sel].sum()
-            out[f"entropy/stage{s}"] = float(rows["entropy_sum"][sel].sum() / n) if n > 0 else 0.0
-    return out
 
 
 def _add(sums: dict, key: str, value: torch.Tensor) -> None:

@@ -1,0 +1,94 @@
+"""The step's per-response statistics, gathered from every rank: the batch as one process sees it.
+
+With several data-parallel ranks each rank holds only its share of the responses. What the
+trainer needs from the others (advantages of whole groups and batch-level estimators, loss
+denominators, controller statistics, rollout metrics, covariance diagnostics) is a function of a
+few numbers per response, so each rank contributes ``response_stats`` of its rows and one
+all-gather per generation round assembles the ``StepBatch`` every rank then computes from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from explorl.algorithms import covariance_by_difficulty
+from explorl.rollout.types import Rollouts
+
+
+@dataclasses.dataclass
+class StepBatch:
+    """The step's responses as every rank sees them: one row per response of the global batch.
+
+    ``rows`` holds (N,) columns in the order one process would have them (prompt by prompt):
+    ``group`` (the prompt's position among the step's sampled prompts), ``reward``, ``score``,
+    ``length`` (valid tokens), ``entropy_sum`` and ``logp_sum`` (sums over the response's tokens
+    at the sampling temperature), ``truncated``, ``stage`` (EEPO; 0 otherwise) and ``rank`` (the
+    rank holding the response). ``local`` (n,) maps this rank's kept rollouts to their rows.
+    """
+
+    rows: dict[str, torch.Tensor]
+    local: torch.Tensor
+    prompt_indices: list[int]  # dataset index of every prompt sampled this step (all rounds)
+    prompt_correct: list[float]
+    prompt_samples: list[int]
+    epoch: int
+    epoch_end: bool
+
+
+def response_stats(ro: Rollouts, scores: torch.Tensor, rewards: torch.Tensor, rank: int) -> dict[str, torch.Tensor]:
+    """This rank's rows of ``StepBatch.rows``."""
+    mask = ro.response_mask.cpu()
+    n = len(ro)
+    return {
+        "group": ro.prompt_index.cpu().long(),
+        "reward": rewards.double(),
+        "score": scores.double(),
+        "length": mask.sum(-1).long(),
+        "entropy_sum": (ro.entropy.cpu() * mask).sum(-1).double(),
+        "logp_sum": (ro.old_logp.cpu() * mask).sum(-1).double(),
+        "truncated": ro.truncated.cpu().bool() if ro.truncated is not None else torch.zeros(n, dtype=torch.bool),
+        "stage": ro.stage.cpu().long() if ro.stage is not None else torch.zeros(n, dtype=torch.long),
+        "rank": torch.full((n,), rank, dtype=torch.long),
+    }
+
+
+def concat_rows(tables: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return {k: torch.cat([t[k] for t in tables]) for k in tables[0]}
+
+
+def covariance_metrics(rows: dict[str, torch.Tensor], adv: torch.Tensor) -> dict[str, float]:
+    """``cov/mean`` and ``cov/by_difficulty/*`` of the global batch from per-response sums.
+
+    A is constant along a response, so the token covariance of Entropy Mechanism Eq. 10 summed
+    over response i is (A_i − Ā)·(Σ_t logp_it − |o_i|·l̄), with Ā and l̄ the token means of the
+    batch: no token tensor has to cross ranks. The bucket means spread each response's sum
+    evenly over its tokens, which leaves every token-weighted mean unchanged.
+    """
+    n = rows["length"].double()  # (N,)
+    a = adv.double()
+    n_tok = n.sum().clamp_min(1)
+    l_bar = rows["logp_sum"].sum() / n_tok
+    a_bar = (a * n).sum() / n_tok
+    cov = (a - a_bar) * (rows["logp_sum"] - n * l_bar)  # (N,) per-response sums of the token covariance
+    out = {"cov/mean": float(cov.sum() / n_tok)}
+    group = rows["group"]
+    size = torch.bincount(group).clamp_min(1) if len(group) else torch.ones(0)
+    acc = (torch.zeros(len(size), dtype=torch.float64).index_add_(0, group, rows["score"]) / size)[group]
+    width = int(n.max()) if len(n) else 0
+    mask = torch.arange(width)[None, :] < rows["length"][:, None]  # (N, T)
+    spread = (cov / n.clamp_min(1))[:, None].expand(-1, width)  # (N, T)
+    out.update({k: float(v) for k, v in covariance_by_difficulty(spread, mask, acc).items()})
+    return out
+
+
+def stage_entropy(rows: dict[str, torch.Tensor], sample_metrics: dict) -> dict[str, float]:
+    """EEPO's per-stage entropies of the round's global batch (replacing the rank-local ones)."""
+    out = {}
+    for s in (1, 2):
+        if f"entropy/stage{s}" in sample_metrics:
+            sel = rows["stage"] == s
+            n = rows["length"][sel].sum()
+            out[f"entropy/stage{s}"] = float(rows["entropy_sum"][sel].sum() / n) if n > 0 else 0.0
+    return out
