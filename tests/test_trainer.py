@@ -222,3 +222,18 @@ def test_validation_metrics(make_config, tmp_path):
     assert m["val/accuracy"] == pytest.approx(0.5) and m["val/pass@1"] == pytest.approx(0.5)
     assert m["val/pass@2"] == pytest.approx(1.0) and m["val/greedy_accuracy"] == pytest.approx(1.0)
     t.pool.close()
+
+
+def test_length_truncation_epoch_and_lr_metrics(make_config, tmp_path):
+    cfg = make_config({"max_steps": 1, "eval": {"every": 0}, "optim": {"lr": 1e-3, "warmup_steps": 4}})
+    t = Trainer(cfg, tmp_path / "run")
+    t.engine = _answer_engine(t, lambda i, j: True)  # every answer + EOS, never truncated
+    batch_idx = t.order._perm(0)[:4]
+    m = t.train_step()
+    assert m["response/length_max"] == max(len(t.train_data[i].ground_truth) + 1 for i in batch_idx)
+    assert m["response/truncated_frac"] == 0.0
+    assert m["rollout/n_trained"] == 16 and m["epoch"] == 0
+    assert m["train/optimizer_steps"] == 1
+    assert m["train/lr"] == pytest.approx(1e-3 * 2 / 4)  # linear warm-up after one optimizer step
+    assert m["reward/verify_errors"] == 0 and m["time/control_s"] >= 0
+    t.pool.close()
