@@ -294,3 +294,28 @@ def test_log_ratio_is_clamped_at_20(name):
     assert loss[0, 0].item() == pytest.approx(math.exp(20.0) + (20.0 if name == "kl_cov" else 0.0))
     assert grad_of(loss, logp)[0, 0].item() == 0.0
     assert m["loss/ratio_mean"].item() == pytest.approx((math.exp(20.0) + math.exp(0.1)) / 2)
+
+
+def test_selection_over_a_whole_batch_applies_to_its_rows():
+    """The trainer selects over a mini-batch (SELECTORS) and passes each micro-batch its rows'
+    share: row 0 alone would select its own top token (0,0); the batch-wide top-2 are (1,0) and
+    (0,0), so row 1 gets its penalty at (1,0) and row 0 at (0,0)."""
+    from explorl.algorithms.losses import SELECTORS, kl_cov_select
+
+    assert set(SELECTORS) == {"clip_cov", "kl_cov"}
+    delta = torch.tensor([[0.1, 0.5, 0.05, 0.0, 0.0], [-0.3, 0.2, 0.1, -0.1, 0.0]])
+    logp, old, adv, mask = cov_grid(delta)
+    cfg = make_cfg(kl_cov_ratio=0.25, kl_cov_coef=0.5)
+    sel, cov = kl_cov_select(logp, old, adv, mask, cfg)
+    assert {tuple(x) for x in sel.nonzero().tolist()} == {(0, 0), (1, 0)}
+    torch.testing.assert_close(cov[mask], COV[mask])
+    whole, _ = kl_cov_loss(logp, old, adv, mask, cfg)
+    for r in range(2):
+        part, m = kl_cov_loss(logp[r:r + 1], old[r:r + 1], adv[r:r + 1], mask[r:r + 1], cfg,
+                              selection=(sel[r:r + 1], cov[r:r + 1]))
+        torch.testing.assert_close(part, whole[r:r + 1])
+        assert m["cov/selected_mean"].item() == pytest.approx(COV[r, 0].item())
+    # Without the batch's selection, row 1 on its own picks k = max(1, floor(0.25·4)) = 1 token
+    # by its own centred covariance, whose value differs from the batch's.
+    _, m = kl_cov_loss(logp[1:], old[1:], adv[1:], mask[1:], cfg)
+    assert m["cov/selected_mean"].item() != pytest.approx(COV[1, 0].item())

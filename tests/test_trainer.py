@@ -237,3 +237,26 @@ def test_length_truncation_epoch_and_lr_metrics(make_config, tmp_path):
     assert m["train/lr"] == pytest.approx(1e-3 * 2 / 4)  # linear warm-up after one optimizer step
     assert m["reward/verify_errors"] == 0 and m["time/control_s"] >= 0
     t.pool.close()
+
+
+@pytest.mark.parametrize("loss", [
+    {"loss": "kl_cov", "kl_cov_ratio": 0.2, "kl_cov_coef": 1.0},
+    {"loss": "clip_cov", "clip_cov_ratio": 0.2, "clip_cov_lb": -10.0, "clip_cov_ub": 10.0},
+], ids=["kl_cov", "clip_cov"])
+def test_cov_token_selection_is_per_mini_batch(make_config, tmp_path, loss):
+    """ALGORITHMS §2d (ours): Clip-Cov/KL-Cov pick their tokens over the whole mini-batch, so how
+    the mini-batch is cut into micro-batches for gradient accumulation changes nothing (a
+    per-micro-batch pick changes loss/policy by ~30% here). Two PPO epochs, so KL-Cov's
+    |logp − old_logp| is non-zero on the second; one step, as Adam amplifies float noise after."""
+    rows = []
+    for i, micro in enumerate([16, 5]):
+        cfg = make_config({"algorithm": loss, "max_steps": 1, "eval": {"every": 0},
+                           "optim": {"ppo_epochs": 2, "mini_batches": 1, "micro_batch_size": micro}})
+        Trainer(cfg, tmp_path / f"m{i}").train()
+        rows.append(read_metrics(tmp_path / f"m{i}")[0])
+    whole, split = rows
+    assert whole["loss/cov_selected_frac"] > 0
+    # max(1, floor(0.2 · n_valid)) of the mini-batch's tokens, not of each micro-batch's
+    assert split["loss/cov_selected_frac"] == pytest.approx(whole["loss/cov_selected_frac"], abs=1e-9)
+    for k in ["loss/policy", "cov/selected_mean", "grad/norm", "loss/ratio_mean"]:
+        assert split[k] == pytest.approx(whole[k], rel=1e-4, abs=1e-6), k

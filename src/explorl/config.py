@@ -127,13 +127,14 @@ class AlgorithmConfig:
     clip_c: Optional[float] = None
     """Dual-clip constant c for negative advantages (3.0 in the dual-clip paper); None = off."""
     clip_cov_ratio: float = 2e-4
-    """Clip-Cov: fraction of valid tokens whose gradient is detached."""
+    """Clip-Cov: fraction of a mini-batch's valid tokens whose gradient is detached (selected over the
+    whole mini-batch, however it is split into micro-batches)."""
     clip_cov_lb: float = 1.0
     """Clip-Cov: lower covariance bound of candidate tokens."""
     clip_cov_ub: float = 5.0
     """Clip-Cov: upper covariance bound of candidate tokens."""
     kl_cov_ratio: float = 2e-3
-    """KL-Cov: fraction of valid tokens (top covariance) that get the KL penalty."""
+    """KL-Cov: fraction of a mini-batch's valid tokens (top covariance) that get the KL penalty."""
     kl_cov_coef: float = 1.0
     """KL-Cov: coefficient λ of |logp − old_logp| on the selected tokens."""
     agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"

@@ -33,6 +33,7 @@ from explorl import config as C
 from explorl.algorithms import (
     LOSSES, aggregate, compute_advantages, informative_groups, kl_estimate, overlong_penalty,
 )
+from explorl.algorithms.losses import SELECTORS
 from explorl.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
 from explorl.control import ControlContext, Knobs, StepStats, build_controllers, sample_then_forget
 from explorl.data.order import DataOrder
@@ -371,13 +372,14 @@ class Trainer:
                 # synchronises gradients (DDP), and FSDP gathers weights in every pass.
                 per_rank = torch.bincount(rows["rank"][mb], minlength=W)
                 n_micro = int(max(math.ceil(int(c) / o.micro_batch_size) for c in per_rank))
+                selections = self._select_tokens(ro, adv, micros, n_micro, knobs, lcfg)
                 self.optimizer.zero_grad(set_to_none=True)
                 for k in range(n_micro):
                     sync = k == n_micro - 1
                     with contextlib.nullcontext() if sync else self.dist.no_sync(self.scorer):
                         if k < len(micros):
                             loss = self._micro_loss(ro.select(micros[k]), adv[micros[k]], knobs, loss_fn, lcfg,
-                                                    agg, sums)
+                                                    agg, sums, selection=selections[k])
                         else:
                             loss = self._idle_loss()
                         (loss * W).backward()
@@ -391,15 +393,43 @@ class Trainer:
                "train/lr": float(self.scheduler.get_last_lr()[0])}
         return out, {k: float(v) for k, v in sums.items()}
 
+    @torch.no_grad()
+    def _select_tokens(self, ro: Rollouts, adv: torch.Tensor, micros: list[torch.Tensor], n_micro: int,
+                       knobs: Knobs, lcfg) -> list:
+        """Clip-Cov/KL-Cov token selection over this rank's whole mini-batch (ALGORITHMS §2d: ours
+        per mini-batch, not per micro-batch). A mini-batch in one micro-batch selects inside its
+        loss; split into several, each costs one extra no-grad forward, whose detached logp is
+        what the loss would select on. Every rank runs ``n_micro`` forwards (idle ones where it
+        has no rows) so DDP/FSDP collectives stay matched. Returns one (selected, cov) per
+        micro-batch, or None each (the loss selects itself)."""
+        select = SELECTORS.get(self.cfg.algorithm.loss)
+        if select is None or n_micro <= 1:
+            return [None] * len(micros)
+        a = self.cfg.algorithm
+        parts = [ro.select(idx) for idx in micros]
+        logps = [self.scorer(p.prompt_ids, p.prompt_mask, p.response_ids, p.response_mask, knobs.temperature,
+                             chunk_size=a.logprob_chunk, with_entropy=False)[0] for p in parts]
+        for _ in range(n_micro - len(parts)):
+            self._idle_loss()
+        if not parts:
+            return []
+        mask = torch.cat([p.response_mask for p in parts])
+        old = torch.cat([p.old_logp for p in parts])
+        selected, cov = select(torch.cat(logps), old, adv[torch.cat(micros)], mask, lcfg,
+                               generator=self.generators["loss"])
+        sizes = [len(idx) for idx in micros]
+        return list(zip(selected.split(sizes), cov.split(sizes)))
+
     def _micro_loss(self, sub: Rollouts, adv: torch.Tensor, knobs: Knobs, loss_fn, lcfg, agg: dict,
-                    sums: dict) -> torch.Tensor:
+                    sums: dict, selection=None) -> torch.Tensor:
         """This micro-batch's share of the mini-batch loss; adds its metric sums to ``sums``."""
         a = self.cfg.algorithm
         mask = sub.response_mask
         need_entropy = knobs.entropy_coef > 0
         logp, ent = self.scorer(sub.prompt_ids, sub.prompt_mask, sub.response_ids, mask, knobs.temperature,
                                 chunk_size=a.logprob_chunk, with_entropy=need_entropy)
-        per_tok, m = loss_fn(logp, sub.old_logp, adv, mask, lcfg, generator=self.generators["loss"])
+        per_tok, m = loss_fn(logp, sub.old_logp, adv, mask, lcfg, generator=self.generators["loss"],
+                             selection=selection)
         pg = aggregate(per_tok, mask, a.agg, **agg)
         loss = pg
         if need_entropy:
@@ -416,7 +446,11 @@ class Trainer:
         n_tok = mask.sum()
         _add(sums, "tokens", n_tok)
         for k, v in m.items():
-            if k != "cov/mean":  # logged once per step from the whole batch instead
+            if k == "cov/selected_mean":  # a mean over the selected tokens, not over all of them
+                n_sel = m["loss/cov_selected_frac"].detach().float() * n_tok
+                _add(sums, "cov/selected_sum", v.detach().float() * n_sel)
+                _add(sums, "cov/selected_n", n_sel)
+            elif k != "cov/mean":  # logged once per step from the whole batch instead
                 _add(sums, k, v.detach().float() * n_tok)
         _add(sums, "loss/policy", pg.detach())
         return loss
@@ -603,8 +637,11 @@ def _add(sums: dict, key: str, value: torch.Tensor) -> None:
 
 
 def _loss_metrics(total: dict[str, float], n_rows: int, ppo_epochs: int, upd: dict) -> dict[str, float]:
-    """Metrics from the update's sums over all ranks: token-weighted means, except the two below."""
+    """Metrics from the update's sums over all ranks: token-weighted means, except the three below."""
     tokens = max(total.pop("tokens", 0.0), 1.0)
+    if "cov/selected_n" in total:  # mean covariance over every selected token of the update
+        n_sel = total.pop("cov/selected_n")
+        total["cov/selected_mean"] = total.pop("cov/selected_sum") / n_sel * tokens if n_sel > 0 else 0.0
     out = {k: v / tokens for k, v in total.items() if k not in ("loss/entropy_bonus", "loss/policy")}
     if "loss/entropy_bonus" in total:  # seq-weighted sum of per-mini-batch aggregates → mean aggregate
         out["loss/entropy_bonus"] = total["loss/entropy_bonus"] / (n_rows * ppo_epochs)

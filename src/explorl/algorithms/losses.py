@@ -2,7 +2,7 @@
 
 One signature, as in verl's ``core_algos``::
 
-    fn(logp, old_logp, advantages, mask, cfg, generator=None) -> (per_token_loss, metrics)
+    fn(logp, old_logp, advantages, mask, cfg, generator=None, selection=None) -> (per_token_loss, metrics)
 
 logp, old_logp (N, T); advantages (N,) or (N, T); mask (N, T) bool. ``cfg`` is any object
 with ``eps_low, eps_high, clip_c, clip_cov_ratio, clip_cov_lb, clip_cov_ub, kl_cov_ratio,
@@ -20,8 +20,9 @@ Metrics (0-dim tensors, means over the valid tokens):
   ``cov/mean``: mean of ``token_covariance`` (the batch covariance of logp and A).
   ``cov/selected_mean``: mean covariance of the selected tokens (0 if none / PPO).
 
-Token selection happens over the whole (N, T) batch passed in **(ours: the trainer passes
-a mini-batch; verl selects per micro-batch)**.
+Token selection happens over the whole (N, T) batch passed in, or is passed in precomputed
+(``selection=``, from ``SELECTORS``) — the trainer selects over a whole mini-batch even when
+it splits it into micro-batches **(ours: per mini-batch; verl selects per micro-batch)**.
 """
 
 from __future__ import annotations
@@ -78,11 +79,12 @@ def _num_selected(ratio: float, n_valid: int) -> int:
     return max(1, math.floor(ratio * n_valid + 1e-9))
 
 
-def ppo_loss(logp, old_logp, advantages, mask, cfg, generator=None):
+def ppo_loss(logp, old_logp, advantages, mask, cfg, generator=None, selection=None):
     """PPO-clip surrogate (Schulman et al. 2017, L^CLIP), DAPO clip-higher, optional dual clip.
 
     loss = max(−A·ratio, −A·clip(ratio, 1−eps_low, 1+eps_high)); if clip_c is set and
-    A < 0: min(loss, −A·clip_c). ``generator`` is unused (one signature for all losses).
+    A < 0: min(loss, −A·clip_c). ``generator`` and ``selection`` are unused (one signature
+    for all losses).
     """
     mask = mask.bool()
     adv = per_token_advantages(advantages.detach(), logp)  # (N, T)
@@ -93,21 +95,19 @@ def ppo_loss(logp, old_logp, advantages, mask, cfg, generator=None):
     return loss, _metrics(ratio, mask, clip_active, dual_active, cov, selected)
 
 
-def clip_cov_loss(logp, old_logp, advantages, mask, cfg, generator=None):
-    """Clip-Cov (Entropy Mechanism Eq. 11–12): detach a random few high-covariance tokens.
+def clip_cov_select(logp, old_logp, advantages, mask, cfg, generator=None):
+    """Clip-Cov's token selection: returns (selected (N, T) bool, cov (N, T)).
 
     Candidates are valid tokens with clip_cov_lb < Cov < clip_cov_ub whose PPO gradient is
-    not already cut (clip or dual clip active, see ``loss/clip_frac``). Of them,
-    max(1, floor(clip_cov_ratio · n_valid)) are drawn uniformly without replacement with
-    ``generator`` (fewer if there are fewer candidates). A selected token keeps its PPO loss
-    *value* but computed from detached logp, so it contributes no gradient; all other
-    tokens get the PPO loss of ``ppo_loss``.
+    not already cut (clip or dual clip active). Of them, max(1, floor(clip_cov_ratio · n_valid))
+    are drawn uniformly without replacement with ``generator`` (fewer if there are fewer
+    candidates). ``logp`` is used detached.
     """
     mask = mask.bool()
+    logp = logp.detach()
     adv = per_token_advantages(advantages.detach(), logp)  # (N, T)
-    loss, ratio, clip_active, dual_active = _ppo_terms(logp, old_logp, adv, mask, cfg)
+    _, _, clip_active, dual_active = _ppo_terms(logp, old_logp, adv, mask, cfg)
     cov = token_covariance(logp, adv, mask)  # (N, T)
-
     candidates = mask & ~clip_active & ~dual_active
     candidates &= (cov > cfg.clip_cov_lb) & (cov < cfg.clip_cov_ub)
     cand_idx = candidates.flatten().nonzero().squeeze(-1)  # (C,)
@@ -117,7 +117,23 @@ def clip_cov_loss(logp, old_logp, advantages, mask, cfg, generator=None):
     chosen = cand_idx[perm[:k].to(cand_idx.device)]
     selected = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
     selected[chosen] = True
-    selected = selected.view_as(mask)  # (N, T)
+    return selected.view_as(mask), cov
+
+
+def clip_cov_loss(logp, old_logp, advantages, mask, cfg, generator=None, selection=None):
+    """Clip-Cov (Entropy Mechanism Eq. 11–12): detach a random few high-covariance tokens.
+
+    The tokens come from ``clip_cov_select`` on this batch, or ``selection`` = (selected, cov)
+    computed by it over a larger batch this one is part of. A selected token keeps its PPO
+    loss *value* but computed from detached logp, so it contributes no gradient; all other
+    tokens get the PPO loss of ``ppo_loss``.
+    """
+    mask = mask.bool()
+    adv = per_token_advantages(advantages.detach(), logp)  # (N, T)
+    loss, ratio, clip_active, dual_active = _ppo_terms(logp, old_logp, adv, mask, cfg)
+    if selection is None:
+        selection = clip_cov_select(logp, old_logp, advantages, mask, cfg, generator)
+    selected, cov = selection
 
     detached, *_ = _ppo_terms(logp.detach(), old_logp, adv, mask, cfg)
     loss = torch.where(selected, detached, loss)
@@ -125,27 +141,38 @@ def clip_cov_loss(logp, old_logp, advantages, mask, cfg, generator=None):
     return loss, _metrics(ratio, mask, clip_active, dual_active, cov, selected)
 
 
-def kl_cov_loss(logp, old_logp, advantages, mask, cfg, generator=None):
+def kl_cov_select(logp, old_logp, advantages, mask, cfg, generator=None):
+    """KL-Cov's token selection: the k = max(1, floor(kl_cov_ratio · n_valid)) valid tokens with
+    the largest Cov. Returns (selected (N, T) bool, cov (N, T)); ``generator`` is unused
+    (top-k is deterministic)."""
+    mask = mask.bool()
+    logp = logp.detach()
+    adv = per_token_advantages(advantages.detach(), logp)  # (N, T)
+    cov = token_covariance(logp, adv, mask)  # (N, T)
+    n_valid = int(mask.sum())
+    k = min(_num_selected(cfg.kl_cov_ratio, n_valid), n_valid)
+    top = cov.masked_fill(~mask, -torch.inf).flatten().topk(k).indices  # (k,)
+    selected = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
+    selected[top] = True
+    return selected.view_as(mask), cov
+
+
+def kl_cov_loss(logp, old_logp, advantages, mask, cfg, generator=None, selection=None):
     """KL-Cov (Entropy Mechanism Eq. 13–14): KL penalty on the top-k covariance tokens, no clip.
 
-    k = max(1, floor(kl_cov_ratio · n_valid)) valid tokens with the largest Cov get
-    −A·ratio + kl_cov_coef·|logp − old_logp|; all others −A·ratio. On the first on-policy
-    pass logp == old_logp, so this equals the plain policy gradient (|·|' at 0 is 0).
-    ``generator`` is unused (top-k is deterministic).
+    The tokens come from ``kl_cov_select`` on this batch, or ``selection`` = (selected, cov)
+    computed by it over a larger batch. Selected tokens get −A·ratio + kl_cov_coef·|logp −
+    old_logp|; all others −A·ratio. On the first on-policy pass logp == old_logp, so this
+    equals the plain policy gradient (|·|' at 0 is 0).
     """
     mask = mask.bool()
     adv = per_token_advantages(advantages.detach(), logp)  # (N, T)
     log_ratio = _log_ratio(logp, old_logp, mask)  # (N, T)
     ratio = torch.exp(log_ratio)
     pg = -adv * ratio
-    cov = token_covariance(logp, adv, mask)  # (N, T)
-
-    n_valid = int(mask.sum())
-    k = min(_num_selected(cfg.kl_cov_ratio, n_valid), n_valid)
-    top = cov.masked_fill(~mask, -torch.inf).flatten().topk(k).indices  # (k,)
-    selected = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
-    selected[top] = True
-    selected = selected.view_as(mask)  # (N, T)
+    if selection is None:
+        selection = kl_cov_select(logp, old_logp, advantages, mask, cfg, generator)
+    selected, cov = selection
 
     loss = torch.where(selected, pg + cfg.kl_cov_coef * log_ratio.abs(), pg)
     loss = torch.where(mask, loss, torch.zeros_like(loss))
@@ -154,3 +181,6 @@ def kl_cov_loss(logp, old_logp, advantages, mask, cfg, generator=None):
 
 
 LOSSES = {"ppo": ppo_loss, "clip_cov": clip_cov_loss, "kl_cov": kl_cov_loss}
+
+SELECTORS = {"clip_cov": clip_cov_select, "kl_cov": kl_cov_select}
+"""Losses that select tokens over a batch; the trainer runs these over a whole mini-batch."""
