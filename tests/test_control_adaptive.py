@@ -1,46 +1,26 @@
 """Adaptive clip-higher and its variants (ALGORITHMS 4a): knob traces worked out by hand."""
 
 import pytest
+from control_helpers import make_ctx, make_knobs, make_stats
 
 from explorl.control import (
     ACTUATOR_DEFAULTS,
     AdaptiveController,
-    ControlContext,
     ControlError,
-    Knobs,
-    StepStats,
     make_schedule,
 )
 
 
 def knobs():
-    return Knobs(
-        temperature=1.0,
-        eps_high=0.2,
-        entropy_coef=0.0,
-        kl_coef=0.0,
-        n_samples=8,
-        max_response_len=64,
-    )
+    return make_knobs()
 
 
 def ctx(max_steps=10):
-    return ControlContext(
-        vocab_size=16, dataset_size=4, max_steps=max_steps, prompts_per_step=2, n_samples=8
-    )
+    return make_ctx(max_steps=max_steps)
 
 
 def stats(step, entropy, max_steps=10):
-    return StepStats(
-        step=step,
-        max_steps=max_steps,
-        entropy=entropy,
-        prompt_indices=[0, 1],
-        prompt_correct=[1.0, 1.0],
-        prompt_samples=[8, 8],
-        epoch=0,
-        epoch_end=False,
-    )
+    return make_stats(step, entropy=entropy, max_steps=max_steps)
 
 
 def run(ac, entropies, max_steps=10, k=None):

@@ -4,38 +4,22 @@ import math
 import random
 
 import pytest
+from control_helpers import make_ctx, make_knobs, make_stats
 
-from explorl.control import BudgetAllocator, ControlContext, Knobs, StepStats, allocate_budgets
+from explorl.control import BudgetAllocator, allocate_budgets
 
 
 def knobs(n=8):
-    return Knobs(
-        temperature=1.0,
-        eps_high=0.2,
-        entropy_coef=0.0,
-        kl_coef=0.0,
-        n_samples=n,
-        max_response_len=64,
-    )
+    return make_knobs(n_samples=n)
 
 
 def ctx(dataset_size=6, B=3):
-    return ControlContext(
-        vocab_size=16, dataset_size=dataset_size, max_steps=100, prompts_per_step=B, n_samples=8
-    )
+    return make_ctx(dataset_size=dataset_size, max_steps=100, prompts_per_step=B)
 
 
 def stats(step, idx, correct, samples, epoch_end, epoch=0):
-    return StepStats(
-        step=step,
-        max_steps=100,
-        entropy=0.5,
-        prompt_indices=idx,
-        prompt_correct=correct,
-        prompt_samples=samples,
-        epoch=epoch,
-        epoch_end=epoch_end,
-    )
+    return make_stats(step, max_steps=100, prompt_indices=idx, prompt_correct=correct, prompt_samples=samples,
+                      epoch=epoch, epoch_end=epoch_end)
 
 
 # ----------------------------------------------------------------------------- allocate_budgets

@@ -5,14 +5,13 @@ import json
 import math
 
 import pytest
+from control_helpers import make_ctx, make_knobs
 
 from explorl import control
 from explorl.control import (
     CONTROLLER_ORDER,
     CONTROLLERS,
-    ControlContext,
     ControlError,
-    Knobs,
     StepStats,
     build_controllers,
 )
@@ -21,20 +20,11 @@ MAX_STEPS, DATASET, B = 12, 8, 4
 
 
 def ctx():
-    return ControlContext(
-        vocab_size=50, dataset_size=DATASET, max_steps=MAX_STEPS, prompts_per_step=B, n_samples=8
-    )
+    return make_ctx(vocab_size=50, dataset_size=DATASET, max_steps=MAX_STEPS, prompts_per_step=B)
 
 
 def init_knobs():
-    return Knobs(
-        temperature=1.0,
-        eps_high=0.2,
-        entropy_coef=0.0,
-        kl_coef=0.0,
-        n_samples=8,
-        max_response_len=64,
-    )
+    return make_knobs()
 
 
 def drive(specs, resume_after=None):

@@ -1,25 +1,17 @@
 """Staged curriculum (ALGORITHMS 4c): the phase switch and its knobs."""
 
 import pytest
+from control_helpers import make_ctx, make_knobs
 
-from explorl.control import ControlContext, ControlError, Curriculum, Knobs
+from explorl.control import ControlError, Curriculum
 
 
 def knobs():
-    return Knobs(
-        temperature=1.0,
-        eps_high=0.2,
-        entropy_coef=0.0,
-        kl_coef=0.0,
-        n_samples=8,
-        max_response_len=4096,
-    )
+    return make_knobs(max_response_len=4096)
 
 
 def ctx(max_steps=20):
-    return ControlContext(
-        vocab_size=16, dataset_size=4, max_steps=max_steps, prompts_per_step=2, n_samples=8
-    )
+    return make_ctx(max_steps=max_steps)
 
 
 def run(cur, steps, k=None):

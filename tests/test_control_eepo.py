@@ -4,12 +4,11 @@ import copy
 
 import pytest
 import torch
+from control_helpers import make_knobs, make_stats
 
 from explorl.control import (
     ControlContext,
     EEPOGate,
-    Knobs,
-    StepStats,
     sample_then_forget,
     unlearn_step,
 )
@@ -19,27 +18,12 @@ from explorl.rollout.types import Rollouts
 
 
 def knobs():
-    return Knobs(
-        temperature=1.0,
-        eps_high=0.2,
-        entropy_coef=0.0,
-        kl_coef=0.0,
-        n_samples=8,
-        max_response_len=64,
-    )
+    return make_knobs()
 
 
 def stats(step, entropy):
-    return StepStats(
-        step=step,
-        max_steps=20,
-        entropy=entropy,
-        prompt_indices=[0],
-        prompt_correct=[1.0],
-        prompt_samples=[8],
-        epoch=0,
-        epoch_end=False,
-    )
+    return make_stats(step, entropy=entropy, max_steps=20, prompt_indices=[0], prompt_correct=[1.0],
+                      prompt_samples=[8])
 
 
 def run_gate(gate, entropies):

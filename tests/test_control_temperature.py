@@ -3,41 +3,24 @@
 import math
 
 import pytest
+from control_helpers import make_ctx, make_knobs, make_stats
 
-from explorl.control import ControlContext, ControlError, Knobs, StepStats, TemperatureScheduler
+from explorl.control import ControlError, TemperatureScheduler
 
 V = 100
 LOG_V = math.log(V) + math.log(math.log(V))  # ln|V| + ln ln|V|
 
 
 def knobs(temperature=1.0):
-    return Knobs(
-        temperature=temperature,
-        eps_high=0.2,
-        entropy_coef=0.0,
-        kl_coef=0.0,
-        n_samples=8,
-        max_response_len=64,
-    )
+    return make_knobs(temperature=temperature)
 
 
 def ctx(max_steps=10):
-    return ControlContext(
-        vocab_size=V, dataset_size=4, max_steps=max_steps, prompts_per_step=2, n_samples=8
-    )
+    return make_ctx(vocab_size=V, max_steps=max_steps)
 
 
 def stats(step, entropy, max_steps=10):
-    return StepStats(
-        step=step,
-        max_steps=max_steps,
-        entropy=entropy,
-        prompt_indices=[0, 1],
-        prompt_correct=[1.0, 2.0],
-        prompt_samples=[8, 8],
-        epoch=0,
-        epoch_end=False,
-    )
+    return make_stats(step, entropy=entropy, max_steps=max_steps, prompt_correct=[1.0, 2.0])
 
 
 def run(ts, entropies, k, max_steps=10):
