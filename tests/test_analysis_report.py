@@ -103,3 +103,42 @@ def test_report_survives_sparse_runs(tmp_path):
     assert "| tiny | 1 | 0.500 | — |" in md
     with pytest.raises(ValueError):
         make_report([], tmp_path / "none")
+
+
+def test_trailing_mean_by_hand():
+    from explorl.analysis.report import trailing_mean
+
+    assert trailing_mean([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+    assert trailing_mean([1.0, 3.0, 5.0, 7.0], 3) == [1.0, 2.0, 3.0, 5.0]
+    assert trailing_mean([1.0, 3.0], 1) == [1.0, 3.0]
+    assert trailing_mean([], 5) == []
+
+
+def test_band_smooths_each_run_before_combining_seeds(tmp_path):
+    from explorl.analysis.report import Group, smoothing_window
+    from explorl.analysis.runs import load_run
+
+    a = load_run(write_run(tmp_path / "a", [{"step": s, "x": float(s)} for s in (1, 2, 3)], "r", 0))
+    b = load_run(write_run(tmp_path / "b", [{"step": s, "x": 10.0 * s} for s in (1, 2, 3)], "r", 1))
+    steps, mean, lo, hi = Group("r", [a, b]).band("x", window=2)
+    # a smoothed: 1, 1.5, 2.5; b smoothed: 10, 15, 25
+    assert steps == [1, 2, 3] and lo == [1.0, 1.5, 2.5] and hi == [10.0, 15.0, 25.0]
+    assert mean == pytest.approx([5.5, 8.25, 13.75])
+    assert smoothing_window([Group("r", [a, b])]) == 1  # 3 steps: no smoothing
+    long = load_run(write_run(tmp_path / "c", [{"step": s, "x": 0.0} for s in range(1, 1001)], "r", 2))
+    assert smoothing_window([Group("r", [a, long])]) == 10  # ~1% of the longest run
+
+
+def test_many_recipes_get_distinct_colours_and_an_outside_legend(tmp_path):
+    from explorl.analysis.report import group_colors
+
+    assert group_colors(3) == ["C0", "C1", "C2"]
+    many = group_colors(13)
+    assert len({tuple(c) for c in many}) == 13
+    runs = [write_run(tmp_path / f"r{i}", records(offset=0.01 * i), f"recipe{i}", 0) for i in range(13)]
+    make_report(runs, tmp_path / "out")
+    from PIL import Image
+
+    w, _ = Image.open(tmp_path / "out" / "reward.png").size
+    w_few, _ = Image.open(make_report(runs[:2], tmp_path / "few").parent / "reward.png").size
+    assert w > w_few  # the legend column widens the figure

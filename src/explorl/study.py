@@ -748,24 +748,6 @@ def evaluate_claims(table: dict[str, dict[str, Stat]], per_run: dict[str, list[d
 # ----------------------------------------------------------------------------- figures
 
 
-def _smooth(steps: list[int], values: list[float], window: int) -> tuple[list[int], list[float]]:
-    out = []
-    for i in range(len(values)):
-        chunk = values[max(0, i - window + 1): i + 1]
-        out.append(statistics.fmean(chunk))
-    return steps, out
-
-
-def _band(runs: list[Run], key: str, window: int):
-    by_step: dict[int, list[float]] = {}
-    for run in runs:
-        for s, v in zip(*_smooth(*run.series(key), window)):
-            by_step.setdefault(s, []).append(v)
-    steps = sorted(by_step)
-    return (steps, [statistics.fmean(by_step[s]) for s in steps], [min(by_step[s]) for s in steps],
-            [max(by_step[s]) for s in steps])
-
-
 FIGURES = [
     # (file, title, ylabel, recipes, [(key, style, suffix)])
     ("claim_grpo", "Claim 1: GRPO entropy and training reward", "nats / reward", ["grpo"],
@@ -786,6 +768,7 @@ SMOOTH = 10  # figures show a trailing 10-step mean; the tables use the raw per-
 
 def draw_figures(groups: dict[str, list[Run]], out_dir: Path) -> list[tuple[str, str]]:
     """The claims' figures (only the recipes each claim compares); returns (title, file name)."""
+    from explorl.analysis.report import Group
     from explorl.analysis.runs import new_figure, save_figure
 
     made = []
@@ -799,7 +782,7 @@ def draw_figures(groups: dict[str, list[Run]], out_dir: Path) -> list[tuple[str,
         for name in present:
             color = f"C{names.index(name)}"
             for key, style, suffix in lines:
-                steps, mean, lo, hi = _band(groups[name], key, SMOOTH)
+                steps, mean, lo, hi = Group(name, groups[name]).band(key, SMOOTH)
                 if not steps:
                     continue
                 ax.plot(steps, mean, color=color, linestyle=style, label=f"{name}{suffix}")

@@ -126,8 +126,11 @@ class Trainer:
                                        cfg.data.shuffle) if self.anneal_data else None)
 
         o = cfg.optim
+        # Fused AdamW (one kernel for every parameter) on CUDA with replicated parameters; the
+        # default multi-tensor path elsewhere (CPU, FSDP's flattened shards).
+        fused = True if self.device.type == "cuda" and self.dist.strategy != "fsdp" else None
         self.optimizer = torch.optim.AdamW(self.scorer.parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
-                                           weight_decay=o.weight_decay)
+                                           weight_decay=o.weight_decay, fused=fused)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps > 0 else 1.0)
 
@@ -358,7 +361,7 @@ class Trainer:
         local_row = torch.full((N,), -1, dtype=torch.long)
         local_row[sb.local] = torch.arange(len(sb.local))  # global row -> this rank's row, or -1
         sums: dict[str, torch.Tensor] = {}
-        n_opt, grad_norm_sum = 0, 0.0
+        n_opt, grad_norm_sum = 0, torch.zeros((), device=self.device)  # read once: no host sync per step
         adv = adv.to(self.device)
         self.scorer.train()
         for _ in range(o.ppo_epochs):
@@ -387,9 +390,9 @@ class Trainer:
                 self.optimizer.step()
                 self.scheduler.step()
                 n_opt += 1
-                grad_norm_sum += float(gn)
+                grad_norm_sum += gn.detach().float()
         self.optimizer.zero_grad(set_to_none=True)
-        out = {"grad/norm": grad_norm_sum / n_opt, "train/optimizer_steps": float(n_opt),
+        out = {"grad/norm": float(grad_norm_sum) / n_opt, "train/optimizer_steps": float(n_opt),
                "train/lr": float(self.scheduler.get_last_lr()[0])}
         return out, {k: float(v) for k, v in sums.items()}
 

@@ -35,15 +35,59 @@ class Group:
             return f"{self.name} (seeds {', '.join(map(str, seeds))})"
         return f"{self.name} ({len(self.runs)} runs)"
 
-    def band(self, key: str) -> tuple[list[int], list[float], list[float], list[float]]:
-        """(steps, mean, min, max) of ``key`` across the group's runs that logged each step."""
+    def band(self, key: str, window: int = 1) -> tuple[list[int], list[float], list[float], list[float]]:
+        """(steps, mean, min, max) of ``key`` across the group's runs that logged each step; each
+        run's series is first smoothed by a trailing mean over ``window`` logged points."""
         by_step: dict[int, list[float]] = {}
         for run in self.runs:
-            for s, v in zip(*run.series(key)):
+            steps, values = run.series(key)
+            for s, v in zip(steps, trailing_mean(values, window)):
                 by_step.setdefault(s, []).append(v)
         steps = sorted(by_step)
         vals = [by_step[s] for s in steps]
         return steps, [statistics.fmean(v) for v in vals], [min(v) for v in vals], [max(v) for v in vals]
+
+
+def trailing_mean(values: list[float], window: int) -> list[float]:
+    """values[i] replaced by the mean of values[max(0, i − window + 1) : i + 1]."""
+    if window <= 1:
+        return list(values)
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def smoothing_window(groups: list[Group]) -> int:
+    """Trailing-mean window of the per-step curves: about 1% of the longest run (1 = none)."""
+    longest = max((len(r.records) for g in groups for r in g.runs), default=0)
+    return max(1, round(longest / 100))
+
+
+def group_colors(n: int) -> list:
+    """n distinguishable colours: matplotlib's 10-colour cycle, or tab20 beyond 10 lines."""
+    if n <= 10:
+        return [f"C{i}" for i in range(n)]
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab20"]
+    return [cmap(i % 20) for i in range(n)]
+
+
+def place_legend(ax, fig, n_entries: int) -> None:
+    """Inside the axes for a few entries; to the right of it (figure widened) for many."""
+    if n_entries <= 6:
+        ax.legend(fontsize="small")
+        return
+    extra = 2.6  # inches for the legend column
+    w, h = fig.get_size_inches()
+    left, right = fig.subplotpars.left * w, (1 - fig.subplotpars.right) * w
+    fig.set_size_inches(w + extra, h)
+    fig.subplots_adjust(left=left / (w + extra), right=1 - (right + extra) / (w + extra))
+    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
 
 
 @dataclass
@@ -82,29 +126,34 @@ def _panels(passk_keys: list[str]) -> list[Panel]:
     ]
 
 
-def _draw(panel: Panel, groups: list[Group], path: Path) -> Path | None:
+def _draw(panel: Panel, groups: list[Group], path: Path, window: int) -> Path | None:
     fig, axes = new_figure(width=7.0, height=4.2)
     ax = axes[0][0]
-    drawn = False
-    for gi, group in enumerate(groups):
-        color = f"C{gi % 10}"
+    colors = group_colors(len(groups))
+    entries, smoothed = 0, False
+    for group, color in zip(groups, colors):
         for key, style, suffix in panel.lines:
-            steps, mean, lo, hi = group.band(key)
+            sparse = key.startswith("val/")  # validation points: drawn as they are
+            steps, mean, lo, hi = group.band(key, 1 if sparse else window)
             if not steps:
                 continue
-            marker = "o" if len(steps) == 1 or key.startswith("val/") else None
+            smoothed |= not sparse and window > 1
+            marker = "o" if len(steps) == 1 or sparse else None
             ax.plot(steps, mean, color=color, linestyle=style, marker=marker, markersize=3,
-                    label=group.label + suffix)
+                    linewidth=1.2, label=group.label + suffix)
             if len(group.runs) > 1:
-                ax.fill_between(steps, lo, hi, color=color, alpha=0.15, linewidth=0)
-            drawn = True
-    if not drawn:
+                ax.fill_between(steps, lo, hi, color=color, alpha=0.12, linewidth=0)
+            entries += 1
+    if not entries:
         return None
     ax.set_title(panel.title)
-    ax.set_xlabel("training step")
+    notes = [f"{window}-step trailing mean"] if smoothed else []
+    if any(len(g.runs) > 1 for g in groups):
+        notes.append("band = min–max over seeds")
+    ax.set_xlabel("training step" + (f" ({'; '.join(notes)})" if notes else ""))
     ax.set_ylabel(panel.ylabel)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    place_legend(ax, fig, entries)
     return save_figure(fig, path)
 
 
@@ -199,7 +248,9 @@ NOTES = (
     "entropy of the first logged step. Last val: the last validation step's value. "
     "All-wrong fraction and s / step: means over all steps. "
     "± is the sample standard deviation across the runs (seeds) of a recipe; shaded bands in "
-    "the plots are the min–max range across them."
+    "the plots are the min–max range across them. Per-step curves are smoothed by a trailing "
+    "mean over about 1% of the run's steps (the x-axis label gives the window); the table "
+    "uses the raw values."
 )
 
 
@@ -222,8 +273,9 @@ def make_report(run_dirs: list[Path], out_dir: Path) -> Path:
     passk_keys = sorted({k for r in runs for k in r.passk_keys()},
                         key=lambda k: int(PASSK_KEY.match(k).group(1)))
     figures = []
+    window = smoothing_window(group_list)
     for panel in _panels(passk_keys):
-        path = _draw(panel, group_list, out_dir / f"{panel.file}.png")
+        path = _draw(panel, group_list, out_dir / f"{panel.file}.png", window)
         if path is not None:
             figures.append((panel.title, path))
 
