@@ -260,3 +260,44 @@ def test_cov_token_selection_is_per_mini_batch(make_config, tmp_path, loss):
     assert split["loss/cov_selected_frac"] == pytest.approx(whole["loss/cov_selected_frac"], abs=1e-9)
     for k in ["loss/policy", "cov/selected_mean", "grad/norm", "loss/ratio_mean"]:
         assert split[k] == pytest.approx(whole[k], rel=1e-4, abs=1e-6), k
+
+
+def _documented_metric_patterns() -> list[str]:
+    """Regexes of the keys docs/metrics.md defines (first column of its tables)."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+    patterns = []
+    for line in doc.splitlines():
+        if not line.startswith("| `"):
+            continue
+        for key in re.findall(r"`([^`]+)`", line.split("|")[1]):
+            rx = re.escape(key)
+            rx = re.sub(r"\\\{([^}]*)\\\}", lambda m: "(" + m.group(1).replace(",", "|") + ")", rx)
+            rx = rx.replace("<actuator>", "[a-z_]+").replace("pass@k", r"pass@\d+")
+            patterns.append(rx)
+    return patterns
+
+
+def test_every_logged_metric_is_documented(make_config, tmp_path):
+    """Each key any run logs (plain GRPO; every controller; each loss) has a definition in
+    docs/metrics.md, so no internal bookkeeping leaks into metrics.jsonl."""
+    import re
+
+    patterns = [re.compile(p + "$") for p in _documented_metric_patterns()]
+    configs = [
+        {},
+        {"control": {"temperature": {"enabled": True}, "budget": {"enabled": True}, "curriculum": {"enabled": True}},
+         "algorithm": {"loss": "clip_cov", "clip_cov_lb": -10.0}},
+        {"control": {"eepo": {"enabled": True, "alpha": 10.0}, "adaptive": {"enabled": True, "warmup": 1}},
+         "algorithm": {"loss": "kl_cov", "entropy_coef": 0.01, "kl_coef": 0.01, "dynamic_sampling": True}},
+    ]
+    logged = set()
+    for i, extra in enumerate(configs):
+        Trainer(make_config(extra), tmp_path / f"r{i}").train()
+        for row in read_metrics(tmp_path / f"r{i}"):
+            logged |= set(row)
+    undocumented = sorted(k for k in logged if not any(p.match(k) for p in patterns))
+    assert not undocumented, f"logged but not defined in docs/metrics.md: {undocumented}"
+    assert {"cov/selected_mean", "eepo/active", "control/temperature_next", "val/pass@2"} <= logged
