@@ -293,6 +293,53 @@ def test_sample_then_forget_without_unlearning_samples_the_policy(policy):
     assert out.stage.tolist() == [1, 2, 1, 2, 1, 2]
 
 
+class CountingEngine(LoopEngine):
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, model, prompt_ids, n_samples, *args, **kw):
+        self.calls.append(list(n_samples))
+        return super().generate(model, prompt_ids, n_samples, *args, **kw)
+
+
+def test_gate_shut_samples_both_stages_in_one_call(policy):
+    """θ′ = θ with the gate shut, so one call draws n_i responses per prompt; the first
+    n_i − n_i//2 of each prompt are stage 1. With the gate open: two calls (n1, then n2)."""
+    shut, opened = CountingEngine(), CountingEngine()
+    out, metrics = sample_then_forget(shut, policy, PROMPTS, [3, 4, 1], T_SAMPLE, 6, torch.Generator().manual_seed(5),
+                                      unlearn=False)
+    assert shut.calls == [[3, 4, 1]]
+    assert out.prompt_index.tolist() == [0, 0, 0, 1, 1, 1, 1, 2]
+    assert out.stage.tolist() == [1, 1, 2, 1, 1, 2, 2, 1]
+    for k, name in ((1, "entropy/stage1"), (2, "entropy/stage2")):
+        rows = out.stage == k
+        assert metrics[name] == pytest.approx(float(out.entropy[rows][out.response_mask[rows]].mean()), abs=1e-6)
+    sample_then_forget(opened, policy, PROMPTS, [3, 4, 1], T_SAMPLE, 6, torch.Generator().manual_seed(5),
+                       unlearn=True)
+    assert opened.calls == [[2, 2, 1], [1, 2]]  # stage 2 skips the prompt with n = 1
+
+
+def test_gate_shut_stage_one_equals_the_two_call_stage_one(tiny_model):
+    """With per-prompt seeds, response j of a prompt depends only on (seed, j): merging the
+    calls when the gate is shut leaves the stage-1 responses exactly as two calls draw them."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from explorl.rollout.hf import HFEngine
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    engine = HFEngine(tok)
+    prompts = [tok(p)["input_ids"] for p in ["3+4=", "9+1=", "2+2="]]
+    seeds = [11, 12, 13]
+    out, _ = sample_then_forget(engine, model, prompts, [4, 3, 2], 1.0, 4, None, unlearn=False, seeds=seeds)
+    stage1 = engine.generate(model, prompts, [2, 2, 1], 1.0, 4, None, seeds=seeds)
+    s1 = out.select(torch.nonzero(out.stage == 1).flatten())
+    width = min(s1.response_ids.shape[1], stage1.response_ids.shape[1])
+    assert torch.equal(s1.response_mask.sum(-1), stage1.response_mask.sum(-1))
+    assert torch.equal(s1.response_ids[:, :width] * s1.response_mask[:, :width],
+                       stage1.response_ids[:, :width] * stage1.response_mask[:, :width])
+
+
 def test_sample_then_forget_is_deterministic_given_the_generator(policy):
     outs = []
     for _ in range(2):

@@ -301,3 +301,15 @@ def test_every_logged_metric_is_documented(make_config, tmp_path):
     undocumented = sorted(k for k in logged if not any(p.match(k) for p in patterns))
     assert not undocumented, f"logged but not defined in docs/metrics.md: {undocumented}"
     assert {"cov/selected_mean", "eepo/active", "control/temperature_next", "val/pass@2"} <= logged
+
+
+def test_eepo_metrics_with_dynamic_sampling_are_means_over_rounds(make_config, tmp_path):
+    """eepo/active is 1 on every step whose gate is open, however many generation rounds DAPO's
+    dynamic sampling ran (each round unlearns on its own stage 1)."""
+    cfg = make_config({"max_steps": 4, "control": {"eepo": {"enabled": True, "alpha": 10.0}},
+                       "algorithm": {"dynamic_sampling": True, "max_gen_rounds": 3}, "eval": {"every": 0}})
+    Trainer(cfg, tmp_path / "r").train()
+    rows = read_metrics(tmp_path / "r")
+    assert [r["eepo/active"] for r in rows] == [0.0, 1.0, 1.0, 1.0]  # no entropy history at step 1
+    assert all(r["eepo/unlearn_loss"] < 0 for r in rows[1:]) and rows[0]["eepo/unlearn_loss"] == 0.0
+    assert any(r["rollout/gen_rounds"] > 1 for r in rows[1:])  # the case a per-max_rounds mean got wrong

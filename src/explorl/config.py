@@ -22,6 +22,8 @@ from typing import Any, Literal, Optional
 
 import yaml
 
+from explorl.lab.tasks import SPLIT_SIZES
+
 
 class ConfigError(ValueError):
     """A configuration problem, reported with the key path that caused it."""
@@ -48,13 +50,13 @@ class ModelConfig:
 class LabConfig:
     split_seed: int = 0
     """Seed of the lab's deterministic train/val/test split."""
-    n_train: int = 2000
+    n_train: int = SPLIT_SIZES["n_train"]
     """Number of training problems generated for a lab task. The split depends on all three sizes:
     keep them equal to the lab model's build (the defaults) so validation problems stay unseen;
     use ``data.max_train_prompts`` for a smaller epoch."""
-    n_val: int = 128
+    n_val: int = SPLIT_SIZES["n_val"]
     """Number of validation problems."""
-    n_test: int = 256
+    n_test: int = SPLIT_SIZES["n_test"]
     """Number of test problems."""
     min_digits: int = 1
     """addition: fewest digits of an operand."""

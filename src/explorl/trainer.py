@@ -269,6 +269,7 @@ class Trainer:
         all_idx: list[int] = []
         all_counts: list[tuple[torch.Tensor, torch.Tensor]] = []
         metrics: dict = {}
+        round_sums: dict = {}  # the sampler's metrics (EEPO's), summed over generation rounds
         n_kept_groups, n_kept_rows, n_groups_total, rounds, epoch_end, epoch = 0, 0, 0, 0, False, 0
         t_gen = t_score = 0.0
         while rounds < max_rounds and n_kept_groups < B:
@@ -296,8 +297,8 @@ class Trainer:
             offset = sum(len(p["rows"]["group"]) for p in parts[:rank])  # this rank's first row
             for k in sm:
                 metrics[k] = metrics.get(k, 0.0) + sum(p[k] for p in parts)
-            for k, v in {**m, **stage_entropy(rows, m)}.items():
-                metrics[k] = metrics.get(k, 0.0) + v / max_rounds
+            for k, v in {**m, **stage_entropy(rows, m)}.items():  # averaged over the rounds below
+                round_sums[k] = round_sums.get(k, 0.0) + v
             pi = rows["group"]
             counts = torch.bincount(pi, minlength=len(idx))
             correct = torch.zeros(len(idx), dtype=torch.float64).index_add_(0, pi, rows["score"])
@@ -328,6 +329,7 @@ class Trainer:
         rewards = torch.cat([k[2] for k in kept])
         counts = torch.cat([c for c, _ in all_counts])
         correct = torch.cat([c for _, c in all_counts])
+        metrics.update({k: v / rounds for k, v in round_sums.items()})
         metrics.update({
             "rollout/gen_rounds": float(rounds),
             "rollout/filtered_frac": 1.0 - n_kept_groups / max(1, n_groups_total) if a.dynamic_sampling else 0.0,

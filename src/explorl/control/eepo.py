@@ -226,6 +226,32 @@ def _subset(
     )
 
 
+def _one_pass(engine, policy, prompt_ids, n_samples, n1, temperature, max_new_tokens, generator, seeds,
+              metrics) -> tuple[Rollouts, dict[str, float]]:
+    """The gate is shut: θ′ = θ for both stages, so one sampling call draws all n_i responses
+    (one prefill and one decode loop instead of two back to back). Response j of prompt i is
+    labelled stage 1 for j < n1[i], else stage 2: the same layout, the same distribution, and
+    with per-prompt ``seeds`` the same stage-1 responses as two calls."""
+    out = _subset(engine, policy, prompt_ids, n_samples, 1, temperature, max_new_tokens, generator, seeds)
+    if out is None:
+        raise ValueError("no responses requested (all n_samples are 0)")
+    idx = out.prompt_index.tolist()
+    if idx != sorted(idx):
+        raise RuntimeError("the rollout engine must return each prompt's responses together, in order")
+    seen: dict[int, int] = {}
+    stage = []
+    for i in idx:
+        j = seen.get(i, 0)
+        seen[i] = j + 1
+        stage.append(1 if j < n1[i] else 2)
+    out = dataclasses.replace(out, stage=torch.as_tensor(stage, dtype=torch.long))
+    mask = out.response_mask.float()
+    for k, name in ((1, "entropy/stage1"), (2, "entropy/stage2")):
+        rows = out.stage == k
+        metrics[name] = _masked_mean(out.entropy[rows], mask[rows]) if bool(rows.any()) else 0.0
+    return out, metrics
+
+
 def sample_then_forget(
     engine: RolloutEngine,
     policy: torch.nn.Module,
@@ -250,7 +276,9 @@ def sample_then_forget(
     prompt with one sample is all stage 1) and ``n_i // 2`` stage-2 responses.
 
     The rollout model θ′ is synced from the policy at every call. Until the unlearning step
-    θ′ equals θ, so stage 1 samples from the policy itself; only when ``unlearn`` is True is a
+    θ′ equals θ, so stage 1 samples from the policy itself. With the gate shut θ′ = θ for
+    both stages, and one sampling call draws all the responses (``_one_pass``). Only when
+    ``unlearn`` is True is a
     ``copy.deepcopy(policy)`` made (one extra set of weights, no optimizer state), stepped by
     ``unlearn_step`` and used for stage 2, then dropped. The policy's weights are never
     touched. Stage-2 ``old_logp``/``entropy`` are those of the model that sampled them, as the
@@ -275,23 +303,26 @@ def sample_then_forget(
         raise ValueError(f"{len(prompt_ids)} prompts but {len(n_samples)} sample counts")
     n2 = [n // 2 for n in n_samples]
     n1 = [n - m for n, m in zip(n_samples, n2)]
+    metrics = {"eepo/unlearn_loss": 0.0, "eepo/active": 0.0}
+    # The step unlearns if the gate is open and there is a stage 2 to sample (a data-parallel
+    # caller decided `unlearn` globally: every rank must join the collective, rows or not).
+    if not (unlearn and (reduce is not None or sum(n2) > 0)):
+        return _one_pass(engine, policy, prompt_ids, n_samples, n1, temperature, max_new_tokens, generator,
+                         seeds, metrics)
     seeds2 = [mix_seed(s, 2) for s in seeds] if seeds is not None else None
     stage1 = _subset(engine, policy, prompt_ids, n1, 1, temperature, max_new_tokens, generator, seeds)
-    metrics = {"eepo/unlearn_loss": 0.0, "eepo/active": 0.0}
-    sampler = policy
-    if unlearn and (reduce is not None or (stage1 is not None and sum(n2) > 0)):
-        sampler = copy.deepcopy(policy)
-        metrics["eepo/unlearn_loss"] = unlearn_step(
-            sampler,
-            stage1,
-            lr=lr,
-            eps_l=eps_l,
-            eps_r=eps_r,
-            temperature=temperature,
-            micro_batch_size=micro_batch_size,
-            reduce=reduce,
-        )
-        metrics["eepo/active"] = 1.0
+    sampler = copy.deepcopy(policy)
+    metrics["eepo/unlearn_loss"] = unlearn_step(
+        sampler,
+        stage1,
+        lr=lr,
+        eps_l=eps_l,
+        eps_r=eps_r,
+        temperature=temperature,
+        micro_batch_size=micro_batch_size,
+        reduce=reduce,
+    )
+    metrics["eepo/active"] = 1.0
     stage2 = _subset(engine, sampler, prompt_ids, n2, 2, temperature, max_new_tokens, generator, seeds2)
     del sampler  # drop the copy before the policy update allocates activations
     parts = [p for p in (stage1, stage2) if p is not None]

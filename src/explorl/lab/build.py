@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from explorl.data.records import PromptRecord
-from explorl.lab.tasks import get_task, make_splits, task_params
+from explorl.lab.tasks import SPLIT_SIZES, get_task, make_splits, task_params
 from explorl.lab.tokenizer import CHARS, EOS, PAD, SPECIALS, lab_tokenizer, save_lab_tokenizer
 
 log = logging.getLogger(__name__)
@@ -48,11 +48,11 @@ class BuildConfig:
     """Seed of the initial weights, the SFT batch order and the accuracy sampling."""
     split_seed: int = 0
     """Seed of the task's train/val/test split (``make_splits(seed=...)``)."""
-    n_train: int = 2000
+    n_train: int = SPLIT_SIZES["n_train"]
     """Training problems; the SFT data."""
-    n_val: int = 128
+    n_val: int = SPLIT_SIZES["n_val"]
     """Validation problems; the accuracy measured while building and recorded in lab.json."""
-    n_test: int = 256
+    n_test: int = SPLIT_SIZES["n_test"]
     """Test problems (not used by the build; part of the split)."""
     hidden_size: int = 128
     num_layers: int = 4

@@ -207,13 +207,19 @@ def task_params(task: str, **params: Any) -> dict[str, Any]:
     return full
 
 
+SPLIT_SIZES = {"n_train": 2000, "n_val": 128, "n_test": 256}
+"""The lab's default train/val/test sizes: the one home of these defaults (``make_splits``, the
+lab model's ``BuildConfig`` and the recipes' ``lab:`` section all read them). The split depends
+on all three, so a model built on them has never seen the validation and test problems."""
+
+
 def make_splits(
     task: str,
     *,
     seed: int = 0,
-    n_train: int = 2000,
-    n_val: int = 128,
-    n_test: int = 256,
+    n_train: int = SPLIT_SIZES["n_train"],
+    n_val: int = SPLIT_SIZES["n_val"],
+    n_test: int = SPLIT_SIZES["n_test"],
     **params: Any,
 ) -> dict[str, list[PromptRecord]]:
     """Deterministic, disjoint ``{"train", "val", "test"}`` splits of a lab task.
