@@ -75,6 +75,18 @@ def test_lab_spec_plans_every_required_recipe():
     assert quick.publish is None and len(quick.seeds) == 1 and quick.max_steps < spec.max_steps
 
 
+@pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).resolve().parents[1] / "studies").glob("*.yaml")))
+def test_every_shipped_spec_plans_full_and_quick(name):
+    """Every spec in studies/ loads and plans in both forms; study-wide overrides reach every run."""
+    path = Path(__file__).resolve().parents[1] / "studies" / name
+    for quick in (False, True):
+        spec = S.load_spec(path, quick=quick)
+        plans = S.plan_runs(spec, path, Path("/tmp/unused"))
+        assert len(plans) == len(spec.seeds) * len(S.order_rows(spec, plans))
+        if name == "lab_clip.yaml":
+            assert {p.cfg.optim.lr for p in plans} == {1e-4}
+
+
 # ----------------------------------------------------------------------------- resumability
 
 
