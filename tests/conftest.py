@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +11,12 @@ import torch
 from explorl import config as C
 
 torch.set_num_threads(1)  # two xdist workers on two cores
+
+# Lab models the tests build go into the repository's pytest cache, not the user's
+# ~/.cache/explorl/lab (shared by the xdist workers: the build holds a file lock). An explicit
+# EXPLORL_LAB_CACHE wins, so CI can point it anywhere.
+os.environ.setdefault("EXPLORL_LAB_CACHE",
+                      str(Path(__file__).resolve().parents[1] / ".pytest_cache" / "explorl-lab"))
 
 
 @pytest.fixture(scope="session")
