@@ -162,3 +162,25 @@ def test_counter_based_sampling_ignores_the_batch_and_samples_p():
         u = noise(many[:200], 3, 100)
         assert 0 < float(u.min()) and float(u.max()) < 1 and abs(float(u.mean()) - 0.5) < 0.01
         assert abs(float(torch.corrcoef(torch.stack([u[:-1].flatten(), u[1:].flatten()]))[0, 1])) < 0.02
+
+
+def test_cov_loss_selection_pre_pass_on_two_processes(tiny_model, tmp_path):
+    """KL-Cov over mini-batches split into uneven micro-batches (3 rows): the selection pre-pass
+    runs as many forwards on every rank as the busiest one, so FSDP's collectives stay matched.
+    Selecting every token (ratio 1) makes the selection independent of how rows are sharded, so
+    2 processes must train exactly as 1 (with a partial ratio each rank selects over its share,
+    as the README says)."""
+    cfg = tiny_config(tiny_model, {**BASE, "algorithm": {"loss": "kl_cov", "kl_cov_ratio": 1.0},
+                                   "optim": {"mini_batches": 2, "ppo_epochs": 2, "micro_batch_size": 3}})
+    _launch("torchrun", cfg, tmp_path / "two", "dist.strategy=fsdp")
+    Trainer(cfg, tmp_path / "one").train()
+    a, b = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for ra, rb in zip(a, b):
+        assert ra["loss/cov_selected_frac"] == pytest.approx(1.0) and rb["loss/cov_selected_frac"] == pytest.approx(1.0)
+        for k in ["reward/mean", "loss/policy", "grad/norm", "loss/ratio_mean"]:
+            assert rb[k] == pytest.approx(ra[k], rel=REL, abs=ABS), (ra["step"], k)
+    wa = load_file(tmp_path / "one" / "checkpoints" / "step-3" / "model.safetensors")
+    wb = load_file(tmp_path / "two" / "checkpoints" / "step-3" / "model.safetensors")
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], rtol=W_REL, atol=W_ABS)

@@ -139,6 +139,10 @@ class AlgorithmConfig:
     """KL-Cov: fraction of a mini-batch's valid tokens (top covariance) that get the KL penalty."""
     kl_cov_coef: float = 1.0
     """KL-Cov: coefficient λ of |logp − old_logp| on the selected tokens."""
+    kl_cov_tol: float = 1e-4
+    """KL-Cov: |logp − old_logp| up to this counts as 0. The sampler's and the trainer's log-probs of
+    one policy differ by float noise (~1e-6 in float32, up to ~1e-2 in bf16), and the gradient
+    ±λ of |·| would turn that noise into a push on the first, on-policy update. Raise it for bf16."""
     agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
     """Loss aggregation over tokens and sequences."""
     agg_max_len: Optional[int] = None
@@ -390,6 +394,7 @@ def _semantic_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
         ("algorithm.clip_cov_ratio", 0 < a.clip_cov_ratio <= 1, "must be in (0, 1]"),
         ("algorithm.clip_cov_ub", a.clip_cov_ub > a.clip_cov_lb, "must be > algorithm.clip_cov_lb"),
         ("algorithm.kl_cov_ratio", 0 < a.kl_cov_ratio <= 1, "must be in (0, 1]"),
+        ("algorithm.kl_cov_tol", a.kl_cov_tol >= 0, "must be ≥ 0"),
         ("algorithm.entropy_coef", a.entropy_coef >= 0, "must be ≥ 0"),
         ("algorithm.kl_coef", a.kl_coef >= 0, "must be ≥ 0"),
         ("algorithm.max_gen_rounds", a.max_gen_rounds >= 1, "must be ≥ 1"),

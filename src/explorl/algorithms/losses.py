@@ -6,7 +6,7 @@ One signature, as in verl's ``core_algos``::
 
 logp, old_logp (N, T); advantages (N,) or (N, T); mask (N, T) bool. ``cfg`` is any object
 with ``eps_low, eps_high, clip_c, clip_cov_ratio, clip_cov_lb, clip_cov_ub, kl_cov_ratio,
-kl_cov_coef``. The loss is 0 outside the mask; reduce it with ``aggregation.aggregate``.
+kl_cov_coef`` (and optionally ``kl_cov_tol``, default 0). The loss is 0 outside the mask; reduce it with ``aggregation.aggregate``.
 
 Metrics (0-dim tensors, means over the valid tokens):
   ``loss/clip_frac``: fraction of valid tokens whose PPO clip is *active*, i.e. the clipped
@@ -163,7 +163,9 @@ def kl_cov_loss(logp, old_logp, advantages, mask, cfg, generator=None, selection
     The tokens come from ``kl_cov_select`` on this batch, or ``selection`` = (selected, cov)
     computed by it over a larger batch. Selected tokens get −A·ratio + kl_cov_coef·|logp −
     old_logp|; all others −A·ratio. On the first on-policy pass logp == old_logp, so this
-    equals the plain policy gradient (|·|' at 0 is 0).
+    equals the plain policy gradient (|·|' at 0 is 0) **(ours: |Δ| ≤ ``kl_cov_tol`` counts as
+    0, because in floating point the sampler's and the trainer's log-probs of the same policy
+    differ by ~1e-6 and sign(Δ) would turn that noise into a ±λ push)**.
     """
     mask = mask.bool()
     adv = per_token_advantages(advantages.detach(), logp)  # (N, T)
@@ -174,7 +176,9 @@ def kl_cov_loss(logp, old_logp, advantages, mask, cfg, generator=None, selection
         selection = kl_cov_select(logp, old_logp, advantages, mask, cfg, generator)
     selected, cov = selection
 
-    loss = torch.where(selected, pg + cfg.kl_cov_coef * log_ratio.abs(), pg)
+    dist = log_ratio.abs()
+    dist = torch.where(dist > getattr(cfg, "kl_cov_tol", 0.0), dist, torch.zeros_like(dist))
+    loss = torch.where(selected, pg + cfg.kl_cov_coef * dist, pg)
     loss = torch.where(mask, loss, torch.zeros_like(loss))
     no_clip = torch.zeros_like(mask)
     return loss, _metrics(ratio, mask, no_clip, no_clip, cov, selected)
