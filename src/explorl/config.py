@@ -155,6 +155,10 @@ class AlgorithmConfig:
     """KL estimator for the reference penalty."""
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: drop groups with identical rewards, regenerate to refill the batch."""
+    dynamic_sampling_metric: Literal["score", "reward"] = "score"
+    """DAPO dynamic sampling: what must vary within a kept group. ``score`` (the verifier's accuracy,
+    as DAPO and verl's ``filter_groups.metric: acc``) or ``reward`` (the shaped reward: with an
+    overlong penalty an all-wrong group then survives on length alone)."""
     max_gen_rounds: int = 3
     """DAPO dynamic sampling: most generation rounds per step."""
     logprob_chunk: int = 512
@@ -181,6 +185,9 @@ class OptimConfig:
     """Optimizer steps per pass (the rollout batch is split into this many mini-batches)."""
     micro_batch_size: int = 64
     """Most responses per forward/backward (gradient accumulation inside a mini-batch)."""
+    max_bad_steps: int = 3
+    """Stop the run after this many consecutive steps whose loss, gradient or rewards were not
+    finite (each such step leaves the weights untouched and counts in ``train/skipped_steps``)."""
 
 
 @dataclass
@@ -404,6 +411,7 @@ def _semantic_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
         ("optim.ppo_epochs", o.ppo_epochs >= 1, "must be ≥ 1"),
         ("optim.mini_batches", o.mini_batches >= 1, "must be ≥ 1"),
         ("optim.micro_batch_size", o.micro_batch_size >= 1, "must be ≥ 1"),
+        ("optim.max_bad_steps", o.max_bad_steps >= 1, "must be ≥ 1"),
         ("optim.max_grad_norm", o.max_grad_norm >= 0, "must be ≥ 0"),
         ("control.temperature.t_min", 0 < ctl.temperature.t_min <= ctl.temperature.t_max,
          "must satisfy 0 < t_min ≤ t_max"),

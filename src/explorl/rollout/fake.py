@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from explorl.rollout.hf import left_pad
-from explorl.rollout.scoring import response_logprobs
+from explorl.forward import response_logprobs
 from explorl.rollout.types import Rollouts
 
 
