@@ -24,7 +24,7 @@ def _train(args) -> int:
         data = yaml.safe_load((run_dir / "config.yaml").read_text())
         for text in args.set or []:
             key, value = C.parse_override(text)
-            C._set_path(data, key, value)
+            C.set_path(data, key, value)
         if args.max_steps is not None:
             data["max_steps"] = args.max_steps
         cfg = C.from_dict(data)

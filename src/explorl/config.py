@@ -22,10 +22,13 @@ from typing import Any, Literal, Optional
 
 import yaml
 
-from explorl.lab.tasks import SPLIT_SIZES
+from explorl.errors import ExplorlError
+
+# Sizes of the lab's train/val/test splits (the lab model is built on the same split).
+SPLIT_SIZES = {"n_train": 2000, "n_val": 128, "n_test": 256}
 
 
-class ConfigError(ValueError):
+class ConfigError(ExplorlError, ValueError):
     """A configuration problem, reported with the key path that caused it."""
 
 
@@ -143,15 +146,16 @@ class AlgorithmConfig:
     """KL-Cov: |logp − old_logp| up to this counts as 0. The sampler's and the trainer's log-probs of
     one policy differ by float noise (~1e-6 in float32, up to ~1e-2 in bf16), and the gradient
     ±λ of |·| would turn that noise into a push on the first, on-policy update. Raise it for bf16."""
-    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
-    """Loss aggregation over tokens and sequences."""
+    agg: str = "token-mean"
+    """Loss aggregation over tokens and sequences: ``token-mean``, ``seq-mean-token-mean`` or
+    ``seq-mean-token-sum-norm`` (``algorithms.AGG_MODES``)."""
     agg_max_len: Optional[int] = None
     """Constant length for ``seq-mean-token-sum-norm`` (Dr.GRPO). None = rollout.max_response_len."""
     entropy_coef: float = 0.0
     """Entropy bonus coefficient α: loss −= α · agg(H)."""
     kl_coef: float = 0.0
     """Coefficient β of the KL to a frozen reference policy (loaded only when > 0 or controlled)."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_estimator: str = "k3"
     """KL estimator for the reference penalty."""
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: drop groups with identical rewards, regenerate to refill the batch."""
@@ -236,7 +240,7 @@ class EEPOControlConfig:
 
 @dataclass
 class ScheduleConfig:
-    kind: Literal["constant", "cosine", "wsd"] = "constant"
+    kind: str = "constant"
     """Target entropy schedule: constant, cosine (start→end over the run), wsd (stable then anneal)."""
     target: float = 0.4
     """constant/wsd: the held target entropy (nats)."""
@@ -254,7 +258,7 @@ class ScheduleConfig:
 class AdaptiveControlConfig:
     enabled: bool = False
     """Entropy Scheduling adaptive controller (4a) tracking a target entropy schedule."""
-    actuator: Literal["eps_high", "entropy_coef", "kl_coef", "temperature"] = "eps_high"
+    actuator: str = "eps_high"
     """Knob it drives: eps_high (the paper), entropy_coef, kl_coef or temperature."""
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     """Target entropy schedule."""
@@ -454,7 +458,7 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             _fail(path, f"expected a mapping of {tp.__name__} fields, got {type(value).__name__} {value!r}")
-        return _build(tp, value, path)
+        return build(tp, value, path)
     if origin is Literal:
         allowed = typing.get_args(tp)
         if value not in allowed:
@@ -501,7 +505,7 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     raise TypeError(f"unsupported annotation {tp!r} at {path}")  # a bug in this file, not user input
 
 
-def _build(cls: type, data: dict, path: str = "") -> Any:
+def build(cls: type, data: dict, path: str = "") -> Any:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
@@ -517,7 +521,7 @@ def _build(cls: type, data: dict, path: str = "") -> Any:
 
 def validate(cfg: RunConfig) -> RunConfig:
     """Re-check types (after programmatic edits) and impossible values; return ``cfg``."""
-    cfg = _build(RunConfig, to_dict(cfg))
+    cfg = build(RunConfig, to_dict(cfg))
     for path, ok, msg in _semantic_checks(cfg):
         if not ok:
             _fail(path, msg)
@@ -527,10 +531,16 @@ def validate(cfg: RunConfig) -> RunConfig:
 
 def _check_names(cfg: RunConfig) -> None:
     """Plug-point names are checked against the dicts that define them (no copied lists)."""
-    from explorl.algorithms import ADVANTAGES, LOSSES
+    from explorl.algorithms import ADVANTAGES, AGG_MODES, KL_ESTIMATORS, LOSSES
+    from explorl.control import ACTUATOR_DEFAULTS, SCHEDULES
 
-    for path, value, table, kind in [("algorithm.loss", cfg.algorithm.loss, LOSSES, "loss"),
-                                     ("algorithm.advantage", cfg.algorithm.advantage, ADVANTAGES, "advantage estimator")]:
+    a, ad = cfg.algorithm, cfg.control.adaptive
+    for path, value, table, kind in [("algorithm.loss", a.loss, LOSSES, "loss"),
+                                     ("algorithm.advantage", a.advantage, ADVANTAGES, "advantage estimator"),
+                                     ("algorithm.agg", a.agg, AGG_MODES, "aggregation mode"),
+                                     ("algorithm.kl_estimator", a.kl_estimator, KL_ESTIMATORS, "KL estimator"),
+                                     ("control.adaptive.actuator", ad.actuator, ACTUATOR_DEFAULTS, "actuator"),
+                                     ("control.adaptive.schedule.kind", ad.schedule.kind, SCHEDULES, "schedule")]:
         if value not in table:
             close = difflib.get_close_matches(value, list(table), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -543,14 +553,14 @@ def from_dict(data: dict | None) -> RunConfig:
         data = {}
     if not isinstance(data, dict):
         _fail("", f"a recipe must be a mapping of keys, got {type(data).__name__}")
-    return validate(_build(RunConfig, data))
+    return validate(build(RunConfig, data))
 
 
 def to_dict(cfg: Any) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def _set_path(data: dict, dotted: str, value: Any) -> None:
+def set_path(data: dict, dotted: str, value: Any) -> None:
     keys = dotted.split(".")
     node = data
     for i, k in enumerate(keys[:-1]):
@@ -588,7 +598,7 @@ def load(recipe: str | Path | None = None, overrides: list[str] | None = None, *
             data["name"] = Path(recipe).stem
     for text in overrides or []:
         key, value = parse_override(text)
-        _set_path(data, key, value)
+        set_path(data, key, value)
     for key, value in top.items():
         if value is not None:
             data[key] = value

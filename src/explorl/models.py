@@ -8,6 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from explorl.config import ModelConfig
+from explorl.errors import ExplorlError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -92,3 +93,24 @@ def render_prompt(tokenizer, prompt, use_chat_template: bool) -> list[int]:
             ids = ids["input_ids"]
         return list(ids)
     return tokenizer(prompt, add_special_tokens=True)["input_ids"]
+
+
+class PromptTokens:
+    """Token ids of dataset prompts, rendered once (chat template when the tokenizer has one) and
+    checked against ``data.max_prompt_len``."""
+
+    def __init__(self, tokenizer, use_chat_template: bool, max_prompt_len: int) -> None:
+        self.tokenizer, self.use_chat_template, self.max_len = tokenizer, use_chat_template, max_prompt_len
+        self._cache: dict[tuple[str, int], list[int]] = {}
+
+    def ids_of(self, data: list, tag: str):
+        """A function: row index of ``data`` -> its prompt's token ids (``tag`` names the split)."""
+        def ids(idx: int) -> list[int]:
+            if (tag, idx) not in self._cache:
+                out = render_prompt(self.tokenizer, data[idx].prompt, self.use_chat_template)
+                if len(out) > self.max_len:
+                    raise ExplorlError(f"{tag} prompt {idx} has {len(out)} tokens > data.max_prompt_len="
+                                       f"{self.max_len}")
+                self._cache[(tag, idx)] = out
+            return self._cache[(tag, idx)]
+        return ids

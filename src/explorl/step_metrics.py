@@ -8,6 +8,9 @@ step used (``control/<knob>``), each logged exactly once.
 
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
+
 from explorl.control import Knobs
 from explorl.step_batch import StepBatch
 
@@ -40,3 +43,11 @@ def batch_metrics(step: int, sb: StepBatch, entropy: float, used: Knobs) -> dict
 def ordered(metrics: dict) -> dict:
     """``step`` first, then the keys in sorted order (one stable layout for metrics.jsonl)."""
     return dict(sorted(metrics.items(), key=lambda kv: (kv[0] != "step", kv[0])))
+
+
+@contextmanager
+def timed(metrics: dict, key: str):
+    """Add the seconds a phase takes to ``metrics[key]`` (verl's ``marked_timer``)."""
+    t0 = time.perf_counter()
+    yield
+    metrics[key] = metrics.get(key, 0.0) + time.perf_counter() - t0

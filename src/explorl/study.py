@@ -138,7 +138,7 @@ def load_spec(path: str | Path, quick: bool = False) -> StudySpec:
             else:
                 data[key] = value
     try:
-        spec = C._build(StudySpec, data)
+        spec = C.build(StudySpec, data)
     except C.ConfigError as e:
         raise _spec_error(path, str(e)) from None
     checks = [

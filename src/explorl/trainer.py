@@ -1,26 +1,16 @@
-"""The training loop. One step reads top to bottom (CleanRL's shape), each phase in its own module:
+"""The training loop: setup, one step in numbered sections (CleanRL's shape), the loop, checkpoints.
 
-    # 0. controllers decide the step's knobs            explorl.control (ControlBank)
-    # 1. sample  # 2. score                             explorl.rollout.collect (+ two_stage, EEPO)
-    # 3. advantages over the global batch               explorl.algorithms.advantages
-    # 4. update                                         explorl.update
-    # 5. controllers read the step's statistics        explorl.control
-    # 6. log                                            explorl.step_metrics, explorl.eval.validate
-
-Data parallelism (``explorl.dist``, README "Scaling out") lives in a few explicit calls: each rank
-samples and scores its share of the prompts, ``collect`` gathers the per-response statistics so
-every rank computes the same advantages, denominators and controller inputs, and DDP/FSDP sums
-the gradients. docs/architecture.md has the data flow and where each concept lives.
+Each phase lives in its own module: 0. knobs (``control``), 1–2. sample and score
+(``rollout.collect``, ``rollout.two_stage``), 3. advantages (``algorithms``), 4. update
+(``update``), 5. controllers, 6. log (``step_metrics``, ``eval.validate``). Data parallelism is
+a few explicit ``dist`` calls. docs/architecture.md has the data flow and where each concept lives.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import random
-import signal
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -35,29 +25,22 @@ from explorl.data.sources import default_verifier, load_split
 from explorl.dist import LogProbModule, make_dist
 from explorl.errors import ExplorlError
 from explorl.eval.validate import validate
-from explorl.models import load_model, load_tokenizer, render_prompt, resolve_model_path
+from explorl.models import PromptTokens, load_model, load_tokenizer, resolve_model_path
 from explorl.rewards.pool import VerifierPool
 from explorl.rollout.collect import collect
 from explorl.rollout.hf import HFEngine
 from explorl.rollout.two_stage import make_sampler
-from explorl.runlog import MetricsLog, ProgressBar
+from explorl.plots import plot_run_safely
+from explorl.runlog import MetricsLog, ProgressBar, graceful_interrupt, json_default
 from explorl.step_batch import covariance_metrics, policy_entropy
-from explorl.step_metrics import TIME_KEYS, batch_metrics, ordered
-from explorl.update import PolicyUpdate, loss_metrics
+from explorl.step_metrics import TIME_KEYS, batch_metrics, ordered, timed
+from explorl.update import NonFiniteGuard, PolicyUpdate, TrainingDiverged, loss_metrics
 
 __all__ = ["TIME_KEYS", "TrainingDiverged", "Trainer"]
 
 
-class TrainingDiverged(ExplorlError):
-    """Too many consecutive steps with a non-finite loss, gradient or reward."""
-
-
-@contextmanager
-def _timed(metrics: dict, key: str):
-    """Time a phase into ``metrics[key]`` (verl's ``marked_timer``)."""
-    t0 = time.perf_counter()
-    yield
-    metrics[key] = metrics.get(key, 0.0) + time.perf_counter() - t0
+class NoCheckpoint(ExplorlError, FileNotFoundError):
+    """``--resume`` of a run directory that holds no complete checkpoint."""
 
 
 class Trainer:
@@ -74,7 +57,7 @@ class Trainer:
         self.out = Path(out_dir)
         ckpt = latest_checkpoint(self.out) if resume else None
         if resume and ckpt is None:
-            raise ExplorlError(f"--resume {self.out}: no complete checkpoint under {self.out / 'checkpoints'}")
+            raise NoCheckpoint(f"--resume {self.out}: no complete checkpoint under {self.out / 'checkpoints'}")
         self.out.mkdir(parents=True, exist_ok=True)
         for seed in (random.seed, np.random.seed, torch.manual_seed):
             seed(cfg.seed)
@@ -84,7 +67,7 @@ class Trainer:
         self._setup_optimizer()
         self._setup_rollout(engine)
         self._setup_control()
-        self.step, self.bad_steps, self.skipped_steps = 0, 0, 0
+        self.step, self.guard = 0, NonFiniteGuard(cfg.optim.max_bad_steps)
         if ckpt is not None:
             self._load(ckpt)
         if self.dist.is_main:
@@ -96,8 +79,6 @@ class Trainer:
                             if self.dist.is_main else None)
         self._stop = False
 
-    # ------------------------------------------------------------------ setup
-
     def _setup_data(self) -> None:
         cfg, d = self.cfg, self.cfg.data
         self.train_data = load_split(d.train, cfg.lab, "train")[: d.max_train_prompts]
@@ -107,13 +88,13 @@ class Trainer:
         self.order = DataOrder(len(self.train_data), d.prompts_per_step, cfg.seed, d.shuffle)
         self.anneal_order = (DataOrder(len(self.anneal_data), d.prompts_per_step, cfg.seed + 7, d.shuffle)
                              if self.anneal_data else None)
-        self._prompt_cache: dict[tuple[str, int], list[int]] = {}
 
     def _setup_model(self, ckpt: Path | None) -> None:
         cfg = self.cfg
         base_path = resolve_model_path(cfg.model.path, cfg.lab)
         policy_path = ckpt if (ckpt is not None and (ckpt / "config.json").exists()) else base_path
         self.tokenizer = load_tokenizer(base_path, cfg.model)
+        self.prompts = PromptTokens(self.tokenizer, cfg.model.use_chat_template, cfg.data.max_prompt_len)
         self.policy = load_model(policy_path, cfg.model, self.device)
         self.vocab_size = self.policy.get_output_embeddings().weight.shape[0]
         self.n_params = sum(p.numel() for p in self.policy.parameters())
@@ -140,9 +121,9 @@ class Trainer:
 
     def _setup_rollout(self, engine) -> None:
         cfg = self.cfg
-        self.engine = engine or HFEngine(self.tokenizer, batch_size=cfg.rollout.batch_size)
-        pad = getattr(self.engine, "pad_id", 0)
-        self.sampler = make_sampler(self.engine, cfg.control.eepo, micro_batch_size=cfg.optim.micro_batch_size,
+        engine = engine or HFEngine(self.tokenizer, batch_size=cfg.rollout.batch_size)
+        pad = getattr(engine, "pad_id", 0)
+        self.sampler = make_sampler(engine, cfg.control.eepo, micro_batch_size=cfg.optim.micro_batch_size,
                                     chunk_size=cfg.algorithm.logprob_chunk, pad_id=pad)
         self.update = PolicyUpdate(cfg, self.scorer, self.optimizer, self.scheduler, self.ref, self.dist,
                                    self.generators["loss"], self.generators["shuffle"], pad)
@@ -157,18 +138,17 @@ class Trainer:
         controllers = build_controllers(cfg.control, ctx, knobs, anneal_dataset=bool(cfg.data.anneal))
         self.control = ControlBank(controllers, knobs)
 
-    # ------------------------------------------------------------------ state
-
     def state_dict(self) -> dict:
         return {"step": self.step, "optimizer": self.dist.optimizer_state(self.scorer, self.optimizer),
                 "scheduler": self.scheduler.state_dict(), "rng": rng_state(self.generators),
                 "data": self.order.state_dict(),
                 "anneal_data": self.anneal_order.state_dict() if self.anneal_order else None,
-                "skipped_steps": self.skipped_steps, **self.control.state_dict()}
+                "guard": self.guard.state_dict(), **self.control.state_dict()}
 
     def _load(self, ckpt: Path) -> None:
         state = load_state(ckpt)
-        self.step, self.skipped_steps = state["step"], state.get("skipped_steps", 0)
+        self.step = state["step"]
+        self.guard.load_state_dict(state.get("guard", {}))
         self.dist.load_optimizer_state(self.scorer, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.order.load_state_dict(state["data"])
@@ -190,26 +170,25 @@ class Trainer:
         self.dist.barrier()
         return path
 
-    # ------------------------------------------------------------------ pieces
-
     @property
     def knobs(self) -> Knobs:
         return self.control.knobs
+
+    @property
+    def engine(self):
+        """The rollout engine (training samples go through ``self.sampler``, which wraps it)."""
+        return self.sampler.engine
+
+    @engine.setter
+    def engine(self, engine) -> None:
+        self.sampler.engine = engine
 
     def _policy_now(self) -> torch.nn.Module:
         """The policy with its current full weights: sampling, validation and checkpoints use it."""
         return self.dist.full_model(self.scorer, version=self.scheduler.last_epoch)
 
     def _prompt_ids(self, data: list, tag: str):
-        def ids(idx: int) -> list[int]:
-            if (tag, idx) not in self._prompt_cache:
-                out = render_prompt(self.tokenizer, data[idx].prompt, self.cfg.model.use_chat_template)
-                if len(out) > self.cfg.data.max_prompt_len:
-                    raise ExplorlError(f"{tag} prompt {idx} has {len(out)} tokens > data.max_prompt_len="
-                                       f"{self.cfg.data.max_prompt_len}")
-                self._prompt_cache[(tag, idx)] = out
-            return self._prompt_cache[(tag, idx)]
-        return ids
+        return self.prompts.ids_of(data, tag)
 
     def validate(self) -> dict:
         e = self.cfg.eval
@@ -220,13 +199,11 @@ class Trainer:
                         ks=e.k, temperature=T, max_new_tokens=self.knobs.max_response_len, seed=self.cfg.seed,
                         step=self.step, greedy=e.greedy, dist=self.dist)
 
-    # ------------------------------------------------------------------ loop
-
     def train_step(self) -> dict:
         cfg, step, metrics = self.cfg, self.step + 1, {}
         t_start = time.perf_counter()
         # 0. controllers decide the knobs (the dataset before the prompts are drawn)
-        with _timed(metrics, "time/control_s"):
+        with timed(metrics, "time/control_s"):
             metrics.update(self.control.before_batch(step))
             anneal = self.knobs.dataset == "anneal" and self.anneal_order is not None
             data, order, tag = ((self.anneal_data, self.anneal_order, "anneal") if anneal
@@ -250,13 +227,13 @@ class Trainer:
         metrics.update(covariance_metrics(rows, adv_all))
 
         # 4. update (skipped, weights untouched, when the loss or a gradient is not finite)
-        with _timed(metrics, "time/train_s"):
+        with timed(metrics, "time/train_s"):
             upd, sums = self.update.run(got.rollouts, adv_all[sb.local], knobs, sb)
         # The step's one reduction: loss and token sums, and the Ctrl-C flag (all ranks stop together).
         total = self.dist.sum_dict({**sums, "stop": float(self._stop)})
         self._stop = total.pop("stop") > 0
         metrics.update({**upd, **loss_metrics(total, len(rows["reward"]), cfg.optim.ppo_epochs, upd)})
-        self._guard(step, metrics, rows)
+        self.guard.check(step, metrics, rows["reward"])
         self.step = step
 
         # 5. controllers read the step's global statistics (the policy's own entropy)
@@ -264,83 +241,54 @@ class Trainer:
         stats = StepStats(step=step, max_steps=cfg.max_steps, entropy=entropy, prompt_indices=sb.prompt_indices,
                           prompt_correct=sb.prompt_correct, prompt_samples=sb.prompt_samples, epoch=sb.epoch,
                           epoch_end=sb.epoch_end)
-        with _timed(metrics, "time/control_s"):
+        with timed(metrics, "time/control_s"):
             metrics.update(self.control.after_step(stats))
 
         # 6. log (global values, the same on every rank)
         metrics.update(batch_metrics(step, sb, float(rows["entropy_sum"].sum() / rows["length"].sum().clamp_min(1)),
                                      knobs))
         if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.max_steps):
-            with _timed(metrics, "time/val_s"):
+            with timed(metrics, "time/val_s"):
                 metrics.update(self.validate())
         metrics["time/step_s"] = time.perf_counter() - t_start
         return ordered(metrics)
-
-    def _guard(self, step: int, metrics: dict, rows: dict) -> None:
-        """Count a step whose update was skipped for non-finite values; stop after too many in a row."""
-        bad = metrics.get("train/nonfinite_updates", 0.0) > 0 or not bool(torch.isfinite(rows["reward"]).all())
-        self.bad_steps = self.bad_steps + 1 if bad else 0
-        self.skipped_steps += int(bad)
-        metrics["train/skipped_steps"] = float(self.skipped_steps)
-        if bad and self.bad_steps >= self.cfg.optim.max_bad_steps:
-            raise TrainingDiverged(
-                f"step {step}: {self.bad_steps} consecutive steps with a non-finite loss, gradient or reward "
-                f"(grad/norm={metrics.get('grad/norm')}, reward/mean={float(rows['reward'].mean())}); "
-                "the weights were not updated by them and the last checkpoint is intact. Lower optim.lr or "
-                "check the reward function")
 
     def train(self) -> dict:
         """Run to ``max_steps``; Ctrl-C finishes the current step, checkpoints and returns."""
         cfg, main = self.cfg, self.dist.is_main
         bar = ProgressBar(cfg.max_steps, self.step, enabled=cfg.log.progress and main)
-        previous = signal.getsignal(signal.SIGINT)
 
-        def on_sigint(signum, frame):
-            if self._stop:  # second Ctrl-C: stop now
-                raise KeyboardInterrupt
-            self._stop = True
-            bar.log("[yellow]interrupt: finishing this step, then writing a checkpoint (Ctrl-C again to abort)")
+        def stop() -> bool:  # first Ctrl-C: finish this step and checkpoint; a second one aborts
+            was, self._stop = self._stop, True
+            return was
 
-        signal.signal(signal.SIGINT, on_sigint)
         t_run, last, ckpt = time.perf_counter(), {}, None
         try:
-            while self.step < cfg.max_steps and not self._stop:
-                last = self.train_step()
-                if self.metrics_log is not None:
-                    self.metrics_log.write(last)
-                bar.update(self.step, last)
-                if "val/accuracy" in last and cfg.log.plots:
-                    self.plot()
-                if cfg.log.checkpoint_every and self.step % cfg.log.checkpoint_every == 0:
+            with graceful_interrupt(stop, bar):
+                while self.step < cfg.max_steps and not self._stop:
+                    last = self.train_step()
+                    if self.metrics_log is not None:
+                        self.metrics_log.write(last)
+                    bar.update(self.step, last)
+                    if "val/accuracy" in last:
+                        self.plot()
+                    if cfg.log.checkpoint_every and self.step % cfg.log.checkpoint_every == 0:
+                        ckpt = self.save()
+                if ckpt is None or int(ckpt.name.split("-")[-1]) != self.step:  # the final step, saved once
                     ckpt = self.save()
-            if ckpt is None or int(ckpt.name.split("-")[-1]) != self.step:  # the final step, saved once
-                ckpt = self.save()
         finally:
-            signal.signal(signal.SIGINT, previous)
             bar.close()
             if self.metrics_log is not None:
                 self.metrics_log.close()
             self.pool.close()
-        if cfg.log.plots:
-            self.plot()
+        self.plot()
         summary = {"steps": self.step, "max_steps": cfg.max_steps, "interrupted": self._stop and self.step < cfg.max_steps,
                    "seconds": time.perf_counter() - t_run, "checkpoint": str(ckpt), "final": last,
                    "n_params": self.n_params, "processes": self.dist.world_size}
         if main:
-            (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default))
+            (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=json_default))
         return summary
 
     def plot(self) -> None:
-        if not self.dist.is_main:
-            return
-        try:
-            from explorl.plots import plot_training_curves
-            plot_training_curves(self.out)
-        except Exception as e:  # a plotting problem must never cost a training run
-            print(f"warning: plotting failed: {e}")
-
-
-def _json_default(o):
-    if isinstance(o, float) and not math.isfinite(o):
-        return None
-    return str(o)
+        if self.dist.is_main and self.cfg.log.plots:
+            plot_run_safely(self.out)

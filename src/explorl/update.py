@@ -20,6 +20,7 @@ from explorl.algorithms import LOSSES, aggregate, kl_estimate
 from explorl.algorithms.losses import SELECTORS
 from explorl.config import RunConfig
 from explorl.control import Knobs
+from explorl.errors import ExplorlError
 from explorl.forward import response_logprobs
 from explorl.rollout.types import Rollouts
 from explorl.step_batch import StepBatch
@@ -176,3 +177,33 @@ def loss_metrics(total: dict[str, float], n_rows: int, ppo_epochs: int, upd: dic
     if "loss/policy" in total:  # sum over optimizer steps of the mini-batch losses → mean
         out["loss/policy"] = total["loss/policy"] / max(1.0, upd["train/optimizer_steps"])
     return out
+
+
+class TrainingDiverged(ExplorlError):
+    """Too many consecutive steps with a non-finite loss, gradient or reward."""
+
+
+class NonFiniteGuard:
+    """Counts steps whose update was skipped for non-finite values; stops the run after
+    ``max_bad`` in a row (the skipped updates left the weights untouched)."""
+
+    def __init__(self, max_bad: int) -> None:
+        self.max_bad, self.in_a_row, self.skipped = max_bad, 0, 0
+
+    def check(self, step: int, metrics: dict, rewards: torch.Tensor) -> None:
+        bad = metrics.get("train/nonfinite_updates", 0.0) > 0 or not bool(torch.isfinite(rewards).all())
+        self.in_a_row = self.in_a_row + 1 if bad else 0
+        self.skipped += int(bad)
+        metrics["train/skipped_steps"] = float(self.skipped)
+        if bad and self.in_a_row >= self.max_bad:
+            raise TrainingDiverged(
+                f"step {step}: {self.in_a_row} consecutive steps with a non-finite loss, gradient or reward "
+                f"(grad/norm={metrics.get('grad/norm')}, reward/mean={float(rewards.mean())}); the weights "
+                "were not updated by them and the last checkpoint is intact. Lower optim.lr or check the "
+                "reward function")
+
+    def state_dict(self) -> dict:
+        return {"in_a_row": self.in_a_row, "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.in_a_row, self.skipped = int(state.get("in_a_row", 0)), int(state.get("skipped", 0))
