@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -26,6 +27,19 @@ def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.bfloat16
     return torch.float32
+
+
+def param_dtype(cfg: ModelConfig, device: torch.device) -> torch.dtype:
+    """The weights' dtype: float32 master weights, unless ``pure_low_precision`` asks for ``dtype``."""
+    return resolve_dtype(cfg.dtype, device) if cfg.pure_low_precision else torch.float32
+
+
+def autocast(cfg: ModelConfig, device: torch.device):
+    """A context for forward passes: autocast to the compute dtype when it is below the weights'."""
+    compute = resolve_dtype(cfg.dtype, device)
+    if compute == param_dtype(cfg, device):
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=compute)
 
 
 def resolve_model_path(path: str, lab=None) -> Path:
@@ -60,9 +74,10 @@ def load_tokenizer(path: Path, cfg: ModelConfig):
 
 
 def load_model(path: Path, cfg: ModelConfig, device: torch.device, *, frozen: bool = False) -> torch.nn.Module:
-    """``from_pretrained`` on ``device`` in the configured dtype; ``frozen`` for the reference."""
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=resolve_dtype(cfg.dtype, device), trust_remote_code=cfg.trust_remote_code)
+    """``from_pretrained`` on ``device``: trained weights in ``param_dtype`` (float32 masters unless
+    pure low precision), a frozen reference directly in the compute dtype."""
+    dtype = resolve_dtype(cfg.dtype, device) if frozen else param_dtype(cfg, device)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=cfg.trust_remote_code)
     model.to(device)
     if frozen:
         model.eval()

@@ -25,7 +25,7 @@ from explorl.data.sources import default_verifier, load_split
 from explorl.dist import LogProbModule, make_dist
 from explorl.errors import ExplorlError
 from explorl.eval.validate import validate
-from explorl.models import PromptTokens, load_model, load_tokenizer, resolve_model_path
+from explorl.models import PromptTokens, autocast, load_model, load_tokenizer, resolve_dtype, resolve_model_path
 from explorl.rewards.pool import VerifierPool
 from explorl.rollout.collect import collect
 from explorl.rollout.hf import HFEngine
@@ -99,7 +99,8 @@ class Trainer:
         self.vocab_size = self.policy.get_output_embeddings().weight.shape[0]
         self.n_params = sum(p.numel() for p in self.policy.parameters())
         # The loss's forward as a module, wrapped by DDP/FSDP under a launcher (itself at N = 1).
-        self.scorer = self.dist.wrap(LogProbModule(self.policy))
+        self.amp = lambda: autocast(cfg.model, self.device)  # forward passes in the compute dtype
+        self.scorer = self.dist.wrap(LogProbModule(self.policy, amp=self.amp))
         a = cfg.control.adaptive
         # The reference model costs a full copy of the weights: load it only when a loss needs it.
         needs_ref = cfg.algorithm.kl_coef > 0 or (a.enabled and a.actuator == "kl_coef")
@@ -126,7 +127,10 @@ class Trainer:
         self.sampler = make_sampler(engine, cfg.control.eepo, micro_batch_size=cfg.optim.micro_batch_size,
                                     chunk_size=cfg.algorithm.logprob_chunk, pad_id=pad)
         self.update = PolicyUpdate(cfg, self.scorer, self.optimizer, self.scheduler, self.ref, self.dist,
-                                   self.generators["loss"], self.generators["shuffle"], pad)
+                                   self.generators["loss"], self.generators["shuffle"], pad, amp=self.amp)
+        exact = getattr(engine, "logprobs_match_trainer", False) and resolve_dtype(
+            cfg.model.dtype, self.device) == torch.float32
+        self.recompute = cfg.algorithm.old_logp == "recompute" or (cfg.algorithm.old_logp == "auto" and not exact)
 
     def _setup_control(self) -> None:
         cfg, a = self.cfg, self.cfg.algorithm
@@ -194,10 +198,11 @@ class Trainer:
         e = self.cfg.eval
         data = self.val_data[: e.max_problems]
         T = e.temperature if e.temperature is not None else self.knobs.temperature
-        return validate(engine=self.engine, policy=self._policy_now(), pool=self.pool, verifier=self.verifier,
-                        data=data, prompt_ids=self._prompt_ids(self.val_data, "val"), n_samples=e.n_samples,
-                        ks=e.k, temperature=T, max_new_tokens=self.knobs.max_response_len, seed=self.cfg.seed,
-                        step=self.step, greedy=e.greedy, dist=self.dist)
+        with self.amp():
+            return validate(engine=self.engine, policy=self._policy_now(), pool=self.pool, verifier=self.verifier,
+                            data=data, prompt_ids=self._prompt_ids(self.val_data, "val"), n_samples=e.n_samples,
+                            ks=e.k, temperature=T, max_new_tokens=self.knobs.max_response_len,
+                            seed=self.cfg.seed, step=self.step, greedy=e.greedy, dist=self.dist)
 
     def train_step(self) -> dict:
         cfg, step, metrics = self.cfg, self.step + 1, {}
@@ -213,11 +218,16 @@ class Trainer:
         knobs = self.knobs  # what this step uses
 
         # 1. sample  2. score (this rank's share; ``sb`` holds the whole batch's statistics)
-        got = collect(cfg=cfg, step=step, knobs=knobs, batch=batch, order=order, data=data,
-                      prompt_ids=self._prompt_ids(data, tag), sampler=self.sampler, policy=self._policy_now(),
-                      version=self.scheduler.last_epoch, pool=self.pool, verifier=self.verifier, dist=self.dist)
+        with self.amp():
+            got = collect(cfg=cfg, step=step, knobs=knobs, batch=batch, order=order, data=data,
+                          prompt_ids=self._prompt_ids(data, tag), sampler=self.sampler, policy=self._policy_now(),
+                          version=self.scheduler.last_epoch, pool=self.pool, verifier=self.verifier, dist=self.dist)
         sb, rows = got.batch, got.batch.rows
         metrics.update(got.metrics)
+        if self.recompute:  # old log-probs and entropy from the trainer's own forward
+            with timed(metrics, "time/old_logp_s"):
+                got.rollouts, rm = self.update.recompute(got.rollouts, sb, knobs.temperature)
+            metrics.update(rm)
 
         # 3. advantages over the global batch (groups = prompts, never split across ranks)
         adv_all, am = compute_advantages(cfg.algorithm.advantage, rows["reward"].float(), rows["group"],

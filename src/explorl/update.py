@@ -22,6 +22,7 @@ from explorl.config import RunConfig
 from explorl.control import Knobs
 from explorl.errors import ExplorlError
 from explorl.forward import response_logprobs
+from explorl.models import resolve_dtype
 from explorl.rollout.types import Rollouts
 from explorl.step_batch import StepBatch
 
@@ -34,11 +35,60 @@ class PolicyUpdate:
     """The optimizer side of a step: the wrapped policy forward, AdamW, its schedule, the reference."""
 
     def __init__(self, cfg: RunConfig, scorer: torch.nn.Module, optimizer, scheduler, ref, dist,
-                 loss_generator: torch.Generator, shuffle_generator: torch.Generator, pad_id: int) -> None:
+                 loss_generator: torch.Generator, shuffle_generator: torch.Generator, pad_id: int,
+                 amp=contextlib.nullcontext) -> None:
         self.cfg, self.scorer, self.optimizer, self.scheduler, self.ref = cfg, scorer, optimizer, scheduler, ref
-        self.dist, self.pad_id = dist, pad_id
+        self.dist, self.pad_id, self.amp = dist, pad_id, amp
         self.loss_gen, self.shuffle_gen = loss_generator, shuffle_generator
         self.device = dist.device
+        # float16 compute over float32 master weights needs loss scaling (bf16 does not).
+        fp16 = resolve_dtype(cfg.model.dtype, self.device) == torch.float16 and not cfg.model.pure_low_precision
+        self.scaler = torch.amp.GradScaler(self.device.type) if fp16 else None
+
+    @torch.no_grad()
+    def recompute(self, ro: Rollouts, sb: StepBatch, temperature: float) -> tuple[Rollouts, dict[str, float]]:
+        """Old log-probs and entropy from the trainer's own forward (``algorithm.old_logp``).
+
+        One no-grad pass of the policy over this rank's rows, in micro-batches (every rank runs as
+        many passes as the busiest, for FSDP), replaces the sampler's values, so the first PPO
+        ratio is exactly 1 and KL-Cov's |logp − old_logp| is exactly 0 on the on-policy pass.
+        Rows sampled by EEPO's unlearned copy keep the copy's values. ``sb.rows``' entropy and
+        log-prob sums are updated with one gather. Returns the sampler-vs-trainer gap
+        (``rollout/logp_diff_max``, ``rollout/logp_diff_mean`` over valid tokens).
+        """
+        a, mbs, W = self.cfg.algorithm, self.cfg.optim.micro_batch_size, self.dist.world_size
+        per_rank = torch.bincount(sb.rows["rank"], minlength=W)
+        n_micro = int(max(math.ceil(int(c) / mbs) for c in per_rank))
+        chunks = torch.arange(len(ro)).split(mbs) if len(ro) else ()
+        logps, ents = [], []
+        for k in range(n_micro):
+            if k < len(chunks):
+                sub = ro.select(chunks[k])
+                lp, ent = self.scorer(sub.prompt_ids, sub.prompt_mask, sub.response_ids, sub.response_mask,
+                                      temperature, chunk_size=a.logprob_chunk, with_entropy=True)
+                logps.append(lp.float())
+                ents.append(ent.float())
+            else:
+                self._idle_loss()
+        mask = ro.response_mask
+        own = sb.rows["own"][sb.local].to(mask.device)  # (n,) sampled by the policy itself
+        new_logp = torch.cat(logps) if logps else ro.old_logp
+        new_ent = torch.cat(ents) if ents else ro.entropy
+        new_logp = torch.where(own[:, None], new_logp.to(ro.old_logp.dtype), ro.old_logp)
+        new_ent = torch.where(own[:, None], new_ent.to(ro.entropy.dtype), ro.entropy)
+        diff = ((new_logp - ro.old_logp).abs() * mask)[own]
+        out = dataclasses.replace(ro, old_logp=new_logp, entropy=new_ent)
+        m = mask.float()
+        parts = self.dist.gather({"local": sb.local.cpu(), "ent": (new_ent.cpu() * m.cpu()).sum(-1).double(),
+                                  "logp": (new_logp.cpu() * m.cpu()).sum(-1).double(),
+                                  "diff_sum": float(diff.sum()), "diff_n": float(mask[own].sum()),
+                                  "diff_max": float(diff.max()) if diff.numel() else 0.0})
+        for p in parts:
+            sb.rows["entropy_sum"][p["local"]] = p["ent"]
+            sb.rows["logp_sum"][p["local"]] = p["logp"]
+        n = sum(p["diff_n"] for p in parts)
+        return out, {"rollout/logp_diff_max": max(p["diff_max"] for p in parts),
+                     "rollout/logp_diff_mean": sum(p["diff_sum"] for p in parts) / n if n else 0.0}
 
     def run(self, ro: Rollouts, adv: torch.Tensor, knobs: Knobs, sb: StepBatch) -> tuple[dict, dict]:
         """Returns metrics that are the same on every rank, and this rank's sums for ``loss_metrics``
@@ -79,17 +129,26 @@ class PolicyUpdate:
                                                     agg, sums, selection=selections[k])
                         else:
                             loss = self._idle_loss()
-                        (loss * W).backward()
+                        loss = loss * W
+                        (self.scaler.scale(loss) if self.scaler else loss).backward()
+                if self.scaler:
+                    self.scaler.unscale_(self.optimizer)
                 gn = self.dist.clip_grad_norm_(self.scorer, o.max_grad_norm).detach().float()
                 # A non-finite loss or gradient never reaches the weights (one host sync per
-                # optimizer step; the norm is global, so every rank skips together).
+                # optimizer step; the norm is global, so every rank skips together). Under fp16 the
+                # scaler's own overflow steps lower its scale and are not counted as bad.
                 if bool(torch.isfinite(gn)):
-                    self.optimizer.step()
+                    if self.scaler:
+                        self.scaler.step(self.optimizer)
+                    else:
+                        self.optimizer.step()
                     self.scheduler.step()
                     n_opt += 1
                     grad_norm_sum += gn
-                else:
+                elif not self.scaler:
                     n_bad += 1
+                if self.scaler:
+                    self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         out = {"grad/norm": float(grad_norm_sum) / max(1, n_opt) if n_opt else float("nan"),
                "train/optimizer_steps": float(n_opt), "train/nonfinite_updates": float(n_bad),
@@ -138,7 +197,7 @@ class PolicyUpdate:
             loss = loss - knobs.entropy_coef * bonus
             _add(sums, "loss/entropy_bonus", bonus.detach() * agg["seq_denom"])
         if knobs.kl_coef > 0 and self.ref is not None:
-            with torch.no_grad():
+            with torch.no_grad(), self.amp():
                 ref_logp, _ = response_logprobs(self.ref, sub.prompt_ids, sub.prompt_mask, sub.response_ids, mask,
                                                 knobs.temperature, chunk_size=a.logprob_chunk, with_entropy=False)
             kl = kl_estimate(logp, ref_logp, a.kl_estimator) * mask
