@@ -136,7 +136,8 @@ class AlgorithmConfig:
     eps_high: float = 0.2
     """PPO upper clip: ratio ≤ 1 + eps_high. DAPO's clip-higher uses 0.28."""
     clip_c: Optional[float] = None
-    """Dual-clip constant c for negative advantages (3.0 in the dual-clip paper); None = off."""
+    """Dual-clip constant c for negative advantages (3.0 in the dual-clip paper); None = off. Not with
+    ``loss: clip_cov`` (rejected: Clip-Cov as published has no dual clip)."""
     clip_cov_ratio: float = 2e-4
     """Clip-Cov: fraction of a mini-batch's valid tokens whose gradient is detached (selected over the
     whole mini-batch, however it is split into micro-batches)."""
@@ -413,6 +414,9 @@ def _semantic_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
         ("algorithm.eps_low", 0 <= a.eps_low <= 1, "must be in [0, 1]"),
         ("algorithm.eps_high", a.eps_high >= 0, "must be ≥ 0"),
         ("algorithm.clip_c", a.clip_c is None or a.clip_c > 1, "dual-clip c must be > 1"),
+        ("algorithm.clip_c", a.clip_c is None or a.loss != "clip_cov",
+         "Clip-Cov has no dual clip (neither the authors' code nor verl's has one, and a dual-clipped "
+         "token could not be a Clip-Cov candidate); set algorithm.clip_c: null with loss clip_cov"),
         ("algorithm.clip_cov_ratio", 0 < a.clip_cov_ratio <= 1, "must be in (0, 1]"),
         ("algorithm.clip_cov_ub", a.clip_cov_ub > a.clip_cov_lb, "must be > algorithm.clip_cov_lb"),
         ("algorithm.kl_cov_ratio", 0 < a.kl_cov_ratio <= 1, "must be in (0, 1]"),
