@@ -107,11 +107,16 @@ def _strip(rows):
 
 @pytest.mark.parametrize("extra", [
     {},
-    {"control": {"temperature": {"enabled": True}, "budget": {"enabled": True}},
+    {"control": {"temperature": {"enabled": True}, "budget": {"enabled": True},
+                 "curriculum": {"enabled": True, "start_ratio": 0.4, "n_samples": 6}},
      "algorithm": {"loss": "clip_cov", "clip_cov_lb": -10.0, "clip_cov_ratio": 0.05}, "data": {"max_train_prompts": 8}},
     {"control": {"eepo": {"enabled": True, "alpha": 10.0}, "adaptive": {"enabled": True, "warmup": 1}},
      "algorithm": {"loss": "kl_cov", "entropy_coef": 0.01, "kl_coef": 0.01}, "optim": {"mini_batches": 2}},
-], ids=["grpo", "e3+clip_cov", "eepo+adaptive+kl_cov"])
+    {"model": {"dtype": "bfloat16"},
+     "control": {"eepo": {"enabled": True, "alpha": 10.0}, "adaptive": {"enabled": True, "warmup": 1},
+                 "budget": {"enabled": True}},
+     "algorithm": {"loss": "kl_cov", "dynamic_sampling": True}, "data": {"max_train_prompts": 8}},
+], ids=["grpo", "e3+curriculum+clip_cov", "eepo+adaptive+kl_cov", "bf16:eepo+adaptive+budget+dapo"])
 def test_resume_reproduces_uninterrupted_run(make_config, tmp_path, extra):
     full = make_config({**extra, "max_steps": 5, "eval": {"every": 2}})
     a = Trainer(full, tmp_path / "a")
