@@ -320,6 +320,8 @@ class ControlConfig:
 class EvalConfig:
     every: int = 10
     """Validate every this many steps (and at the last step). 0 = never."""
+    before_training: bool = True
+    """Also validate the initial policy, logged as step 0 (the pre-RL point of every curve)."""
     n_samples: int = 4
     """Samples per validation problem (at the training temperature)."""
     k: list[int] = field(default_factory=lambda: [1])

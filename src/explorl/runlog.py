@@ -69,8 +69,11 @@ class ProgressBar:
         extra = ""
         if "val/accuracy" in metrics:
             extra = f"val {metrics['val/accuracy']:.3f}"
-        self.progress.update(self.task, completed=step, reward=f"{metrics.get('reward/mean', float('nan')):.3f}",
-                             entropy=f"{metrics.get('entropy/mean', float('nan')):.3f}", extra=extra)
+        def fmt(key: str) -> str:  # the step-0 validation row has no training metrics
+            return f"{metrics[key]:.3f}" if isinstance(metrics.get(key), (int, float)) else "–"
+
+        self.progress.update(self.task, completed=step, reward=fmt("reward/mean"), entropy=fmt("entropy/mean"),
+                             extra=extra)
 
     def log(self, text: str) -> None:
         (self.progress.console if self.enabled else self.console).print(text)

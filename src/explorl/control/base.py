@@ -104,7 +104,7 @@ class Controller:
     name: str = "controller"
     actuators: tuple[str, ...] = ()
 
-    def setup(self, ctx: ControlContext, knobs: Knobs) -> None:  # noqa: B027 - optional hook
+    def setup(self, ctx: ControlContext, knobs: Knobs) -> None:
         """Called once before the first step (and before ``load_state_dict`` on resume)."""
 
     def before_batch(self, step: int, knobs: Knobs) -> Decision:
@@ -126,7 +126,7 @@ class Controller:
     def state_dict(self) -> dict[str, Any]:
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
 
 
