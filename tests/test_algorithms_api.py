@@ -46,7 +46,7 @@ def test_registries():
 def test_imports_torch_only():
     # Static check (no subprocess): every module imports only torch, the standard library
     # and explorl.algorithms itself, so the math is testable without the model stack.
-    allowed = {"torch", "explorl", "math", "typing", "__future__"}
+    allowed = {"torch", "explorl", "math", "typing", "collections", "dataclasses", "__future__"}
     for path in Path(A.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
