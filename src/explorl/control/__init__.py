@@ -33,6 +33,7 @@ from explorl.control.base import (
 from explorl.control.budget import BudgetAllocator, allocate_budgets
 from explorl.control.curriculum import Curriculum
 from explorl.control.eepo import EEPOGate, sample_then_forget, unlearn_step
+from explorl.control.laws import EntroPICLaw, EntropyCoefLaw, PIGains, PILaw, pi_step
 from explorl.control.schedules import SCHEDULES, Schedule, make_schedule
 from explorl.control.temperature import TemperatureScheduler
 
@@ -99,7 +100,11 @@ __all__ = [
     "Controller",
     "Curriculum",
     "EEPOGate",
+    "EntroPICLaw",
+    "EntropyCoefLaw",
     "Knobs",
+    "PIGains",
+    "PILaw",
     "Schedule",
     "StepStats",
     "TemperatureScheduler",
@@ -107,6 +112,7 @@ __all__ = [
     "build_controllers",
     "check_actuators",
     "make_schedule",
+    "pi_step",
     "sample_then_forget",
     "unlearn_step",
 ]
