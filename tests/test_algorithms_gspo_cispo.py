@@ -61,7 +61,8 @@ def test_gspo_worked_example_positive_advantage_trains():
     agg = aggregate(loss, mask, "seq-mean-token-mean")
     assert agg.item() == pytest.approx(-0.904837, abs=1e-6)
     # d/dlogp_t of −s with s = exp(mean_t Δ): −s/|o| per token
-    torch.testing.assert_close(grad(agg, logp), torch.full((1, 2), -E(-0.1) / 2, dtype=torch.float64))
+    expected = torch.full((1, 2), -E(-0.1) / 2, dtype=torch.float64)
+    torch.testing.assert_close(grad(agg, logp), expected)
     assert m["loss/clip_frac"].item() == 0.0
     assert m["loss/ratio_mean"].item() == pytest.approx(E(-0.1))
     assert m["loss/seq_log_ratio_abs_mean"].item() == pytest.approx(0.1)
@@ -156,7 +157,8 @@ def test_cispo_has_no_lower_bound_and_keeps_every_gradient():
     adv = torch.tensor([[-1.0, 1.0]], dtype=torch.float64)
     mask = torch.ones(1, 2, dtype=torch.bool)
     loss, m = cispo_loss(logp, old, adv, mask, cfg())
-    torch.testing.assert_close(grad(loss.sum(), logp), torch.tensor([[0.1, -1.2]], dtype=torch.float64))
+    expected = torch.tensor([[0.1, -1.2]], dtype=torch.float64)
+    torch.testing.assert_close(grad(loss.sum(), logp), expected)
     assert m["loss/clip_frac"].item() == pytest.approx(1 / 2)
     # the Eq. 6 mask drops both: A < 0 ∧ ratio < 1 − eps_low, A > 0 ∧ ratio > w_max
     loss, m = cispo_loss(logp, old, adv, mask, cfg(cispo_mask=True, eps_low=0.2))
@@ -165,7 +167,8 @@ def test_cispo_has_no_lower_bound_and_keeps_every_gradient():
 
 
 def cispo_as_written(logp, old, adv, mask, w_max):
-    """MiniMax-M1 Eq. 4: J = 1/Σ|o_i| · Σ_i Σ_t sg(r̂_{i,t}) Â_i log π(o_{i,t}), r̂ = min(r, w_max)."""
+    """MiniMax-M1 Eq. 4: J = 1/Σ|o_i| · Σ_i Σ_t sg(r̂_{i,t}) Â_i log π(o_{i,t}),
+    r̂ = min(r, w_max)."""
     lp = torch.where(mask, logp, torch.zeros_like(logp))
     r = torch.exp(lp - old).detach()
     w = torch.minimum(r, torch.full_like(r, w_max))

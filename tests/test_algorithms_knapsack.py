@@ -64,10 +64,8 @@ def test_matches_the_brute_force_optimum():
         rates, n_default, n_min, n_max = random_case(rng, rng.randint(1, 4))
         counts = knapsack_budgets(rates, n_default, n_min, n_max)
         seen = [p for p in rates if p is not None]
-        best = max(
-            (total_value(c, seen) for c in feasible(len(seen), n_default * len(seen), n_min, n_max)),
-            default=0.0,
-        )
+        allocations = feasible(len(seen), n_default * len(seen), n_min, n_max)
+        best = max((total_value(c, seen) for c in allocations), default=0.0)
         assert total_value(counts, rates) == pytest.approx(best, abs=1e-12)
 
 

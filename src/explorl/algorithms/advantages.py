@@ -129,13 +129,15 @@ def _check_k(k: int, count: torch.Tensor, strict: bool, name: str) -> None:
     smallest = int(count.min()) if count.numel() else k + 1
     if k < 1 or (k >= smallest if strict else k > smallest):
         need = "k < n" if strict else "1 ≤ k ≤ n"
-        raise ValueError(f"{name}: needs {need} for every group; got k = {k}, smallest n = {smallest}")
+        raise ValueError(
+            f"{name}: needs {need} for every group; got k = {k}, smallest n = {smallest}"
+        )
 
 
 def passk_training_advantages(
     rewards: torch.Tensor, group_index: torch.Tensor, eps: float, *, k: int
 ) -> torch.Tensor:
-    """Pass@k Training's analytic advantages (Chen et al. 2025, arXiv 2508.10751; §6d (a)).
+    """Pass@k Training's analytic advantages (arXiv 2508.10751, RUCAIBox; §6d (a)).
 
     Per group of N responses, c correct (r > 0: the ±1 convention's −1 counts as wrong):
     R̄ = ρ(N, c, k) = 1 − C(N−c, k)/C(N, k), σ = sqrt(R̄(1 − R̄)),
@@ -255,7 +257,7 @@ def pkpo_loo_minus_one_advantages(
 def grpo_passk_advantages(
     rewards: torch.Tensor, group_index: torch.Tensor, eps: float, *, norm_by_std: bool = True
 ) -> torch.Tensor:
-    """verl's ``grpo_passk`` (Thrampoulidis et al., arXiv 2503.19595; §6d (c)).
+    """verl's ``grpo_passk`` (after arXiv 2503.19595; §6d (c)).
 
     Only each group's best response gets an advantage: (r_max − r_2nd)/(std + eps), std the
     unbiased (n − 1) std of the group (``norm_by_std=False``: r_max − r_2nd); all others 0.

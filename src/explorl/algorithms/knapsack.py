@@ -1,4 +1,4 @@
-"""Knapsack RL rollout budgets (Li et al. 2025, arXiv 2509.25849; code ``sampling_budget_by_knapsack``,
+"""Knapsack RL rollout budgets (arXiv 2509.25849; code ``sampling_budget_by_knapsack``,
 ``solve_by_dp``; ALGORITHMS.md §6h): per-prompt sample counts that maximise the expected value
 of the groups that give a non-zero gradient, at a fixed batch total.
 

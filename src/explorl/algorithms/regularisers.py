@@ -53,7 +53,7 @@ def entropic_confident_term(
     token_denom: Denom = None,
     p_min: float = ENTROPIC_P_MIN,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """EntroPIC's actuator term (Yang et al. 2025, arXiv 2511.15248; ``compute_policy_loss_entropic``;
+    """EntroPIC's actuator term (arXiv 2511.15248; ``compute_policy_loss_entropic``;
     ALGORITHMS.md §6f): the scalar token-mean of −ratio·|A| over *confident* tokens.
 
     The trainer adds ``alpha · term`` to the loss, alpha from ``control.laws.EntroPICLaw``.

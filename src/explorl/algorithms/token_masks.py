@@ -87,10 +87,11 @@ def forking_token_mask(
 
     scale = n_valid / k if renorm_kept else 1.0
     kept_sum = top.sum()
+    dropped = (all_h.sum() - kept_sum) / (n_valid - k) if k < n_valid else zero
     metrics = {
         "entropy/mask_threshold": thr,
         "entropy/mask_kept_frac": zero + k / n_valid,
         "entropy/mask_kept_mean": kept_sum / k,
-        "entropy/mask_dropped_mean": (all_h.sum() - kept_sum) / (n_valid - k) if k < n_valid else zero,
+        "entropy/mask_dropped_mean": dropped,
     }
     return TokenMask(keep, keep.float() * scale, metrics)

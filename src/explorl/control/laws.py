@@ -71,7 +71,7 @@ class PILaw:
 
 @dataclass
 class EntroPICLaw:
-    """EntroPIC's coefficient α of the confident-token term (Yang et al. 2025, arXiv 2511.15248;
+    """EntroPIC's coefficient α of the confident-token term (arXiv 2511.15248;
     ALGORITHMS §6f): α = clip(Kp·e + Ki·I, −1, 1), e = H − H*, then I += e.
 
     α > 0 (entropy above target) sharpens, α < 0 raises entropy; the trainer adds
