@@ -172,7 +172,7 @@ def _sorted_groups(rewards: torch.Tensor, group_index: torch.Tensor):
     grp = inverse[order]
     count = _group_sum(torch.ones_like(rewards, dtype=torch.float64), inverse, G)  # (G,)
     start = torch.cumsum(count, 0) - count  # (G,)
-    i = torch.arange(len(order), dtype=torch.float64) - start[grp] + 1  # (N,)
+    i = torch.arange(len(order), dtype=torch.float64, device=rewards.device) - start[grp] + 1
     return order, rewards.double()[order], grp, i, count[grp], start.long()
 
 
@@ -271,10 +271,10 @@ def grpo_passk_advantages(
     if G and int(count.min()) < 2:
         raise ValueError("grpo_passk needs at least 2 responses in every group")
     gmax = r.new_full((G,), -torch.inf).scatter_reduce(0, inverse, r, "amax")  # (G,)
-    idx = torch.arange(len(r))
+    idx = torch.arange(len(r), device=r.device)
     # the best response: the first (lowest batch index) reaching the group's max
     cand = torch.where(r == gmax[inverse], idx, len(r))
-    best = torch.full((G,), len(r)).scatter_reduce(0, inverse, cand, "amin")  # (G,)
+    best = torch.full_like(gmax, len(r), dtype=torch.long).scatter_reduce(0, inverse, cand, "amin")
     is_best = idx == best[inverse]  # (N,)
     rest = torch.where(is_best, -torch.inf, r)
     second = r.new_full((G,), -torch.inf).scatter_reduce(0, inverse, rest, "amax")  # (G,)
