@@ -110,3 +110,10 @@ def test_entropy_coef_resumes_exactly():
 def test_entropy_coef_checks_its_bounds():
     with pytest.raises(ValueError):
         EntropyCoefLaw(**{**SKYWORK, "coef": 1.0})
+
+
+def test_laws_are_exported():
+    import explorl.control as control
+
+    names = {"EntroPICLaw", "EntropyCoefLaw", "PIGains", "PILaw", "pi_step"}
+    assert names <= set(control.__all__) and all(hasattr(control, n) for n in names)
