@@ -113,7 +113,7 @@ def test_entropy_coef_checks_its_bounds():
 
 
 def test_laws_are_exported():
-    import explorl.control as control
+    from explorl import control
 
     names = {"EntroPICLaw", "EntropyCoefLaw", "PIGains", "PILaw", "pi_step"}
     assert names <= set(control.__all__) and all(hasattr(control, n) for n in names)
