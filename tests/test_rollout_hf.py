@@ -11,13 +11,27 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    DynamicCache,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
 
 from explorl.algorithms import naive_logprobs
-from explorl.rollout.hf import HFEngine, decode_cache
 from explorl.forward import _pack_plan, response_logprobs, takes_custom_mask
-from explorl.rollout.seeding import (MT_VOCAB_MAX, NoiseStream, _generator_uniform, gumbel_sample, mix_seed,
-                                     mix_seed_grid, mt_uniform, row_keys)
+from explorl.rollout.hf import HFEngine, decode_cache
+from explorl.rollout.seeding import (
+    MT_VOCAB_MAX,
+    NoiseStream,
+    _generator_uniform,
+    gumbel_sample,
+    mix_seed,
+    mix_seed_grid,
+    mt_uniform,
+    row_keys,
+)
 
 PROMPTS = ["3+4=", "12+7=", "5+5=", "9+0=", "1+2="]  # tokenised lengths differ: left padding is exercised
 
