@@ -136,7 +136,7 @@ def run_explorl(spec: dict) -> dict:
 
     if spec.get("recipe"):
         cfg = C.load(ROOT / spec["recipe"], ["log.progress=false", "log.plots=false", "eval.every=0",
-                                             "log.checkpoint_every=0", "log.save_model=false"],
+                                             "log.checkpoint_every=0", "log.save_model=false", *spec.get("sets", [])],
                      max_steps=spec["warmup"] + spec["steps"])
     else:
         cfg = explorl_config(spec["prompts"], SAMPLES, spec["warmup"] + spec["steps"], spec["length"])
@@ -245,6 +245,8 @@ def main() -> None:
     p.add_argument("--quickstart", action="store_true",
                    help="recipes/quickstart.yaml (natural lengths) instead of the matrix, explorl only")
     p.add_argument("--ref-src", help="with --quickstart: also time explorl from this source tree")
+    p.add_argument("--variant", nargs="+", metavar="KEY=VALUE",
+                   help="with --quickstart: also time this tree with these overrides (e.g. optim.fused=on)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -287,17 +289,19 @@ def main() -> None:
 
 def quickstart(args, src: str) -> None:
     """The quickstart recipe's step in CPU time beside its floor; with --ref-src, before/after."""
-    sides = {"explorl": src, **({"explorl-ref": str(Path(args.ref_src).resolve())} if args.ref_src else {})}
+    sides = {"explorl": (src, []),
+             **({"explorl-ref": (str(Path(args.ref_src).resolve()), [])} if args.ref_src else {}),
+             **({" ".join(args.variant): (src, args.variant)} if args.variant else {})}
     steps = max(args.steps, 10)
     print(f"recipes/quickstart.yaml: {args.reps} alternating reps of {args.warmup} warm-up + {steps} timed "
           f"steps per side\n")
     runs: dict[str, list[dict]] = {s: [] for s in sides}
     for rep in range(args.reps):
-        for side, path in sides.items():
+        for side, (path, sets) in sides.items():
             r = measure({"side": side, "recipe": "recipes/quickstart.yaml", "steps": steps,
-                         "warmup": args.warmup, "src": path})
+                         "warmup": args.warmup, "src": path, "sets": sets})
             runs[side].append(r)
-            print(f"  rep {rep + 1} {side:11s} CPU ms/step {mmm(r['cpu_s'], 1e3)}  floor "
+            print(f"  rep {rep + 1} {side:17s} CPU ms/step {mmm(r['cpu_s'], 1e3)}  floor "
                   f"{statistics.median(r['floor_s']) * 1e3:.1f} ms  (load {os.getloadavg()[0]:.1f})", flush=True)
     print("\n| side | CPU ms/step (min / median / max of rep medians) | floor ms | GFLOP/step | matmul GFLOP/s "
           "(sample, train) | step / floor | peak RSS |")

@@ -113,7 +113,7 @@ def _strip(rows):
     {"control": {"temperature": {"enabled": True}, "budget": {"enabled": True},
                  "curriculum": {"enabled": True, "start_ratio": 0.4, "n_samples": 6}},
      "algorithm": {"loss": "clip_cov", "clip_cov_lb": -10.0, "clip_cov_ratio": 0.05}, "data": {"max_train_prompts": 8},
-     "optim": {"fused": "on"}},
+     "optim": {"fused": True}},
     {"control": {"eepo": {"enabled": True, "alpha": 10.0}, "adaptive": {"enabled": True, "warmup": 1}},
      "algorithm": {"loss": "kl_cov", "entropy_coef": 0.01, "kl_coef": 0.01}, "optim": {"mini_batches": 2}},
     {"model": {"dtype": "bfloat16"},
@@ -138,7 +138,7 @@ def test_resume_reproduces_uninterrupted_run(make_config, tmp_path, extra):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-@pytest.mark.parametrize("fused, cpu", [("auto", None), ("on", True), ("off", None)])
+@pytest.mark.parametrize("fused, cpu", [(None, None), (True, True), (False, None)])
 def test_fused_adamw_only_where_asked(fused, cpu):
     from explorl.config import OptimConfig
     from explorl.update import make_optimizer
