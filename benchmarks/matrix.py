@@ -147,7 +147,7 @@ def run_explorl(spec: dict) -> dict:
             eos = t.engine.eos_ids.tolist()
 
             def no_eos(module, inputs, logits):
-                logits[..., eos] = float("-inf")
+                logits[..., eos] = -1e4  # probability exactly 0 in float32; -inf would make 0·log 0 = nan
                 return logits
 
             t.policy.get_output_embeddings().register_forward_hook(no_eos)
