@@ -126,11 +126,19 @@ class RewardConfig:
 @dataclass
 class AlgorithmConfig:
     advantage: str = "grpo"
-    """Advantage estimator: ``grpo``, ``dr_grpo``, ``rloo``, ``reinforce_pp``."""
+    """Advantage estimator: ``grpo``, ``dr_grpo``, ``rloo``, ``reinforce_pp``; pass@k objectives
+    (ALGORITHMS §6d) ``passk_training`` (Pass@k Training), ``pkpo``, ``pkpo_loo``,
+    ``pkpo_loo_minus_one`` (PKPO; the paper recommends the last), ``grpo_passk`` (verl)."""
+    passk_k: Optional[int] = None
+    """k of the pass@k estimators that take one (``passk_training``, ``pkpo``, ``pkpo_loo``,
+    ``pkpo_loo_minus_one``; required there, unused otherwise). Must be ≤ every group's size
+    (rollout.n_samples, and the smallest budget or curriculum count when those change it);
+    ``pkpo_loo`` needs k < n. No shared default: pick k below n (e.g. 4 of 8)."""
     adv_eps: float = 1e-6
     """Added to the group std in GRPO normalisation."""
     loss: str = "ppo"
-    """Policy loss: ``ppo``, ``clip_cov`` (Clip-Cov), ``kl_cov`` (KL-Cov)."""
+    """Policy loss: ``ppo``, ``clip_cov`` (Clip-Cov), ``kl_cov`` (KL-Cov), ``gspo`` (GSPO; needs
+    ``agg: seq-mean-token-mean``), ``cispo`` (CISPO)."""
     eps_low: float = 0.2
     """PPO lower clip: ratio ≥ 1 − eps_low."""
     eps_high: float = 0.2
@@ -153,6 +161,25 @@ class AlgorithmConfig:
     """KL-Cov: |logp − old_logp| up to this counts as 0. The sampler's and the trainer's log-probs of
     one policy differ by float noise (~1e-6 in float32, up to ~1e-2 in bf16), and the gradient
     ±λ of |·| would turn that noise into a push on the first, on-policy update. Raise it for bf16."""
+    cispo_w_max: float = 1.2
+    """CISPO: absolute cap of the stop-gradient importance weight, w = sg(min(ratio, w_max)) (verl's
+    example: clip_ratio_high 0.2 → 1.2; TRL recommends 5.0). eps_high is never used by CISPO."""
+    cispo_mask: bool = False
+    """CISPO: MiniMax-M1 Eq. 6 token mask (drop A > 0 ∧ ratio > w_max and A < 0 ∧ ratio <
+    1 − eps_low). Off, as in the paper's main runs."""
+    entropy_mask_ratio: Optional[float] = None
+    """Forking-token mask (Beyond the 80/20 Rule, §6c): keep the policy gradient only on the top ρ
+    of a mini-batch's valid tokens by entropy (paper: 0.2), threshold global over every rank; the
+    entropy bonus and KL stay unmasked. Entropy: the policy's at the sampling temperature from
+    the pass that gave old_logp. None or 0 = off."""
+    entropy_mask_renorm: bool = False
+    """Forking-token mask: divide by the kept tokens instead of all valid ones (the official code's
+    token-mean over kept tokens, ≈ 1/ρ larger steps). Off: denominators unchanged (TRL)."""
+    entropy_shaping_alpha: float = 0.0
+    """Entropy advantage shaping (Cheng et al. 2025, §6e): A_t += min(α·H_t, |A_t|/κ) after the
+    estimator; quoted α = 0.4 with GRPO (0.1 with PPO). 0 = off."""
+    entropy_shaping_kappa: float = 2.0
+    """Entropy advantage shaping: κ, the cap |A_t|/κ (κ ≥ 1 keeps the sign of A)."""
     agg: str = "token-mean"
     """Loss aggregation over tokens and sequences: ``token-mean``, ``seq-mean-token-mean`` or
     ``seq-mean-token-sum-norm`` (``algorithms.AGG_MODES``)."""
@@ -232,6 +259,14 @@ class BudgetControlConfig:
     """Largest per-prompt budget once fully widened."""
     widen: int = 2
     """How much [n_min, n_max] widens per epoch (starts at [n_samples, n_samples])."""
+    allocator: Literal["e3", "knapsack"] = "e3"
+    """How counts are allocated within [n_min, n_max] at the same batch total: ``e3`` (E3's linear
+    allocation by cumulative accuracy rank) or ``knapsack`` (Knapsack RL, §6h: maximise the
+    expected value of non-zero-gradient groups from each prompt's last success rate; unseen
+    prompts get n_samples)."""
+    knapsack_alpha: Optional[float] = 0.9
+    """knapsack: a valued prompt needs only ln(1 − α)/ln max(p, 1 − p) samples and the excess goes
+    to unsolved prompts (the code's fallback, 0.9). None = off (all to valued prompts)."""
 
 
 @dataclass
@@ -287,7 +322,56 @@ class AdaptiveControlConfig:
     max: Optional[float] = None
     """Upper clamp. None = the actuator's default (eps_high: 0.4)."""
     deadband: float = 0.02
-    """No change while |target − entropy| ≤ deadband × target."""
+    """No change while |target − entropy| ≤ deadband × target (bang_bang only)."""
+    law: Literal["bang_bang", "pi"] = "bang_bang"
+    """Control law. ``bang_bang``: ±delta per step (the paper's Algorithm 1). ``pi``: knob =
+    clip(init + kp·e + ki·Σ earlier e, min, max) with e = sign·(target − entropy) over the
+    window (§6f's PI law; sign +1 when raising the knob raises entropy)."""
+    kp: Optional[float] = None
+    """pi: proportional gain, knob units per nat. None = 10·delta (a 0.1-nat error moves the knob
+    by δ)."""
+    ki: Optional[float] = None
+    """pi: integral gain, knob units per nat·step. None = delta."""
+    anti_windup: bool = True
+    """pi: stop integrating an error that pushes further into a bound the knob is pinned at."""
+
+
+@dataclass
+class EntroPICControlConfig:
+    enabled: bool = False
+    """EntroPIC (arXiv 2511.15248, §6f): a PI controller on the weight of positive vs negative
+    samples among confident tokens (owns the ``pos_neg_weight`` knob α; loss += α·mean over
+    tokens with π_old > p_min of −ratio·|A|). α > 0 sharpens, α < 0 raises entropy."""
+    target: float = 0.1
+    """Target entropy H* (nats; the official script's 0.1 at T = 0.6). < 0 = off (α = 0)."""
+    kp: float = 1.0
+    """Proportional gain (official: 1)."""
+    ki: float = 0.01
+    """Integral gain on the sum of earlier errors (official: 0.01)."""
+    anti_windup: bool = False
+    """Conditional integration while α is pinned at ±1 (ours; off as in the official code)."""
+    p_min: float = 0.95
+    """A token is confident when its probability under the sampling policy exceeds this
+    (official: 0.95)."""
+
+
+@dataclass
+class EntropyCoefControlConfig:
+    enabled: bool = False
+    """Adaptive entropy coefficient (Skywork-OR1 ``EntController``; TRL #6140; §6g): the bonus uses
+    c·1[H < target], then c ← clip(c ± delta) (+ while H < target). Owns ``entropy_coef``."""
+    target: float = 0.2
+    """Target entropy H* (nats; Skywork scripts: 0.2)."""
+    delta: float = 1e-4
+    """Step of c per training step (Skywork: 1e-4; TRL: 5e-3)."""
+    init: float = 0.0
+    """c₀ (Skywork: 0)."""
+    min: float = 0.0
+    """Lower bound of c. At 0 the controller keeps running (TRL's first version died there)."""
+    max: float = 5e-3
+    """Upper bound of c (Skywork: 5e-3; TRL: 1)."""
+    inclusive: bool = False
+    """Count H = target as below it (TRL's ≤); Skywork uses <."""
 
 
 @dataclass
@@ -314,6 +398,10 @@ class ControlConfig:
     """Entropy Scheduling adaptive controller."""
     curriculum: CurriculumControlConfig = field(default_factory=CurriculumControlConfig)
     """Staged curriculum."""
+    entropic: EntroPICControlConfig = field(default_factory=EntroPICControlConfig)
+    """EntroPIC positive/negative sample weights."""
+    entropy_coef: EntropyCoefControlConfig = field(default_factory=EntropyCoefControlConfig)
+    """Adaptive entropy coefficient (Skywork-OR1 / TRL)."""
 
 
 @dataclass
@@ -397,8 +485,20 @@ def _fail(path: str, msg: str) -> typing.NoReturn:
 
 
 # (path, predicate, message) checks of impossible values, run after types are checked.
+def _smallest_group(c: RunConfig) -> int:
+    """The fewest responses a prompt can get: n_samples, a curriculum's, the budget's floor."""
+    ctl, n = c.control, c.rollout.n_samples
+    sizes = [n]
+    if ctl.curriculum.enabled and ctl.curriculum.n_samples is not None:
+        sizes.append(ctl.curriculum.n_samples)
+    if ctl.budget.enabled:  # the budget floor never goes below min(n_min_limit, n_default)
+        sizes += [min(ctl.budget.n_min_limit, s) for s in list(sizes)]
+    return min(sizes)
+
+
 def _semantic_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
     a, r, o, ctl = c.algorithm, c.rollout, c.optim, c.control
+    k, n_group = a.passk_k, _smallest_group(c)
     return [
         ("max_steps", c.max_steps >= 1, "must be ≥ 1"),
         ("data.prompts_per_step", c.data.prompts_per_step >= 1, "must be ≥ 1"),
@@ -428,6 +528,20 @@ def _semantic_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
         ("algorithm.max_gen_rounds", a.max_gen_rounds >= 1, "must be ≥ 1"),
         ("algorithm.logprob_chunk", a.logprob_chunk >= 1, "must be ≥ 1"),
         ("algorithm.agg_max_len", a.agg_max_len is None or a.agg_max_len >= 1, "must be ≥ 1"),
+        ("algorithm.passk_k", k is None or 1 <= k <= n_group,
+         f"must be in [1, {n_group}]: k ≤ n in every group (the smallest has {n_group} responses)"),
+        ("algorithm.passk_k", k is None or a.advantage != "pkpo_loo" or k < n_group,
+         f"pkpo_loo needs k < n in every group (the smallest group has {n_group} responses)"),
+        ("algorithm.advantage", a.advantage != "grpo_passk" or n_group >= 2,
+         "grpo_passk needs at least 2 responses in every group"),
+        ("algorithm.cispo_w_max", a.cispo_w_max > 0, "must be > 0"),
+        ("algorithm.entropy_mask_ratio",
+         a.entropy_mask_ratio is None or 0 <= a.entropy_mask_ratio <= 1,
+         "must be in [0, 1] (None or 0 = off)"),
+        ("algorithm.entropy_shaping_alpha", a.entropy_shaping_alpha >= 0,
+         "must be ≥ 0 (0 = off)"),
+        ("algorithm.entropy_shaping_kappa", a.entropy_shaping_kappa >= 1,
+         "must be ≥ 1 (keeps the sign of A)"),
         ("optim.lr", o.lr > 0, "must be > 0"),
         ("optim.ppo_epochs", o.ppo_epochs >= 1, "must be ≥ 1"),
         ("optim.mini_batches", o.mini_batches >= 1, "must be ≥ 1"),
@@ -449,6 +563,18 @@ def _semantic_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
         ("control.adaptive.window", ctl.adaptive.window >= 1, "must be ≥ 1"),
         ("control.adaptive.warmup", ctl.adaptive.warmup >= 0, "must be ≥ 0"),
         ("control.adaptive.schedule.anneal_ratio", 0 <= ctl.adaptive.schedule.anneal_ratio < 1, "must be in [0, 1)"),
+        ("control.adaptive.kp", ctl.adaptive.kp is None or ctl.adaptive.kp >= 0, "must be ≥ 0"),
+        ("control.adaptive.ki", ctl.adaptive.ki is None or ctl.adaptive.ki >= 0, "must be ≥ 0"),
+        ("control.budget.knapsack_alpha",
+         ctl.budget.knapsack_alpha is None or 0 < ctl.budget.knapsack_alpha < 1,
+         "must be in (0, 1) (None = off)"),
+        ("control.entropic.kp", ctl.entropic.kp >= 0, "must be ≥ 0"),
+        ("control.entropic.ki", ctl.entropic.ki >= 0, "must be ≥ 0"),
+        ("control.entropic.p_min", 0 < ctl.entropic.p_min < 1, "must be in (0, 1)"),
+        ("control.entropy_coef.delta", ctl.entropy_coef.delta >= 0, "must be ≥ 0"),
+        ("control.entropy_coef.init",
+         0 <= ctl.entropy_coef.min <= ctl.entropy_coef.init <= ctl.entropy_coef.max,
+         "need 0 ≤ min ≤ init ≤ max"),
         ("control.curriculum.start_ratio", 0 < ctl.curriculum.start_ratio < 1, "must be in (0, 1)"),
         ("eval.every", c.eval.every >= 0, "must be ≥ 0"),
         ("eval.n_samples", c.eval.n_samples >= 1, "must be ≥ 1"),
@@ -549,9 +675,17 @@ def validate(cfg: RunConfig) -> RunConfig:
 def _check_names(cfg: RunConfig) -> None:
     """Plug-point names are checked against the dicts that define them (no copied lists)."""
     from explorl.algorithms import ADVANTAGES, AGG_MODES, KL_ESTIMATORS, LOSSES
+    from explorl.algorithms.advantages import TAKES_K
+    from explorl.algorithms.losses import REQUIRED_AGG
     from explorl.control import ACTUATOR_DEFAULTS, SCHEDULES
 
     a, ad = cfg.algorithm, cfg.control.adaptive
+    if a.advantage in TAKES_K and a.passk_k is None:
+        _fail("algorithm.passk_k",
+              f"advantage {a.advantage!r} optimises pass@k: set k (≤ rollout.n_samples)")
+    if a.loss in REQUIRED_AGG and a.agg != REQUIRED_AGG[a.loss]:
+        _fail("algorithm.agg", f"loss {a.loss!r} needs agg {REQUIRED_AGG[a.loss]!r}, got {a.agg!r} "
+              "(only then is the GSPO-token loss the sequence-level GSPO objective)")
     for path, value, table, kind in [("algorithm.loss", a.loss, LOSSES, "loss"),
                                      ("algorithm.advantage", a.advantage, ADVANTAGES, "advantage estimator"),
                                      ("algorithm.agg", a.agg, AGG_MODES, "aggregation mode"),

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from explorl import config as C
-from explorl.algorithms import compute_advantages
+from explorl.advantage_step import step_advantages
 from explorl.checkpoint import (
     NoCheckpoint,
     latest_checkpoint,
@@ -38,7 +38,7 @@ from explorl.rollout.collect import collect
 from explorl.rollout.hf import HFEngine
 from explorl.rollout.two_stage import make_sampler
 from explorl.runlog import MetricsLog, ProgressBar, graceful_interrupt, json_default
-from explorl.step_batch import covariance_metrics, policy_entropy
+from explorl.step_batch import policy_entropy
 from explorl.step_metrics import TIME_KEYS, batch_metrics, ordered, timed
 from explorl.update import (
     NonFiniteGuard,
@@ -230,16 +230,20 @@ class Trainer:
                 got.rollouts, rm = self.update.recompute(got.rollouts, sb, knobs.temperature)
             metrics.update(rm)
 
-        # 3. advantages over the global batch (groups = prompts, never split across ranks)
-        adv_all, am = compute_advantages(cfg.algorithm.advantage, rows["reward"].float(), rows["group"],
-                                         eps=cfg.algorithm.adv_eps)
-        metrics.update({k: float(v) for k, v in am.items()})
-        # Covariance diagnostics on the sampling pass's log-probs (= the policy's, before the update).
-        metrics.update(covariance_metrics(rows, adv_all))
+        # 3. advantages over the global batch (groups = prompts, never split across ranks), shaping
+        adv, am = step_advantages(cfg.algorithm, sb, got.rollouts, self.dist)
+        metrics.update(am)
 
-        # 4. update (skipped, weights untouched, when the loss or a gradient is not finite)
+        # 4. update (skipped, weights untouched, when the loss or a gradient is not finite), with
+        # loss-side knobs set from the step's global statistics (the policy's own entropy)
+        stats = StepStats(step=step, max_steps=cfg.max_steps, entropy=policy_entropy(rows),
+                          prompt_indices=sb.prompt_indices, prompt_correct=sb.prompt_correct,
+                          prompt_samples=sb.prompt_samples, epoch=sb.epoch, epoch_end=sb.epoch_end)
+        with timed(metrics, "time/control_s"):
+            metrics.update(self.control.before_update(stats))
+        knobs = self.knobs
         with timed(metrics, "time/train_s"):
-            upd, sums = self.update.run(got.rollouts, adv_all[sb.local], knobs, sb)
+            upd, sums = self.update.run(got.rollouts, adv, knobs, sb)
         # The step's one reduction: loss and token sums, and the Ctrl-C flag (all ranks stop together).
         total = self.dist.sum_dict({**sums, "stop": float(self._stop)})
         self._stop = total.pop("stop") > 0
@@ -247,11 +251,7 @@ class Trainer:
         self.guard.check(step, metrics, rows["reward"])
         self.step = step
 
-        # 5. controllers read the step's global statistics (the policy's own entropy)
-        entropy = policy_entropy(rows)
-        stats = StepStats(step=step, max_steps=cfg.max_steps, entropy=entropy, prompt_indices=sb.prompt_indices,
-                          prompt_correct=sb.prompt_correct, prompt_samples=sb.prompt_samples, epoch=sb.epoch,
-                          epoch_end=sb.epoch_end)
+        # 5. controllers read the step's global statistics
         with timed(metrics, "time/control_s"):
             metrics.update(self.control.after_step(stats))
 

@@ -5,6 +5,16 @@ One shared generator permutes the global batch, so every rank cuts the same mini
 takes the rows it holds. Every micro-batch's loss is divided by its mini-batch's *global* token
 and sequence counts, so the ranks' gradients sum to the one-process gradient (DDP averages,
 hence the loss × N).
+
+Token masks and terms that act on any loss: the forking-token mask (``algorithm.
+entropy_mask_ratio``, §6c) keeps the policy loss of the mini-batch's top-ρ entropy tokens, its
+threshold taken over every rank's valid tokens (one gather per mini-batch, every rank joins);
+the entropies are the rollouts' (the policy's at the sampling temperature from the pass that
+gave old_logp: recomputed by the trainer with ``algorithm.old_logp``; EEPO's stage-2 rows after
+an unlearning step carry the unlearned copy's, the model that sampled them). EntroPIC's term
+(``control.entropic``, §6f) adds α · mean over confident tokens of −ratio·|A|; confident =
+π_old > p_min (ours: the sampling policy's probability, so the global count — its denominator —
+is known before the update; on the on-policy pass it is the current policy's, as in the code).
 """
 
 from __future__ import annotations
@@ -16,7 +26,13 @@ from types import SimpleNamespace
 
 import torch
 
-from explorl.algorithms import LOSSES, aggregate, kl_estimate
+from explorl.algorithms import (
+    LOSSES,
+    aggregate,
+    entropic_confident_term,
+    forking_token_mask,
+    kl_estimate,
+)
 from explorl.algorithms.losses import SELECTORS
 from explorl.config import RunConfig
 from explorl.control import Knobs
@@ -129,6 +145,9 @@ class PolicyUpdate:
         sums: dict[str, torch.Tensor] = {}
         n_opt, n_bad, grad_norm_sum = 0, 0, torch.zeros((), device=self.device)
         adv = adv.to(self.device)
+        confident = self._confident_counts(ro, sb, N) if cfg.control.entropic.enabled else None
+        mask_sums: dict[str, float] = {}  # forking-mask metrics (global), summed over mini-batches
+        n_masks = 0
         self.scorer.train()
         for _ in range(o.ppo_epochs):
             order = (torch.randperm(N, generator=self.shuffle_gen) if n_mb > 1 or o.ppo_epochs > 1
@@ -142,13 +161,20 @@ class PolicyUpdate:
                 per_rank = torch.bincount(rows["rank"][mb], minlength=W)
                 n_micro = int(max(math.ceil(int(c) / o.micro_batch_size) for c in per_rank))
                 selections = self._select_tokens(ro, adv, micros, n_micro, knobs, lcfg)
+                weights = [None] * len(micros)
+                if a.entropy_mask_ratio:
+                    weights = self._forking_weights(ro, micros, mask_sums)
+                    n_masks += 1
+                if confident is not None:  # EntroPIC's denominator: its confident tokens
+                    agg["confident_denom"] = confident[mb].sum().clamp_min(1)
                 self.optimizer.zero_grad(set_to_none=True)
                 for k in range(n_micro):
                     sync = k == n_micro - 1
                     with contextlib.nullcontext() if sync else self.dist.no_sync(self.scorer):
                         if k < len(micros):
                             loss = self._micro_loss(ro.select(micros[k]), adv[micros[k]], knobs, loss_fn, lcfg,
-                                                    agg, sums, selection=selections[k])
+                                                    agg, sums, selection=selections[k],
+                                                    weight=weights[k])
                         else:
                             loss = self._idle_loss()
                         loss = loss * W
@@ -175,7 +201,33 @@ class PolicyUpdate:
         out = {"grad/norm": float(grad_norm_sum) / max(1, n_opt) if n_opt else float("nan"),
                "train/optimizer_steps": float(n_opt), "train/nonfinite_updates": float(n_bad),
                "train/lr": float(self.scheduler.get_last_lr()[0])}
+        out.update({k: v / n_masks for k, v in mask_sums.items()})  # means over the mini-batches
         return out, {k: float(v) for k, v in sums.items()}
+
+    def _confident_counts(self, ro: Rollouts, sb: StepBatch, N: int) -> torch.Tensor:
+        """(N,) per global row: valid tokens with π_old > p_min (EntroPIC's confident tokens); one
+        gather, so every rank can form each mini-batch's global count."""
+        p_min = self.cfg.control.entropic.p_min
+        n = (ro.response_mask & (ro.old_logp.exp() > p_min)).sum(-1).float().cpu()  # (n,)
+        out = torch.zeros(N)
+        for part in self.dist.gather({"local": sb.local.cpu(), "n": n}):
+            out[part["local"]] = part["n"]
+        return out
+
+    @torch.no_grad()
+    def _forking_weights(self, ro: Rollouts, micros: list[torch.Tensor], mask_sums: dict) -> list:
+        """The forking-token mask over this mini-batch's valid tokens on every rank (§6c): one
+        per-token weight (n_micro_rows, T) per micro-batch. Every rank calls the gather, also one
+        holding no rows of the mini-batch. Adds the mask's (global) metrics to ``mask_sums``."""
+        a = self.cfg.algorithm
+        rows = torch.cat(micros) if micros else torch.zeros(0, dtype=torch.long)
+        rows = rows.to(ro.entropy.device)
+        tm = forking_token_mask(ro.entropy[rows], ro.response_mask[rows], a.entropy_mask_ratio,
+                                renorm_kept=a.entropy_mask_renorm, gather=self.dist.gather,
+                                rank=self.dist.rank)
+        for k, v in tm.metrics.items():
+            mask_sums[k] = mask_sums.get(k, 0.0) + float(v)
+        return list(tm.weight.split([len(m) for m in micros])) if micros else []
 
     @torch.no_grad()
     def _select_tokens(self, ro: Rollouts, adv: torch.Tensor, micros: list[torch.Tensor], n_micro: int,
@@ -204,16 +256,27 @@ class PolicyUpdate:
         return list(zip(selected.split(sizes), cov.split(sizes)))
 
     def _micro_loss(self, sub: Rollouts, adv: torch.Tensor, knobs: Knobs, loss_fn, lcfg, agg: dict,
-                    sums: dict, selection=None) -> torch.Tensor:
-        """This micro-batch's share of the mini-batch loss; adds its metric sums to ``sums``."""
+                    sums: dict, selection=None, weight: torch.Tensor | None = None) -> torch.Tensor:
+        """This micro-batch's share of the mini-batch loss; adds its metric sums to ``sums``.
+        ``weight`` (n, T): the forking mask's per-token weight of the policy loss."""
         a = self.cfg.algorithm
+        agg = dict(agg)
+        confident_denom = agg.pop("confident_denom", None)
         mask = sub.response_mask
         need_entropy = knobs.entropy_coef > 0
         logp, ent = self.scorer(sub.prompt_ids, sub.prompt_mask, sub.response_ids, mask, knobs.temperature,
                                 chunk_size=a.logprob_chunk, with_entropy=need_entropy)
         per_tok, m = loss_fn(logp, sub.old_logp, adv, mask, lcfg, generator=self.loss_gen, selection=selection)
+        if weight is not None:
+            per_tok = per_tok * weight.to(per_tok.device)
         pg = aggregate(per_tok, mask, a.agg, **agg)
         loss = pg
+        if confident_denom is not None:  # EntroPIC: α · token-mean of −ratio·|A| on confident ones
+            confident = sub.old_logp.exp() > self.cfg.control.entropic.p_min
+            term, em = entropic_confident_term(logp, sub.old_logp, adv, mask,
+                                               token_denom=confident_denom, confident=confident)
+            loss = loss + knobs.pos_neg_weight * term
+            m = {**m, **em}
         if need_entropy:
             bonus = aggregate(ent, mask, a.agg, **agg)
             loss = loss - knobs.entropy_coef * bonus
