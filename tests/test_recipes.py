@@ -39,7 +39,7 @@ def test_recipe_trains_two_steps(recipe, tiny_model, tmp_path):
     cfg = _lab_sized(recipe, tiny_model)
     Trainer(cfg, tmp_path / "run").train()
     rows = read_metrics(tmp_path / "run")
-    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["step"] for r in rows] == [0, 1, 2]  # step 0: eval.before_training
     last = rows[-1]
     assert "val/accuracy" in last
     ctl = cfg.control
@@ -57,3 +57,16 @@ def test_recipe_trains_two_steps(recipe, tiny_model, tmp_path):
         assert last["control/curriculum_phase"] == 1.0
     if cfg.algorithm.kl_coef > 0:
         assert "kl/ref_mean" in last
+    a = cfg.algorithm
+    if a.loss == "gspo":
+        assert "loss/seq_log_ratio_abs_mean" in last
+    if a.loss == "cispo":
+        assert "loss/cispo_masked_frac" in last
+    if a.entropy_mask_ratio:
+        assert 0 < last["entropy/mask_kept_frac"] <= 1
+    if a.entropy_shaping_alpha > 0:
+        assert "adv/entropy_shaping_mean" in last
+    if ctl.entropic.enabled:
+        assert "control/pos_neg_weight" in last and "loss/entropic_confident_frac" in last
+    if ctl.entropy_coef.enabled:
+        assert "control/entropy_coef_next" in last
