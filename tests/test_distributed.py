@@ -184,3 +184,21 @@ def test_cov_loss_selection_pre_pass_on_two_processes(tiny_model, tmp_path):
     wb = load_file(tmp_path / "two" / "checkpoints" / "step-3" / "model.safetensors")
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], rtol=W_REL, atol=W_ABS)
+
+
+def test_forking_mask_entropic_and_shaping_two_processes_equal_one(tiny_model, tmp_path):
+    """Issue 18's cross-rank statistics: the forking mask's threshold over the mini-batch's valid
+    tokens of every rank (a gather per mini-batch, uneven micro-batches), EntroPIC's global
+    confident-token denominator and α from the global entropy, the shaping metrics' global means.
+    2 processes train as 1, threshold included."""
+    cfg = tiny_config(tiny_model, {**BASE, "algorithm": {"entropy_mask_ratio": 0.3, "entropy_shaping_alpha": 0.4},
+                                   "control": {"entropic": {"enabled": True, "target": 0.5}},
+                                   "optim": {"mini_batches": 2, "micro_batch_size": 3}})
+    _launch("torchrun", cfg, tmp_path / "two")
+    Trainer(cfg, tmp_path / "one").train()
+    _assert_same_run(tmp_path / "one", tmp_path / "two")
+    one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    train = [(a, b) for a, b in zip(one, two) if a["step"] > 0]
+    assert all(b["entropy/mask_threshold"] == pytest.approx(a["entropy/mask_threshold"], rel=1e-5)
+               and b["entropy/mask_kept_frac"] == a["entropy/mask_kept_frac"] for a, b in train)
+    assert all(a["control/pos_neg_weight"] != 0 for a, _ in train)
