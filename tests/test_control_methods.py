@@ -84,7 +84,7 @@ def test_entropic_anti_windup_through_the_config():
     assert [u.pos_neg_weight for u, _ in log] == pytest.approx(ALPHA[:4] + [0.003], abs=1e-12)
 
 
-# ----------------------------------------------------------------------------- entropy coefficient (§6g)
+# ------------------------------------------------------------------ entropy coefficient (§6g)
 
 COEF = {"entropy_coef": {"target": 0.2, "delta": 1e-4, "init": 0.0, "min": 0.0, "max": 2e-4}}
 H_C = [0.15, 0.15, 0.15, 0.25, 0.25, 0.25, 0.1, 0.2]
@@ -146,7 +146,7 @@ def test_bang_bang_stays_the_default():
     assert C.AdaptiveControlConfig().law == "bang_bang"
 
 
-# ----------------------------------------------------------------------------- knapsack budgets (§6h)
+# --------------------------------------------------------------------- knapsack budgets (§6h)
 
 # 4 prompts, 2 per step, 2 steps per epoch; bounds [8, 8] in epoch 1, then n_min =
 # max(8 − 6, 2) = 2, n_max = min(8 + 6, 12) = 12.
@@ -180,7 +180,8 @@ def test_knapsack_budgets_by_hand():
 def test_knapsack_conserves_the_total_within_the_bounds():
     for u, m in _knapsack_run(0.9):
         b = u.budgets_for(2)
-        assert sum(b) == 16 and m["rollout/budget_min"] == min(b) and m["rollout/budget_max"] == max(b)
+        assert sum(b) == 16
+        assert m["rollout/budget_min"] == min(b) and m["rollout/budget_max"] == max(b)
         assert m["control/budget_n_min"] <= min(b) and max(b) <= m["control/budget_n_max"]
 
 

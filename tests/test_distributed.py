@@ -191,9 +191,10 @@ def test_forking_mask_entropic_and_shaping_two_processes_equal_one(tiny_model, t
     tokens of every rank (a gather per mini-batch, uneven micro-batches), EntroPIC's global
     confident-token denominator and α from the global entropy, the shaping metrics' global means.
     2 processes train as 1, threshold included."""
-    cfg = tiny_config(tiny_model, {**BASE, "algorithm": {"entropy_mask_ratio": 0.3, "entropy_shaping_alpha": 0.4},
-                                   "control": {"entropic": {"enabled": True, "target": 0.5}},
-                                   "optim": {"mini_batches": 2, "micro_batch_size": 3}})
+    methods = {"algorithm": {"entropy_mask_ratio": 0.3, "entropy_shaping_alpha": 0.4},
+               "control": {"entropic": {"enabled": True, "target": 0.5}},
+               "optim": {"mini_batches": 2, "micro_batch_size": 3}}
+    cfg = tiny_config(tiny_model, {**BASE, **methods})
     _launch("torchrun", cfg, tmp_path / "two")
     Trainer(cfg, tmp_path / "one").train()
     _assert_same_run(tmp_path / "one", tmp_path / "two")

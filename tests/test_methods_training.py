@@ -16,7 +16,8 @@ def _train(make_config, tmp_path, name, extra):
     cfg = make_config({**BASE, **extra})
     t = Trainer(cfg, tmp_path / name)
     t.train()
-    return {k: v.detach().clone() for k, v in t.policy.state_dict().items()}, read_metrics(tmp_path / name)
+    weights = {k: v.detach().clone() for k, v in t.policy.state_dict().items()}
+    return weights, read_metrics(tmp_path / name)
 
 
 def _same(a, b):
@@ -29,7 +30,8 @@ def grpo(make_config, tmp_path):
 
 
 def test_forking_mask_keeps_the_top_rho_and_rho_one_is_grpo(make_config, tmp_path, grpo):
-    w_all, rows_all = _train(make_config, tmp_path, "rho1", {"algorithm": {"entropy_mask_ratio": 1.0}})
+    w_all, rows_all = _train(make_config, tmp_path, "rho1",
+                             {"algorithm": {"entropy_mask_ratio": 1.0}})
     assert _same(w_all, grpo[0])  # every token kept, denominators unchanged: GRPO exactly
     assert all(r["entropy/mask_kept_frac"] == 1.0 for r in rows_all)
     w, rows = _train(make_config, tmp_path, "rho", {"algorithm": {"entropy_mask_ratio": 0.2}})
@@ -37,14 +39,18 @@ def test_forking_mask_keeps_the_top_rho_and_rho_one_is_grpo(make_config, tmp_pat
     for r in rows:
         # k = ceil(0.2·n_valid) per mini-batch (8 responses of ≤ 6 tokens): kept ∈ [0.2, 0.2 + 1/n)
         assert 0.2 <= r["entropy/mask_kept_frac"] < 0.34
-        assert r["entropy/mask_kept_mean"] >= r["entropy/mask_threshold"] >= r["entropy/mask_dropped_mean"]
+        assert (r["entropy/mask_kept_mean"] >= r["entropy/mask_threshold"]
+                >= r["entropy/mask_dropped_mean"])
 
 
 def test_entropic_term_acts_only_through_alpha(make_config, tmp_path, grpo):
-    off, rows_off = _train(make_config, tmp_path, "off", {"control": {"entropic": {"enabled": True, "target": -1.0}}})
+    off, rows_off = _train(make_config, tmp_path, "off",
+                           {"control": {"entropic": {"enabled": True, "target": -1.0}}})
     assert _same(off, grpo[0])  # α = 0: the term is computed and logged, but adds nothing
-    assert all(r["control/pos_neg_weight"] == 0.0 and 0 < r["loss/entropic_confident_frac"] < 1 for r in rows_off)
-    on, rows_on = _train(make_config, tmp_path, "on", {"control": {"entropic": {"enabled": True, "target": 0.1}}})
+    assert all(r["control/pos_neg_weight"] == 0.0 and 0 < r["loss/entropic_confident_frac"] < 1
+               for r in rows_off)
+    on, rows_on = _train(make_config, tmp_path, "on",
+                         {"control": {"entropic": {"enabled": True, "target": 0.1}}})
     assert not _same(on, grpo[0])
     # α is decided from the step's own entropy (no lag): clip(H_1 − 0.1, −1, 1) at step 1
     h1 = rows_on[0]["entropy/mean"]
@@ -56,12 +62,14 @@ def test_entropy_shaping_changes_the_update_and_zero_alpha_is_grpo(make_config, 
     assert not _same(w, grpo[0])
     assert all(r["adv/entropy_shaping_mean"] > 0 and 0 <= r["adv/entropy_shaping_capped_frac"] <= 1
                for r in rows)
-    assert rows[0]["cov/mean"] == grpo[1][0]["cov/mean"]  # same first batch; cov/* use the estimator's A
+    # the same first batch; cov/* use the estimator's A, not the shaped one
+    assert rows[0]["cov/mean"] == grpo[1][0]["cov/mean"]
 
 
 def test_entropy_coefficient_controller_sets_the_bonus(make_config, tmp_path):
     _, rows = _train(make_config, tmp_path, "coef", {
-        "control": {"entropy_coef": {"enabled": True, "target": 10.0, "init": 0.01, "delta": 0.01, "max": 0.05}}})
+        "control": {"entropy_coef": {"enabled": True, "target": 10.0, "init": 0.01, "delta": 0.01,
+                                     "max": 0.05}}})
     # entropy always below 10: the bonus applies c, which grows by Δ per step
     assert [r["control/entropy_coef"] for r in rows] == pytest.approx([0.01, 0.02])
     assert [r["control/entropy_coef_next"] for r in rows] == pytest.approx([0.02, 0.03])

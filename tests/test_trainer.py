@@ -122,7 +122,8 @@ def _strip(rows):
     # issue 18: EntroPIC's integral and knapsack's last success rates in the checkpoint, the
     # forking mask, shaping and pass@k advantages; then the entropy coefficient with GSPO and PI
     {"control": {"entropic": {"enabled": True, "target": 0.5},
-                 "budget": {"enabled": True, "allocator": "knapsack", "n_min_limit": 2, "widen": 4}},
+                 "budget": {"enabled": True, "allocator": "knapsack", "n_min_limit": 2,
+                            "widen": 4}},
      "algorithm": {"loss": "cispo", "entropy_mask_ratio": 0.3, "entropy_shaping_alpha": 0.4,
                    "advantage": "pkpo_loo_minus_one", "passk_k": 2},
      "data": {"max_train_prompts": 8}, "optim": {"mini_batches": 2}},
@@ -322,9 +323,11 @@ def test_every_logged_metric_is_documented(make_config, tmp_path):
          "algorithm": {"loss": "clip_cov", "clip_cov_lb": -10.0}},
         {"control": {"eepo": {"enabled": True, "alpha": 10.0}, "adaptive": {"enabled": True, "warmup": 1}},
          "algorithm": {"loss": "kl_cov", "entropy_coef": 0.01, "kl_coef": 0.01, "dynamic_sampling": True}},
-        {"control": {"entropic": {"enabled": True}, "budget": {"enabled": True, "allocator": "knapsack"}},
+        {"control": {"entropic": {"enabled": True},
+                     "budget": {"enabled": True, "allocator": "knapsack"}},
          "algorithm": {"loss": "cispo", "entropy_mask_ratio": 0.2, "entropy_shaping_alpha": 0.4}},
-        {"control": {"entropy_coef": {"enabled": True}}, "algorithm": {"loss": "gspo", "agg": "seq-mean-token-mean"}},
+        {"control": {"entropy_coef": {"enabled": True}},
+         "algorithm": {"loss": "gspo", "agg": "seq-mean-token-mean"}},
     ]
     logged = set()
     for i, extra in enumerate(configs):
