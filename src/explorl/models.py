@@ -8,6 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from explorl.config import ModelConfig
+from explorl.errors import ModelPathError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -45,7 +46,7 @@ def resolve_model_path(path: str, lab=None) -> Path:
                               n_test=lab.n_test, **lab_task_params(task, lab))
     p = Path(path).expanduser()
     if not p.is_dir():
-        raise FileNotFoundError(
+        raise ModelPathError(
             f"model.path {path!r} is not a local directory; explorl loads models with "
             "from_pretrained(local_path) (download them beforehand) or use lab:<task>")
     return p

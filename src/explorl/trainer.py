@@ -153,7 +153,8 @@ class Trainer:
             self._load(ckpt)
         if self.dist.is_main:
             C.save(cfg, self.out / "config.yaml")
-        self.pool = VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s)
+        self.pool = VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s,
+                                 step_timeout_s=cfg.reward.step_timeout_s)
         # metrics.jsonl holds global values: only rank 0 writes it.
         self.metrics_log = (MetricsLog(self.out / "metrics.jsonl", truncate_after=self.step if resume else 0)
                             if self.dist.is_main else None)

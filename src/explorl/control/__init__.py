@@ -48,7 +48,7 @@ CONTROLLER_ORDER = ("curriculum", "temperature", "budget", "adaptive", "eepo")
 
 # Pairs that each steer entropy towards their own target. Run together they fight over the
 # same quantity (and both log control/target_entropy), so a recipe may enable only one.
-_EXCLUSIVE = (("temperature", "adaptive"),)
+EXCLUSIVE = (("temperature", "adaptive"),)
 
 
 def build_controllers(
@@ -74,7 +74,7 @@ def build_controllers(
         except TypeError as e:  # a misspelt or missing kwarg
             raise ControlError(f"controller {name!r}: {e}") from e
     check_actuators(controllers)
-    for a, b in _EXCLUSIVE:
+    for a, b in EXCLUSIVE:
         if a in specs and b in specs:
             raise ControlError(
                 f"controllers {a!r} and {b!r} both steer entropy towards their own target and would "
@@ -90,6 +90,7 @@ __all__ = [
     "ACTUATOR_DEFAULTS",
     "CONTROLLERS",
     "CONTROLLER_ORDER",
+    "EXCLUSIVE",
     "SCHEDULES",
     "ActuatorSpec",
     "AdaptiveController",

@@ -11,13 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from explorl.errors import ControlError
+
 # Every knob a controller may own. "budgets" = per-prompt sample counts; "unlearn" = the EEPO
 # gate; "curriculum" = (dataset, n_samples, max_response_len) switched together.
 ACTUATORS = ("temperature", "eps_high", "entropy_coef", "kl_coef", "budgets", "unlearn", "curriculum")
-
-
-class ControlError(ValueError):
-    """A controller configuration that cannot work (e.g. two owners of one actuator)."""
 
 
 @dataclass
