@@ -36,6 +36,7 @@ from explorl.algorithms import (
 from explorl.algorithms.losses import SELECTORS
 from explorl.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
 from explorl.control import ControlContext, Knobs, StepStats, build_controllers, sample_then_forget
+from explorl.data.files import check_prompt_lengths
 from explorl.data.order import DataOrder
 from explorl.data.sources import default_verifier, load_split
 from explorl.dist import LogProbModule, make_dist
@@ -91,7 +92,7 @@ class Trainer:
         # directory while another one is still checking or clearing it (``--force``).
         self.dist = make_dist(cfg.dist.strategy, cfg.model.device)
         if cfg.data.prompts_per_step < self.dist.world_size:
-            raise ValueError(f"data.prompts_per_step={cfg.data.prompts_per_step} < {self.dist.world_size} "
+            raise C.ConfigError(f"data.prompts_per_step={cfg.data.prompts_per_step} < {self.dist.world_size} "
                              "processes: every rank needs at least one prompt per step")
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -221,9 +222,7 @@ class Trainer:
         key = (tag, idx)
         if key not in self._prompt_cache:
             ids = render_prompt(self.tokenizer, data[idx].prompt, self.cfg.model.use_chat_template)
-            if len(ids) > self.cfg.data.max_prompt_len:
-                raise ValueError(f"{tag} prompt {idx} has {len(ids)} tokens > data.max_prompt_len="
-                                 f"{self.cfg.data.max_prompt_len}")
+            check_prompt_lengths([data[idx]], lambda _: len(ids), self.cfg.data.max_prompt_len, tag)
             self._prompt_cache[key] = ids
         return self._prompt_cache[key]
 
@@ -602,6 +601,7 @@ class Trainer:
         signal.signal(signal.SIGINT, on_sigint)
         t_run = time.perf_counter()
         last: dict = {}
+        ckpt = None
         try:
             while self.step < cfg.max_steps and not self._stop:
                 last = self.train_step()
@@ -611,8 +611,9 @@ class Trainer:
                 if "val/accuracy" in last and cfg.log.plots:
                     self.plot()
                 if cfg.log.checkpoint_every and self.step % cfg.log.checkpoint_every == 0:
-                    self.save()
-            ckpt = self.save()
+                    ckpt = self.save()
+            if ckpt is None or ckpt.name != f"step-{self.step}":  # the last step is saved once
+                ckpt = self.save()
         finally:
             signal.signal(signal.SIGINT, previous)
             bar.close()
