@@ -636,6 +636,8 @@ def _check_sources(cfg: RunConfig, env: bool) -> None:
                   f"(lab tasks: {', '.join(TASKS)})")
         return True
 
+    if not cfg.model.path.strip():
+        _fail("model.path", "is empty; give a local model directory or lab:<task>")
     if not lab_task("model.path", cfg.model.path) and env:
         p = Path(cfg.model.path).expanduser()
         if not p.is_dir():
@@ -889,9 +891,9 @@ def _read_recipe(path: Path, _seen: tuple = ()) -> dict:
     data = load_yaml(read_utf8(raw, f"recipe {path}"), f"recipe {path}") or {}
     if not isinstance(data, dict):
         raise ConfigError(f"recipe {path} must be a mapping of keys, got {type(data).__name__}")
-    if "base" not in data:
+    base = data.pop("base", None)
+    if base is None:
         return data
-    base = data.pop("base")
     if not isinstance(base, str) or not base.strip():
         raise ConfigError(f"recipe {path}: base: expected one recipe file name, got "
                           f"{type(base).__name__} {_show(base)}")

@@ -36,7 +36,7 @@ from explorl.algorithms import (
 from explorl.algorithms.losses import SELECTORS
 from explorl.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
 from explorl.control import ControlContext, Knobs, StepStats, build_controllers, sample_then_forget
-from explorl.data.files import check_prompt_lengths
+from explorl.data.files import tokenize_prompts
 from explorl.data.order import DataOrder
 from explorl.data.sources import default_verifier, load_split
 from explorl.dist import LogProbModule, make_dist
@@ -102,10 +102,20 @@ class Trainer:
         ckpt = latest_checkpoint(self.out) if resume else None
         if resume and ckpt is None:
             raise FileNotFoundError(f"--resume {self.out}: no complete checkpoint under {self.out / 'checkpoints'}")
+        # Data first, then the tokenizer, then the model: a bad file or an over-long prompt
+        # stops the run in seconds, before any weights are loaded.
+        self.train_data = load_split(cfg.data.train, cfg.lab, "train")[: cfg.data.max_train_prompts]
+        self.val_data = load_split(cfg.data.val or cfg.data.train, cfg.lab, "val" if not cfg.data.val else "train")
+        self.anneal_data = load_split(cfg.data.anneal, cfg.lab, "train") if cfg.data.anneal else None
+        self.verifier = cfg.reward.verifier if cfg.reward.verifier != "auto" else default_verifier(cfg.data.train)
+        self.order = DataOrder(len(self.train_data), cfg.data.prompts_per_step, cfg.seed, cfg.data.shuffle)
+        self.anneal_order = (DataOrder(len(self.anneal_data), cfg.data.prompts_per_step, cfg.seed + 7,
+                                       cfg.data.shuffle) if self.anneal_data else None)
         self.device = self.dist.device
         base_path = resolve_model_path(cfg.model.path, cfg.lab)
         policy_path = ckpt if (ckpt is not None and (ckpt / "config.json").exists()) else base_path
         self.tokenizer = load_tokenizer(base_path, cfg.model)
+        self._prompt_cache = self._tokenize_prompts()
         self.policy = load_model(policy_path, cfg.model, self.device)
         self.vocab_size = self.policy.get_output_embeddings().weight.shape[0]
         self.n_params = sum(p.numel() for p in self.policy.parameters())
@@ -116,15 +126,6 @@ class Trainer:
         self.ref = (load_model(base_path, cfg.model, self.device, frozen=True)
                     if cfg.algorithm.kl_coef > 0 or "kl_coef" in controlled else None)
         self.engine = engine or HFEngine(self.tokenizer, batch_size=cfg.rollout.batch_size)
-
-        self.train_data = load_split(cfg.data.train, cfg.lab, "train")[: cfg.data.max_train_prompts]
-        self.val_data = load_split(cfg.data.val or cfg.data.train, cfg.lab, "val" if not cfg.data.val else "train")
-        self.anneal_data = load_split(cfg.data.anneal, cfg.lab, "train") if cfg.data.anneal else None
-        self.verifier = cfg.reward.verifier if cfg.reward.verifier != "auto" else default_verifier(cfg.data.train)
-        self._prompt_cache: dict[tuple[str, int], list[int]] = {}
-        self.order = DataOrder(len(self.train_data), cfg.data.prompts_per_step, cfg.seed, cfg.data.shuffle)
-        self.anneal_order = (DataOrder(len(self.anneal_data), cfg.data.prompts_per_step, cfg.seed + 7,
-                                       cfg.data.shuffle) if self.anneal_data else None)
 
         o = cfg.optim
         # Fused AdamW (one kernel for every parameter) on CUDA with replicated parameters; the
@@ -218,11 +219,26 @@ class Trainer:
         """The policy with its current full weights: sampling, validation and checkpoints use it."""
         return self.dist.full_model(self.scorer, version=self.scheduler.last_epoch)
 
+    def _tokenize_prompts(self) -> dict[tuple[str, int], list[int]]:
+        """Token ids of every prompt the run can use, keyed like ``_prompt_ids``; a prompt over
+        ``data.max_prompt_len`` tokens is a ``DataError`` naming its file and row."""
+        cfg, cache = self.cfg, {}
+        sets = [("train", self.train_data), ("val", self.val_data[: cfg.eval.max_problems]),
+                ("anneal", self.anneal_data or [])]
+        for tag, data in sets:
+            ids = tokenize_prompts(
+                data, lambda p: render_prompt(self.tokenizer, p, cfg.model.use_chat_template),
+                cfg.data.max_prompt_len, f"data.{tag}")
+            cache.update({(tag, i): x for i, x in enumerate(ids)})
+        return cache
+
     def _prompt_ids(self, data: list, idx: int, tag: str) -> list[int]:
         key = (tag, idx)
         if key not in self._prompt_cache:
             ids = render_prompt(self.tokenizer, data[idx].prompt, self.cfg.model.use_chat_template)
-            check_prompt_lengths([data[idx]], lambda _: len(ids), self.cfg.data.max_prompt_len, tag)
+            if len(ids) > self.cfg.data.max_prompt_len:
+                raise ValueError(f"{tag} prompt {idx} has {len(ids)} tokens > data.max_prompt_len="
+                                 f"{self.cfg.data.max_prompt_len}")
             self._prompt_cache[key] = ids
         return self._prompt_cache[key]
 

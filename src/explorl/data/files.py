@@ -215,21 +215,21 @@ def load_many(paths: list[str], *, data_source_default: str | None = None) -> li
     return [dataclasses.replace(r, index=i) for i, r in enumerate(records)]
 
 
-def check_prompt_lengths(
-    records: list[PromptRecord], count_tokens: Callable[[Any], int], max_len: int, what: str
-) -> list[int]:
-    """Token counts of every record's prompt; a ``DataError`` naming the first prompt longer
-    than ``max_len`` tokens (``data.max_prompt_len``) and where it came from.
+def tokenize_prompts(
+    records: list[PromptRecord], tokenize: Callable[[Any], list[int]], max_len: int, what: str
+) -> list[list[int]]:
+    """Token ids of every record's prompt; a ``DataError`` naming the first prompt longer than
+    ``max_len`` tokens (``data.max_prompt_len``), its file and row (``what`` = the recipe key).
 
     The trainer calls it once the tokenizer is loaded and before the model is, with
-    ``count_tokens(prompt)`` = the length of the rendered prompt (chat template included).
+    ``tokenize(prompt)`` = the rendered prompt's ids (chat template included).
     """
-    counts = []
+    out = []
     for r in records:
-        n = count_tokens(r.prompt)
-        if n > max_len:
+        ids = tokenize(r.prompt)
+        if len(ids) > max_len:
             where = r.origin or f"{r.data_source} problem {r.index}"
-            raise DataError(f"{what}: {where}: the prompt has {n} tokens, more than "
+            raise DataError(f"{what}: {where}: the prompt has {len(ids)} tokens, more than "
                             f"data.max_prompt_len={max_len}")
-        counts.append(n)
-    return counts
+        out.append(ids)
+    return out
