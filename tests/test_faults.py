@@ -35,8 +35,15 @@ ENOSPC = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 def _save(run, step, model=None, state=None, keep=2):
-    return save_checkpoint(run, step, model or torch.nn.Linear(2, 2), None, state or {"step": step},
-                           save_model=False, keep=keep)
+    return save_checkpoint(
+        run,
+        step,
+        model or torch.nn.Linear(2, 2),
+        None,
+        state or {"step": step},
+        save_model=False,
+        keep=keep,
+    )
 
 
 def _error_line(err: str) -> str:
@@ -53,15 +60,24 @@ def _dirs(run) -> list[str]:
 # ----------------------------------------------------------------------------- checkpoint writes
 
 
-@pytest.mark.parametrize("error, cause", [
-    (ENOSPC, "no space left on the device of"),
-    # what torch.save says when the disk fills up mid-file
-    (RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 6016 vs 5904"),
-     "unexpected pos 6016 vs 5904 ["),
-    (PermissionError(errno.EACCES, "Permission denied", "x/trainer_state.pt"), "Permission denied (x/"),
-])
-def test_failed_write_names_path_and_cause_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch,
-                                                                              error, cause):
+@pytest.mark.parametrize(
+    "error, cause",
+    [
+        (ENOSPC, "no space left on the device of"),
+        # what torch.save says when the disk fills up mid-file
+        (
+            RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 6016 vs 5904"),
+            "unexpected pos 6016 vs 5904 [",
+        ),
+        (
+            PermissionError(errno.EACCES, "Permission denied", "x/trainer_state.pt"),
+            "Permission denied (x/",
+        ),
+    ],
+)
+def test_failed_write_names_path_and_cause_and_keeps_the_previous_checkpoint(
+    tmp_path, monkeypatch, error, cause
+):
     first = _save(tmp_path, 1)
 
     def fail(*a, **k):
@@ -101,9 +117,11 @@ def test_non_finite_weights_are_never_written(tmp_path):
     assert nonfinite_parameters(model) == {"weight": 1, "bias": 1}
     with pytest.raises(NonFiniteError) as e:
         _save(tmp_path, 2, model)
-    assert str(e.value) == (f"refusing to write checkpoint {tmp_path / 'checkpoints' / 'step-2'} (the "
-                            "last one written is step-1): 2 weights of 2 parameters are NaN or "
-                            "infinite (weight, bias)")
+    assert str(e.value) == (
+        f"refusing to write checkpoint {tmp_path / 'checkpoints' / 'step-2'} (the "
+        "last one written is step-1): 2 weights of 2 parameters are NaN or "
+        "infinite (weight, bias)"
+    )
     assert _dirs(tmp_path) == ["step-1"]
     finite_or_raise(torch.nn.Linear(2, 2), "fine")  # no error
 
@@ -150,7 +168,7 @@ def test_partial_last_metrics_line_is_dropped_on_resume(tmp_path):
     path = tmp_path / "metrics.jsonl"
     rows = [{"step": 1, "reward/mean": 0.5}, {"step": 2, "reward/mean": 0.25}]
     text = "".join(json.dumps(r) + "\n" for r in rows)
-    path.write_bytes(text.encode() + '{"step": 3, "reward/mean": 0.1, "entr'.encode() + b"\xc3")
+    path.write_bytes(text.encode() + b'{"step": 3, "reward/mean": 0.1, "entr' + b"\xc3")
     assert read_metrics(tmp_path) == rows
     log = MetricsLog(path, truncate_after=2)
     log.write({"step": 3, "reward/mean": 1.0})
@@ -176,7 +194,9 @@ def test_failed_metrics_write_names_the_file(tmp_path):
             pass
 
     log._fh = FullDisk()
-    with pytest.raises(CheckpointError, match=rf"cannot write {tmp_path / 'metrics.jsonl'}: No space left"):
+    with pytest.raises(
+        CheckpointError, match=rf"cannot write {tmp_path / 'metrics.jsonl'}: No space left"
+    ):
         log.write({"step": 2})
     assert read_metrics(tmp_path) == [{"step": 1}]
 
@@ -195,12 +215,16 @@ def test_last_step_is_saved_once(make_config, tmp_path, monkeypatch):
         return real(run_dir, step, *a, **k)
 
     monkeypatch.setattr(explorl.trainer, "save_checkpoint", counting)
-    Trainer(make_config({"max_steps": 4, "log": {"checkpoint_every": 2}, "eval": {"every": 0}}),
-            tmp_path / "a").train()
+    Trainer(
+        make_config({"max_steps": 4, "log": {"checkpoint_every": 2}, "eval": {"every": 0}}),
+        tmp_path / "a",
+    ).train()
     assert saved == [2, 4]
     saved.clear()
-    Trainer(make_config({"max_steps": 3, "log": {"checkpoint_every": 2}, "eval": {"every": 0}}),
-            tmp_path / "b").train()
+    Trainer(
+        make_config({"max_steps": 3, "log": {"checkpoint_every": 2}, "eval": {"every": 0}}),
+        tmp_path / "b",
+    ).train()
     assert saved == [2, 3]
 
 
@@ -224,16 +248,23 @@ def test_disk_full_mid_run_exits_2_and_loses_nothing(make_config, tmp_path, monk
     monkeypatch.setattr(ckpt_mod.torch, "save", full_at_step_2)
     assert main(["train", str(_recipe(tmp_path, cfg)), "--out", str(out)]) == 2
     err = _error_line(capsys.readouterr().err)
-    assert err.startswith(f"error: cannot write checkpoint {out / 'checkpoints' / 'step-2'}: no space left")
+    assert err.startswith(
+        f"error: cannot write checkpoint {out / 'checkpoints' / 'step-2'}: no space left"
+    )
     assert _dirs(out) == ["step-1"]
     assert [r["step"] for r in read_metrics(out)] == [1, 2]
 
     monkeypatch.setattr(ckpt_mod.torch, "save", real_save)  # space freed: resume from step 1
     assert main(["train", "--resume", str(out)]) == 0
-    assert [r["step"] for r in read_metrics(out)] == [1, 2, 3] and _dirs(out) == ["step-2", "step-3"]
+    assert [r["step"] for r in read_metrics(out)] == [1, 2, 3] and _dirs(out) == [
+        "step-2",
+        "step-3",
+    ]
 
 
-def test_nan_weights_are_not_checkpointed_and_the_run_stops(make_config, tmp_path, monkeypatch, capsys):
+def test_nan_weights_are_not_checkpointed_and_the_run_stops(
+    make_config, tmp_path, monkeypatch, capsys
+):
     cfg = make_config({"max_steps": 4, "log": {"checkpoint_every": 1}, "eval": {"every": 0}})
     out = tmp_path / "run"
     real_step = Trainer.train_step
@@ -248,9 +279,13 @@ def test_nan_weights_are_not_checkpointed_and_the_run_stops(make_config, tmp_pat
     monkeypatch.setattr(Trainer, "train_step", step_then_poison)
     assert main(["train", str(_recipe(tmp_path, cfg)), "--out", str(out)]) == 2
     err = _error_line(capsys.readouterr().err)
-    assert err.startswith(f"error: refusing to write checkpoint {out / 'checkpoints' / 'step-2'} "
-                          "(the last one written is step-1): ")
-    assert err.endswith("1536 weights of 1 parameters are NaN or infinite (model.embed_tokens.weight)")
+    assert err.startswith(
+        f"error: refusing to write checkpoint {out / 'checkpoints' / 'step-2'} "
+        "(the last one written is step-1): "
+    )
+    assert err.endswith(
+        "1536 weights of 1 parameters are NaN or infinite (model.embed_tokens.weight)"
+    )
     assert _dirs(out) == ["step-1"]
     state = load_state(out / "checkpoints" / "step-1")
     assert state["step"] == 1
@@ -267,13 +302,20 @@ def _strip(rows):
 def test_kill_9_at_a_random_point_resumes_exactly(make_config, tmp_path):
     """Every controller but the temperature scheduler (it excludes the adaptive one) on; the
     process is killed at a random moment after step 2 is logged, possibly mid-checkpoint."""
-    cfg = make_config({
-        "max_steps": 6, "log": {"checkpoint_every": 1}, "eval": {"every": 3},
-        "data": {"max_train_prompts": 8},
-        "control": {"budget": {"enabled": True}, "eepo": {"enabled": True, "alpha": 10.0},
-                    "adaptive": {"enabled": True, "warmup": 1},
-                    "curriculum": {"enabled": True, "start_ratio": 0.5, "n_samples": 6}},
-    })
+    cfg = make_config(
+        {
+            "max_steps": 6,
+            "log": {"checkpoint_every": 1},
+            "eval": {"every": 3},
+            "data": {"max_train_prompts": 8},
+            "control": {
+                "budget": {"enabled": True},
+                "eepo": {"enabled": True, "alpha": 10.0},
+                "adaptive": {"enabled": True, "warmup": 1},
+                "curriculum": {"enabled": True, "start_ratio": 0.5, "n_samples": 6},
+            },
+        }
+    )
     Trainer(cfg, tmp_path / "ref").train()
     ref = _strip(read_metrics(tmp_path / "ref"))
 
@@ -287,7 +329,12 @@ def test_kill_9_at_a_random_point_resumes_exactly(make_config, tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert latest_checkpoint(out) is not None
-    done = subprocess.run([sys.executable, "-m", "explorl", "train", "--resume", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "explorl", "train", "--resume", str(out)],
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     assert _strip(read_metrics(out)) == ref

@@ -10,11 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from conftest import TINY_LAB
 
 from explorl.cli import main
 from explorl.data import DataError, load_prompts
-
-from conftest import TINY_LAB
 
 GOOD = {"prompt": "1+1=", "answer": "2"}
 
@@ -34,61 +33,176 @@ CORPUS: list[tuple[str, str, str | bytes, str]] = [
     ("empty", "d.jsonl", "", ": file is empty (no rows)"),
     ("blank-lines", "d.jsonl", "\n \n\t\n", ": file is empty (no rows)"),
     ("not-json", "d.jsonl", "{prompt: 1}\n", " line 1: invalid JSON"),
-    ("truncated-last-line", "d.jsonl", jsonl(GOOD) + '{"prompt": "1+1=", "ans', " line 2: invalid JSON"),
+    (
+        "truncated-last-line",
+        "d.jsonl",
+        jsonl(GOOD) + '{"prompt": "1+1=", "ans',
+        " line 2: invalid JSON",
+    ),
     ("row-is-a-list", "d.jsonl", jsonl([1, 2]), " row 0 (line 1): expected an object, got list"),
-    ("row-is-null", "d.jsonl", jsonl(GOOD, "null"), " row 1 (line 2): expected an object, got NoneType"),
-    ("missing-prompt", "d.jsonl", jsonl({"answer": "2"}), " row 0 (line 1): field 'prompt' is missing"),
-    ("missing-answer", "d.jsonl", jsonl({"prompt": "1+1="}),
-     " row 0 (line 1): field 'answer' (or 'solution') is missing"),
-    ("empty-prompt", "d.jsonl", jsonl(GOOD, {"prompt": "", "answer": "2"}),
-     " row 1 (line 2): field 'prompt' is empty"),
-    ("whitespace-prompt", "d.jsonl", jsonl({"prompt": " \n\t", "answer": "2"}),
-     " row 0 (line 1): field 'prompt' is empty"),
-    ("whitespace-problem", "d.jsonl", jsonl({"problem": "  ", "solution": "2"}), "field 'problem' is empty"),
-    ("no-messages", "d.jsonl", jsonl({"prompt": [], "answer": "2"}),
-     " row 0 (line 1): field 'prompt' is an empty list of messages"),
-    ("blank-messages", "d.jsonl", jsonl({"prompt": [{"role": "user", "content": " "}], "answer": "2"}),
-     " row 0 (line 1): field 'prompt' has no message with any text"),
-    ("message-shape", "d.jsonl", jsonl({"prompt": [{"role": "user"}], "answer": "2"}),
-     " row 0 (line 1): field 'prompt[0]' must be a message"),
-    ("prompt-number", "d.jsonl", jsonl({"prompt": 5, "answer": "2"}),
-     " row 0 (line 1): field 'prompt' must be a string or a list of {role, content} messages, got int"),
-    ("empty-answer", "d.jsonl", jsonl({"prompt": "1+1=", "answer": ""}),
-     " row 0 (line 1): field 'answer' is empty (every response would score 0)"),
-    ("whitespace-answer", "d.jsonl", jsonl({"prompt": "1+1=", "answer": "  "}), "field 'answer' is empty"),
-    ("empty-object-answer", "d.jsonl", jsonl({"prompt": "1+1=", "answer": {}}), "field 'answer' is empty"),
-    ("null-answer", "d.jsonl", jsonl({"prompt": "1+1=", "answer": None}),
-     "field 'answer' (or 'solution') is missing"),
-    ("list-answer", "d.jsonl", jsonl({"prompt": "1+1=", "answer": [2]}),
-     "field 'answer' must be a string, number or object, got list"),
-    ("nan-answer", "d.jsonl", '{"prompt": "1+1=", "answer": NaN}\n',
-     "field 'answer' must be a string, number or object, got float"),
+    (
+        "row-is-null",
+        "d.jsonl",
+        jsonl(GOOD, "null"),
+        " row 1 (line 2): expected an object, got NoneType",
+    ),
+    (
+        "missing-prompt",
+        "d.jsonl",
+        jsonl({"answer": "2"}),
+        " row 0 (line 1): field 'prompt' is missing",
+    ),
+    (
+        "missing-answer",
+        "d.jsonl",
+        jsonl({"prompt": "1+1="}),
+        " row 0 (line 1): field 'answer' (or 'solution') is missing",
+    ),
+    (
+        "empty-prompt",
+        "d.jsonl",
+        jsonl(GOOD, {"prompt": "", "answer": "2"}),
+        " row 1 (line 2): field 'prompt' is empty",
+    ),
+    (
+        "whitespace-prompt",
+        "d.jsonl",
+        jsonl({"prompt": " \n\t", "answer": "2"}),
+        " row 0 (line 1): field 'prompt' is empty",
+    ),
+    (
+        "whitespace-problem",
+        "d.jsonl",
+        jsonl({"problem": "  ", "solution": "2"}),
+        "field 'problem' is empty",
+    ),
+    (
+        "no-messages",
+        "d.jsonl",
+        jsonl({"prompt": [], "answer": "2"}),
+        " row 0 (line 1): field 'prompt' is an empty list of messages",
+    ),
+    (
+        "blank-messages",
+        "d.jsonl",
+        jsonl({"prompt": [{"role": "user", "content": " "}], "answer": "2"}),
+        " row 0 (line 1): field 'prompt' has no message with any text",
+    ),
+    (
+        "message-shape",
+        "d.jsonl",
+        jsonl({"prompt": [{"role": "user"}], "answer": "2"}),
+        " row 0 (line 1): field 'prompt[0]' must be a message",
+    ),
+    (
+        "prompt-number",
+        "d.jsonl",
+        jsonl({"prompt": 5, "answer": "2"}),
+        (
+            " row 0 (line 1): field 'prompt' must be a string or a list of {role, content} "
+            "messages, got int"
+        ),
+    ),
+    (
+        "empty-answer",
+        "d.jsonl",
+        jsonl({"prompt": "1+1=", "answer": ""}),
+        " row 0 (line 1): field 'answer' is empty (every response would score 0)",
+    ),
+    (
+        "whitespace-answer",
+        "d.jsonl",
+        jsonl({"prompt": "1+1=", "answer": "  "}),
+        "field 'answer' is empty",
+    ),
+    (
+        "empty-object-answer",
+        "d.jsonl",
+        jsonl({"prompt": "1+1=", "answer": {}}),
+        "field 'answer' is empty",
+    ),
+    (
+        "null-answer",
+        "d.jsonl",
+        jsonl({"prompt": "1+1=", "answer": None}),
+        "field 'answer' (or 'solution') is missing",
+    ),
+    (
+        "list-answer",
+        "d.jsonl",
+        jsonl({"prompt": "1+1=", "answer": [2]}),
+        "field 'answer' must be a string, number or object, got list",
+    ),
+    (
+        "nan-answer",
+        "d.jsonl",
+        '{"prompt": "1+1=", "answer": NaN}\n',
+        "field 'answer' must be a string, number or object, got float",
+    ),
     ("bool-answer", "d.jsonl", jsonl({"prompt": "1+1=", "answer": True}), "got bool"),
-    ("verl-no-ground-truth", "d.jsonl",
-     jsonl({"prompt": [{"role": "user", "content": "1+1?"}], "reward_model": {"style": "rule"}}),
-     "field 'reward_model.ground_truth' is missing"),
-    ("verl-empty-ground-truth", "d.jsonl",
-     jsonl({"prompt": [{"role": "user", "content": "1+1?"}], "reward_model": {"ground_truth": ""}}),
-     "field 'reward_model.ground_truth' is empty"),
-    ("verl-reward-model-text", "d.jsonl", jsonl({"prompt": "1+1=", "reward_model": "2"}),
-     "field 'reward_model' must be an object, got str"),
-    ("data-source-number", "d.jsonl", jsonl({**GOOD, "data_source": 5}),
-     "field 'data_source' must be a string, got int"),
-    ("deep-json-line", "d.jsonl", "[" * 100_000 + "\n", " line 1: invalid JSON (nested too deeply)"),
+    (
+        "verl-no-ground-truth",
+        "d.jsonl",
+        jsonl({"prompt": [{"role": "user", "content": "1+1?"}], "reward_model": {"style": "rule"}}),
+        "field 'reward_model.ground_truth' is missing",
+    ),
+    (
+        "verl-empty-ground-truth",
+        "d.jsonl",
+        jsonl(
+            {"prompt": [{"role": "user", "content": "1+1?"}], "reward_model": {"ground_truth": ""}}
+        ),
+        "field 'reward_model.ground_truth' is empty",
+    ),
+    (
+        "verl-reward-model-text",
+        "d.jsonl",
+        jsonl({"prompt": "1+1=", "reward_model": "2"}),
+        "field 'reward_model' must be an object, got str",
+    ),
+    (
+        "data-source-number",
+        "d.jsonl",
+        jsonl({**GOOD, "data_source": 5}),
+        "field 'data_source' must be a string, got int",
+    ),
+    (
+        "deep-json-line",
+        "d.jsonl",
+        "[" * 100_000 + "\n",
+        " line 1: invalid JSON (nested too deeply)",
+    ),
     ("deep-json-file", "d.json", "[" * 100_000, ": invalid JSON (nested too deeply)"),
-    ("huge-integer", "d.jsonl", '{"prompt": "1+1=", "answer": ' + "1" * 5000 + "}\n",
-     " line 1: invalid JSON (Exceeds the limit"),
-    ("latin1", "d.jsonl", '{"prompt": "café", "answer": "2"}\n'.encode("latin-1"), ": not UTF-8 text"),
+    (
+        "huge-integer",
+        "d.jsonl",
+        '{"prompt": "1+1=", "answer": ' + "1" * 5000 + "}\n",
+        " line 1: invalid JSON (Exceeds the limit",
+    ),
+    (
+        "latin1",
+        "d.jsonl",
+        '{"prompt": "café", "answer": "2"}\n'.encode("latin-1"),
+        ": not UTF-8 text",
+    ),
     ("utf16", "d.jsonl", jsonl(GOOD).encode("utf-16"), ": not UTF-8 text"),
     ("json-object", "d.json", json.dumps(GOOD), ": expected a JSON list of row objects, got dict"),
     ("json-syntax", "d.json", '[{"prompt": "1+1=", "answer": "2"},]', " line 1: invalid JSON"),
     ("json-empty", "d.json", "  ", ": file is empty (no rows)"),
     ("parquet-junk", "d.parquet", b"PAR1 not really", ": not a readable parquet file"),
     ("parquet-truncated", "d.parquet", parquet([GOOD] * 4)[:-20], ": not a readable parquet file"),
-    ("parquet-empty-prompt", "d.parquet", parquet([GOOD, {"prompt": "", "answer": "3"}]),
-     " row 1: field 'prompt' is empty"),
-    ("parquet-no-answer-column", "d.parquet", parquet([{"prompt": "1+1=", "x": 1}]),
-     " row 0: field 'answer' (or 'solution') is missing"),
+    (
+        "parquet-empty-prompt",
+        "d.parquet",
+        parquet([GOOD, {"prompt": "", "answer": "3"}]),
+        " row 1: field 'prompt' is empty",
+    ),
+    (
+        "parquet-no-answer-column",
+        "d.parquet",
+        parquet([{"prompt": "1+1=", "x": 1}]),
+        " row 0: field 'answer' (or 'solution') is missing",
+    ),
 ]
 
 
@@ -121,7 +235,10 @@ def test_byte_order_mark_is_read(tmp_path):
 
 def test_records_remember_where_they_came_from(tmp_path):
     path = _write(tmp_path, "d.jsonl", jsonl(GOOD, GOOD))
-    assert [r.origin for r in load_prompts(path)] == [f"{path} row 0 (line 1)", f"{path} row 1 (line 2)"]
+    assert [r.origin for r in load_prompts(path)] == [
+        f"{path} row 0 (line 1)",
+        f"{path} row 1 (line 2)",
+    ]
 
 
 # ----------------------------------------------------------------------------- the command line
@@ -138,9 +255,13 @@ def cli(tiny_model, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(explorl.trainer, "load_model", no_model)
 
     def run(path: str, lab: dict | None = None, **data) -> str:
-        recipe = {"model": {"path": str(tiny_model)}, "lab": {**TINY_LAB, **(lab or {})},
-                  "data": {"train": [path], "prompts_per_step": 1, **data},
-                  "reward": {"verifier": "exact", "num_workers": 0}, "log": {"progress": False}}
+        recipe = {
+            "model": {"path": str(tiny_model)},
+            "lab": {**TINY_LAB, **(lab or {})},
+            "data": {"train": [path], "prompts_per_step": 1, **data},
+            "reward": {"verifier": "exact", "num_workers": 0},
+            "log": {"progress": False},
+        }
         (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
         out = tmp_path / "run"
         code = main(["train", str(tmp_path / "r.yaml"), "--out", str(out)])
@@ -164,17 +285,22 @@ def test_malformed_file_at_the_command_line(cli, tmp_path, case):
 
 def test_prompt_longer_than_max_prompt_len_stops_before_the_model(cli, tmp_path):
     # 1 MB of prompt: counted in tokens once the tokenizer is loaded, never sampled from
-    path = _write(tmp_path, "d.jsonl", jsonl(GOOD, {"prompt": "1+" * 500_000 + "1=", "answer": "2"}))
+    path = _write(
+        tmp_path, "d.jsonl", jsonl(GOOD, {"prompt": "1+" * 500_000 + "1=", "answer": "2"})
+    )
     err = cli(path)
     assert err.startswith(f"error: data.train: {path} row 1 (line 2): the prompt has ")
     assert "tokens, more than data.max_prompt_len=1024" in err
-    assert "data.max_prompt_len=2" in cli(_write(tmp_path, "e.jsonl", jsonl(GOOD)), max_prompt_len=2)
+    assert "data.max_prompt_len=2" in cli(
+        _write(tmp_path, "e.jsonl", jsonl(GOOD)), max_prompt_len=2
+    )
 
 
 def test_fewer_rows_than_prompts_per_step(cli, tmp_path):
     path = _write(tmp_path, "d.jsonl", jsonl(GOOD, GOOD))
     assert "the training set has 2 prompts, fewer than data.prompts_per_step=4" in cli(
-        path, prompts_per_step=4)
+        path, prompts_per_step=4
+    )
 
 
 def test_data_path_that_is_a_directory(cli, tmp_path):

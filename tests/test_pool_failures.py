@@ -34,8 +34,13 @@ def test_check_score():
     import numpy as np
 
     assert check_score(np.float32(0.5)) == 0.5
-    for bad, why in [("1.0", "is a str, not a number"), (None, "is a NoneType"),
-                     (float("nan"), "outside [0, 1]"), (1e30, "outside [0, 1]"), (-0.5, "outside")]:
+    for bad, why in [
+        ("1.0", "is a str, not a number"),
+        (None, "is a NoneType"),
+        (float("nan"), "outside [0, 1]"),
+        (1e30, "outside [0, 1]"),
+        (-0.5, "outside"),
+    ]:
         with pytest.raises(ValueError, match=re.escape(why)):
             check_score(bad)
 
@@ -63,7 +68,8 @@ def test_default_budget_grows_with_the_batch():
 
 def test_a_script_without_main_guard_can_build_a_pool(tmp_path):
     script = tmp_path / "plain.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         # no `if __name__ == "__main__":` guard: workers must not run this file again
         import sys
         from explorl.rewards import VerifierPool
@@ -73,9 +79,16 @@ def test_a_script_without_main_guard_can_build_a_pool(tmp_path):
         res = pool.score("addition", ["3", "4", " 7 "], ["3", "3", "7"])
         pool.close()
         print("scores", res.scores, res.errors, flush=True)
-    """))
-    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                       cwd=tmp_path)
+    """)
+    )
+    p = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout.count("top level ran") == 1  # not re-run in a worker
     assert "scores [1.0, 0.0, 1.0] 0" in p.stdout

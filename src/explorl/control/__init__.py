@@ -90,7 +90,6 @@ __all__ = [
     "ACTUATOR_DEFAULTS",
     "CONTROLLERS",
     "CONTROLLER_ORDER",
-    "EXCLUSIVE",
     "SCHEDULES",
     "ActuatorSpec",
     "AdaptiveController",
