@@ -314,3 +314,30 @@ def test_lab_split_larger_than_the_task(cli):
     err = cli("lab:addition", lab={"n_train": 200})
     assert err.startswith("error: lab:addition: lab task 'addition'")
     assert "too few distinct problems" in err and "(lab.n_train/n_val/n_test)" in err
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--data", "missing.jsonl"], "missing.jsonl: file not found"),
+        (["--data", "lab:addition", "--verifier", "mathh"], "unknown verifier 'mathh'"),
+        (["--data", "lab:addition", "--n", "0"], "--n: must be ≥ 1, got 0"),
+        (["--data", "lab:addition", "--n", "2", "--k", "4"], "--k: every k exceeds --n 2"),
+        (["--data", "lab:addition", "--temperature", "nan"], "--temperature: must be in [0, 100]"),
+    ],
+)
+def test_eval_errors_before_the_model_loads(
+    tiny_model, tmp_path, monkeypatch, capsys, args, fragment
+):
+    import explorl.eval.run
+
+    def no_model(*a, **k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(explorl.eval.run, "load_model", no_model)
+    monkeypatch.chdir(tmp_path)
+    sets = [f"lab.{k}={v}" for k, v in TINY_LAB.items()]
+    argv = ["eval", str(tiny_model), "--out", str(tmp_path / "ev"), *args]
+    assert main([*argv, *(x for s in sets for x in ("--set", s))]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and fragment in err and "Traceback" not in err, err

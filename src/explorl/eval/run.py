@@ -15,6 +15,7 @@ from explorl.data.sources import default_verifier, load_split
 from explorl.errors import ModelPathError
 from explorl.models import load_model, load_tokenizer, render_prompt, resolve_device, resolve_model_path
 from explorl.rewards.pool import VerifierPool
+from explorl.rewards.verifiers import resolve_verifier
 from explorl.rollout.hf import HFEngine
 
 
@@ -56,15 +57,20 @@ def run_eval(*, model: str, data: list[str], out_dir: Path, n: int = 16, k_list:
     if not k_list:
         raise C.ConfigError(f"--k: every k exceeds --n {n}")
     weights, tok_dir, cfg = _resolve_model(model, overrides)
+    # Data and verifier before the model: a bad file or name fails in seconds.
+    records = load_split(data, cfg.lab, split)[: max_problems or None]
+    try:
+        name = verifier if verifier != "auto" else (
+            cfg.reward.verifier if cfg.reward.verifier != "auto" else default_verifier(data))
+    except ValueError as e:
+        raise C.ConfigError(f"--verifier: 'auto' cannot choose: {e}") from None
+    resolve_verifier(name)
     torch.manual_seed(seed)
     device = resolve_device(cfg.model.device)
     tokenizer = load_tokenizer(tok_dir, cfg.model)
     policy = load_model(weights, cfg.model, device, frozen=True)
     max_new = max_new_tokens or cfg.rollout.max_response_len
     engine = HFEngine(tokenizer, batch_size=cfg.rollout.batch_size)
-    records = load_split(data, cfg.lab, split)[: max_problems or None]
-    name = verifier if verifier != "auto" else (
-        cfg.reward.verifier if cfg.reward.verifier != "auto" else default_verifier(data))
     gen = torch.Generator(device if device.type == "cuda" else "cpu").manual_seed(seed)
     correct: list[list[bool]] = []
     greedy: list[bool] = []

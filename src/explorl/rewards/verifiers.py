@@ -15,6 +15,8 @@ from collections import Counter
 from collections.abc import Callable
 from fractions import Fraction
 
+from explorl.errors import RewardError
+
 Verifier = Callable[[str, str], float]
 
 
@@ -296,12 +298,12 @@ def resolve_verifier(spec: str, *, warm: bool = False) -> Verifier:
         try:
             fn = getattr(importlib.import_module(module), name)
         except (ImportError, AttributeError) as e:
-            raise ValueError(f"cannot load verifier {spec!r}: {e}") from e
+            raise RewardError(f"cannot load verifier {spec!r}: {e}") from e
         if not callable(fn):
-            raise ValueError(f"verifier {spec!r} is not callable")
+            raise RewardError(f"verifier {spec!r} is not callable")
         return fn
     if spec not in VERIFIERS:
-        raise ValueError(
+        raise RewardError(
             f"unknown verifier {spec!r}; valid: {', '.join(VERIFIERS)} (or 'module:function')"
         )
     if warm and spec in _WARMUPS:
