@@ -133,12 +133,9 @@ def test_every_numeric_field_has_a_range_and_every_range_a_field():
 
 
 def test_adaptive_knobs_map_to_config_fields():
-    import typing
-
     from explorl.control import ACTUATOR_DEFAULTS
 
-    actuators = typing.get_args(typing.get_type_hints(C.AdaptiveControlConfig)["actuator"])
-    assert set(C.ADAPTIVE_KNOB_FIELDS) == set(actuators) == set(ACTUATOR_DEFAULTS)
+    assert set(C.ADAPTIVE_KNOB_FIELDS) == set(ACTUATOR_DEFAULTS)
     for knob, path in C.ADAPTIVE_KNOB_FIELDS.items():  # the defaults lie in the knob's range
         spec = ACTUATOR_DEFAULTS[knob]
         iv = C.Interval.parse(C.RANGES[path])

@@ -334,7 +334,7 @@ HAND_WRITTEN: list[tuple[str, dict, list[str], str]] = [
         "two-entropy-trackers",
         _y("control: {temperature: {enabled: true}, adaptive: {enabled: true}}\n"),
         [],
-        "control.adaptive.enabled: control.temperature and control.adaptive both steer entropy",
+        "error: control.temperature and control.adaptive both steer entropy",
     ),
     (
         "adaptive-delta-neg",

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from explorl.errors import CheckpointError, NonFiniteError
+from explorl.errors import CheckpointError, ExplorlError, NonFiniteError
 
 STATE_FILE = "trainer_state.pt"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -41,6 +41,10 @@ def set_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator])
         torch.cuda.set_rng_state_all(state["cuda"])
     for k, g in generators.items():
         g.set_state(state["generators"][k])
+
+
+class NoCheckpoint(ExplorlError, FileNotFoundError):
+    """``--resume`` of a run directory that holds no complete checkpoint."""
 
 
 def nonfinite_parameters(model: torch.nn.Module) -> dict[str, int]:

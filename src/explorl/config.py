@@ -25,7 +25,10 @@ from typing import Any, Literal, Optional
 import yaml
 
 from explorl.errors import ConfigError
-from explorl.lab.tasks import SPLIT_SIZES
+
+# Sizes of the lab's train/val/test splits (the lab model is built on the same split).
+SPLIT_SIZES = {"n_train": 2000, "n_val": 128, "n_test": 256}
+
 
 # ----------------------------------------------------------------------------- sections
 
@@ -37,7 +40,13 @@ class ModelConfig:
     trust_remote_code: bool = False
     """Allow custom modelling code shipped with the model. Off unless the recipe says so."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """Parameter dtype. ``auto``: bfloat16 on CUDA devices that support it, else float32."""
+    """Compute dtype of forward passes (sampling, the loss, validation). ``auto``: bfloat16 on CUDA
+    devices that support it, else float32. Below float32 the weights and optimizer state stay in
+    float32 (master weights) and the forward runs under autocast, so small updates are not rounded
+    away; float16 adds a gradient scaler."""
+    pure_low_precision: bool = False
+    """Opt-in: hold the weights themselves in ``dtype`` (no float32 master copy; half the memory).
+    At lr 1e-6 bfloat16 weights keep ~2% of AdamW's updates: only for users who know they want it."""
     device: str = "auto"
     """``auto`` (CUDA if available, else CPU), or a torch device string such as ``cpu``/``cuda:1``."""
     use_chat_template: bool = True
@@ -128,7 +137,8 @@ class AlgorithmConfig:
     eps_high: float = 0.2
     """PPO upper clip: ratio ≤ 1 + eps_high. DAPO's clip-higher uses 0.28."""
     clip_c: Optional[float] = None
-    """Dual-clip constant c for negative advantages (3.0 in the dual-clip paper); None = off."""
+    """Dual-clip constant c for negative advantages (3.0 in the dual-clip paper); None = off. Not with
+    ``loss: clip_cov`` (rejected: Clip-Cov as published has no dual clip)."""
     clip_cov_ratio: float = 2e-4
     """Clip-Cov: fraction of a mini-batch's valid tokens whose gradient is detached (selected over the
     whole mini-batch, however it is split into micro-batches)."""
@@ -144,20 +154,30 @@ class AlgorithmConfig:
     """KL-Cov: |logp − old_logp| up to this counts as 0. The sampler's and the trainer's log-probs of
     one policy differ by float noise (~1e-6 in float32, up to ~1e-2 in bf16), and the gradient
     ±λ of |·| would turn that noise into a push on the first, on-policy update. Raise it for bf16."""
-    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
-    """Loss aggregation over tokens and sequences."""
+    agg: str = "token-mean"
+    """Loss aggregation over tokens and sequences: ``token-mean``, ``seq-mean-token-mean`` or
+    ``seq-mean-token-sum-norm`` (``algorithms.AGG_MODES``)."""
     agg_max_len: Optional[int] = None
     """Constant length for ``seq-mean-token-sum-norm`` (Dr.GRPO). None = rollout.max_response_len."""
     entropy_coef: float = 0.0
     """Entropy bonus coefficient α: loss −= α · agg(H)."""
     kl_coef: float = 0.0
     """Coefficient β of the KL to a frozen reference policy (loaded only when > 0 or controlled)."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_estimator: str = "k3"
     """KL estimator for the reference penalty."""
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: drop groups with identical rewards, regenerate to refill the batch."""
+    dynamic_sampling_metric: Literal["score", "reward"] = "score"
+    """DAPO dynamic sampling: what must vary within a kept group. ``score`` (the verifier's accuracy,
+    as DAPO and verl's ``filter_groups.metric: acc``) or ``reward`` (the shaped reward: with an
+    overlong penalty an all-wrong group then survives on length alone)."""
     max_gen_rounds: int = 3
     """DAPO dynamic sampling: most generation rounds per step."""
+    old_logp: Literal["auto", "sampler", "recompute"] = "auto"
+    """Where the PPO ratio's old log-probs (and the step's entropy) come from. ``sampler``: the
+    rollout engine's own values. ``recompute``: one no-grad forward of the policy before the update,
+    in the trainer's precision and layout (verl's way), so the on-policy ratio is exactly 1.
+    ``auto``: sampler for the HF engine in float32, recompute otherwise (bf16/fp16, other engines)."""
     logprob_chunk: int = 512
     """Tokens per chunk when computing log-probs and entropy (bounds the logits memory)."""
 
@@ -182,6 +202,9 @@ class OptimConfig:
     """Optimizer steps per pass (the rollout batch is split into this many mini-batches)."""
     micro_batch_size: int = 64
     """Most responses per forward/backward (gradient accumulation inside a mini-batch)."""
+    max_bad_steps: int = 3
+    """Stop the run after this many consecutive steps whose loss, gradient or rewards were not
+    finite (each such step leaves the weights untouched and counts in ``train/skipped_steps``)."""
 
 
 @dataclass
@@ -230,7 +253,7 @@ class EEPOControlConfig:
 
 @dataclass
 class ScheduleConfig:
-    kind: Literal["constant", "cosine", "wsd"] = "constant"
+    kind: str = "constant"
     """Target entropy schedule: constant, cosine (start→end over the run), wsd (stable then anneal)."""
     target: float = 0.4
     """constant/wsd: the held target entropy (nats)."""
@@ -248,7 +271,7 @@ class ScheduleConfig:
 class AdaptiveControlConfig:
     enabled: bool = False
     """Entropy Scheduling adaptive controller (4a) tracking a target entropy schedule."""
-    actuator: Literal["eps_high", "entropy_coef", "kl_coef", "temperature"] = "eps_high"
+    actuator: str = "eps_high"
     """Knob it drives: eps_high (the paper), entropy_coef, kl_coef or temperature."""
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     """Target entropy schedule."""
@@ -298,6 +321,8 @@ class ControlConfig:
 class EvalConfig:
     every: int = 10
     """Validate every this many steps (and at the last step). 0 = never."""
+    before_training: bool = True
+    """Also validate the initial policy, logged as step 0 (the pre-RL point of every curve)."""
     n_samples: int = 4
     """Samples per validation problem (at the training temperature)."""
     k: list[int] = field(default_factory=lambda: [1])
@@ -424,6 +449,7 @@ RANGES: dict[str, str] = {
     "optim.ppo_epochs": "[1, 1000]",
     "optim.mini_batches": "[1, 1048576]",
     "optim.micro_batch_size": "[1, 1048576]",
+    "optim.max_bad_steps": "[1, 1000000]",
     "control.temperature.t_min": _TEMPERATURE,
     "control.temperature.t_max": _TEMPERATURE,
     "control.temperature.annealing_ratio": "[0, 1)",
@@ -540,6 +566,10 @@ def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
         ("reward.step_timeout_s",
          c.reward.step_timeout_s is None or c.reward.step_timeout_s >= c.reward.timeout_s,
          "must be ≥ reward.timeout_s (one response's limit)"),
+        ("algorithm.clip_c", a.clip_c is None or a.loss != "clip_cov",
+         ("Clip-Cov has no dual clip (neither the authors' code nor verl's has one, and a "
+          "dual-clipped token could not be a Clip-Cov candidate); set algorithm.clip_c: null "
+          "with loss clip_cov")),
         ("algorithm.clip_cov_ub", a.clip_cov_ub > a.clip_cov_lb, "must be > algorithm.clip_cov_lb"),
         ("control.temperature.t_min", t.t_min <= t.t_max, "must be ≤ control.temperature.t_max"),
         ("rollout.temperature", not t.enabled or t.t_min <= r.temperature <= t.t_max,
@@ -584,25 +614,14 @@ def _check_adaptive(cfg: RunConfig) -> None:
 
 def _check_controllers(cfg: RunConfig) -> None:
     """Each knob has one owner, and two entropy trackers never run together."""
-    enabled = [f.name for f in dataclasses.fields(cfg.control)
-               if getattr(cfg.control, f.name).enabled]
-    if len(enabled) < 2:
+    if sum(getattr(cfg.control, f.name).enabled for f in dataclasses.fields(cfg.control)) < 2:
         return
-    from explorl.control import CONTROLLERS, EXCLUSIVE
+    from explorl.control import ControlError, check_control_config
 
-    for x, y in EXCLUSIVE:
-        if x in enabled and y in enabled:
-            _fail(f"control.{y}.enabled", f"control.{x} and control.{y} both steer entropy "
-                  "towards their own target and would fight each other; enable one of them")
-    owner: dict[str, str] = {}
-    for name in enabled:
-        knobs = ((cfg.control.adaptive.actuator,) if name == "adaptive"
-                 else CONTROLLERS[name].actuators)
-        for knob in knobs:
-            if knob in owner:
-                _fail(f"control.{name}.enabled", f"knob {knob!r} is already driven by "
-                      f"control.{owner[knob]}; each knob may have one controller")
-            owner[knob] = name
+    try:
+        check_control_config(cfg.control)
+    except ControlError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _closest(value: str, choices: list[str]) -> str:
@@ -612,10 +631,16 @@ def _closest(value: str, choices: list[str]) -> str:
 
 def _check_names(cfg: RunConfig) -> None:
     """Plug-point names are checked against the dicts that define them (no copied lists)."""
-    from explorl.algorithms import ADVANTAGES, LOSSES
+    from explorl.algorithms import ADVANTAGES, AGG_MODES, KL_ESTIMATORS, LOSSES
+    from explorl.control import ACTUATOR_DEFAULTS, SCHEDULES
 
-    for path, value, table, kind in [("algorithm.loss", cfg.algorithm.loss, LOSSES, "loss"),
-                                     ("algorithm.advantage", cfg.algorithm.advantage, ADVANTAGES, "advantage estimator")]:
+    a, ad = cfg.algorithm, cfg.control.adaptive
+    for path, value, table, kind in [("algorithm.loss", a.loss, LOSSES, "loss"),
+                                     ("algorithm.advantage", a.advantage, ADVANTAGES, "advantage estimator"),
+                                     ("algorithm.agg", a.agg, AGG_MODES, "aggregation mode"),
+                                     ("algorithm.kl_estimator", a.kl_estimator, KL_ESTIMATORS, "KL estimator"),
+                                     ("control.adaptive.actuator", ad.actuator, ACTUATOR_DEFAULTS, "actuator"),
+                                     ("control.adaptive.schedule.kind", ad.schedule.kind, SCHEDULES, "schedule")]:
         if value not in table:
             close = difflib.get_close_matches(value, list(table), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -731,7 +756,7 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
             value = {}
         if not isinstance(value, dict):
             _fail(path, f"expected a mapping of {tp.__name__} fields, got {type(value).__name__} {_show(value)}")
-        return _build(tp, value, path)
+        return build(tp, value, path)
     if origin is Literal:
         allowed = typing.get_args(tp)
         if value not in allowed:
@@ -778,7 +803,7 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     raise TypeError(f"unsupported annotation {tp!r} at {path}")  # a bug in this file, not user input
 
 
-def _build(cls: type, data: dict, path: str = "") -> Any:
+def build(cls: type, data: dict, path: str = "") -> Any:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
@@ -802,14 +827,14 @@ def validate(cfg: RunConfig, *, env: bool = True) -> RunConfig:
     ``module:function`` verifier imports. ``explorl config`` and recipe templates whose
     paths are placeholders pass ``env=False``.
     """
-    cfg = _build(RunConfig, to_dict(cfg))
+    cfg = build(RunConfig, to_dict(cfg))
     _check_ranges(cfg)
     for path, ok, msg in _cross_checks(cfg):
         if not ok:
             _fail(path, msg)
+    _check_names(cfg)
     _check_adaptive(cfg)
     _check_controllers(cfg)
-    _check_names(cfg)
     _check_sources(cfg, env)
     _check_reward(cfg, env)
     if env:
@@ -823,14 +848,14 @@ def from_dict(data: dict | None, *, env: bool = True) -> RunConfig:
         data = {}
     if not isinstance(data, dict):
         _fail("", f"a recipe must be a mapping of keys, got {type(data).__name__}")
-    return validate(_build(RunConfig, data), env=env)
+    return validate(build(RunConfig, data), env=env)
 
 
 def to_dict(cfg: Any) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def _set_path(data: dict, dotted: str, value: Any) -> None:
+def set_path(data: dict, dotted: str, value: Any) -> None:
     keys = dotted.split(".")
     node = data
     for i, k in enumerate(keys[:-1]):
@@ -872,7 +897,7 @@ def load(recipe: str | Path | None = None, overrides: list[str] | None = None, *
             data["name"] = Path(recipe).stem
     for text in overrides or []:
         key, value = parse_override(text)
-        _set_path(data, key, value)
+        set_path(data, key, value)
     for key, value in top.items():
         if value is not None:
             data[key] = value

@@ -27,7 +27,7 @@ def _resolve_model(model: str, overrides: list[str] | None) -> tuple[Path, Path,
         data = C.load_yaml(C.read_utf8((run_dir / "config.yaml").read_bytes(), what), what)
         for text in overrides or []:
             k, v = C.parse_override(text)
-            C._set_path(data, k, v)
+            C.set_path(data, k, v)
         cfg = C.from_dict(data)
         ckpt = latest_checkpoint(run_dir)
         if ckpt is None or not (ckpt / "config.json").exists():
@@ -77,8 +77,7 @@ def run_eval(*, model: str, data: list[str], out_dir: Path, n: int = 16, k_list:
     t0 = time.perf_counter()
     columns = (TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("eta"), TimeRemainingColumn())
-    with VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s,
-                      step_timeout_s=cfg.reward.step_timeout_s) as pool, \
+    with VerifierPool.from_config(cfg.reward) as pool, \
             Progress(*columns, disable=not progress) as bar:
         task = bar.add_task("eval", total=len(records))
         for start in range(0, len(records), batch_problems):

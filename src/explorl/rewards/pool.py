@@ -183,6 +183,11 @@ class VerifierPool:
         self._workers = [self._start_worker() for _ in range(num_workers)]
         self._closed = False
 
+    @classmethod
+    def from_config(cls, reward) -> VerifierPool:
+        """The pool a recipe's ``reward`` section asks for (workers and both time limits)."""
+        return cls(reward.num_workers, reward.timeout_s, step_timeout_s=reward.step_timeout_s)
+
     def _start_worker(self) -> _Worker:
         parent, child = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(
