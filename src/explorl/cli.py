@@ -17,7 +17,10 @@ from explorl.errors import ExplorlError
 
 
 def _train(args) -> int:
-    from explorl.trainer import Trainer
+    def trainer(*a, **k):  # imported once the config is valid: bad recipes fail faster
+        from explorl.trainer import Trainer
+
+        return Trainer(*a, **k)
 
     if args.resume:
         run_dir = Path(args.resume)
@@ -34,7 +37,7 @@ def _train(args) -> int:
         if args.max_steps is not None:
             data["max_steps"] = args.max_steps
         cfg = C.from_dict(data)
-        trainer = Trainer(cfg, run_dir, resume=True)
+        trainer = trainer(cfg, run_dir, resume=True)
     else:
         if not args.recipe:
             print("error: give a RECIPE (e.g. recipes/quickstart.yaml) or --resume RUN_DIR", file=sys.stderr)
@@ -49,7 +52,7 @@ def _train(args) -> int:
             import shutil
 
             shutil.rmtree(out, ignore_errors=True)  # under a launcher every rank clears it
-        trainer = Trainer(cfg, out)
+        trainer = trainer(cfg, out)
     summary = trainer.train()
     if not trainer.dist.is_main:  # several processes: rank 0 reports
         return 130 if summary["interrupted"] else 0

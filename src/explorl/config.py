@@ -832,11 +832,11 @@ def validate(cfg: RunConfig, *, env: bool = True) -> RunConfig:
     for path, ok, msg in _cross_checks(cfg):
         if not ok:
             _fail(path, msg)
+    _check_sources(cfg, env)  # these two import no torch: a typo fails in about a second
+    _check_reward(cfg, env)
     _check_names(cfg)
     _check_adaptive(cfg)
     _check_controllers(cfg)
-    _check_sources(cfg, env)
-    _check_reward(cfg, env)
     if env:
         _check_device(cfg.model.device)
     return cfg
