@@ -376,7 +376,7 @@ HAND_WRITTEN: list[tuple[str, dict, list[str], str]] = [
         "curriculum-start-ratio",
         _y("control: {curriculum: {start_ratio: 1.5}}\n"),
         [],
-        "control.curriculum.start_ratio: must be in [0, 1]",
+        "control.curriculum.start_ratio: must be in (0, 1)",
     ),
     (
         "eepo-eps",
