@@ -39,7 +39,7 @@ def test_recipe_trains_two_steps(recipe, tiny_model, tmp_path):
     cfg = _lab_sized(recipe, tiny_model)
     Trainer(cfg, tmp_path / "run").train()
     rows = read_metrics(tmp_path / "run")
-    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["step"] for r in rows] == [0, 1, 2]  # 0: the pre-RL validation
     last = rows[-1]
     assert "val/accuracy" in last
     ctl = cfg.control

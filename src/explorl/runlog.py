@@ -64,11 +64,17 @@ class MetricsLog:
         self._fh.close()
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
+def read_metrics(run: str | Path) -> list[dict]:
+    """The one reader of ``metrics.jsonl`` (``run``: a run directory or the file): rows sorted by
+    ``step``, the last row of a step winning (a resumed run rewrites its tail), a partly written
+    last line dropped. Step 0 is the validation of the initial policy (no training keys)."""
+    path = Path(run)
+    path = path / "metrics.jsonl" if path.is_dir() else path
     if not path.exists():
         return []
-    return [row for _, row in _rows(path)]
+    by_step = {row["step"]: row for _, row in _rows(path) if isinstance(row, dict)
+               and isinstance(row.get("step"), int)}
+    return [by_step[s] for s in sorted(by_step)]
 
 
 class ProgressBar:
