@@ -108,6 +108,8 @@ class AdaptiveController(Controller):
         self.c_min = spec.c_min if cfg.min is None else cfg.min
         self.c_max = spec.c_max if cfg.max is None else cfg.max
         self.sign = spec.sign if sign is None else sign
+        if self.sign not in (1, -1):  # a code-level argument: the config never sets it
+            raise ValueError(f"adaptive: sign must be +1 or -1, got {self.sign}")
         self.law = cfg.law
         kp = 10 * self.delta if cfg.kp is None else cfg.kp
         ki = self.delta if cfg.ki is None else cfg.ki

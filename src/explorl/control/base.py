@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from explorl.errors import ExplorlError
+from explorl.errors import ControlError
 
 # Every knob a controller may own. "budgets" = per-prompt sample counts; "unlearn" = the EEPO
 # gate; "curriculum" = (dataset, n_samples, max_response_len) switched together;
@@ -31,10 +31,6 @@ KNOB_ACTUATOR = {
     "dataset": "curriculum", "n_samples": "curriculum", "max_response_len": "curriculum",
     "pos_neg_weight": "pos_neg_weight",
 }
-
-
-class ControlError(ExplorlError, ValueError):
-    """A controller configuration that cannot work (e.g. two owners of one actuator)."""
 
 
 @dataclass(frozen=True)
