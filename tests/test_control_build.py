@@ -179,7 +179,8 @@ def test_order_is_fixed_and_curriculum_precedes_budget():
                           "adaptive": {"schedule": {"kind": "constant", "target": 0.4}}})
     ctrls = build_controllers(cfg, ctx(), init_knobs())
     assert [c.name for c in ctrls] == ["curriculum", "budget", "adaptive", "eepo"]
-    assert CONTROLLER_ORDER == ("curriculum", "temperature", "budget", "adaptive", "eepo")
+    assert CONTROLLER_ORDER == ("curriculum", "temperature", "budget", "adaptive", "entropic",
+                                "entropy_coef", "eepo")
     assert set(CONTROLLER_ORDER) == set(CONTROLLERS)
     assert all(cls.name == key for key, cls in CONTROLLERS.items())  # checkpoint keys
     assert build_controllers(C.ControlConfig(), ctx(), init_knobs()) == []  # all disabled
@@ -371,6 +372,8 @@ def test_public_api():
             "Curriculum",
             "Decision",
             "EEPOGate",
+            "EntroPICController",
+            "EntropyCoefController",
             "Knobs",
             "Schedule",
             "StepStats",
