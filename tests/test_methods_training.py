@@ -3,6 +3,9 @@ setting trains exactly as GRPO, a switched-on one changes the update) and logs w
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -74,3 +77,26 @@ def test_entropy_coefficient_controller_sets_the_bonus(make_config, tmp_path):
     assert [r["control/entropy_coef"] for r in rows] == pytest.approx([0.01, 0.02])
     assert [r["control/entropy_coef_next"] for r in rows] == pytest.approx([0.02, 0.03])
     assert all("loss/entropy_bonus" in r for r in rows)
+
+
+@pytest.mark.parametrize("sets,message", [
+    (["algorithm.loss=gspo"], "algorithm.agg: loss 'gspo' needs agg 'seq-mean-token-mean'"),
+    (["algorithm.advantage=pkpo"], "algorithm.passk_k: advantage 'pkpo' optimises pass@k"),
+    (["algorithm.advantage=pkpo", "algorithm.passk_k=9"], "algorithm.passk_k: must be ≤ 8"),
+    (["algorithm.advantage=pkpo_loo", "algorithm.passk_k=8"], "pkpo_loo needs k < n"),
+    (["algorithm.advantage=passk_training", "algorithm.passk_k=6", "control.budget.enabled=true"],
+     "algorithm.passk_k: must be ≤ 4"),  # the budget may give a prompt n_min_limit = 4
+    (["algorithm.entropy_mask_ratio=1.5"], "algorithm.entropy_mask_ratio: must be in [0, 1]"),
+    (["algorithm.entropy_shaping_kappa=0.5"], "algorithm.entropy_shaping_kappa: must be ≥ 1"),
+    (["control.budget.knapsack_alpha=1.0"], "control.budget.knapsack_alpha: must be in (0, 1)"),
+    (["control.entropy_coef.init=0.1"], "control.entropy_coef.init: need"),
+    (["control.entropic.enabled=true", "control.adaptive.enabled=true"], "fight"),
+    (["control.entropy_coef.enabled=true", "control.adaptive.enabled=true",
+      "control.adaptive.actuator=entropy_coef"], "fight"),
+])
+def test_config_rejects_impossible_method_settings(sets, message):
+    from explorl import config as C
+
+    grpo = Path(__file__).resolve().parents[1] / "recipes" / "lab" / "grpo.yaml"
+    with pytest.raises(ValueError, match=re.escape(message)):  # ConfigError or ControlError
+        C.load(grpo, sets, env=False)
