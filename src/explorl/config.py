@@ -49,7 +49,7 @@ class ModelConfig:
 @dataclass
 class LabConfig:
     split_seed: int = 0
-    """Seed of the lab's deterministic train/val/test split."""
+    """Seed of the deterministic train/val/test split of lab and reasoning-gym tasks."""
     n_train: int = SPLIT_SIZES["n_train"]
     """Number of training problems generated for a lab task. The split depends on all three sizes:
     keep them equal to the lab model's build (the defaults) so validation problems stay unseen;
@@ -58,12 +58,11 @@ class LabConfig:
     """Number of validation problems."""
     n_test: int = SPLIT_SIZES["n_test"]
     """Number of test problems."""
-    min_digits: int = 1
-    """addition: fewest digits of an operand."""
-    max_digits: int = 2
-    """addition: most digits of an operand."""
-    countdown_numbers: int = 3
-    """countdown: how many numbers are given (3 or 4)."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """Parameters of the run's lab tasks (their model and their data), over the task's own
+    defaults: e.g. ``{max_digits: 3}`` for addition, ``{n_numbers: 4}`` for countdown,
+    ``{max_terms: 3}`` for rg:chain_sum. Each task takes the ones it declares; a name no task
+    of the run declares is an error."""
 
 
 @dataclass
@@ -82,6 +81,12 @@ class DataConfig:
     """Reshuffle the training prompts every epoch (seeded)."""
     max_prompt_len: int = 1024
     """Prompts longer than this many tokens are rejected when the data is loaded."""
+    prompt_key: Optional[str] = None
+    """Column of a data file that holds the prompt (text or chat messages), e.g. ``question``.
+    None: ``prompt``, else ``problem``."""
+    answer_key: Optional[str] = None
+    """Column that holds the ground truth; a dotted path reads inside an object. None:
+    ``reward_model.ground_truth``, else ``answer``, else ``solution``."""
 
 
 @dataclass
@@ -90,8 +95,9 @@ class RolloutConfig:
     """Responses per prompt (G, E3's n_default)."""
     temperature: float = 1.0
     """Sampling temperature (the initial one when a controller owns the temperature)."""
-    max_response_len: int = 256
-    """Maximum number of generated tokens per response."""
+    max_response_len: Optional[int] = None
+    """Maximum number of generated tokens per response. None: the lab task's response length
+    on a lab model, else 256."""
     engine: Literal["hf"] = "hf"
     """Rollout engine. ``hf``: batched sampling with a KV cache on the training model."""
     batch_size: int = 256
@@ -99,11 +105,43 @@ class RolloutConfig:
 
 
 @dataclass
+class RewardFunctionConfig:
+    name: str = ""
+    """A built-in verifier, ``lab:<task>``, ``rg:<task>``, ``module:function`` or
+    ``path/to/file.py:function`` (relative to the recipe, else the working directory)."""
+    weight: float = 1.0
+    """Its weight in the reward Σ weight · f."""
+    data_source: list[str] = field(default_factory=list)
+    """Apply it only to records of these data sources (``fnmatch`` patterns such as ``rg/*``);
+    empty = every record."""
+
+
+@dataclass
 class RewardConfig:
     verifier: str = "auto"
-    """``auto`` (the lab task's verifier, else ``math``), ``math``, ``exact``, ``countdown``, ``addition``, or ``module:function``."""
+    """The verifier: decides which responses are correct (``reward.accuracy``) and, when
+    ``reward.functions`` is empty, gives the reward. ``auto``: each data source's own checker
+    (a lab or reasoning-gym task's), ``math`` for files; or ``math``, ``exact``, ``countdown``,
+    ``addition``, ``lab:<task>``, ``rg:<task>``, ``module:function``, ``path/to/file.py:function``.
+    A function may be ``f(response, ground_truth)``, verl's ``compute_score(data_source,
+    solution_str, ground_truth, extra_info)`` or TRL's ``f(prompts, completions, **columns)``."""
+    functions: list[RewardFunctionConfig] = field(default_factory=list)
+    """Reward functions with weights (``[{name: my_rewards.py:fmt, weight: 0.2}, ...]``): the
+    reward is Σ weight · f, continuous values allowed. Empty: the reward is the verifier's score."""
+    accuracy: Literal["verifier", "reward"] = "verifier"
+    """What decides that a response is correct, for ``reward/accuracy``, ``val/*`` and pass@k,
+    dynamic sampling and rollout budgets: the verifier's score or the reward, ≥
+    ``reward.accuracy_threshold``."""
+    accuracy_threshold: float = 1.0
+    """A response is correct when its verifier score (or reward) is at least this."""
+    allow_eval_scorers: bool = False
+    """UNSAFE. Allow reasoning-gym tasks whose scorer runs the model's answer as Python code
+    (``eval``, ``sympy.parse_expr``: string_insertion, spiral_matrix, binary_matrix, n_queens,
+    puzzle24, countdown, ...). They are then scored only in the verifier workers, which bound
+    time and memory but are no security sandbox: the answer runs with your user's rights."""
     convention: Literal["binary", "signed"] = "binary"
-    """Reward values: ``binary`` = {0, 1}; ``signed`` = {−1, 1} (DAPO, Entropy Scheduling)."""
+    """Reward values: ``binary`` = {0, 1}; ``signed`` = {−1, 1} (DAPO, Entropy Scheduling). Applies
+    to the verifier's score when ``reward.functions`` is empty."""
     num_workers: int = 2
     """Verifier worker processes. 0 verifies in-process without time limits (trusted debugging only)."""
     timeout_s: float = 5.0
@@ -424,8 +462,6 @@ def _semantic_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
         ("eval.every", c.eval.every >= 0, "must be ≥ 0"),
         ("eval.n_samples", c.eval.n_samples >= 1, "must be ≥ 1"),
         ("eval.k", all(1 <= k <= c.eval.n_samples for k in c.eval.k), "every k must be in [1, eval.n_samples]"),
-        ("lab.max_digits", 1 <= c.lab.min_digits <= c.lab.max_digits <= 3, "need 1 ≤ min_digits ≤ max_digits ≤ 3"),
-        ("lab.countdown_numbers", c.lab.countdown_numbers in (3, 4), "must be 3 or 4"),
         ("log.keep_checkpoints", c.log.keep_checkpoints >= 1, "must be ≥ 1"),
     ]
 
@@ -437,6 +473,8 @@ def _type_name(tp: Any) -> str:
         return " or ".join("None" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) is list:
         return f"list[{_type_name(typing.get_args(tp)[0])}]"
+    if typing.get_origin(tp) is dict:
+        return "mapping"
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
@@ -467,6 +505,13 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
             except ConfigError as e:
                 errors.append(str(e))
         _fail(path, f"expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
+    if tp is Any:
+        return value
+    if origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            _fail(path, f"expected a mapping of names to values, got {type(value).__name__} {value!r}")
+        _, item_tp = typing.get_args(tp)
+        return {k: _coerce(v, item_tp, f"{path}.{k}") for k, v in value.items()}
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if isinstance(value, (str, int, float)) and item_tp is type(value):
@@ -508,12 +553,20 @@ def _build(cls: type, data: dict, path: str = "") -> Any:
 
 
 def validate(cfg: RunConfig) -> RunConfig:
-    """Re-check types (after programmatic edits) and impossible values; return ``cfg``."""
+    """Re-check types (after programmatic edits) and impossible values; return ``cfg``.
+
+    Every name that refers to code (reward functions, lab tasks, reasoning-gym tasks) is
+    imported and checked here, before any model loads (``explorl.refs.check_references``).
+    """
+    from explorl.refs import check_references, fill_defaults
+
     cfg = _build(RunConfig, to_dict(cfg))
+    fill_defaults(cfg)
     for path, ok, msg in _semantic_checks(cfg):
         if not ok:
             _fail(path, msg)
     _check_names(cfg)
+    check_references(cfg)
     return cfg
 
 
@@ -535,7 +588,26 @@ def from_dict(data: dict | None) -> RunConfig:
         data = {}
     if not isinstance(data, dict):
         _fail("", f"a recipe must be a mapping of keys, got {type(data).__name__}")
+    _migrate(data)
     return validate(_build(RunConfig, data))
+
+
+# lab keys of configs written before lab tasks became plugins (run directories' config.yaml),
+# as the lab.params entry each became, with the old default that meant "not set".
+_OLD_LAB_KEYS = {"min_digits": ("min_digits", 1), "max_digits": ("max_digits", 2),
+                 "countdown_numbers": ("n_numbers", 3)}
+
+
+def _migrate(data: dict) -> None:
+    """Move old lab keys into ``lab.params`` (in place), so old runs still resume."""
+    lab = data.get("lab")
+    if not isinstance(lab, dict):
+        return
+    for old, (new, default) in _OLD_LAB_KEYS.items():
+        if old in lab:
+            value = lab.pop(old)
+            if value != default:
+                lab.setdefault("params", {})[new] = value
 
 
 def to_dict(cfg: Any) -> dict:
@@ -598,12 +670,43 @@ def _read_recipe(path: Path, _seen: tuple = ()) -> dict:
         raise ConfigError(f"recipe {path} is not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"recipe {path} must be a mapping of keys")
+    _anchor_refs(data, path.parent)
     base = data.pop("base", None)
     if base is None:
         return data
     merged = _read_recipe(path.parent / base, _seen + (path.resolve(),))
     _deep_update(merged, data)
     return merged
+
+
+def _anchor_refs(data: dict, base: Path) -> None:
+    """Make the code references a recipe file writes (reward functions, lab tasks) point at
+    files next to it, so a recipe's ``rewards.py:f`` works from any working directory."""
+    from explorl.refs import anchor
+
+    def fix(spec: Any) -> Any:
+        if isinstance(spec, str) and spec.startswith("lab:") and not spec.startswith("lab:rg:"):
+            return "lab:" + anchor(spec[len("lab:"):], base)
+        return anchor(spec, base) if isinstance(spec, str) and not spec.startswith("rg:") else spec
+
+    reward, model, d = data.get("reward"), data.get("model"), data.get("data")
+    if isinstance(reward, dict):
+        if "verifier" in reward:
+            reward["verifier"] = fix(reward["verifier"])
+        for f in reward.get("functions") or []:
+            if isinstance(f, dict) and "name" in f:
+                f["name"] = fix(f["name"])
+    if isinstance(model, dict) and isinstance(model.get("path"), str) \
+            and model["path"].startswith("lab:"):
+        model["path"] = fix(model["path"])
+    if isinstance(d, dict):
+        for key in ("train", "val", "anneal"):
+            specs = d.get(key)
+            if isinstance(specs, list):
+                d[key] = [fix(s) if isinstance(s, str) and s.startswith("lab:") else s
+                          for s in specs]
+            elif isinstance(specs, str) and specs.startswith("lab:"):
+                d[key] = fix(specs)
 
 
 def _deep_update(dst: dict, src: dict) -> None:

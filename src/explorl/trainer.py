@@ -37,12 +37,12 @@ from explorl.algorithms.losses import SELECTORS
 from explorl.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
 from explorl.control import ControlContext, Knobs, StepStats, build_controllers, sample_then_forget
 from explorl.data.order import DataOrder
-from explorl.data.sources import default_verifier, load_split
+from explorl.data.sources import in_memory, load_split
 from explorl.dist import LogProbModule, make_dist
 from explorl.eval.passk import pass_at_k
 from explorl.models import load_model, load_tokenizer, render_prompt, resolve_model_path
-from explorl.rewards import to_reward
 from explorl.rewards.pool import VerifierPool
+from explorl.rewards.rewarder import Rewarder
 from explorl.rollout.hf import HFEngine
 from explorl.rollout.scoring import response_logprobs
 from explorl.rollout.seeding import mix_seed
@@ -85,7 +85,10 @@ def controller_specs(cfg: C.RunConfig) -> dict[str, dict]:
 class Trainer:
     """GRPO-family trainer for a local HF causal LM, with pluggable exploration controllers."""
 
-    def __init__(self, cfg: C.RunConfig, out_dir: str | Path, *, resume: bool = False, engine=None):
+    def __init__(self, cfg: C.RunConfig, out_dir: str | Path, *, resume: bool = False, engine=None,
+                 train_data=None, val_data=None):
+        """``train_data`` / ``val_data``: rows in memory (a ``datasets.Dataset``, dicts or
+        ``PromptRecord``s) instead of ``data.train`` / the validation split."""
         self.cfg = cfg = C.validate(cfg)
         # First: under a launcher this joins the process group, so no rank writes into the run
         # directory while another one is still checking or clearing it (``--force``).
@@ -116,10 +119,12 @@ class Trainer:
                     if cfg.algorithm.kl_coef > 0 or "kl_coef" in controlled else None)
         self.engine = engine or HFEngine(self.tokenizer, batch_size=cfg.rollout.batch_size)
 
-        self.train_data = load_split(cfg.data.train, cfg.lab, "train")[: cfg.data.max_train_prompts]
-        self.val_data = load_split(cfg.data.val or cfg.data.train, cfg.lab, "val" if not cfg.data.val else "train")
-        self.anneal_data = load_split(cfg.data.anneal, cfg.lab, "train") if cfg.data.anneal else None
-        self.verifier = cfg.reward.verifier if cfg.reward.verifier != "auto" else default_verifier(cfg.data.train)
+        self.train_data = (in_memory(train_data, cfg) if train_data is not None
+                           else load_split(cfg.data.train, cfg, "train"))[: cfg.data.max_train_prompts]
+        self.val_data = (in_memory(val_data, cfg) if val_data is not None else
+                         load_split(cfg.data.val or cfg.data.train, cfg, "val" if not cfg.data.val else "train"))
+        self.anneal_data = load_split(cfg.data.anneal, cfg, "train") if cfg.data.anneal else None
+        self.rewarder = Rewarder(cfg.reward, cfg.data.train + cfg.data.val + cfg.data.anneal)
         self._prompt_cache: dict[tuple[str, int], list[int]] = {}
         self.order = DataOrder(len(self.train_data), cfg.data.prompts_per_step, cfg.seed, cfg.data.shuffle)
         self.anneal_order = (DataOrder(len(self.anneal_data), cfg.data.prompts_per_step, cfg.seed + 7,
@@ -238,11 +243,11 @@ class Trainer:
                                   knobs.max_response_len, seeds=seeds)
         return ro, {}
 
-    def _score(self, ro: Rollouts, truths: list[str]) -> tuple[torch.Tensor, torch.Tensor, dict]:
-        """Verifier scores in {0, 1} and shaped rewards, both (N,)."""
-        res = self.pool.score(self.verifier, ro.texts, truths)
-        scores = torch.tensor(res.scores, dtype=torch.float32)
-        rewards = torch.tensor([to_reward(s, self.cfg.reward.convention) for s in res.scores])
+    def _score(self, ro: Rollouts, records: list) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """Correctness in {0, 1} and shaped rewards, both (N,) (``explorl.rewards.rewarder``)."""
+        res = self.rewarder.score(self.pool, ro.texts, records)
+        scores = torch.tensor(res.correct, dtype=torch.float32)
+        rewards = torch.tensor(res.rewards, dtype=torch.float32)
         rc = self.cfg.reward
         if rc.overlong_buffer > 0:
             rewards = rewards + overlong_penalty(ro.lengths.cpu(), self.knobs.max_response_len,
@@ -289,7 +294,7 @@ class Trainer:
             ro.prompt_index = ro.prompt_index + mine.start  # position in this round's global batch
             t_gen += time.perf_counter() - t0
             t0 = time.perf_counter()
-            scores, rewards, sm = self._score(ro, [data[idx[i]].ground_truth for i in ro.prompt_index.cpu().tolist()])
+            scores, rewards, sm = self._score(ro, [data[idx[i]] for i in ro.prompt_index.cpu().tolist()])
             t_score += time.perf_counter() - t0
             # The round's one collective: every rank's per-response statistics and verifier counters.
             parts = self.dist.gather({"rows": response_stats(ro, scores, rewards, rank), **sm})
@@ -303,7 +308,7 @@ class Trainer:
             counts = torch.bincount(pi, minlength=len(idx))
             correct = torch.zeros(len(idx), dtype=torch.float64).index_add_(0, pi, rows["score"])
             if a.dynamic_sampling:
-                informative = informative_groups(rows["reward"], pi)
+                informative = informative_groups(rows["score"], pi)  # groups not all right or all wrong
                 keep_groups = sorted(set(pi[informative].tolist()))[: B - n_kept_groups]
                 keep = torch.isin(pi, torch.as_tensor(keep_groups, dtype=torch.long))  # (rows,) global
                 n_kept_groups += len(keep_groups)
@@ -490,13 +495,13 @@ class Trainer:
             ro = self.engine.generate(policy, ids, [e.n_samples] * len(ids), T, self.knobs.max_response_len,
                                       seeds=seeds)
             problem = ro.prompt_index.cpu() + mine.start
-            scores = self.pool.score(self.verifier, ro.texts, [data[i].ground_truth for i in problem]).scores
+            scores = self.rewarder.score(self.pool, ro.texts, [data[i] for i in problem]).correct
             mask = ro.response_mask.cpu()
             local.update(problem=problem, score=torch.tensor(scores, dtype=torch.float64),
                          entropy_sum=(ro.entropy.cpu() * mask).sum(-1).double(), length=mask.sum(-1).long())
             if e.greedy:
                 g = self.engine.generate(policy, ids, [1] * len(ids), 0.0, self.knobs.max_response_len)
-                gs = self.pool.score(self.verifier, g.texts, [d.ground_truth for d in data[mine]]).scores
+                gs = self.rewarder.score(self.pool, g.texts, data[mine]).correct
                 local["greedy"] = torch.tensor(gs, dtype=torch.float64)
         rows = concat_rows(self.dist.gather(local))
         correct = torch.zeros(len(data), dtype=torch.float64).index_add_(0, rows["problem"], rows["score"])

@@ -12,9 +12,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from explorl import config as C
 from explorl.checkpoint import latest_checkpoint
-from explorl.data.sources import default_verifier, load_split
+from explorl.data.sources import load_split
 from explorl.models import load_model, load_tokenizer, render_prompt, resolve_device, resolve_model_path
 from explorl.rewards.pool import VerifierPool
+from explorl.rewards.rewarder import Rewarder
 from explorl.rollout.hf import HFEngine
 
 
@@ -31,9 +32,13 @@ def _resolve_model(model: str, overrides: list[str] | None) -> tuple[Path, Path,
         if ckpt is None or not (ckpt / "config.json").exists():
             raise FileNotFoundError(f"{run_dir} has no checkpoint with model weights")
         return ckpt, ckpt, cfg
-    cfg = C.load(None, overrides)
-    cfg.model.path = model
-    path = resolve_model_path(model)
+    # model.path first, so the defaults that follow from it (the response length) are its own.
+    data: dict = {"model": {"path": model}}
+    for text in overrides or []:
+        k, v = C.parse_override(text)
+        C._set_path(data, k, v)
+    cfg = C.from_dict(data)
+    path = resolve_model_path(model, cfg.lab)
     return path, path, cfg
 
 
@@ -54,9 +59,9 @@ def run_eval(*, model: str, data: list[str], out_dir: Path, n: int = 16, k_list:
     policy = load_model(weights, cfg.model, device, frozen=True)
     max_new = max_new_tokens or cfg.rollout.max_response_len
     engine = HFEngine(tokenizer, batch_size=cfg.rollout.batch_size)
-    records = load_split(data, cfg.lab, split)[: max_problems or None]
-    name = verifier if verifier != "auto" else (
-        cfg.reward.verifier if cfg.reward.verifier != "auto" else default_verifier(data))
+    records = load_split(data, cfg, split)[: max_problems or None]
+    rewarder = Rewarder(cfg.reward, list(data), verifier=verifier)
+    name = verifier if verifier != "auto" else cfg.reward.verifier
     gen = torch.Generator(device if device.type == "cuda" else "cpu").manual_seed(seed)
     correct: list[list[bool]] = []
     greedy: list[bool] = []
@@ -70,11 +75,11 @@ def run_eval(*, model: str, data: list[str], out_dir: Path, n: int = 16, k_list:
             chunk = records[start: start + batch_problems]
             ids = [render_prompt(tokenizer, r.prompt, cfg.model.use_chat_template) for r in chunk]
             ro = engine.generate(policy, ids, [n] * len(ids), temperature, max_new, gen)
-            scores = pool.score(name, ro.texts, [chunk[i].ground_truth for i in ro.prompt_index.tolist()]).scores
+            scores = rewarder.score(pool, ro.texts, [chunk[i] for i in ro.prompt_index.tolist()]).correct
             for i in range(len(chunk)):
                 correct.append([s > 0 for s, p in zip(scores, ro.prompt_index.tolist()) if p == i])
             g = engine.generate(policy, ids, [1] * len(ids), 0.0, max_new)
-            greedy += [s > 0 for s in pool.score(name, g.texts, [r.ground_truth for r in chunk]).scores]
+            greedy += [s > 0 for s in rewarder.score(pool, g.texts, chunk).correct]
             bar.update(task, advance=len(chunk))
     summary = summarize(correct, [r.data_source for r in records], k_list)
     summary["overall"]["greedy_accuracy"] = sum(greedy) / max(1, len(greedy))
