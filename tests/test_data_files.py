@@ -250,4 +250,5 @@ def test_public_api():
         "PromptRecord",
         "load_many",
         "load_prompts",
+        "records_from_rows",
     ]

@@ -61,8 +61,8 @@ class LabConfig:
     params: dict[str, Any] = field(default_factory=dict)
     """Parameters of the run's lab tasks (their model and their data), over the task's own
     defaults: e.g. ``{max_digits: 3}`` for addition, ``{n_numbers: 4}`` for countdown,
-    ``{max_terms: 3}`` for rg:chain_sum. Each task takes the ones it declares; a name no task
-    of the run declares is an error."""
+    ``{max_terms: 3}`` for rg:chain_sum. Each task takes the ones it declares; a name none of
+    the run's lab tasks declares is an error (ignored in a run without lab tasks)."""
 
 
 @dataclass

@@ -205,12 +205,14 @@ def check_references(cfg) -> None:
         fail("reward.num_workers", "must be ≥ 1 with reward.allow_eval_scorers: scorers that "
                                    "run the answer as code run only in worker processes")
 
+    # With no lab task in the run, lab.params has nothing to set (a shared base recipe may
+    # carry it); with some, every entry must belong to one of them.
     declared = {name for t in tasks.values() for name in t.params}
-    for name in cfg.lab.params:
+    for name in cfg.lab.params if tasks else ():
         if name not in declared:
             close = difflib.get_close_matches(name, sorted(declared), n=1)
             hint = f"; did you mean 'lab.params.{close[0]}'?" if close else ""
-            owners = ", ".join(t.name for t in tasks.values()) or "none (no lab task in this run)"
+            owners = ", ".join(t.name for t in tasks.values())
             fail(f"lab.params.{name}", f"not a parameter of the run's lab tasks ({owners}){hint}")
     for t in tasks.values():
         try:

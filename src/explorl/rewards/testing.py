@@ -49,3 +49,13 @@ def _echo(response: str, ground_truth: str) -> float:
     elif response == "raise":
         _raise(response, ground_truth)
     return float(response == ground_truth)
+
+
+def _trl_one(prompts, completions, **columns) -> list[float]:
+    """A TRL-style reward function: 1.0 for every completion."""
+    return [1.0 for _ in completions]
+
+
+def _bad_signature(a, b, c) -> float:
+    """Three required parameters: no reward signature fits."""
+    return 0.0
