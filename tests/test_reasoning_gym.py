@@ -14,12 +14,11 @@ import pytest
 
 pytest.importorskip("reasoning_gym")
 
-from explorl import config as C  # noqa: E402
-from explorl.data.sources import load_split  # noqa: E402
-from explorl.lab import get_task, make_splits  # noqa: E402
-from explorl.lab import rg  # noqa: E402
-from explorl.rewards import VerifierPool  # noqa: E402
-from explorl.rewards.rewarder import verifier_spec  # noqa: E402
+from explorl import config as C
+from explorl.data.sources import load_split
+from explorl.lab import get_task, make_splits, rg
+from explorl.rewards import VerifierPool
+from explorl.rewards.rewarder import verifier_spec
 
 SIZES = {"n_train": 64, "n_val": 16, "n_test": 16}
 CHAIN = {"min_terms": 2, "max_terms": 2, "max_digits": 2}  # "... problem: 81 + 14 =" → "95"

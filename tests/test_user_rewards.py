@@ -207,8 +207,8 @@ def test_recipe_references_are_anchored_to_the_recipe(tmp_path, tiny_model, monk
 
 
 @pytest.mark.parametrize("sets,message", [
-    (["reward.verifier=mathh"], "reward.verifier: unknown reward function 'mathh'; did you mean "
-                                "'math'?"),
+    (["reward.verifier=mathh"], ("reward.verifier: unknown reward function 'mathh'; did you mean "
+                                 "'math'?")),
     (["reward.verifier=nosuchmod:fn"], "reward.verifier: no module named 'nosuchmod'"),
     (["reward.functions=[{name: explorl.rewards.verifiers:exact_verifer}]"],
      "reward.functions\\[0\\].name: .*did you mean 'explorl.rewards.verifiers:exact_verifier'"),
@@ -217,8 +217,8 @@ def test_recipe_references_are_anchored_to_the_recipe(tmp_path, tiny_model, monk
     (["reward.verifier=explorl.rewards.testing:_bad_signature"], "cannot tell how to call it"),
     (["lab.params={max_digit: 3}"], "lab.params.max_digit: .*did you mean 'lab.params.max_digits'"),
     (["lab.params={max_digits: 4}"], "lab.params: addition needs 1 <= min_digits <= max_digits"),
-    (["data.train=[lab:additon]"], "data.train\\[0\\]: unknown lab task 'additon'; did you mean "
-                                   "'addition'"),
+    (["data.train=[lab:additon]"], ("data.train\\[0\\]: unknown lab task 'additon'; did you "
+                                    "mean 'addition'")),
     (["model.path=lab:countdwn"], "model.path: unknown lab task 'countdwn'"),
 ])
 def test_config_names_are_checked_before_anything_loads(sets, message):
@@ -236,7 +236,7 @@ def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": src}
     code = ("import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
             "from explorl.cli import main; sys.exit(main(sys.argv[1:]))")
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env, check=False,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -262,7 +262,8 @@ def test_verl_and_trl_reward_files_train_without_pythonpath(tmp_path, tiny_model
                       {"name": "trl_rewards.py:short", "weight": 0.5}]})  # a file
     res = _cli(["train", str(recipe), "--out", "run"], tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
+    rows = [json.loads(line) for line in metrics.splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:
         # reward = 1·(verl score = correct) + 0.5·0.5 for every response

@@ -57,7 +57,8 @@ def test_tokenizer_from_the_alphabet_rejects_other_characters(tmp_path):
     save_lab_tokenizer(lab_tokenizer(alphabet="abcd,="), tmp_path)
     tok = AutoTokenizer.from_pretrained(tmp_path)
     ids = render_prompt(tok, "ab,c=", use_chat_template=True)
-    assert ids == [4, 5, 8, 6, 9] and tok.decode(ids) == "ab,c="  # ids: 4 specials, then a b c d , =
+    # ids: the 4 specials, then a b c d , =
+    assert ids == [4, 5, 8, 6, 9] and tok.decode(ids) == "ab,c="
     with pytest.raises(ValueError, match="'e' outside the lab model's alphabet 'abcd,='"):
         render_prompt(tok, "ae=", use_chat_template=True)
     with pytest.raises(ValueError, match="repeats 'a'"):

@@ -25,7 +25,8 @@ def check(response: str, ground_truth: str) -> float:
 
 def validate(*, n_letters: int, groups: int) -> None:
     if n_letters < 1 or groups < 1:
-        raise ValueError(f"letters needs n_letters ≥ 1 and groups ≥ 1, got {n_letters}, {groups}")
+        raise ValueError(f"letters needs n_letters ≥ 1 and groups ≥ 1, got {n_letters}, "
+                         f"{groups}")
 
 
 # A lab model built in seconds: a test needs one that loads and samples, not a good one.

@@ -127,7 +127,8 @@ class RewardConfig:
     solution_str, ground_truth, extra_info)`` or TRL's ``f(prompts, completions, **columns)``."""
     functions: list[RewardFunctionConfig] = field(default_factory=list)
     """Reward functions with weights (``[{name: my_rewards.py:fmt, weight: 0.2}, ...]``): the
-    reward is Σ weight · f, continuous values allowed. Empty: the reward is the verifier's score."""
+    reward is Σ weight · f, continuous values allowed. Empty: the reward is the verifier's
+    score."""
     accuracy: Literal["verifier", "reward"] = "verifier"
     """What decides that a response is correct, for ``reward/accuracy``, ``val/*`` and pass@k,
     dynamic sampling and rollout budgets: the verifier's score or the reward, ≥
@@ -140,8 +141,8 @@ class RewardConfig:
     puzzle24, countdown, ...). They are then scored only in the verifier workers, which bound
     time and memory but are no security sandbox: the answer runs with your user's rights."""
     convention: Literal["binary", "signed"] = "binary"
-    """Reward values: ``binary`` = {0, 1}; ``signed`` = {−1, 1} (DAPO, Entropy Scheduling). Applies
-    to the verifier's score when ``reward.functions`` is empty."""
+    """Reward values: ``binary`` = {0, 1}; ``signed`` = {−1, 1} (DAPO, Entropy Scheduling).
+    Applies to the verifier's score when ``reward.functions`` is empty."""
     num_workers: int = 2
     """Verifier worker processes. 0 verifies in-process without time limits (trusted debugging only)."""
     timeout_s: float = 5.0
@@ -509,7 +510,7 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         return value
     if origin is dict:
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-            _fail(path, f"expected a mapping of names to values, got {type(value).__name__} {value!r}")
+            _fail(path, f"expected a mapping of names to values, got {value!r}")
         _, item_tp = typing.get_args(tp)
         return {k: _coerce(v, item_tp, f"{path}.{k}") for k, v in value.items()}
     if origin is list:

@@ -26,7 +26,7 @@ class RefError(ValueError):
 
 
 def is_ref(spec: str) -> bool:
-    """True for ``module:attr`` and ``file.py:attr`` (a name with a colon and text on both sides)."""
+    """True for ``module:attr`` and ``file.py:attr`` (text on both sides of a colon)."""
     target, sep, attr = spec.rpartition(":")
     return bool(sep and target and attr)
 

@@ -119,10 +119,11 @@ class Trainer:
                     if cfg.algorithm.kl_coef > 0 or "kl_coef" in controlled else None)
         self.engine = engine or HFEngine(self.tokenizer, batch_size=cfg.rollout.batch_size)
 
-        self.train_data = (in_memory(train_data, cfg) if train_data is not None
-                           else load_split(cfg.data.train, cfg, "train"))[: cfg.data.max_train_prompts]
-        self.val_data = (in_memory(val_data, cfg) if val_data is not None else
-                         load_split(cfg.data.val or cfg.data.train, cfg, "val" if not cfg.data.val else "train"))
+        train = in_memory(train_data, cfg) if train_data is not None else load_split(
+            cfg.data.train, cfg, "train")
+        self.train_data = train[: cfg.data.max_train_prompts]
+        self.val_data = in_memory(val_data, cfg) if val_data is not None else load_split(
+            cfg.data.val or cfg.data.train, cfg, "val" if not cfg.data.val else "train")
         self.anneal_data = load_split(cfg.data.anneal, cfg, "train") if cfg.data.anneal else None
         self.rewarder = Rewarder(cfg.reward, cfg.data.train + cfg.data.val + cfg.data.anneal)
         self._prompt_cache: dict[tuple[str, int], list[int]] = {}
@@ -294,7 +295,8 @@ class Trainer:
             ro.prompt_index = ro.prompt_index + mine.start  # position in this round's global batch
             t_gen += time.perf_counter() - t0
             t0 = time.perf_counter()
-            scores, rewards, sm = self._score(ro, [data[idx[i]] for i in ro.prompt_index.cpu().tolist()])
+            answered = [data[idx[i]] for i in ro.prompt_index.cpu().tolist()]
+            scores, rewards, sm = self._score(ro, answered)
             t_score += time.perf_counter() - t0
             # The round's one collective: every rank's per-response statistics and verifier counters.
             parts = self.dist.gather({"rows": response_stats(ro, scores, rewards, rank), **sm})
@@ -308,7 +310,7 @@ class Trainer:
             counts = torch.bincount(pi, minlength=len(idx))
             correct = torch.zeros(len(idx), dtype=torch.float64).index_add_(0, pi, rows["score"])
             if a.dynamic_sampling:
-                informative = informative_groups(rows["score"], pi)  # groups not all right or all wrong
+                informative = informative_groups(rows["score"], pi)  # not all right / all wrong
                 keep_groups = sorted(set(pi[informative].tolist()))[: B - n_kept_groups]
                 keep = torch.isin(pi, torch.as_tensor(keep_groups, dtype=torch.long))  # (rows,) global
                 n_kept_groups += len(keep_groups)

@@ -75,7 +75,8 @@ def run_eval(*, model: str, data: list[str], out_dir: Path, n: int = 16, k_list:
             chunk = records[start: start + batch_problems]
             ids = [render_prompt(tokenizer, r.prompt, cfg.model.use_chat_template) for r in chunk]
             ro = engine.generate(policy, ids, [n] * len(ids), temperature, max_new, gen)
-            scores = rewarder.score(pool, ro.texts, [chunk[i] for i in ro.prompt_index.tolist()]).correct
+            answered = [chunk[i] for i in ro.prompt_index.tolist()]
+            scores = rewarder.score(pool, ro.texts, answered).correct
             for i in range(len(chunk)):
                 correct.append([s > 0 for s, p in zip(scores, ro.prompt_index.tolist()) if p == i])
             g = engine.generate(policy, ids, [1] * len(ids), 0.0, max_new)

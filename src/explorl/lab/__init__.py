@@ -9,8 +9,15 @@ built-in ``TASKS``, a reasoning-gym task (``rg:<task>``) or a user's object
 
 from explorl.lab.tasks import TASKS, LabTask, Problem, get_task, make_splits, parse_lab_spec
 
-__all__ = ["LabTask", "Problem", "TASKS", "get_task", "lab_model_path", "make_splits",
-           "parse_lab_spec"]
+__all__ = [
+    "TASKS",
+    "LabTask",
+    "Problem",
+    "get_task",
+    "lab_model_path",
+    "make_splits",
+    "parse_lab_spec",
+]
 
 
 def __getattr__(name: str):

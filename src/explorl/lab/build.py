@@ -33,7 +33,14 @@ import torch
 from explorl.data.records import PromptRecord
 from explorl.lab.tasks import SPLIT_SIZES, LabTask, get_task, make_splits, task_params
 from explorl.lab.tokenizer import (
-    CHARS, EOS, PAD, SPECIALS, check_alphabet, lab_tokenizer, outside, save_lab_tokenizer,
+    CHARS,
+    EOS,
+    PAD,
+    SPECIALS,
+    check_alphabet,
+    lab_tokenizer,
+    outside,
+    save_lab_tokenizer,
 )
 
 log = logging.getLogger(__name__)

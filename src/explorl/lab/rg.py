@@ -130,7 +130,7 @@ def score(data_source: str, solution_str: str, ground_truth: str,
     recipe's ``reward.allow_eval_scorers`` marked; anywhere else it raises."""
     info = (extra_info or {}).get("rg")
     if not isinstance(info, dict):
-        raise ValueError("not a reasoning-gym record (its extra has no 'rg' item)")
+        raise ValueError("not a reasoning-gym record (its extra has no 'rg' item)")  # noqa: TRY004
     task = info["task"]
     why = refusal(task)
     if why is not None:
@@ -158,7 +158,7 @@ def _validate(task: str, **params: Any) -> None:
         raise ValueError(f"rg:{task} parameters {params}: {e or 'rejected'}") from e
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def rg_task(task: str) -> LabTask:
     """The reasoning-gym task ``task`` as a ``LabTask`` (``lab:rg:<task>`` / ``rg:<task>``).
 

@@ -159,7 +159,7 @@ def load_reward(ref: str, dirs: tuple[str, ...] | None = None) -> Callable:
     if ref.startswith(_PREFIXES):
         from explorl.lab.tasks import get_task
 
-        return get_task(ref[len("lab:"):] if ref.startswith("lab:") else ref, dirs=dirs).check
+        return get_task(ref.removeprefix("lab:"), dirs=dirs).check
     if is_ref(ref):
         fn = load_ref(ref, dirs=dirs)
         if not callable(fn):
