@@ -254,7 +254,7 @@ def test_public_api():
     ]
 
 
-# ----------------------------------------------------------------------------- column names, rows in memory
+# ------------------------------------------------------------------- column names, rows in memory
 
 
 def test_prompt_and_answer_keys(tmp_path):
