@@ -191,6 +191,16 @@ def test_load_by_file_and_by_module_from_the_working_directory(tmp_path, monkeyp
         load_ref("sub/mor.py:g")
 
 
+def test_ref_of_a_python_function():
+    from explorl.refs import ref_of
+    from explorl.rewards.verifiers import exact_verifier
+
+    assert ref_of(exact_verifier) == "explorl.rewards.verifiers:exact_verifier"
+    assert load_ref(ref_of(exact_verifier)) is exact_verifier
+    with pytest.raises(RefError, match="define it at module level"):
+        ref_of(lambda response, ground_truth: 1.0)
+
+
 def test_recipe_references_are_anchored_to_the_recipe(tmp_path, tiny_model, monkeypatch):
     conf = tmp_path / "conf"
     conf.mkdir()

@@ -82,6 +82,23 @@ def load_ref(spec: str, *, dirs: tuple[str, ...] | None = None) -> Any:
     return obj
 
 
+def ref_of(obj: Any) -> str:
+    """The reference that loads ``obj`` (a module-level function, class or object) again, for a
+    config: ``module:qualname``, or ``/path/script.py:qualname`` for one defined in the script
+    being run (whose workers then import the script: it needs an ``if __name__ ==
+    "__main__":`` guard, as any script that starts worker processes)."""
+    module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if not module or not name or "<" in name:
+        raise RefError(f"{obj!r} has no importable name: define it at module level (not a "
+                       "lambda or a nested function)")
+    if module == "__main__":
+        path = getattr(sys.modules["__main__"], "__file__", None)
+        if path is None:
+            raise RefError(f"{name} is defined interactively: put it in a .py file")
+        return f"{Path(path).resolve()}:{name}"
+    return f"{module}:{name}"
+
+
 def _load_file(target: str):
     path = Path(target).expanduser()
     if not path.is_file():
