@@ -31,7 +31,7 @@ def test_train_then_extend_with_resume(recipe, tmp_path, capsys):
     assert main(["train", str(recipe), "--out", str(out)]) == 2  # refuses to overwrite a run
     assert "already holds a run" in capsys.readouterr().err
     assert main(["train", "--resume", str(out), "--max-steps", "5"]) == 0
-    assert [r["step"] for r in read_metrics(out)] == [1, 2, 3, 4, 5]
+    assert [r["step"] for r in read_metrics(out)] == [0, 1, 2, 3, 4, 5]  # 0: the pre-RL validation
 
 
 def test_config_error_exits_2_with_key_path(recipe, capsys):
@@ -78,3 +78,12 @@ def test_config_reference_lists_every_key(capsys):
     assert main(["config"]) == 0
     out = capsys.readouterr().out
     assert "algorithm.eps_high" in out and "control.adaptive.schedule.kind" in out
+
+
+def test_commands_joined_by_then_run_in_turn_and_stop_at_the_first_failure(tmp_path, capsys):
+    assert main(["config", "--then", "config"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("$ explorl config") == 2 and printed.count("algorithm.loss ") == 2
+    assert main(["study", str(tmp_path / "missing.yaml"), "--then", "config"]) == 2
+    printed = capsys.readouterr().out
+    assert "$ explorl study" in printed and "$ explorl config" not in printed

@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from explorl.errors import ExplorlError
+
 STATE_FILE = "trainer_state.pt"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -37,6 +39,10 @@ def set_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator])
         torch.cuda.set_rng_state_all(state["cuda"])
     for k, g in generators.items():
         g.set_state(state["generators"][k])
+
+
+class NoCheckpoint(ExplorlError, FileNotFoundError):
+    """``--resume`` of a run directory that holds no complete checkpoint."""
 
 
 def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict[str, Any], *,

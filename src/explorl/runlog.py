@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import signal
 from pathlib import Path
 
 from rich.console import Console
@@ -67,8 +69,11 @@ class ProgressBar:
         extra = ""
         if "val/accuracy" in metrics:
             extra = f"val {metrics['val/accuracy']:.3f}"
-        self.progress.update(self.task, completed=step, reward=f"{metrics.get('reward/mean', float('nan')):.3f}",
-                             entropy=f"{metrics.get('entropy/mean', float('nan')):.3f}", extra=extra)
+        def fmt(key: str) -> str:  # the step-0 validation row has no training metrics
+            return f"{metrics[key]:.3f}" if isinstance(metrics.get(key), (int, float)) else "–"
+
+        self.progress.update(self.task, completed=step, reward=fmt("reward/mean"), entropy=fmt("entropy/mean"),
+                             extra=extra)
 
     def log(self, text: str) -> None:
         (self.progress.console if self.enabled else self.console).print(text)
@@ -76,3 +81,27 @@ class ProgressBar:
     def close(self) -> None:
         if self.enabled:
             self.progress.stop()
+
+
+def json_default(o):
+    """``json.dumps`` fallback: non-finite floats as null, anything else as its string."""
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    return str(o)
+
+
+@contextlib.contextmanager
+def graceful_interrupt(stop, bar: ProgressBar):
+    """Route Ctrl-C to ``stop()`` while training: the first one asks the loop to finish its step
+    and checkpoint (``stop`` returns False), a second one (``stop`` returns True) aborts."""
+
+    def on_sigint(signum, frame):
+        if stop():
+            raise KeyboardInterrupt
+        bar.log("[yellow]interrupt: finishing this step, then writing a checkpoint (Ctrl-C again to abort)")
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
