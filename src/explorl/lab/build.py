@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from explorl.data.records import PromptRecord
 from explorl.config import SPLIT_SIZES
+from explorl.data.records import PromptRecord
 from explorl.lab.tasks import LabTask, get_task, make_splits, task_params
 from explorl.lab.tokenizer import (
     CHARS,
