@@ -305,11 +305,11 @@ def test_question_column_trains_with_prompt_key(make_config, tmp_path):
                        "reward": {"verifier": "addition"}, "max_steps": 3, "eval": {"every": 3}})
     Trainer(cfg, tmp_path / "run").train()
     got = read_metrics(tmp_path / "run")
-    assert [r["step"] for r in got] == [1, 2, 3] and "val/accuracy" in got[-1]
+    assert [r["step"] for r in got] == [0, 1, 2, 3] and "val/accuracy" in got[-1]  # 0: validation
     # The same rows as a datasets.Dataset, given to the Trainer directly.
     cfg = make_config({"data": {"prompt_key": "question"}, "reward": {"verifier": "addition"}})
     t = Trainer(cfg, tmp_path / "run2", train_data=datasets.Dataset.from_list(rows),
                 val_data=rows[:4])
     assert t.train_data[5].prompt == "1+1=" and [r.ground_truth for r in t.val_data] == list("0123")
     t.train()
-    assert [r["step"] for r in read_metrics(tmp_path / "run2")] == [1, 2]
+    assert [r["step"] for r in read_metrics(tmp_path / "run2")] == [0, 1, 2]
