@@ -14,6 +14,7 @@ from explorl import config as C
 from explorl.checkpoint import latest_checkpoint
 from explorl.data.sources import load_split
 from explorl.models import load_model, load_tokenizer, render_prompt, resolve_device, resolve_model_path
+from explorl.refs import DEFAULT_RESPONSE_LEN
 from explorl.rewards.pool import VerifierPool
 from explorl.rewards.rewarder import Rewarder
 from explorl.rollout.hf import HFEngine
@@ -32,8 +33,10 @@ def _resolve_model(model: str, overrides: list[str] | None) -> tuple[Path, Path,
         if ckpt is None or not (ckpt / "config.json").exists():
             raise FileNotFoundError(f"{run_dir} has no checkpoint with model weights")
         return ckpt, ckpt, cfg
-    # model.path first, so the defaults that follow from it (the response length) are its own.
-    data: dict = {"model": {"path": model}}
+    # `explorl eval` samples up to 256 new tokens unless told otherwise (--max-new-tokens, or
+    # --set rollout.max_response_len), whatever the model: the numbers it reported before lab
+    # tasks had their own response lengths stay the same.
+    data: dict = {"model": {"path": model}, "rollout": {"max_response_len": DEFAULT_RESPONSE_LEN}}
     for text in overrides or []:
         k, v = C.parse_override(text)
         C._set_path(data, k, v)
