@@ -20,8 +20,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from explorl.errors import ExplorlError
 
-class RefError(ValueError):
+
+class RefError(ExplorlError, ValueError):
     """A reference that cannot be loaded; the message names the closest valid name."""
 
 
@@ -157,27 +159,31 @@ DEFAULT_RESPONSE_LEN = 256
 """``rollout.max_response_len`` of a run whose model is not a lab model."""
 
 
-def _lab_task_of(path: str):
-    """The lab task of ``model.path`` (``lab:<task>``), else None."""
-    from explorl.lab.tasks import get_task, parse_lab_spec
+def _needs_env(ref: str) -> bool:
+    """Whether checking ``ref`` (a lab task or reward reference) imports the user's code or an
+    optional package, which ``validate(env=False)`` (recipe templates) does not."""
+    from explorl.lab.tasks import TASKS
+    from explorl.rewards.verifiers import VERIFIERS
 
-    ref = parse_lab_spec(path) if path.startswith("lab:") else None
-    return get_task(ref) if ref is not None else None
+    name = ref[len("lab:"):] if ref.startswith("lab:") else ref
+    return not (name in VERIFIERS or name in TASKS or not (is_ref(name) or ":" in name))
 
 
-def fill_defaults(cfg) -> None:
+def fill_defaults(cfg, env: bool = True) -> None:
     """Fill the fields whose default depends on other fields (in place):
     ``rollout.max_response_len`` from the lab task (or a built lab model's lab.json)."""
     from explorl.config import ConfigError
+    from explorl.lab.tasks import get_task
 
     if cfg.rollout.max_response_len is not None:
         return
-    try:
-        task = _lab_task_of(cfg.model.path)
-    except (ValueError, ImportError) as e:
-        raise ConfigError(f"model.path: {e}") from None
-    length = task.max_response_len if task is not None else None
-    meta = Path(cfg.model.path).expanduser() / "lab.json"
+    path, length = cfg.model.path, None
+    if path.startswith("lab:") and (env or not _needs_env(path)):
+        try:
+            length = get_task(path[len("lab:"):].strip()).max_response_len
+        except (ValueError, ImportError) as e:
+            raise ConfigError(f"model.path: {e}") from None
+    meta = Path(path).expanduser() / "lab.json"
     if length is None and meta.is_file():  # a lab model directory
         import json
 
@@ -185,10 +191,11 @@ def fill_defaults(cfg) -> None:
     cfg.rollout.max_response_len = length or DEFAULT_RESPONSE_LEN
 
 
-def check_references(cfg) -> None:
+def check_references(cfg, env: bool = True) -> None:
     """Load every lab task, reasoning-gym task and reward function the config names, and check
     ``lab.params`` against the tasks: raise ``ConfigError`` naming the key and the closest
-    valid name. Runs in config validation, before any model is loaded."""
+    valid name. Runs in config validation, before any model is loaded. Without ``env`` only
+    the built-in names are checked (nothing is imported)."""
     from explorl.config import ConfigError
     from explorl.data.sources import params_for
     from explorl.lab.rg import refusal
@@ -204,12 +211,12 @@ def check_references(cfg) -> None:
     for key in ("train", "val", "anneal"):
         specs += [(f"data.{key}[{i}]", s) for i, s in enumerate(getattr(cfg.data, key))]
     for path, spec in specs:
+        if not spec.startswith(("lab:", "rg:")) or (_needs_env(spec) and not env):
+            continue
         try:
             ref = parse_lab_spec(spec)
         except (ValueError, ImportError) as e:
             fail(path, e)
-        if ref is None:
-            continue
         tasks[ref] = get_task(ref)
         why = refusal(ref[len("rg:"):]) if ref.startswith("rg:") else None
         if why and path == "model.path":
@@ -223,9 +230,10 @@ def check_references(cfg) -> None:
                                    "run the answer as code run only in worker processes")
 
     # With no lab task in the run, lab.params has nothing to set (a shared base recipe may
-    # carry it); with some, every entry must belong to one of them.
+    # carry it); with some (all loaded: without env a plugin task is not), every entry must
+    # belong to one of them.
     declared = {name for t in tasks.values() for name in t.params}
-    for name in cfg.lab.params if tasks else ():
+    for name in cfg.lab.params if tasks and len(tasks) == len(_task_specs(specs)) else ():
         if name not in declared:
             close = difflib.get_close_matches(name, sorted(declared), n=1)
             hint = f"; did you mean 'lab.params.{close[0]}'?" if close else ""
@@ -237,18 +245,17 @@ def check_references(cfg) -> None:
         except ValueError as e:
             fail("lab.params", e)
 
-    if r.verifier != "auto":
-        try:
-            check_reward(r.verifier)
-        except (ValueError, ImportError) as e:
-            fail("reward.verifier", e)
+    names = [("reward.verifier", r.verifier)] if r.verifier != "auto" else []
+    names += [(f"reward.functions[{i}].name", f.name) for i, f in enumerate(r.functions)]
+    for path, name in names:
+        if not name:
+            fail(path, "is required")
+        if env or not _needs_env(name):
+            try:
+                check_reward(name)
+            except (ValueError, ImportError) as e:
+                fail(path, e)
     for i, f in enumerate(r.functions):
-        if not f.name:
-            fail(f"reward.functions[{i}].name", "is required")
-        try:
-            check_reward(f.name)
-        except (ValueError, ImportError) as e:
-            fail(f"reward.functions[{i}].name", e)
         if not math.isfinite(f.weight):
             fail(f"reward.functions[{i}].weight", "must be a finite number")
     if r.functions and r.convention == "signed":
@@ -257,3 +264,8 @@ def check_references(cfg) -> None:
     for key in ("prompt_key", "answer_key"):
         if getattr(cfg.data, key) == "":
             fail(f"data.{key}", "must be a column name or null")
+
+
+def _task_specs(specs: list[tuple[str, str]]) -> set[str]:
+    """The distinct task specs among ``(key, spec)`` pairs (``lab:`` / ``rg:`` ones)."""
+    return {s.removeprefix("lab:") for _, s in specs if s.startswith(("lab:", "rg:"))}

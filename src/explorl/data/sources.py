@@ -6,6 +6,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from explorl.data.records import PromptRecord
+from explorl.errors import DataError
 
 if TYPE_CHECKING:
     from explorl.config import RunConfig
@@ -38,8 +39,11 @@ def load_split(specs: list[str], cfg: RunConfig, split: str) -> list[PromptRecor
             files.append(spec)
             continue
         task = get_task(ref)
-        splits = make_splits(task, seed=lab.split_seed, n_train=lab.n_train, n_val=lab.n_val,
-                             n_test=lab.n_test, **params_for(task, lab.params))
+        try:
+            splits = make_splits(task, seed=lab.split_seed, n_train=lab.n_train, n_val=lab.n_val,
+                                 n_test=lab.n_test, **params_for(task, lab.params))
+        except ValueError as e:  # e.g. more problems asked for than the task has
+            raise DataError(f"{spec}: {e} (lab.n_train/n_val/n_test)") from None
         recs = splits[split]
         if ref.startswith("rg:"):
             recs = _mark_eval_records(ref[len("rg:"):], recs, cfg.reward.allow_eval_scorers)
@@ -71,7 +75,7 @@ def _mark_eval_records(task: str, records: list[PromptRecord], allowed: bool) ->
     if why is None:
         return records
     if not allowed:
-        raise ValueError(f"rg:{task} refused: {why}. Set reward.allow_eval_scorers: true to "
-                         "accept that risk (UNSAFE; README 'reasoning-gym tasks')")
+        raise DataError(f"rg:{task} refused: {why}. Set reward.allow_eval_scorers: true to "
+                        "accept that risk (UNSAFE; README 'reasoning-gym tasks')")
     return [dataclasses.replace(r, extra={**r.extra, "rg": {**r.extra["rg"], "allow_eval": True}})
             for r in records]

@@ -65,6 +65,8 @@ def _number(value: Any) -> float:
         if "score" not in value:
             raise ValueError(f"a reward dict needs a 'score' key, got keys {sorted(value)}")
         value = value["score"]
+    if isinstance(value, (str, bytes)) or not hasattr(type(value), "__float__"):
+        raise ValueError(f"reward {value!r:.60} is a {type(value).__name__}, not a number")
     out = float(value)
     if not math.isfinite(out):  # a NaN reward would poison every advantage of its group
         raise ValueError(f"reward is not finite: {out}")
@@ -148,6 +150,9 @@ class RewardSpec:
     dirs: tuple[str, ...] = ()
     """Directories searched for ``module:function`` references (the working directory when
     the spec was made, so workers find the same modules whatever their own directory)."""
+    bounded: bool = True
+    """Scores must lie in the pool's ``SCORE_RANGE`` [0, 1] (a verifier); False: any finite
+    value (a weighted sum of reward functions)."""
 
 
 def load_reward(ref: str, dirs: tuple[str, ...] | None = None) -> Callable:

@@ -63,7 +63,7 @@ class Rewarder:
         name = verifier if verifier not in (None, "auto") else reward_cfg.verifier
         self.functions = (
             RewardSpec(tuple(Term(f.name, f.weight, tuple(f.data_source))
-                             for f in reward_cfg.functions), "sum", search_dirs())
+                             for f in reward_cfg.functions), "sum", search_dirs(), bounded=False)
             if reward_cfg.functions else None)
         needs_verifier = self.functions is None or reward_cfg.accuracy == "verifier"
         self.verifier = verifier_spec(name, data_specs) if needs_verifier else None
