@@ -217,7 +217,7 @@ def test_recipe_references_are_anchored_to_the_recipe(tmp_path, tiny_model, monk
 
 
 @pytest.mark.parametrize("sets,message", [
-    (["reward.verifier=mathh"], ("reward.verifier: unknown reward function 'mathh'; did you mean "
+    (["reward.verifier=mathh"], ("reward.verifier: unknown verifier 'mathh'; did you mean "
                                  "'math'?")),
     (["reward.verifier=nosuchmod:fn"], "reward.verifier: no module named 'nosuchmod'"),
     (["reward.functions=[{name: explorl.rewards.verifiers:exact_verifer}]"],
@@ -288,6 +288,6 @@ def test_a_typo_fails_before_the_model_loads_and_leaves_no_run(tmp_path, tiny_mo
     recipe = _recipe(tmp_path, tiny_model, {"functions": [{"name": "verl_rewards:compute_scor"}]})
     res = _cli(["train", str(recipe), "--out", "run"], tmp_path)
     assert res.returncode == 2
-    assert ("config error: reward.functions[0].name: 'verl_rewards:compute_scor': verl_rewards has "
+    assert ("error: reward.functions[0].name: 'verl_rewards:compute_scor': verl_rewards has "
             "no attribute 'compute_scor'; did you mean 'verl_rewards:compute_score'?") in res.stderr
     assert "Traceback" not in res.stderr and not (tmp_path / "run").exists()

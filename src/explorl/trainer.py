@@ -93,11 +93,10 @@ class Trainer:
     def _setup_data(self, train_data=None, val_data=None) -> None:
         """Rows in memory (``datasets.Dataset``, dicts, ``PromptRecord``s) replace data.train/val."""
         cfg, d = self.cfg, self.cfg.data
-        train = (load_split(d.train, cfg, "train") if train_data is None
-                 else in_memory(train_data, cfg))
+        train = load_split(d.train, cfg, "train") if train_data is None else in_memory(train_data, cfg)
         self.train_data = train[: d.max_train_prompts]
-        self.val_data = load_split(d.val or d.train, cfg, "val" if not d.val else "train") \
-            if val_data is None else in_memory(val_data, cfg)
+        self.val_data = (load_split(d.val or d.train, cfg, "val" if not d.val else "train") if val_data is None
+                         else in_memory(val_data, cfg))
         self.anneal_data = load_split(d.anneal, cfg, "train") if d.anneal else None
         self.rewarder = Rewarder(cfg.reward, d.train + d.val + d.anneal)
         self.order = DataOrder(len(self.train_data), d.prompts_per_step, cfg.seed, d.shuffle)
@@ -208,8 +207,7 @@ class Trainer:
         data = self.val_data[: e.max_problems]
         T = e.temperature if e.temperature is not None else self.knobs.temperature
         with self.amp():
-            return validate(engine=self.engine, policy=self._policy_now(), pool=self.pool,
-                            rewarder=self.rewarder,
+            return validate(engine=self.engine, policy=self._policy_now(), pool=self.pool, rewarder=self.rewarder,
                             data=data, prompt_ids=self._prompt_ids(self.val_data, "val"), n_samples=e.n_samples,
                             ks=e.k, temperature=T, max_new_tokens=self.knobs.max_response_len,
                             seed=self.cfg.seed, step=self.step, greedy=e.greedy, dist=self.dist)
@@ -231,8 +229,7 @@ class Trainer:
         with self.amp():
             got = collect(cfg=cfg, step=step, knobs=knobs, batch=batch, order=order, data=data,
                           prompt_ids=self._prompt_ids(data, tag), sampler=self.sampler, policy=self._policy_now(),
-                          version=self.scheduler.last_epoch, pool=self.pool, rewarder=self.rewarder,
-                          dist=self.dist)
+                          version=self.scheduler.last_epoch, pool=self.pool, rewarder=self.rewarder, dist=self.dist)
         sb, rows = got.batch, got.batch.rows
         metrics.update(got.metrics)
         if self.recompute:  # old log-probs and entropy from the trainer's own forward

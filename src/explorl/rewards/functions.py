@@ -172,8 +172,8 @@ def load_reward(ref: str, dirs: tuple[str, ...] | None = None) -> Callable:
         return fn
     close = difflib.get_close_matches(ref, list(VERIFIERS), n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise RefError(f"unknown reward function {ref!r}{hint} (valid: {', '.join(VERIFIERS)}, "
-                   "lab:<task>, rg:<task>, 'module:function' or 'path/to/file.py:function')")
+    raise RefError(f"unknown verifier {ref!r}{hint}; valid: {', '.join(VERIFIERS)}, "
+                   "lab:<task>, rg:<task>, 'module:function' or 'path/to/file.py:function'")
 
 
 def check_reward(ref: str, dirs: tuple[str, ...] | None = None) -> str:
