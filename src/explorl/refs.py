@@ -165,7 +165,7 @@ def _needs_env(ref: str) -> bool:
     from explorl.lab.tasks import TASKS
     from explorl.rewards.verifiers import VERIFIERS
 
-    name = ref[len("lab:"):] if ref.startswith("lab:") else ref
+    name = ref.removeprefix("lab:")
     return not (name in VERIFIERS or name in TASKS or not (is_ref(name) or ":" in name))
 
 
