@@ -85,6 +85,32 @@ class DataConfig:
 
 
 @dataclass
+class VLLMConfig:
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Engine weights and compute dtype. ``auto``: the training model's dtype (``model.dtype``)."""
+    kv_cache_gib: float = 1.0
+    """KV-cache size in GiB (vLLM ``kv_cache_memory_bytes``; host memory on CPU, GPU memory on
+    CUDA, where it replaces ``gpu_memory_utilization``'s profiling)."""
+    max_model_len: Optional[int] = None
+    """Longest prompt + response the engine serves. None: the model's own limit."""
+    in_process: bool = True
+    """Run vLLM's engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): weights are
+    pushed as tensors. False: in a child process; each push goes through a safetensors file in
+    /dev/shm."""
+    recompute: bool = True
+    """After sampling, one no-grad forward of the training model over the responses gives old_logp
+    and entropy (the trainer's own numerics; vLLM reports no entropy) and the logged gap to vLLM's
+    log-probs. False: old_logp is vLLM's and entropy is NaN, for a trainer that recomputes both."""
+    sync_check_tol: Optional[float] = None
+    """After every weight push, the largest allowed log-prob gap between engine and training model
+    on a fixed probe sequence (a larger one means the push failed). None: 1e-3 when both run in
+    float32, else 0.1."""
+    llm_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for ``vllm.LLM`` (e.g. ``enforce_eager: false``,
+    ``tensor_parallel_size``); they override explorl's own choices."""
+
+
+@dataclass
 class RolloutConfig:
     n_samples: int = 8
     """Responses per prompt (G, E3's n_default)."""
@@ -92,10 +118,14 @@ class RolloutConfig:
     """Sampling temperature (the initial one when a controller owns the temperature)."""
     max_response_len: int = 256
     """Maximum number of generated tokens per response."""
-    engine: Literal["hf"] = "hf"
-    """Rollout engine. ``hf``: batched sampling with a KV cache on the training model."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """Rollout engine. ``hf``: batched sampling with a KV cache on the training model. ``vllm``:
+    a vLLM engine (``rollout.vllm``; install: README "Rollout engines"), weights pushed after
+    every update."""
     batch_size: int = 256
-    """Most responses generated in one forward batch."""
+    """Most responses generated in one forward batch (``vllm``: scored in one recompute batch)."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """Settings of the ``vllm`` engine."""
 
 
 @dataclass
@@ -384,6 +414,11 @@ def _semantic_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
         ("rollout.temperature", r.temperature > 0, "must be > 0"),
         ("rollout.max_response_len", r.max_response_len >= 1, "must be ≥ 1"),
         ("rollout.batch_size", r.batch_size >= 1, "must be ≥ 1"),
+        ("rollout.vllm.kv_cache_gib", r.vllm.kv_cache_gib > 0, "must be > 0"),
+        ("rollout.vllm.max_model_len", r.vllm.max_model_len is None or r.vllm.max_model_len >= 2,
+         "must be ≥ 2"),
+        ("rollout.vllm.sync_check_tol", r.vllm.sync_check_tol is None or r.vllm.sync_check_tol > 0,
+         "must be > 0"),
         ("reward.num_workers", c.reward.num_workers >= 0, "must be ≥ 0"),
         ("reward.timeout_s", c.reward.timeout_s > 0, "must be > 0"),
         ("reward.overlong_buffer", 0 <= c.reward.overlong_buffer < r.max_response_len,
@@ -437,6 +472,10 @@ def _type_name(tp: Any) -> str:
         return " or ".join("None" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) is list:
         return f"list[{_type_name(typing.get_args(tp)[0])}]"
+    if typing.get_origin(tp) is dict:
+        return f"dict[{', '.join(_type_name(a) for a in typing.get_args(tp))}]"
+    if tp is Any:
+        return "any"
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
@@ -467,6 +506,14 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
             except ConfigError as e:
                 errors.append(str(e))
         _fail(path, f"expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
+    if tp is Any:
+        return value
+    if origin is dict:
+        key_tp, value_tp = typing.get_args(tp)
+        if not isinstance(value, dict):
+            _fail(path, f"expected a mapping, got {type(value).__name__} {value!r}")
+        return {_coerce(k, key_tp, path): _coerce(v, value_tp, f"{path}.{k}")
+                for k, v in value.items()}
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if isinstance(value, (str, int, float)) and item_tp is type(value):
