@@ -91,7 +91,7 @@ class VLLMConfig:
     kv_cache_gib: float = 1.0
     """KV-cache size in GiB (vLLM ``kv_cache_memory_bytes``; host memory on CPU, GPU memory on
     CUDA, where it replaces ``gpu_memory_utilization``'s profiling)."""
-    max_model_len: Optional[int] = None
+    max_model_len: int | None = None
     """Longest prompt + response the engine serves. None: the model's own limit."""
     in_process: bool = True
     """Run vLLM's engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): weights are
@@ -101,10 +101,11 @@ class VLLMConfig:
     """After sampling, one no-grad forward of the training model over the responses gives old_logp
     and entropy (the trainer's own numerics; vLLM reports no entropy) and the logged gap to vLLM's
     log-probs. False: old_logp is vLLM's and entropy is NaN, for a trainer that recomputes both."""
-    sync_check_tol: Optional[float] = None
-    """After every weight push, the largest allowed log-prob gap between engine and training model
-    on a fixed probe sequence (a larger one means the push failed). None: 1e-3 when both run in
-    float32, else 0.1."""
+    sync_check_tol: float | None = None
+    """Largest allowed log-prob gap between engine and training model on a fixed probe sequence,
+    checked at every sampling call; a larger one (stale or broken weights) discards the samples,
+    rebuilds the engine and pushes again, twice: an error. None: 1e-3 when both run in float32,
+    else 0.1."""
     llm_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for ``vllm.LLM`` (e.g. ``enforce_eager: false``,
     ``tensor_parallel_size``); they override explorl's own choices."""

@@ -43,7 +43,7 @@ from explorl.eval.passk import pass_at_k
 from explorl.models import load_model, load_tokenizer, render_prompt, resolve_model_path
 from explorl.rewards import to_reward
 from explorl.rewards.pool import VerifierPool
-from explorl.rollout.hf import HFEngine
+from explorl.rollout.base import build_engine, pop_metrics, sync_weights
 from explorl.rollout.scoring import response_logprobs
 from explorl.rollout.seeding import mix_seed
 from explorl.rollout.types import Rollouts
@@ -114,7 +114,7 @@ class Trainer:
         # The reference model costs a full copy of the weights: load it only when a loss needs it.
         self.ref = (load_model(base_path, cfg.model, self.device, frozen=True)
                     if cfg.algorithm.kl_coef > 0 or "kl_coef" in controlled else None)
-        self.engine = engine or HFEngine(self.tokenizer, batch_size=cfg.rollout.batch_size)
+        self.engine = engine or build_engine(cfg, self.tokenizer, base_path, self.policy.dtype)
 
         self.train_data = load_split(cfg.data.train, cfg.lab, "train")[: cfg.data.max_train_prompts]
         self.val_data = load_split(cfg.data.val or cfg.data.train, cfg.lab, "val" if not cfg.data.val else "train")
@@ -228,6 +228,8 @@ class Trainer:
 
     def _sample(self, prompt_ids: list[list[int]], budgets: list[int], knobs: Knobs, seeds: list[int],
                 unlearn: bool) -> tuple[Rollouts, dict]:
+        # Engines with their own copy of the weights (vllm) get them pushed when they changed.
+        sync_weights(self.engine, self._policy_now(), self.scheduler.last_epoch)
         if self.eepo.enabled:
             return sample_then_forget(
                 self.engine, self._policy_now(), prompt_ids, budgets, knobs.temperature, knobs.max_response_len, None,
@@ -482,6 +484,7 @@ class Trainer:
         ids = [self._prompt_ids(self.val_data, i, "val") for i in range(mine.start, mine.stop)]
         T = e.temperature if e.temperature is not None else self.knobs.temperature
         policy = self._policy_now()
+        sync_weights(self.engine, policy, self.scheduler.last_epoch)
         local = {"problem": torch.zeros(0, dtype=torch.long), "score": torch.zeros(0, dtype=torch.float64),
                  "entropy_sum": torch.zeros(0, dtype=torch.float64), "length": torch.zeros(0, dtype=torch.long),
                  "greedy": torch.zeros(0, dtype=torch.float64)}
@@ -583,6 +586,7 @@ class Trainer:
             t0 = time.perf_counter()
             metrics.update(self.validate())
             metrics["time/val_s"] = time.perf_counter() - t0
+        metrics.update(pop_metrics(self.engine))  # vllm: weight pushes, sampler-vs-trainer logp gap
         metrics["time/step_s"] = time.perf_counter() - t_start
         return dict(sorted(metrics.items(), key=lambda kv: (kv[0] != "step", kv[0])))
 

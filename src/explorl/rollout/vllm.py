@@ -153,10 +153,12 @@ class VLLMEngine:
         import vllm.envs
 
         vllm.envs.disable_envs_cache()  # a previous engine may have cached the mode above
-        kwargs = dict(model=self.model_path, dtype=self.dtype, seed=self.seed,
-                      logprobs_mode="processed_logprobs", enforce_eager=True,
-                      kv_cache_memory_bytes=int(self.kv_cache_gib * 2**30),
-                      generation_config="vllm")  # no sampling defaults from the checkpoint
+        kwargs: dict[str, Any] = {
+            "model": self.model_path, "dtype": self.dtype, "seed": self.seed,
+            "logprobs_mode": "processed_logprobs", "enforce_eager": True,
+            "kv_cache_memory_bytes": int(self.kv_cache_gib * 2**30),
+            "generation_config": "vllm",  # no sampling defaults from the checkpoint
+        }
         if self.max_model_len is not None:
             kwargs["max_model_len"] = self.max_model_len
         kwargs.update(self.llm_kwargs)
