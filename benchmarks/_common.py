@@ -29,16 +29,41 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def step_times(recipe: str | Path, sets: list[str], steps: int, warmup: int = 2) -> tuple[list[float], list[dict]]:
-    """Train ``recipe`` (with overrides) for warmup + steps steps; per-step seconds after warm-up."""
+def cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and every live child (verifier workers).
+
+    The wall-clock ratio of two setups is meaningless on a loaded 2-core machine (one setup's
+    swung 1.07x to 3.57x under load); CPU time barely moves with load.
+    """
+    import psutil
+
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.Error:  # exited meanwhile
+            pass
+    return total
+
+
+def step_times(recipe: str | Path, sets: list[str], steps: int, warmup: int = 2,
+               cpu: list[float] | None = None) -> tuple[list[float], list[dict]]:
+    """Train ``recipe`` (with overrides) for warmup + steps steps; per-step seconds after warm-up.
+
+    ``cpu``: when given, each kept step's CPU seconds (``cpu_seconds``) are appended to it.
+    """
     cfg = C.load(ROOT / recipe, ["log.progress=false", "log.plots=false", "eval.every=0",
                                  "log.checkpoint_every=0", "log.save_model=false", *sets],
                  max_steps=warmup + steps)
     with tempfile.TemporaryDirectory() as out:
         t = Trainer(cfg, out)
         rows = []
-        for _ in range(warmup + steps):
+        for i in range(warmup + steps):
+            c0 = cpu_seconds()
             rows.append(t.train_step())
+            if cpu is not None and i >= warmup:
+                cpu.append(cpu_seconds() - c0)
         t.pool.close()
     kept = rows[warmup:]
     return [r["time/step_s"] for r in kept], kept

@@ -60,7 +60,7 @@ def ablate(model, tok, train, P: int, G: int, args) -> None:
 
     from explorl.models import render_prompt
     from explorl.rollout.hf import HFEngine, left_pad
-    from explorl.rollout.scoring import response_logprobs
+    from explorl.forward import response_logprobs
 
     size = f"{P}x{G}"
     engine, no_compact = HFEngine(tok, batch_size=P * G), HFEngine(tok, batch_size=P * G, compact_ratio=0.0)

@@ -51,7 +51,7 @@ def tiny_config(model_dir, overrides: dict | None = None, sets: list[str] | None
         C._deep_update(data, overrides)
     for s in sets or []:
         k, v = C.parse_override(s)
-        C._set_path(data, k, v)
+        C.set_path(data, k, v)
     return C.from_dict(data)
 
 

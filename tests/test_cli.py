@@ -78,3 +78,12 @@ def test_config_reference_lists_every_key(capsys):
     assert main(["config"]) == 0
     out = capsys.readouterr().out
     assert "algorithm.eps_high" in out and "control.adaptive.schedule.kind" in out
+
+
+def test_commands_joined_by_then_run_in_turn_and_stop_at_the_first_failure(tmp_path, capsys):
+    assert main(["config", "--then", "config"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("$ explorl config") == 2 and printed.count("algorithm.loss ") == 2
+    assert main(["study", str(tmp_path / "missing.yaml"), "--then", "config"]) == 2
+    printed = capsys.readouterr().out
+    assert "$ explorl study" in printed and "$ explorl config" not in printed

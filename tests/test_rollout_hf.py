@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 from explorl.algorithms import naive_logprobs
 from explorl.rollout.hf import HFEngine
-from explorl.rollout.scoring import _pack_plan, response_logprobs, takes_custom_mask
+from explorl.forward import _pack_plan, response_logprobs, takes_custom_mask
 from explorl.rollout.seeding import gumbel_sample, row_keys
 
 PROMPTS = ["3+4=", "12+7=", "5+5=", "9+0=", "1+2="]  # tokenised lengths differ: left padding is exercised

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 from pathlib import Path
@@ -17,9 +18,13 @@ from explorl.cli import main
 # ----------------------------------------------------------------------------- spec
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
 def _write(tmp_path: Path, data: dict, name: str = "spec.yaml") -> Path:
+    """A spec in ``tmp_path``; its recipe names are those of the repository's recipes/lab/."""
     path = tmp_path / name
-    path.write_text(yaml.safe_dump(data))
+    path.write_text(yaml.safe_dump({"recipe_dir": str(ROOT / "recipes" / "lab"), **data}))
     return path
 
 
@@ -59,6 +64,41 @@ def test_study_cli_reports_spec_errors(tmp_path, capsys):
     path = _write(tmp_path, {"recipes": ["grpo"], "jobz": 2})
     assert main(["study", str(path)]) == 2
     assert "jobz: unknown key; did you mean 'jobs'?" in capsys.readouterr().err
+
+
+def test_recipe_folder_comes_from_the_spec_or_the_recipes_option(tmp_path, capsys):
+    """No recipe_dir: a recipe name is an error naming the key; ``recipe_dir`` (relative to the
+    spec) or ``--recipes DIR`` (replacing it) supplies the folder."""
+    (tmp_path / "mine").mkdir()
+    shutil.copy(ROOT / "recipes" / "lab" / "grpo.yaml", tmp_path / "mine" / "grpo.yaml")
+    path = tmp_path / "spec.yaml"
+    # the recipe resolves, so planning reaches the (deliberately wrong) override
+    path.write_text(yaml.safe_dump({"recipes": ["grpo"], "set": ["algorithm.eps_hihg=0.3"]}))
+    assert main(["study", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "recipes[0]: 'grpo' names a recipe, but the spec has no recipe_dir" in err
+    assert main(["study", str(path), "--recipes", str(tmp_path / "mine")]) == 2
+    assert "algorithm.eps_hihg: unknown key" in capsys.readouterr().err
+    assert main(["study", str(path), "--recipes", str(tmp_path / "nowhere")]) == 2
+    assert "--recipes" in (err := capsys.readouterr().err) and "not a directory" in err
+    path.write_text(yaml.safe_dump({"recipes": ["grpo"], "recipe_dir": "mine"}))
+    (plan,) = S.plan_runs(S.load_spec(path), path, tmp_path / "out")
+    assert plan.recipe == tmp_path / "mine" / "grpo.yaml"
+
+
+def test_study_does_not_import_the_command_line():
+    """The CLI imports the study, never the reverse (lazy imports included): a job runs the
+    command line as a child process."""
+    found = []
+    for path in sorted((ROOT / "src" / "explorl" / "study").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            cli = ("cli", "__main__")
+            found += [f"{path.name}: {n}" for n in names
+                      if n in ("explorl.cli", "explorl.__main__")
+                      or (n == "explorl" and any(a.name in cli for a in node.names))]
+    assert not found
 
 
 def test_lab_spec_plans_every_required_recipe():

@@ -59,7 +59,7 @@ def _answer_engine(t: Trainer, pattern):
     """Scripted responses: sample j of a prompt answers right iff pattern(prompt_pos, j)."""
     truths = {}
     for i, rec in enumerate(t.train_data):
-        truths[tuple(t._prompt_ids(t.train_data, i, "train"))] = (i, rec.ground_truth)
+        truths[tuple(t._prompt_ids(t.train_data, "train")(i))] = (i, rec.ground_truth)
 
     def respond(prompt_ids, j):
         i, gt = truths[tuple(prompt_ids)]
@@ -107,11 +107,16 @@ def _strip(rows):
 
 @pytest.mark.parametrize("extra", [
     {},
-    {"control": {"temperature": {"enabled": True}, "budget": {"enabled": True}},
+    {"control": {"temperature": {"enabled": True}, "budget": {"enabled": True},
+                 "curriculum": {"enabled": True, "start_ratio": 0.4, "n_samples": 6}},
      "algorithm": {"loss": "clip_cov", "clip_cov_lb": -10.0, "clip_cov_ratio": 0.05}, "data": {"max_train_prompts": 8}},
     {"control": {"eepo": {"enabled": True, "alpha": 10.0}, "adaptive": {"enabled": True, "warmup": 1}},
      "algorithm": {"loss": "kl_cov", "entropy_coef": 0.01, "kl_coef": 0.01}, "optim": {"mini_batches": 2}},
-], ids=["grpo", "e3+clip_cov", "eepo+adaptive+kl_cov"])
+    {"model": {"dtype": "bfloat16"},
+     "control": {"eepo": {"enabled": True, "alpha": 10.0}, "adaptive": {"enabled": True, "warmup": 1},
+                 "budget": {"enabled": True}},
+     "algorithm": {"loss": "kl_cov", "dynamic_sampling": True}, "data": {"max_train_prompts": 8}},
+], ids=["grpo", "e3+curriculum+clip_cov", "eepo+adaptive+kl_cov", "bf16:eepo+adaptive+budget+dapo"])
 def test_resume_reproduces_uninterrupted_run(make_config, tmp_path, extra):
     full = make_config({**extra, "max_steps": 5, "eval": {"every": 2}})
     a = Trainer(full, tmp_path / "a")
@@ -192,14 +197,24 @@ def test_entropy_and_covariance_metrics_are_batch_token_means(make_config, tmp_p
     cfg = make_config({"max_steps": 1, "eval": {"every": 0}})
     t = Trainer(cfg, tmp_path / "run")
     captured = {}
-    original = t._rollout
+    engine = t.engine
 
-    def capture(knobs, batch):
-        out = original(knobs, batch)
-        captured["ro"], captured["rewards"] = out[0], out[2]
-        return out
+    class Recording:  # the public seam: an engine that keeps what it returned
+        pad_id = engine.pad_id
 
-    t._rollout = capture
+        def generate(self, *args, **kw):
+            captured["ro"] = engine.generate(*args, **kw)
+            return captured["ro"]
+
+    t.engine = Recording()
+    score = t.pool.score
+
+    def recording_score(*args, **kw):  # binary rewards: the reward is the verifier score
+        res = score(*args, **kw)
+        captured["rewards"] = torch.tensor(res.scores, dtype=torch.float32)
+        return res
+
+    t.pool.score = recording_score
     m = t.train_step()
     ro = captured["ro"]
     mask = ro.response_mask
@@ -214,8 +229,9 @@ def test_validation_metrics(make_config, tmp_path):
     cfg = make_config({"max_steps": 1, "eval": {"every": 1, "n_samples": 2, "k": [1, 2]},
                        "data": {"val": [], "train": ["lab:addition"]}})
     t = Trainer(cfg, tmp_path / "run")
-    truths = {tuple(t._prompt_ids(t.val_data, i, "val")): r.ground_truth for i, r in enumerate(t.val_data)}
-    truths.update({tuple(t._prompt_ids(t.train_data, i, "train")): r.ground_truth for i, r in enumerate(t.train_data)})
+    val_ids, train_ids = t._prompt_ids(t.val_data, "val"), t._prompt_ids(t.train_data, "train")
+    truths = {tuple(val_ids(i)): r.ground_truth for i, r in enumerate(t.val_data)}
+    truths.update({tuple(train_ids(i)): r.ground_truth for i, r in enumerate(t.train_data)})
     # sample 0 right, sample 1 wrong: accuracy 1/2, pass@2 = 1; greedy (one sample, j = 0) right
     t.engine = FakeEngine(t.tokenizer, lambda p, j: truths[tuple(p)] if j == 0 else "x")
     m = t.train_step()

@@ -24,7 +24,7 @@ def _train(args) -> int:
         data = yaml.safe_load((run_dir / "config.yaml").read_text())
         for text in args.set or []:
             key, value = C.parse_override(text)
-            C._set_path(data, key, value)
+            C.set_path(data, key, value)
         if args.max_steps is not None:
             data["max_steps"] = args.max_steps
         cfg = C.from_dict(data)
@@ -100,7 +100,8 @@ def _report(args) -> int:
 def _study(args) -> int:
     from explorl.study import run_study
 
-    return run_study(args.spec, quick=args.quick, out=args.out, jobs=args.jobs)
+    return run_study(args.spec, quick=args.quick, out=args.out, jobs=args.jobs,
+                     recipes=args.recipes)
 
 
 def _config(args) -> int:
@@ -116,7 +117,12 @@ def _config(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="explorl", description="RL with verifiable rewards, about controlling exploration.")
+    p = argparse.ArgumentParser(prog="explorl",
+                                description="RL with verifiable rewards, about controlling "
+                                            "exploration.",
+                                epilog="Commands joined by --then run in turn in one process, e.g. "
+                                       "`explorl train R --out D --then eval D --data lab:addition "
+                                       "--out D/eval`.")
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train a policy from a recipe")
@@ -156,9 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("study", help="recipes × seeds on a lab task: train, eval, report, check the papers' claims")
     s.add_argument("spec", help="study spec (e.g. studies/lab.yaml)")
-    s.add_argument("--quick", action="store_true", help="apply the spec's quick: section (a ~10-minute check)")
+    s.add_argument("--quick", action="store_true",
+                   help="apply the spec's quick: section (fewer seeds and steps: a pipeline check, "
+                        "2 min for studies/lab.yaml on 2 idle cores)")
     s.add_argument("--out", help="study directory (default runs/study-<name>[-quick]); rerun to continue it")
     s.add_argument("--jobs", type=int, help="runs trained at once (default: the spec's jobs)")
+    s.add_argument("--recipes", metavar="DIR",
+                   help="folder of the recipes the spec names without a path (default: the spec's "
+                        "recipe_dir, relative to the spec)")
     s.set_defaults(fn=_study)
 
     c = sub.add_parser("config", help="print the recipe reference, or a resolved recipe")
@@ -168,7 +179,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+THEN = "--then"
+"""Separates commands run in turn in one process (``explorl train … --then eval …``): they pay
+the torch import once. ``explorl study`` runs each job's train and eval this way."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if THEN in argv:
+        commands: list[list[str]] = [[]]
+        for a in argv:
+            if a == THEN:
+                commands.append([])
+            else:
+                commands[-1].append(a)
+        for c in commands:  # stop at the first that fails
+            print(f"$ explorl {' '.join(c)}", flush=True)
+            rc = main(c)
+            if rc:
+                return rc
+        return 0
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)

@@ -22,10 +22,13 @@ from typing import Any, Literal, Optional
 
 import yaml
 
-from explorl.lab.tasks import SPLIT_SIZES
+from explorl.errors import ExplorlError
+
+# Sizes of the lab's train/val/test splits (the lab model is built on the same split).
+SPLIT_SIZES = {"n_train": 2000, "n_val": 128, "n_test": 256}
 
 
-class ConfigError(ValueError):
+class ConfigError(ExplorlError, ValueError):
     """A configuration problem, reported with the key path that caused it."""
 
 
@@ -39,7 +42,13 @@ class ModelConfig:
     trust_remote_code: bool = False
     """Allow custom modelling code shipped with the model. Off unless the recipe says so."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """Parameter dtype. ``auto``: bfloat16 on CUDA devices that support it, else float32."""
+    """Compute dtype of forward passes (sampling, the loss, validation). ``auto``: bfloat16 on CUDA
+    devices that support it, else float32. Below float32 the weights and optimizer state stay in
+    float32 (master weights) and the forward runs under autocast, so small updates are not rounded
+    away; float16 adds a gradient scaler."""
+    pure_low_precision: bool = False
+    """Opt-in: hold the weights themselves in ``dtype`` (no float32 master copy; half the memory).
+    At lr 1e-6 bfloat16 weights keep ~2% of AdamW's updates: only for users who know they want it."""
     device: str = "auto"
     """``auto`` (CUDA if available, else CPU), or a torch device string such as ``cpu``/``cuda:1``."""
     use_chat_template: bool = True
@@ -98,9 +107,10 @@ class VLLMConfig:
     pushed as tensors. False: in a child process; each push goes through a safetensors file in
     /dev/shm."""
     recompute: bool = True
-    """After sampling, one no-grad forward of the training model over the responses gives old_logp
-    and entropy (the trainer's own numerics; vLLM reports no entropy) and the logged gap to vLLM's
-    log-probs. False: old_logp is vLLM's and entropy is NaN, for a trainer that recomputes both."""
+    """After sampling, one no-grad forward of the model that sampled (policy or EEPO's copy) over
+    the responses gives old_logp and entropy (vLLM reports no entropy) and the logged gap to
+    vLLM's log-probs; ``algorithm.old_logp: auto`` then needs no second pass in float32. False:
+    old_logp is vLLM's and entropy NaN until the trainer recomputes them (not with EEPO)."""
     sync_check_tol: float | None = None
     """Largest allowed log-prob gap between engine and training model on a fixed probe sequence,
     checked at every sampling call; a larger one (stale or broken weights) discards the samples,
@@ -158,7 +168,8 @@ class AlgorithmConfig:
     eps_high: float = 0.2
     """PPO upper clip: ratio ≤ 1 + eps_high. DAPO's clip-higher uses 0.28."""
     clip_c: Optional[float] = None
-    """Dual-clip constant c for negative advantages (3.0 in the dual-clip paper); None = off."""
+    """Dual-clip constant c for negative advantages (3.0 in the dual-clip paper); None = off. Not with
+    ``loss: clip_cov`` (rejected: Clip-Cov as published has no dual clip)."""
     clip_cov_ratio: float = 2e-4
     """Clip-Cov: fraction of a mini-batch's valid tokens whose gradient is detached (selected over the
     whole mini-batch, however it is split into micro-batches)."""
@@ -174,20 +185,30 @@ class AlgorithmConfig:
     """KL-Cov: |logp − old_logp| up to this counts as 0. The sampler's and the trainer's log-probs of
     one policy differ by float noise (~1e-6 in float32, up to ~1e-2 in bf16), and the gradient
     ±λ of |·| would turn that noise into a push on the first, on-policy update. Raise it for bf16."""
-    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
-    """Loss aggregation over tokens and sequences."""
+    agg: str = "token-mean"
+    """Loss aggregation over tokens and sequences: ``token-mean``, ``seq-mean-token-mean`` or
+    ``seq-mean-token-sum-norm`` (``algorithms.AGG_MODES``)."""
     agg_max_len: Optional[int] = None
     """Constant length for ``seq-mean-token-sum-norm`` (Dr.GRPO). None = rollout.max_response_len."""
     entropy_coef: float = 0.0
     """Entropy bonus coefficient α: loss −= α · agg(H)."""
     kl_coef: float = 0.0
     """Coefficient β of the KL to a frozen reference policy (loaded only when > 0 or controlled)."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_estimator: str = "k3"
     """KL estimator for the reference penalty."""
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: drop groups with identical rewards, regenerate to refill the batch."""
+    dynamic_sampling_metric: Literal["score", "reward"] = "score"
+    """DAPO dynamic sampling: what must vary within a kept group. ``score`` (the verifier's accuracy,
+    as DAPO and verl's ``filter_groups.metric: acc``) or ``reward`` (the shaped reward: with an
+    overlong penalty an all-wrong group then survives on length alone)."""
     max_gen_rounds: int = 3
     """DAPO dynamic sampling: most generation rounds per step."""
+    old_logp: Literal["auto", "sampler", "recompute"] = "auto"
+    """Where the PPO ratio's old log-probs (and the step's entropy) come from. ``sampler``: the
+    rollout engine's own values. ``recompute``: one no-grad forward of the policy before the update,
+    in the trainer's precision and layout (verl's way), so the on-policy ratio is exactly 1.
+    ``auto``: sampler for the HF engine in float32, recompute otherwise (bf16/fp16, other engines)."""
     logprob_chunk: int = 512
     """Tokens per chunk when computing log-probs and entropy (bounds the logits memory)."""
 
@@ -212,6 +233,9 @@ class OptimConfig:
     """Optimizer steps per pass (the rollout batch is split into this many mini-batches)."""
     micro_batch_size: int = 64
     """Most responses per forward/backward (gradient accumulation inside a mini-batch)."""
+    max_bad_steps: int = 3
+    """Stop the run after this many consecutive steps whose loss, gradient or rewards were not
+    finite (each such step leaves the weights untouched and counts in ``train/skipped_steps``)."""
 
 
 @dataclass
@@ -260,7 +284,7 @@ class EEPOControlConfig:
 
 @dataclass
 class ScheduleConfig:
-    kind: Literal["constant", "cosine", "wsd"] = "constant"
+    kind: str = "constant"
     """Target entropy schedule: constant, cosine (start→end over the run), wsd (stable then anneal)."""
     target: float = 0.4
     """constant/wsd: the held target entropy (nats)."""
@@ -278,7 +302,7 @@ class ScheduleConfig:
 class AdaptiveControlConfig:
     enabled: bool = False
     """Entropy Scheduling adaptive controller (4a) tracking a target entropy schedule."""
-    actuator: Literal["eps_high", "entropy_coef", "kl_coef", "temperature"] = "eps_high"
+    actuator: str = "eps_high"
     """Knob it drives: eps_high (the paper), entropy_coef, kl_coef or temperature."""
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     """Target entropy schedule."""
@@ -416,6 +440,10 @@ def _semantic_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
         ("rollout.max_response_len", r.max_response_len >= 1, "must be ≥ 1"),
         ("rollout.batch_size", r.batch_size >= 1, "must be ≥ 1"),
         ("rollout.vllm.kv_cache_gib", r.vllm.kv_cache_gib > 0, "must be > 0"),
+        ("rollout.vllm.recompute", r.engine != "vllm" or r.vllm.recompute
+         or (a.old_logp != "sampler" and not ctl.eepo.enabled),
+         "false leaves entropy unknown (vLLM reports none): it needs algorithm.old_logp auto or "
+         "recompute, and no EEPO (its stage-2 rows keep the engine's values)"),
         ("rollout.vllm.max_model_len", r.vllm.max_model_len is None or r.vllm.max_model_len >= 2,
          "must be ≥ 2"),
         ("rollout.vllm.sync_check_tol", r.vllm.sync_check_tol is None or r.vllm.sync_check_tol > 0,
@@ -427,6 +455,9 @@ def _semantic_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
         ("algorithm.eps_low", 0 <= a.eps_low <= 1, "must be in [0, 1]"),
         ("algorithm.eps_high", a.eps_high >= 0, "must be ≥ 0"),
         ("algorithm.clip_c", a.clip_c is None or a.clip_c > 1, "dual-clip c must be > 1"),
+        ("algorithm.clip_c", a.clip_c is None or a.loss != "clip_cov",
+         "Clip-Cov has no dual clip (neither the authors' code nor verl's has one, and a dual-clipped "
+         "token could not be a Clip-Cov candidate); set algorithm.clip_c: null with loss clip_cov"),
         ("algorithm.clip_cov_ratio", 0 < a.clip_cov_ratio <= 1, "must be in (0, 1]"),
         ("algorithm.clip_cov_ub", a.clip_cov_ub > a.clip_cov_lb, "must be > algorithm.clip_cov_lb"),
         ("algorithm.kl_cov_ratio", 0 < a.kl_cov_ratio <= 1, "must be in (0, 1]"),
@@ -440,6 +471,7 @@ def _semantic_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
         ("optim.ppo_epochs", o.ppo_epochs >= 1, "must be ≥ 1"),
         ("optim.mini_batches", o.mini_batches >= 1, "must be ≥ 1"),
         ("optim.micro_batch_size", o.micro_batch_size >= 1, "must be ≥ 1"),
+        ("optim.max_bad_steps", o.max_bad_steps >= 1, "must be ≥ 1"),
         ("optim.max_grad_norm", o.max_grad_norm >= 0, "must be ≥ 0"),
         ("control.temperature.t_min", 0 < ctl.temperature.t_min <= ctl.temperature.t_max,
          "must satisfy 0 < t_min ≤ t_max"),
@@ -486,7 +518,7 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             _fail(path, f"expected a mapping of {tp.__name__} fields, got {type(value).__name__} {value!r}")
-        return _build(tp, value, path)
+        return build(tp, value, path)
     if origin is Literal:
         allowed = typing.get_args(tp)
         if value not in allowed:
@@ -541,7 +573,7 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     raise TypeError(f"unsupported annotation {tp!r} at {path}")  # a bug in this file, not user input
 
 
-def _build(cls: type, data: dict, path: str = "") -> Any:
+def build(cls: type, data: dict, path: str = "") -> Any:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
@@ -557,7 +589,7 @@ def _build(cls: type, data: dict, path: str = "") -> Any:
 
 def validate(cfg: RunConfig) -> RunConfig:
     """Re-check types (after programmatic edits) and impossible values; return ``cfg``."""
-    cfg = _build(RunConfig, to_dict(cfg))
+    cfg = build(RunConfig, to_dict(cfg))
     for path, ok, msg in _semantic_checks(cfg):
         if not ok:
             _fail(path, msg)
@@ -567,10 +599,16 @@ def validate(cfg: RunConfig) -> RunConfig:
 
 def _check_names(cfg: RunConfig) -> None:
     """Plug-point names are checked against the dicts that define them (no copied lists)."""
-    from explorl.algorithms import ADVANTAGES, LOSSES
+    from explorl.algorithms import ADVANTAGES, AGG_MODES, KL_ESTIMATORS, LOSSES
+    from explorl.control import ACTUATOR_DEFAULTS, SCHEDULES
 
-    for path, value, table, kind in [("algorithm.loss", cfg.algorithm.loss, LOSSES, "loss"),
-                                     ("algorithm.advantage", cfg.algorithm.advantage, ADVANTAGES, "advantage estimator")]:
+    a, ad = cfg.algorithm, cfg.control.adaptive
+    for path, value, table, kind in [("algorithm.loss", a.loss, LOSSES, "loss"),
+                                     ("algorithm.advantage", a.advantage, ADVANTAGES, "advantage estimator"),
+                                     ("algorithm.agg", a.agg, AGG_MODES, "aggregation mode"),
+                                     ("algorithm.kl_estimator", a.kl_estimator, KL_ESTIMATORS, "KL estimator"),
+                                     ("control.adaptive.actuator", ad.actuator, ACTUATOR_DEFAULTS, "actuator"),
+                                     ("control.adaptive.schedule.kind", ad.schedule.kind, SCHEDULES, "schedule")]:
         if value not in table:
             close = difflib.get_close_matches(value, list(table), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -583,14 +621,14 @@ def from_dict(data: dict | None) -> RunConfig:
         data = {}
     if not isinstance(data, dict):
         _fail("", f"a recipe must be a mapping of keys, got {type(data).__name__}")
-    return validate(_build(RunConfig, data))
+    return validate(build(RunConfig, data))
 
 
 def to_dict(cfg: Any) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def _set_path(data: dict, dotted: str, value: Any) -> None:
+def set_path(data: dict, dotted: str, value: Any) -> None:
     keys = dotted.split(".")
     node = data
     for i, k in enumerate(keys[:-1]):
@@ -628,7 +666,7 @@ def load(recipe: str | Path | None = None, overrides: list[str] | None = None, *
             data["name"] = Path(recipe).stem
     for text in overrides or []:
         key, value = parse_override(text)
-        _set_path(data, key, value)
+        set_path(data, key, value)
     for key, value in top.items():
         if value is not None:
             data[key] = value

@@ -28,7 +28,7 @@ import warnings
 import torch
 
 from explorl.models import resolve_device
-from explorl.rollout.scoring import response_logprobs
+from explorl.forward import response_logprobs
 
 
 class LogProbModule(torch.nn.Module):
@@ -39,16 +39,18 @@ class LogProbModule(torch.nn.Module):
     ``response_logprobs`` on the bare policy, which keeps the chunked-vocabulary path.
     """
 
-    def __init__(self, policy: torch.nn.Module):
+    def __init__(self, policy: torch.nn.Module, amp=None):
         super().__init__()
         self.policy = policy
+        self._amp = amp or contextlib.nullcontext  # autocast to the compute dtype (models.autocast)
         # FSDP's transformer auto-wrap policy reads the layer classes from here.
         self._no_split_modules = getattr(policy, "_no_split_modules", None)
 
     def forward(self, prompt_ids, prompt_mask, response_ids, response_mask, temperature, *, chunk_size=2048,
                 with_entropy=True):
-        return response_logprobs(self.policy, prompt_ids, prompt_mask, response_ids, response_mask, temperature,
-                                 chunk_size=chunk_size, with_entropy=with_entropy)
+        with self._amp():
+            return response_logprobs(self.policy, prompt_ids, prompt_mask, response_ids, response_mask,
+                                     temperature, chunk_size=chunk_size, with_entropy=with_entropy)
 
 
 class Single:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from explorl.config import ModelConfig
+from explorl.errors import ExplorlError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -25,6 +27,19 @@ def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.bfloat16
     return torch.float32
+
+
+def param_dtype(cfg: ModelConfig, device: torch.device) -> torch.dtype:
+    """The weights' dtype: float32 master weights, unless ``pure_low_precision`` asks for ``dtype``."""
+    return resolve_dtype(cfg.dtype, device) if cfg.pure_low_precision else torch.float32
+
+
+def autocast(cfg: ModelConfig, device: torch.device):
+    """A context for forward passes: autocast to the compute dtype when it is below the weights'."""
+    compute = resolve_dtype(cfg.dtype, device)
+    if compute == param_dtype(cfg, device):
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=compute)
 
 
 def resolve_model_path(path: str, lab=None) -> Path:
@@ -59,9 +74,10 @@ def load_tokenizer(path: Path, cfg: ModelConfig):
 
 
 def load_model(path: Path, cfg: ModelConfig, device: torch.device, *, frozen: bool = False) -> torch.nn.Module:
-    """``from_pretrained`` on ``device`` in the configured dtype; ``frozen`` for the reference."""
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=resolve_dtype(cfg.dtype, device), trust_remote_code=cfg.trust_remote_code)
+    """``from_pretrained`` on ``device``: trained weights in ``param_dtype`` (float32 masters unless
+    pure low precision), a frozen reference directly in the compute dtype."""
+    dtype = resolve_dtype(cfg.dtype, device) if frozen else param_dtype(cfg, device)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=cfg.trust_remote_code)
     model.to(device)
     if frozen:
         model.eval()
@@ -92,3 +108,24 @@ def render_prompt(tokenizer, prompt, use_chat_template: bool) -> list[int]:
             ids = ids["input_ids"]
         return list(ids)
     return tokenizer(prompt, add_special_tokens=True)["input_ids"]
+
+
+class PromptTokens:
+    """Token ids of dataset prompts, rendered once (chat template when the tokenizer has one) and
+    checked against ``data.max_prompt_len``."""
+
+    def __init__(self, tokenizer, use_chat_template: bool, max_prompt_len: int) -> None:
+        self.tokenizer, self.use_chat_template, self.max_len = tokenizer, use_chat_template, max_prompt_len
+        self._cache: dict[tuple[str, int], list[int]] = {}
+
+    def ids_of(self, data: list, tag: str):
+        """A function: row index of ``data`` -> its prompt's token ids (``tag`` names the split)."""
+        def ids(idx: int) -> list[int]:
+            if (tag, idx) not in self._cache:
+                out = render_prompt(self.tokenizer, data[idx].prompt, self.use_chat_template)
+                if len(out) > self.max_len:
+                    raise ExplorlError(f"{tag} prompt {idx} has {len(out)} tokens > data.max_prompt_len="
+                                       f"{self.max_len}")
+                self._cache[(tag, idx)] = out
+            return self._cache[(tag, idx)]
+        return ids

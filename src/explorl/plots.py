@@ -116,3 +116,11 @@ def plot_training_curves(run_dir: str | Path) -> list[Path]:
         if path is not None:
             written.append(path)
     return written
+
+
+def plot_run_safely(run_dir) -> None:
+    """``plot_training_curves``, warning instead of raising: plots must never cost a training run."""
+    try:
+        plot_training_curves(run_dir)
+    except Exception as e:  # noqa: BLE001
+        print(f"warning: plotting failed: {e}")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import signal
 from pathlib import Path
 
 from rich.console import Console
@@ -76,3 +78,27 @@ class ProgressBar:
     def close(self) -> None:
         if self.enabled:
             self.progress.stop()
+
+
+def json_default(o):
+    """``json.dumps`` fallback: non-finite floats as null, anything else as its string."""
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    return str(o)
+
+
+@contextlib.contextmanager
+def graceful_interrupt(stop, bar: ProgressBar):
+    """Route Ctrl-C to ``stop()`` while training: the first one asks the loop to finish its step
+    and checkpoint (``stop`` returns False), a second one (``stop`` returns True) aborts."""
+
+    def on_sigint(signum, frame):
+        if stop():
+            raise KeyboardInterrupt
+        bar.log("[yellow]interrupt: finishing this step, then writing a checkpoint (Ctrl-C again to abort)")
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -24,8 +24,8 @@ class StepBatch:
     ``rows`` holds (N,) columns in the order one process would have them (prompt by prompt):
     ``group`` (the prompt's position among the step's sampled prompts), ``reward``, ``score``,
     ``length`` (valid tokens), ``entropy_sum`` and ``logp_sum`` (sums over the response's tokens
-    at the sampling temperature), ``truncated``, ``stage`` (EEPO; 0 otherwise) and ``rank`` (the
-    rank holding the response). ``local`` (n,) maps this rank's kept rollouts to their rows.
+    at the sampling temperature), ``truncated``, ``stage`` (EEPO; 0 otherwise), ``own`` (sampled
+    by the policy itself, not EEPO's unlearned copy) and ``rank`` (the rank holding the response). ``local`` (n,) maps this rank's kept rollouts to their rows.
     """
 
     rows: dict[str, torch.Tensor]
@@ -37,10 +37,13 @@ class StepBatch:
     epoch_end: bool
 
 
-def response_stats(ro: Rollouts, scores: torch.Tensor, rewards: torch.Tensor, rank: int) -> dict[str, torch.Tensor]:
-    """This rank's rows of ``StepBatch.rows``."""
+def response_stats(ro: Rollouts, scores: torch.Tensor, rewards: torch.Tensor, rank: int, *,
+                   stage2_own: bool = True) -> dict[str, torch.Tensor]:
+    """This rank's rows of ``StepBatch.rows``. ``own`` marks responses the policy itself sampled
+    (all but EEPO's stage 2 after an unlearning step, which an unlearned copy sampled)."""
     mask = ro.response_mask.cpu()
     n = len(ro)
+    stage = ro.stage.cpu().long() if ro.stage is not None else torch.zeros(n, dtype=torch.long)
     return {
         "group": ro.prompt_index.cpu().long(),
         "reward": rewards.double(),
@@ -49,7 +52,8 @@ def response_stats(ro: Rollouts, scores: torch.Tensor, rewards: torch.Tensor, ra
         "entropy_sum": (ro.entropy.cpu() * mask).sum(-1).double(),
         "logp_sum": (ro.old_logp.cpu() * mask).sum(-1).double(),
         "truncated": ro.truncated.cpu().bool() if ro.truncated is not None else torch.zeros(n, dtype=torch.bool),
-        "stage": ro.stage.cpu().long() if ro.stage is not None else torch.zeros(n, dtype=torch.long),
+        "stage": stage,
+        "own": (stage != 2) | stage2_own,
         "rank": torch.full((n,), rank, dtype=torch.long),
     }
 
@@ -92,3 +96,10 @@ def stage_entropy(rows: dict[str, torch.Tensor], sample_metrics: dict) -> dict[s
             n = rows["length"][sel].sum()
             out[f"entropy/stage{s}"] = float(rows["entropy_sum"][sel].sum() / n) if n > 0 else 0.0
     return out
+
+
+def policy_entropy(rows: dict[str, torch.Tensor]) -> float:
+    """Mean token entropy of the responses the policy itself sampled (what controllers read)."""
+    own = rows["own"]
+    n = rows["length"][own].sum()
+    return float(rows["entropy_sum"][own].sum() / n) if n > 0 else 0.0

@@ -1,112 +1,154 @@
-"""Exploration controllers: each reads step statistics and sets knobs (ALGORITHMS §1, 3, 4, 5).
+"""Exploration controllers: each reads step statistics and decides knobs (ALGORITHMS §1, 3, 4, 5).
 
-``build_controllers`` turns the enabled controllers of a recipe into an ordered list. The
-trainer calls, for each step t and each controller in that order::
+``build_controllers`` turns the enabled sections of ``control`` into an ordered list, and
+``ControlBank`` runs them for the trainer. For each step t and each controller in order::
 
-    metrics |= c.before_batch(t, knobs)                  # then draw prompts from knobs.dataset
-    metrics |= c.before_step(t, knobs, prompt_indices)   # then sample, score, update
-    metrics |= c.after_step(stats, knobs)
+    knobs <- c.before_batch(t, knobs)                  # then draw prompts from knobs.dataset
+    knobs <- c.before_step(t, knobs, prompt_indices)   # then sample, score, update
+    c.after_step(stats, knobs)                         # metrics only
+
+Hooks return a ``Decision``; the bank applies its knob changes, rejecting a knob the controller
+did not claim, so "one owner per knob" is enforced, not declared.
 
 Order (``CONTROLLER_ORDER``): curriculum, temperature, budget, adaptive, eepo. The curriculum
-comes first because it sets ``knobs.n_samples``, which the budget reads as n_default in the
-same ``before_step``; the others own disjoint knobs and read only their own statistics, so
-their relative order does not change any knob (it fixes the metric order only).
+comes first because it sets ``n_samples``, which the budget reads as n_default in the same
+``before_step``; the others own disjoint knobs, so their order fixes the metric order only.
 
-Every controller rewrites the knobs it owns at every ``before_step`` from its own state, so
-knobs need not be checkpointed: ``{c.name: c.state_dict()}`` is enough to resume exactly.
+The knobs are part of the trainer's checkpoint (``ControlBank.state_dict``), beside each
+controller's own state: a knob no controller owns keeps its configured value, and one a
+controller owns is rewritten from that controller's state every step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from explorl.config import ControlConfig
 from explorl.control.adaptive import ACTUATOR_DEFAULTS, ActuatorSpec, AdaptiveController
 from explorl.control.base import (
     ACTUATORS,
     ControlContext,
     ControlError,
     Controller,
+    Decision,
     Knobs,
     StepStats,
+    apply_decision,
     check_actuators,
 )
 from explorl.control.budget import BudgetAllocator, allocate_budgets
 from explorl.control.curriculum import Curriculum
-from explorl.control.eepo import EEPOGate, sample_then_forget, unlearn_step
+from explorl.control.eepo import EEPOGate
 from explorl.control.schedules import SCHEDULES, Schedule, make_schedule
 from explorl.control.temperature import TemperatureScheduler
 
 CONTROLLERS: dict[str, type[Controller]] = {
+    "curriculum": Curriculum,
     "temperature": TemperatureScheduler,
     "budget": BudgetAllocator,
-    "eepo": EEPOGate,
     "adaptive": AdaptiveController,
-    "curriculum": Curriculum,
+    "eepo": EEPOGate,
 }
 
-CONTROLLER_ORDER = ("curriculum", "temperature", "budget", "adaptive", "eepo")
+CONTROLLER_ORDER = tuple(CONTROLLERS)
 
 # Pairs that each steer entropy towards their own target. Run together they fight over the
 # same quantity (and both log control/target_entropy), so a recipe may enable only one.
-_EXCLUSIVE = (("temperature", "adaptive"),)
+EXCLUSIVE = (("temperature", "adaptive"),)
 
 
-def build_controllers(
-    specs: dict[str, dict[str, Any]], ctx: ControlContext, knobs: Knobs
-) -> list[Controller]:
-    """Instantiate the enabled controllers in ``CONTROLLER_ORDER`` and set them up.
+def enabled_controllers(cfg: ControlConfig) -> list[str]:
+    """Names of the enabled controller sections, in ``CONTROLLER_ORDER``."""
+    return [name for name in CONTROLLER_ORDER if getattr(cfg, name).enabled]
 
-    ``specs`` maps a controller name (a ``CONTROLLERS`` key) to its constructor kwargs; only
-    enabled controllers appear. Raises ``ControlError`` for an unknown name, bad kwargs, two
-    owners of one actuator, or two entropy trackers (temperature and adaptive).
-    """
-    unknown = set(specs) - set(CONTROLLERS)
-    if unknown:
-        raise ControlError(
-            f"unknown controller(s) {', '.join(sorted(unknown))}; valid: {', '.join(CONTROLLERS)}"
-        )
-    controllers: list[Controller] = []
-    for name in CONTROLLER_ORDER:
-        if name not in specs:
-            continue
-        try:
-            controllers.append(CONTROLLERS[name](**specs[name]))
-        except TypeError as e:  # a misspelt or missing kwarg
-            raise ControlError(f"controller {name!r}: {e}") from e
-    check_actuators(controllers)
-    for a, b in _EXCLUSIVE:
-        if a in specs and b in specs:
+
+def check_control_config(cfg: ControlConfig) -> None:
+    """Conflicts between enabled controllers, checkable before anything is built."""
+    on = set(enabled_controllers(cfg))
+    for a, b in EXCLUSIVE:
+        if a in on and b in on:
             raise ControlError(
-                f"controllers {a!r} and {b!r} both steer entropy towards their own target and would "
+                f"control.{a} and control.{b} both steer entropy towards their own target and would "
                 "fight each other; enable one of them"
             )
+    owners: dict[str, str] = {}
+    for name in on:
+        claimed = (cfg.adaptive.actuator,) if name == "adaptive" else CONTROLLERS[name].actuators
+        for act in claimed:
+            if act in owners:
+                raise ControlError(f"actuator {act!r} is owned by both control.{owners[act]} and "
+                                   f"control.{name}; each knob may have one controller")
+            owners[act] = name
+
+
+def build_controllers(cfg: ControlConfig, ctx: ControlContext, knobs: Knobs, *,
+                      anneal_dataset: bool = False) -> list[Controller]:
+    """Instantiate the enabled controllers of ``cfg`` in ``CONTROLLER_ORDER`` and set them up."""
+    check_control_config(cfg)
+    controllers: list[Controller] = []
+    for name in enabled_controllers(cfg):
+        section = getattr(cfg, name)
+        if name == "curriculum":
+            controllers.append(Curriculum(section, anneal_dataset=anneal_dataset))
+        else:
+            controllers.append(CONTROLLERS[name](section))
+    check_actuators(controllers)
     for c in controllers:
         c.setup(ctx, knobs)
     return controllers
 
 
+class ControlBank:
+    """The run's controllers and the knobs they decide, applied in order with ownership checked."""
+
+    def __init__(self, controllers: list[Controller], knobs: Knobs) -> None:
+        check_actuators(controllers)
+        self.controllers, self.knobs = controllers, knobs
+
+    def _run(self, hook: str, *args) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        for c in self.controllers:
+            d = getattr(c, hook)(*args[:1], self.knobs, *args[1:])
+            self.knobs = apply_decision(self.knobs, d, c)
+            metrics.update(d.metrics)
+        return metrics
+
+    def before_batch(self, step: int) -> dict[str, float]:
+        return self._run("before_batch", step)
+
+    def before_step(self, step: int, prompt_indices: list[int]) -> dict[str, float]:
+        return self._run("before_step", step, prompt_indices)
+
+    def after_step(self, stats: StepStats) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        for c in self.controllers:
+            d = c.after_step(stats, self.knobs)
+            if d.knobs:
+                raise ControlError(f"controller {c.name!r} changed knobs in after_step; use before_step")
+            metrics.update(d.metrics)
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"knobs": dataclasses.asdict(self.knobs),
+                "controllers": {c.name: c.state_dict() for c in self.controllers}}
+
+    def load_state_dict(self, state: dict[str, Any], where: str = "checkpoint") -> None:
+        knobs = dict(state["knobs"])
+        if knobs.get("budgets") is not None:
+            knobs["budgets"] = tuple(knobs["budgets"])
+        self.knobs = Knobs(**knobs)
+        for c in self.controllers:
+            if c.name not in state["controllers"]:
+                raise ControlError(f"{where} has no state for controller {c.name!r}; "
+                                   "resume with the configuration the run started with")
+            c.load_state_dict(state["controllers"][c.name])
+
+
 __all__ = [
-    "ACTUATORS",
-    "ACTUATOR_DEFAULTS",
-    "CONTROLLERS",
-    "CONTROLLER_ORDER",
-    "SCHEDULES",
-    "ActuatorSpec",
-    "AdaptiveController",
-    "BudgetAllocator",
-    "ControlContext",
-    "ControlError",
-    "Controller",
-    "Curriculum",
-    "EEPOGate",
-    "Knobs",
-    "Schedule",
-    "StepStats",
-    "TemperatureScheduler",
-    "allocate_budgets",
-    "build_controllers",
-    "check_actuators",
-    "make_schedule",
-    "sample_then_forget",
-    "unlearn_step",
+    "ACTUATORS", "ACTUATOR_DEFAULTS", "CONTROLLERS", "CONTROLLER_ORDER", "SCHEDULES", "ActuatorSpec",
+    "AdaptiveController", "BudgetAllocator", "ControlBank", "ControlContext", "ControlError", "Controller",
+    "Curriculum", "Decision", "EEPOGate", "Knobs", "Schedule", "StepStats", "TemperatureScheduler",
+    "allocate_budgets", "apply_decision", "build_controllers", "check_actuators", "check_control_config",
+    "enabled_controllers", "make_schedule",
 ]

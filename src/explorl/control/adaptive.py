@@ -38,11 +38,13 @@ the loop stops, so entropy anneals naturally (eps_high back to 0.2, no bonus, no
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from explorl.control.base import ControlContext, ControlError, Controller, Knobs, StepStats
+from explorl.config import AdaptiveControlConfig
+from explorl.control.base import ControlContext, Controller, Decision, Knobs, StepStats
 from explorl.control.schedules import Schedule, make_schedule
 
 
@@ -68,21 +70,13 @@ ACTUATOR_DEFAULTS = {
 class AdaptiveController(Controller):
     """Move one knob by ±δ per step so the windowed entropy tracks a schedule (ES Algorithm 1).
 
-    Args:
-        schedule: a ``Schedule`` (``make_schedule``), any ``(step, max_steps) -> float``, or a
-            dict of ``make_schedule`` arguments (``{"kind": "wsd", "target": 0.4, ...}``).
-        actuator: the knob: ``eps_high`` (the paper), ``entropy_coef``, ``kl_coef`` or
-            ``temperature``.
-        warmup: T, steps held at c_0 (ours: 5).
-        window: w, steps averaged for H_curr and H_sched (ours: 3).
-        delta, c0, c_min, c_max: δ, c_0 and the clamp; ``None`` = the actuator's default
-            (``ACTUATOR_DEFAULTS``). Config names: delta, init, min, max.
-        deadband: relative dead-band around the target (ours: 0.02).
-        sign: +1 if raising the knob raises entropy, −1 if it lowers it; ``None`` = the
-            actuator's default (+1 for all four, see the module note on kl_coef).
+    Settings: ``control.adaptive`` (``AdaptiveControlConfig``): actuator (``eps_high`` is the
+    paper's), schedule, warmup T (ours: 5), window w (ours: 3), delta/init/min/max (δ, c_0 and
+    the clamp; ``None`` = the actuator's row of ``ACTUATOR_DEFAULTS``), deadband (ours: 0.02).
+    ``schedule=`` overrides the configured schedule with any ``(step, max_steps) -> float``;
+    ``sign=`` overrides the actuator's sign (see the module note on kl_coef).
 
     Metrics:
-        ``control/<actuator>`` (before_step): the knob value step t uses.
         ``control/target_entropy`` (before_step): the scheduled target of step t.
         ``control/adaptive_released`` (before_step): 1.0 when a release schedule has released
         the loop at step t (knob at c_min), else 0.0.
@@ -92,43 +86,19 @@ class AdaptiveController(Controller):
 
     name = "adaptive"
 
-    def __init__(
-        self,
-        schedule: Schedule | Callable[[int, int], float] | dict[str, Any],
-        actuator: str = "eps_high",
-        warmup: int = 5,
-        window: int = 3,
-        delta: float | None = None,
-        c0: float | None = None,
-        c_min: float | None = None,
-        c_max: float | None = None,
-        deadband: float = 0.02,
-        sign: int | None = None,
-    ) -> None:
-        if actuator not in ACTUATOR_DEFAULTS:
-            raise ControlError(
-                f"adaptive: unknown actuator {actuator!r}; valid: {', '.join(ACTUATOR_DEFAULTS)}"
-            )
-        if isinstance(schedule, dict):
-            schedule = make_schedule(**schedule)
-        spec = ACTUATOR_DEFAULTS[actuator]
-        self.actuator = actuator
-        self.actuators = (actuator,)
-        self.schedule = schedule
-        self.warmup, self.window, self.deadband = warmup, window, deadband
-        self.delta = spec.delta if delta is None else delta
-        self.c0 = spec.c0 if c0 is None else c0
-        self.c_min = spec.c_min if c_min is None else c_min
-        self.c_max = spec.c_max if c_max is None else c_max
+    def __init__(self, cfg: AdaptiveControlConfig, *,
+                 schedule: Schedule | Callable[[int, int], float] | None = None,
+                 sign: int | None = None) -> None:
+        spec = ACTUATOR_DEFAULTS[cfg.actuator]
+        self.actuator = cfg.actuator
+        self.actuators = (cfg.actuator,)
+        self.schedule = schedule if schedule is not None else make_schedule(**dataclasses.asdict(cfg.schedule))
+        self.warmup, self.window, self.deadband = cfg.warmup, cfg.window, cfg.deadband
+        self.delta = spec.delta if cfg.delta is None else cfg.delta
+        self.c0 = spec.c0 if cfg.init is None else cfg.init
+        self.c_min = spec.c_min if cfg.min is None else cfg.min
+        self.c_max = spec.c_max if cfg.max is None else cfg.max
         self.sign = spec.sign if sign is None else sign
-        if self.sign not in (1, -1):
-            raise ControlError(f"adaptive: sign must be +1 or -1, got {self.sign}")
-        if window < 1 or warmup < 0 or self.delta < 0 or deadband < 0:
-            raise ControlError("adaptive: need window ≥ 1, warmup ≥ 0, delta ≥ 0, deadband ≥ 0")
-        if not self.c_min <= self.c0 <= self.c_max:
-            raise ControlError(
-                f"adaptive: c0={self.c0} is outside [c_min, c_max] = [{self.c_min}, {self.c_max}]"
-            )
         # state
         self.c = self.c0  # knob value of the coming step
         self.history: list[tuple[int, float]] = []  # (step, H_step) of the last `window` steps
@@ -142,18 +112,16 @@ class AdaptiveController(Controller):
         released = getattr(self.schedule, "released", None)
         return bool(released(step, self.max_steps)) if released is not None else False
 
-    def before_step(self, step: int, knobs: Knobs, prompt_indices: list[int]) -> dict[str, float]:
+    def before_step(self, step: int, knobs: Knobs, prompt_indices: list[int]) -> Decision:
         released = self._released(step)
         if released:
             self.c = self.c_min
-        setattr(knobs, self.actuator, self.c)
-        return {
-            f"control/{self.actuator}": self.c,
+        return Decision(knobs={self.actuator: self.c}, metrics={
             "control/target_entropy": float(self.schedule(step, self.max_steps)),
             "control/adaptive_released": float(released),
-        }
+        })
 
-    def after_step(self, stats: StepStats, knobs: Knobs) -> dict[str, float]:
+    def after_step(self, stats: StepStats, knobs: Knobs) -> Decision:
         self.history = (self.history + [(stats.step, float(stats.entropy))])[-self.window :]
         h_curr = sum(h for _, h in self.history) / len(self.history)
         h_sched = sum(self.schedule(s, self.max_steps) for s, _ in self.history) / len(self.history)
@@ -161,7 +129,7 @@ class AdaptiveController(Controller):
         if control and abs(h_sched - h_curr) > self.deadband * abs(h_sched):
             direction = 1 if h_sched > h_curr else -1  # +1: entropy must rise
             self.c = min(self.c_max, max(self.c_min, self.c + self.sign * direction * self.delta))
-        return {"control/tracking_error": h_curr - h_sched}
+        return Decision(metrics={"control/tracking_error": h_curr - h_sched})
 
     def state_dict(self) -> dict[str, Any]:
         return {"c": self.c, "history": [[s, h] for s, h in self.history]}

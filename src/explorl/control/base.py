@@ -1,28 +1,40 @@
-"""The controller protocol: explicit state in, knobs out.
+"""The controller protocol: explicit state in, knob changes out.
 
-A controller reads the statistics of the step that just finished (``after_step``) and sets
-knobs for the next one (``before_step``). Each knob — an *actuator* — has at most one owner;
-``check_actuators`` rejects a configuration where two controllers claim the same one
-(ALGORITHMS.md §5).
+A controller reads the statistics of the step that just finished (``after_step``) and decides
+knobs for the next one (``before_batch``/``before_step``). Hooks never write the knobs: they
+return a ``Decision`` (the knob values they want and the metrics to log), and ``ControlBank``
+applies it, rejecting a write to a knob the controller did not claim. Each knob — an
+*actuator* — has at most one owner; ``check_actuators`` rejects a configuration where two
+controllers claim the same one (ALGORITHMS.md §5).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
+
+from explorl.errors import ExplorlError
 
 # Every knob a controller may own. "budgets" = per-prompt sample counts; "unlearn" = the EEPO
 # gate; "curriculum" = (dataset, n_samples, max_response_len) switched together.
 ACTUATORS = ("temperature", "eps_high", "entropy_coef", "kl_coef", "budgets", "unlearn", "curriculum")
 
+# The actuator that owns each field of ``Knobs``.
+KNOB_ACTUATOR = {
+    "temperature": "temperature", "eps_high": "eps_high", "entropy_coef": "entropy_coef",
+    "kl_coef": "kl_coef", "budgets": "budgets", "unlearn": "unlearn",
+    "dataset": "curriculum", "n_samples": "curriculum", "max_response_len": "curriculum",
+}
 
-class ControlError(ValueError):
+
+class ControlError(ExplorlError, ValueError):
     """A controller configuration that cannot work (e.g. two owners of one actuator)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Knobs:
-    """What the trainer uses for the coming step. Controllers mutate it in ``before_step``."""
+    """What the trainer uses for the coming step. Read-only: controllers return changes."""
 
     temperature: float
     eps_high: float
@@ -30,12 +42,34 @@ class Knobs:
     kl_coef: float
     n_samples: int  # default samples per prompt (n_default)
     max_response_len: int
-    budgets: list[int] | None = None  # per-prompt sample counts for this batch; None = n_samples each
+    budgets: tuple[int, ...] | None = None  # per-prompt sample counts; None = n_samples each
     dataset: str = "train"  # "train", or "anneal" once a curriculum switches datasets
     unlearn: bool = False  # EEPO: take the unlearning step between the two sampling stages
 
     def budgets_for(self, n_prompts: int) -> list[int]:
         return list(self.budgets) if self.budgets is not None else [self.n_samples] * n_prompts
+
+
+@dataclass
+class Decision:
+    """What a hook wants: knob values for the coming step and metrics to log."""
+
+    knobs: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def apply_decision(knobs: Knobs, decision: Decision, controller: Controller) -> Knobs:
+    """``knobs`` with ``decision.knobs`` applied; a knob ``controller`` does not own is an error."""
+    for k in decision.knobs:
+        if k not in KNOB_ACTUATOR:
+            raise ControlError(f"controller {controller.name!r} set unknown knob {k!r}")
+        if KNOB_ACTUATOR[k] not in controller.actuators:
+            raise ControlError(f"controller {controller.name!r} set knob {k!r}, owned by actuator "
+                               f"{KNOB_ACTUATOR[k]!r}, which it did not claim ({controller.actuators})")
+    changes = dict(decision.knobs)
+    if changes.get("budgets") is not None:
+        changes["budgets"] = tuple(int(n) for n in changes["budgets"])
+    return dataclasses.replace(knobs, **changes) if changes else knobs
 
 
 @dataclass
@@ -55,7 +89,7 @@ class StepStats:
 
     step: int  # 1-based index of the finished step
     max_steps: int
-    entropy: float  # mean token entropy of the step's responses at the sampling temperature
+    entropy: float  # mean token entropy of the policy's own responses at the sampling temperature
     prompt_indices: list[int]  # dataset index of each prompt of the step
     prompt_correct: list[float]  # per prompt: number of correct responses
     prompt_samples: list[int]  # per prompt: number of responses
@@ -65,7 +99,7 @@ class StepStats:
 
 
 class Controller:
-    """Base class; subclasses override what they need. Hooks return metrics to log."""
+    """Base class; subclasses override what they need. Hooks return a ``Decision``."""
 
     name: str = "controller"
     actuators: tuple[str, ...] = ()
@@ -73,21 +107,21 @@ class Controller:
     def setup(self, ctx: ControlContext, knobs: Knobs) -> None:  # noqa: B027 - optional hook
         """Called once before the first step (and before ``load_state_dict`` on resume)."""
 
-    def before_batch(self, step: int, knobs: Knobs) -> dict[str, float]:
-        """Set knobs that decide which prompts ``step`` draws (``knobs.dataset``).
+    def before_batch(self, step: int, knobs: Knobs) -> Decision:
+        """Knobs that decide which prompts ``step`` draws (``dataset``).
 
         Called for every controller before the step's prompts are drawn, then
         ``before_step`` is called with them. Only the curriculum uses it today.
         """
-        return {}
+        return Decision()
 
-    def before_step(self, step: int, knobs: Knobs, prompt_indices: list[int]) -> dict[str, float]:
-        """Set knobs for ``step`` (1-based), whose batch holds ``prompt_indices``."""
-        return {}
+    def before_step(self, step: int, knobs: Knobs, prompt_indices: list[int]) -> Decision:
+        """Knobs for ``step`` (1-based), whose batch holds ``prompt_indices``."""
+        return Decision()
 
-    def after_step(self, stats: StepStats, knobs: Knobs) -> dict[str, float]:
-        """Update state from the finished step's statistics."""
-        return {}
+    def after_step(self, stats: StepStats, knobs: Knobs) -> Decision:
+        """Update state from the finished step's statistics (metrics only: no knob changes)."""
+        return Decision()
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -102,7 +136,8 @@ def check_actuators(controllers: list[Controller]) -> None:
     for c in controllers:
         for a in c.actuators:
             if a not in ACTUATORS:
-                raise ControlError(f"controller {c.name!r} claims unknown actuator {a!r}; known: {', '.join(ACTUATORS)}")
+                raise ControlError(f"controller {c.name!r} claims unknown actuator {a!r}; "
+                                   f"known: {', '.join(ACTUATORS)}")
             if a in owner:
                 raise ControlError(
                     f"actuator {a!r} is owned by both {owner[a]!r} and {c.name!r}; "

@@ -26,7 +26,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from explorl.control.base import ControlContext, ControlError, Controller, Knobs, StepStats
+from explorl.config import BudgetControlConfig
+from explorl.control.base import ControlContext, ControlError, Controller, Decision, Knobs, StepStats
 
 # Floor with a tolerance: n_min + extra·r_i is an integer in exact arithmetic surprisingly
 # often (uniform ranks give exactly n_default), and float rounding must not drop it by one.
@@ -76,10 +77,8 @@ def allocate_budgets(ranks: list[float], n_default: int, n_min: int, n_max: int)
 class BudgetAllocator(Controller):
     """Allocate each batch's rollouts by prompt difficulty at a constant batch total (E3 §4.1).
 
-    Args:
-        n_min_limit: smallest per-prompt budget once fully widened (E3: 4).
-        n_max_limit: largest per-prompt budget once fully widened (E3: 12).
-        widen: how far each bound moves per completed epoch (E3: 2).
+    Settings: ``control.budget`` (``BudgetControlConfig``): n_min_limit (E3: 4), n_max_limit
+    (E3: 12), widen (E3: 2), how far each bound moves per completed epoch.
 
     Metrics (before_step, for the step's batch):
         ``rollout/budget_min``, ``rollout/budget_max``: smallest and largest count allocated.
@@ -89,14 +88,8 @@ class BudgetAllocator(Controller):
     name = "budget"
     actuators = ("budgets",)
 
-    def __init__(self, n_min_limit: int = 4, n_max_limit: int = 12, widen: int = 2) -> None:
-        if not 1 <= n_min_limit <= n_max_limit:
-            raise ControlError(
-                f"budget: need 1 ≤ n_min_limit ≤ n_max_limit, got {n_min_limit}, {n_max_limit}"
-            )
-        if widen < 0:
-            raise ControlError(f"budget: widen must be ≥ 0, got {widen}")
-        self.n_min_limit, self.n_max_limit, self.widen = n_min_limit, n_max_limit, widen
+    def __init__(self, cfg: BudgetControlConfig) -> None:
+        self.n_min_limit, self.n_max_limit, self.widen = cfg.n_min_limit, cfg.n_max_limit, cfg.widen
         # state (arrays indexed by dataset index)
         self.cum_samples: list[int] = []
         self.cum_reward: list[float] = []
@@ -124,10 +117,10 @@ class BudgetAllocator(Controller):
                 f"budget: prompt indices {bad[:5]} outside the dataset of size {len(self.rank)}"
             )
 
-    def before_step(self, step: int, knobs: Knobs, prompt_indices: list[int]) -> dict[str, float]:
+    def before_step(self, step: int, knobs: Knobs, prompt_indices: list[int]) -> Decision:
         n_default = knobs.n_samples
         if knobs.dataset != "train":
-            knobs.budgets = None
+            chosen = None
             n_min = n_max = n_default
             budgets = [n_default]
         else:
@@ -136,17 +129,17 @@ class BudgetAllocator(Controller):
             budgets = allocate_budgets(
                 [self.rank[i] for i in prompt_indices], n_default, n_min, n_max
             )
-            knobs.budgets = budgets
-        return {
+            chosen = budgets
+        return Decision(knobs={"budgets": chosen}, metrics={
             "rollout/budget_min": float(min(budgets, default=n_default)),
             "rollout/budget_max": float(max(budgets, default=n_default)),
             "control/budget_n_min": float(n_min),
             "control/budget_n_max": float(n_max),
-        }
+        })
 
-    def after_step(self, stats: StepStats, knobs: Knobs) -> dict[str, float]:
+    def after_step(self, stats: StepStats, knobs: Knobs) -> Decision:
         if knobs.dataset != "train":
-            return {}
+            return Decision()
         self._check_indices(stats.prompt_indices)
         for i, c, n in zip(
             stats.prompt_indices, stats.prompt_correct, stats.prompt_samples, strict=True
@@ -156,7 +149,7 @@ class BudgetAllocator(Controller):
         if stats.epoch_end:
             self._rerank()
             self.widenings += 1
-        return {}
+        return Decision()
 
     def _rerank(self) -> None:
         """rank_i = position/N after a stable sort by average reward, descending."""

@@ -24,20 +24,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from explorl.control.base import ControlContext, ControlError, Controller, Knobs
+from explorl.config import CurriculumControlConfig
+from explorl.control.base import ControlContext, ControlError, Controller, Decision, Knobs
 from explorl.control.schedules import anneal_start
 
 
 class Curriculum(Controller):
     """Switch dataset, rollout count and length limit at the start of the annealing phase.
 
-    Args:
-        start_ratio: the last fraction of steps that form the phase (ES: the last 10%).
-        start_step: explicit first step of the phase (1-based); overrides ``start_ratio``.
-        n_samples: samples per prompt in the phase; ``None`` = unchanged.
-        max_response_len: length limit in the phase; ``None`` = unchanged.
-        anneal_dataset: switch ``knobs.dataset`` to ``"anneal"`` (set it when the recipe has
-            a ``data.anneal`` dataset).
+    Settings: ``control.curriculum`` (``CurriculumControlConfig``): start_ratio (ES: the last
+    10%), n_samples and max_response_len in the phase (None = unchanged). ``anneal_dataset``:
+    switch ``knobs.dataset`` to ``"anneal"`` (the trainer sets it when the recipe has a
+    ``data.anneal`` dataset); ``start_step``: an explicit first step (1-based) of the phase.
 
     Metric (before_step): ``control/curriculum_phase``: 1.0 in the annealing phase, else 0.0.
     """
@@ -45,22 +43,10 @@ class Curriculum(Controller):
     name = "curriculum"
     actuators = ("curriculum",)
 
-    def __init__(
-        self,
-        start_ratio: float = 0.1,
-        start_step: int | None = None,
-        n_samples: int | None = None,
-        max_response_len: int | None = None,
-        anneal_dataset: bool = False,
-    ) -> None:
-        if start_step is None and not 0 <= start_ratio <= 1:
-            raise ControlError(f"curriculum: start_ratio must be in [0, 1], got {start_ratio}")
-        if n_samples is not None and n_samples < 1:
-            raise ControlError(f"curriculum: n_samples must be ≥ 1, got {n_samples}")
-        if max_response_len is not None and max_response_len < 1:
-            raise ControlError(f"curriculum: max_response_len must be ≥ 1, got {max_response_len}")
-        self.start_ratio, self.start_step = start_ratio, start_step
-        self.n_samples, self.max_response_len = n_samples, max_response_len
+    def __init__(self, cfg: CurriculumControlConfig, *, anneal_dataset: bool = False,
+                 start_step: int | None = None) -> None:
+        self.start_ratio, self.start_step = cfg.start_ratio, start_step
+        self.n_samples, self.max_response_len = cfg.n_samples, cfg.max_response_len
         self.anneal_dataset = anneal_dataset
         self.start: int | None = None  # first step of the phase; None = no phase
 
@@ -73,30 +59,28 @@ class Curriculum(Controller):
     def in_phase(self, step: int) -> bool:
         return self.start is not None and step >= self.start
 
-    def _apply(self, knobs: Knobs) -> None:
+    def _changes(self) -> dict:
+        out: dict = {}
         if self.anneal_dataset:
-            knobs.dataset = "anneal"
+            out["dataset"] = "anneal"
         if self.n_samples is not None:
-            knobs.n_samples = self.n_samples
+            out["n_samples"] = self.n_samples
         if self.max_response_len is not None:
-            knobs.max_response_len = self.max_response_len
+            out["max_response_len"] = self.max_response_len
+        return out
 
-    def before_batch(self, step: int, knobs: Knobs) -> dict[str, float]:
+    def before_batch(self, step: int, knobs: Knobs) -> Decision:
         # The dataset decides which prompts step t draws, so it must be set before they are.
-        if self.in_phase(step):
-            self._apply(knobs)
-        return {}
+        return Decision(knobs=self._changes() if self.in_phase(step) else {})
 
-    def before_step(self, step: int, knobs: Knobs, prompt_indices: list[int]) -> dict[str, float]:
+    def before_step(self, step: int, knobs: Knobs, prompt_indices: list[int]) -> Decision:
         phase = self.in_phase(step)
-        if phase:
-            if self.anneal_dataset and knobs.dataset != "anneal":
-                raise ControlError(
-                    f"curriculum: step {step} is in the annealing phase but its prompts were drawn "
-                    f"from {knobs.dataset!r}; the trainer must call before_batch before drawing prompts"
-                )
-            self._apply(knobs)
-        return {"control/curriculum_phase": float(phase)}
+        if phase and self.anneal_dataset and knobs.dataset != "anneal":
+            raise ControlError(
+                f"curriculum: step {step} is in the annealing phase but its prompts were drawn "
+                f"from {knobs.dataset!r}; the trainer must call before_batch before drawing prompts"
+            )
+        return Decision(metrics={"control/curriculum_phase": float(phase)})
 
     def state_dict(self) -> dict[str, Any]:
         return {}  # the phase is a function of the step

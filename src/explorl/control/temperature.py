@@ -25,7 +25,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from explorl.control.base import ControlContext, ControlError, Controller, Knobs, StepStats
+from explorl.config import TemperatureControlConfig
+from explorl.control.base import ControlContext, ControlError, Controller, Decision, Knobs, StepStats
 from explorl.control.schedules import anneal_progress
 
 _TINY = 1e-12  # floor for entropies in ln(target/H): a collapsed policy (H = 0) asks for T_max
@@ -34,17 +35,11 @@ _TINY = 1e-12  # floor for entropies in ln(target/H): a collapsed policy (H = 0)
 class TemperatureScheduler(Controller):
     """Hold the policy entropy at its first-step level H0 by retuning the sampling temperature.
 
-    Args:
-        t_init: temperature of steps 1 and 2; ``None`` = the knobs' initial temperature
-            (``rollout.temperature``).
-        t_min, t_max: clamp of T (ours; default [0.5, 2.0]).
-        anneal: E3 annealing: cosine-decay the target from H0 to β·H0 over the last
-            ``annealing_ratio`` of the steps.
-        annealing_ratio: fraction of the run that anneals (E3: 0.4).
-        beta: final target as a fraction of H0 (E3: 0.9).
+    Settings: ``control.temperature`` (``TemperatureControlConfig``): t_min, t_max (our clamp),
+    anneal, annealing_ratio (E3: 0.4), beta (E3: 0.9). T_1 is the knobs' initial temperature
+    (``rollout.temperature``).
 
-    Metrics:
-        ``control/temperature`` (before_step): T_t, the temperature step t samples with.
+    Metrics (the trainer logs the temperature each step used as ``control/temperature``):
         ``control/temperature_next`` (after_step): T_{t+1} after clamping.
         ``control/target_entropy`` (after_step): target_t, the entropy H_t was steered
         towards (H0 at step 1).
@@ -55,24 +50,9 @@ class TemperatureScheduler(Controller):
     name = "temperature"
     actuators = ("temperature",)
 
-    def __init__(
-        self,
-        t_init: float | None = None,
-        t_min: float = 0.5,
-        t_max: float = 2.0,
-        anneal: bool = False,
-        annealing_ratio: float = 0.4,
-        beta: float = 0.9,
-    ) -> None:
-        if not 0 < t_min <= t_max:
-            raise ControlError(f"temperature: need 0 < t_min ≤ t_max, got [{t_min}, {t_max}]")
-        if not 0 <= annealing_ratio < 1:
-            raise ControlError(
-                f"temperature: annealing_ratio must be in [0, 1), got {annealing_ratio}"
-            )
-        self.t_init = t_init
-        self.t_min, self.t_max = t_min, t_max
-        self.anneal, self.annealing_ratio, self.beta = anneal, annealing_ratio, beta
+    def __init__(self, cfg: TemperatureControlConfig) -> None:
+        self.t_min, self.t_max = cfg.t_min, cfg.t_max
+        self.anneal, self.annealing_ratio, self.beta = cfg.anneal, cfg.annealing_ratio, cfg.beta
         # state
         self.T: float = 1.0  # temperature of the coming step
         self.H0: float | None = None  # mean entropy of step 1
@@ -82,7 +62,7 @@ class TemperatureScheduler(Controller):
             raise ControlError(f"temperature: vocab_size must be ≥ 3, got {ctx.vocab_size}")
         self.max_steps = ctx.max_steps
         self.log_v = math.log(ctx.vocab_size) + math.log(math.log(ctx.vocab_size))
-        t0 = knobs.temperature if self.t_init is None else self.t_init
+        t0 = knobs.temperature
         if not self.t_min <= t0 <= self.t_max:
             raise ControlError(
                 f"temperature: initial T={t0} is outside [t_min, t_max] = [{self.t_min}, {self.t_max}]"
@@ -98,27 +78,26 @@ class TemperatureScheduler(Controller):
             return self.H0
         return self.H0 * ((1 - self.beta) * 0.5 * (1 + math.cos(math.pi * p)) + self.beta)
 
-    def before_step(self, step: int, knobs: Knobs, prompt_indices: list[int]) -> dict[str, float]:
-        knobs.temperature = self.T
-        return {"control/temperature": self.T}
+    def before_step(self, step: int, knobs: Knobs, prompt_indices: list[int]) -> Decision:
+        return Decision(knobs={"temperature": self.T})
 
-    def after_step(self, stats: StepStats, knobs: Knobs) -> dict[str, float]:
+    def after_step(self, stats: StepStats, knobs: Knobs) -> Decision:
         if self.H0 is None:  # step 1: only record the level to hold
             self.H0 = float(stats.entropy)
-            return {
+            return Decision(metrics={
                 "control/target_entropy": self.H0,
                 "control/temperature_next": self.T,
                 "control/temperature_clamped": 0.0,
-            }
+            })
         target = self.target(stats.step)
         log_ratio = math.log(max(target, _TINY) / max(stats.entropy, _TINY))
         t_raw = self.T * (1 + self.T * log_ratio / self.log_v)
         self.T = min(self.t_max, max(self.t_min, t_raw))
-        return {
+        return Decision(metrics={
             "control/target_entropy": target,
             "control/temperature_next": self.T,
             "control/temperature_clamped": float(not self.t_min <= t_raw <= self.t_max),
-        }
+        })
 
     def state_dict(self) -> dict[str, Any]:
         return {"T": self.T, "H0": self.H0}

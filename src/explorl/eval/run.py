@@ -25,7 +25,7 @@ def _resolve_model(model: str, overrides: list[str] | None) -> tuple[Path, Path,
         data = yaml.safe_load((run_dir / "config.yaml").read_text())
         for text in overrides or []:
             k, v = C.parse_override(text)
-            C._set_path(data, k, v)
+            C.set_path(data, k, v)
         cfg = C.from_dict(data)
         ckpt = latest_checkpoint(run_dir)
         if ckpt is None or not (ckpt / "config.json").exists():

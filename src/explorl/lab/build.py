@@ -31,7 +31,8 @@ from typing import Any
 import torch
 
 from explorl.data.records import PromptRecord
-from explorl.lab.tasks import SPLIT_SIZES, get_task, make_splits, task_params
+from explorl.config import SPLIT_SIZES
+from explorl.lab.tasks import get_task, make_splits, task_params
 from explorl.lab.tokenizer import CHARS, EOS, PAD, SPECIALS, lab_tokenizer, save_lab_tokenizer
 
 log = logging.getLogger(__name__)

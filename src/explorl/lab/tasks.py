@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, NamedTuple
 
+from explorl.config import SPLIT_SIZES
 from explorl.data.records import PromptRecord
 
 
@@ -207,7 +208,6 @@ def task_params(task: str, **params: Any) -> dict[str, Any]:
     return full
 
 
-SPLIT_SIZES = {"n_train": 2000, "n_val": 128, "n_test": 256}
 """The lab's default train/val/test sizes: the one home of these defaults (``make_splits``, the
 lab model's ``BuildConfig`` and the recipes' ``lab:`` section all read them). The split depends
 on all three, so a model built on them has never seen the validation and test problems."""

@@ -18,8 +18,9 @@ class RolloutEngine(Protocol):
       every sampling call; EEPO's unlearned copy another value), and an engine that keeps its
       own copy of the weights skips the push when ``version`` equals the last pushed one.
       Returns the seconds spent. Engines that sample with ``model`` itself (``hf``) need none.
-    - ``pop_metrics() -> dict[str, float]``: metrics gathered since the last call (weight-push
-      time, sampler-vs-trainer log-prob gap; docs/metrics.md).
+    - ``pop_metrics() -> dict[str, float]``: metrics gathered since the last call (docs/metrics.md).
+    - ``logprobs_match_trainer``: True when old_logp/entropy are the trainer's forward's values
+      (``algorithm.old_logp: auto`` then skips its own recompute in float32).
 
     Call them through ``sync_weights`` and ``pop_metrics`` below, which accept any engine.
     """

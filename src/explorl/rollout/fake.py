@@ -12,11 +12,15 @@ from typing import Callable
 import torch
 
 from explorl.rollout.hf import left_pad
-from explorl.rollout.scoring import response_logprobs
+from explorl.forward import response_logprobs
 from explorl.rollout.types import Rollouts
 
 
 class FakeEngine:
+    # Its float32 log-probs equal the trainer's forward up to ~1e-6 (same model, same weights), so
+    # ``algorithm.old_logp: auto`` keeps them instead of recomputing (tests/test_rollout_hf.py).
+    logprobs_match_trainer = True
+
     def __init__(self, tokenizer, respond: Callable[[list[int], int], str]):
         """``respond(prompt_ids, j)`` returns the text of the j-th sample for a prompt."""
         self.tokenizer = tokenizer

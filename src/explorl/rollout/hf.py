@@ -52,6 +52,10 @@ class HFEngine:
     sync); on CPU every token is checked, as a check costs nothing there.
     """
 
+    # Its float32 log-probs equal the trainer's forward up to ~1e-6 (same model, same weights), so
+    # ``algorithm.old_logp: auto`` keeps them instead of recomputing (tests/test_rollout_hf.py).
+    logprobs_match_trainer = True
+
     def __init__(self, tokenizer, *, batch_size: int = 256, eos_ids: list[int] | None = None,
                  compact_ratio: float = 0.5, sync_every: int = 4):
         self.tokenizer = tokenizer

@@ -21,11 +21,14 @@ What a response gets, compared with the ``hf`` engine (tests/test_rollout_vllm.p
   (other noise); greedy rows (temperature 0) are the same.
 - ``old_logp``: vLLM's sampled-token log-probs at the sampling temperature
   (``logprobs_mode="processed_logprobs"``; vLLM's default is before temperature). vLLM reports
-  no entropy. With ``recompute`` (the default) one no-grad forward of ``model`` over the
-  responses (``rollout.scoring.response_logprobs``, the trainer's own layout and precision)
-  replaces old_logp and gives the entropy; the gap to vLLM's log-probs is reported by
-  ``pop_metrics``. Without it ``entropy`` is NaN: a trainer that recomputes old log-probs
-  and entropy itself (the precision issue's ``old_logp: recompute``) fills it.
+  no entropy. With ``recompute`` (the default) one no-grad forward of ``model`` (the model
+  that sampled: the policy, or EEPO's unlearned copy) over the responses
+  (``explorl.forward.response_logprobs``, the trainer's layout, under the caller's autocast)
+  replaces old_logp and gives the entropy, so the engine ``logprobs_match_trainer`` and the
+  trainer's ``algorithm.old_logp: auto`` needs no second pass in float32; the gap to vLLM's
+  own log-probs is reported by ``pop_metrics``. Without ``recompute`` ``entropy`` is NaN and
+  the trainer must recompute both (``algorithm.old_logp: auto``/``recompute``; the config
+  refuses ``sampler`` and EEPO, whose stage-2 rows keep the engine's values).
 - Responses stop at EOS (included, as in the ``hf`` engine) or at ``max_new_tokens``.
 
 In-process mode (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) pushes tensors directly. vLLM then
@@ -49,8 +52,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from explorl.forward import response_logprobs
 from explorl.rollout.hf import left_pad
-from explorl.rollout.scoring import response_logprobs
 from explorl.rollout.seeding import mix_seed
 from explorl.rollout.types import Rollouts
 
@@ -144,6 +147,11 @@ class VLLMEngine:
         self.llm = None
         self._build()
 
+    @property
+    def logprobs_match_trainer(self) -> bool:
+        """True with ``recompute``: old_logp and entropy come from the trainer's forward."""
+        return self.recompute
+
     # ------------------------------------------------------------------ engine life cycle
 
     def _build(self) -> None:
@@ -215,10 +223,8 @@ class VLLMEngine:
                     f"rebuild: {type(second).__name__}: {second}); not sampling from stale weights"
                 ) from second
         self._version, self._checksum = version, checksum
-        seconds = time.perf_counter() - t0
-        self._add("time/weight_sync_s", seconds)
         self._add("rollout/weight_pushes", 1.0)
-        return seconds
+        return time.perf_counter() - t0
 
     def _load(self, model: torch.nn.Module) -> None:
         """Reload vLLM's weights from ``model`` (tensors in-process, a file otherwise)."""
@@ -351,10 +357,10 @@ class VLLMEngine:
             logp, ent = self._score(model, p_ids, p_mask, r_ids, r_mask, temperature)
             diff = (logp - v_logp).abs()[r_mask]
             if diff.numel():
-                self._metrics["rollout/logp_diff_max"] = max(self._metrics.get("rollout/logp_diff_max", 0.0),
-                                                             float(diff.max()))
-                self._add("rollout/logp_diff_sum", float(diff.double().sum()))
-                self._add("rollout/logp_diff_n", float(diff.numel()))
+                key = "rollout/vllm_logp_diff_max"
+                self._metrics[key] = max(self._metrics.get(key, 0.0), float(diff.max()))
+                self._add("rollout/vllm_logp_diff_sum", float(diff.double().sum()))
+                self._add("rollout/vllm_logp_diff_n", float(diff.numel()))
         else:
             logp, ent = v_logp, torch.full((N, R), float("nan"), device=device).masked_fill(~r_mask, 0.0)
         texts = self.tokenizer.batch_decode([t for t in toks], skip_special_tokens=True)
@@ -382,13 +388,14 @@ class VLLMEngine:
         self._metrics[key] = self._metrics.get(key, 0.0) + value
 
     def pop_metrics(self) -> dict[str, float]:
-        """Metrics since the last call (docs/metrics.md): push time and count, and with
-        ``recompute`` the largest and mean |vLLM − model| log-prob gap of the sampled tokens."""
+        """Metrics since the last call (docs/metrics.md): the number of weight pushes (explicit
+        and automatic), and with ``recompute`` the largest and mean |vLLM − forward| log-prob
+        gap of the sampled tokens. (``sync_weights`` returns its seconds to the caller.)"""
         m, self._metrics = self._metrics, {}
-        n = m.pop("rollout/logp_diff_n", 0.0)
-        total = m.pop("rollout/logp_diff_sum", 0.0)
+        n = m.pop("rollout/vllm_logp_diff_n", 0.0)
+        total = m.pop("rollout/vllm_logp_diff_sum", 0.0)
         if n:
-            m["rollout/logp_diff_mean"] = total / n
+            m["rollout/vllm_logp_diff_mean"] = total / n
         return m
 
 

@@ -1,0 +1,140 @@
+"""# 1. sample and # 2. score one training step: generation rounds, DAPO's dynamic sampling,
+rank sharding, and one all-gather per round that makes every response's statistics global.
+
+With N data-parallel ranks each rank samples and scores a contiguous share of the step's prompts
+(a prompt's group never splits); the gathered rows (``StepBatch``) let every rank compute the
+same advantages, denominators, controller statistics and metrics as one process would.
+Sampling draws depend on (seed, step, round, prompt position, sample) only
+(``explorl.rollout.seeding``), so the responses do not depend on N.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from explorl.algorithms import informative_groups, overlong_penalty
+from explorl.config import RunConfig
+from explorl.control import Knobs
+from explorl.rewards import to_reward
+from explorl.rollout.seeding import mix_seed
+from explorl.rollout.two_stage import OneStage
+from explorl.rollout.types import Rollouts
+from explorl.step_batch import StepBatch, concat_rows, response_stats, stage_entropy
+
+TRAIN_STREAM = 0  # first component of the training sampling seeds after the run seed (validation: 1)
+
+
+@dataclass
+class Collected:
+    """This rank's kept responses and the step's global statistics."""
+
+    rollouts: Rollouts  # this rank's kept rows (prompt_index = position among the step's prompts)
+    scores: torch.Tensor  # (n,) verifier scores of those rows
+    rewards: torch.Tensor  # (n,) shaped rewards of those rows
+    batch: StepBatch  # every rank's rows, as one process sees them
+    metrics: dict[str, float]
+
+
+def score_rollouts(pool, verifier: str, cfg: RunConfig, ro: Rollouts, truths: list[str],
+                   max_response_len: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Verifier scores and shaped rewards (N,), with the pool's timeout/error counts."""
+    res = pool.score(verifier, ro.texts, truths)
+    scores = torch.tensor(res.scores, dtype=torch.float32)
+    rc = cfg.reward
+    rewards = torch.tensor([to_reward(s, rc.convention) for s in res.scores])
+    if rc.overlong_buffer > 0:
+        rewards = rewards + overlong_penalty(ro.lengths.cpu(), max_response_len, rc.overlong_buffer,
+                                             rc.overlong_penalty)
+    return scores, rewards, {"reward/verify_timeouts": float(res.timeouts),
+                             "reward/verify_errors": float(res.errors)}
+
+
+def collect(*, cfg: RunConfig, step: int, knobs: Knobs, batch: tuple[list[int], int, bool], order, data,
+            prompt_ids, sampler: OneStage, policy, version, pool, verifier: str, dist) -> Collected:
+    """Sample and score this rank's share of ``batch`` (more rounds under dynamic sampling).
+
+    ``order`` draws the extra rounds' prompts; ``prompt_ids(i)`` gives dataset row i's token
+    ids; ``policy``/``version`` are the weights to sample from and their version (engines that
+    keep their own copy sync on a new version).
+    """
+    a = cfg.algorithm
+    B = cfg.data.prompts_per_step
+    max_rounds = a.max_gen_rounds if a.dynamic_sampling else 1
+    rank = dist.rank
+    kept, kept_rows, kept_local, all_idx, all_counts = [], [], [], [], []
+    metrics: dict[str, float] = {}
+    round_sums: dict[str, float] = {}  # the sampler's metrics, averaged over rounds below
+    n_kept_groups = n_kept_rows = n_groups_total = rounds = epoch = 0
+    epoch_end = False
+    t_gen = t_score = 0.0
+    while rounds < max_rounds and n_kept_groups < B:
+        idx, e, end = batch if rounds == 0 else order.next_batch()
+        epoch = e if rounds == 0 else epoch
+        epoch_end |= end
+        rounds += 1
+        budgets = knobs.budgets_for(len(idx)) if rounds == 1 else [knobs.n_samples] * len(idx)
+        mine = dist.shard(len(idx))  # budgets were allocated over the global batch
+        seeds = [mix_seed(cfg.seed, TRAIN_STREAM, step, rounds, p) for p in range(len(idx))]
+        unlearn = knobs.unlearn and any(n // 2 > 0 for n in budgets)  # decided for the global batch
+        t0 = time.perf_counter()
+        ro, m = sampler.sample(policy, version, [prompt_ids(i) for i in idx[mine]], budgets[mine],
+                               knobs.temperature, knobs.max_response_len, seeds[mine], unlearn=unlearn,
+                               reduce=dist.all_reduce_ if dist.world_size > 1 else None)
+        ro.prompt_index = ro.prompt_index + mine.start  # position in this round's global batch
+        t_gen += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        truths = [data[idx[i]].ground_truth for i in ro.prompt_index.cpu().tolist()]
+        scores, rewards, sm = score_rollouts(pool, verifier, cfg, ro, truths, knobs.max_response_len)
+        t_score += time.perf_counter() - t0
+        # The round's one collective: every rank's per-response statistics and verifier counters.
+        own = not m.get("eepo/active")  # stage 2 came from the policy itself unless it unlearned
+        parts = dist.gather({"rows": response_stats(ro, scores, rewards, rank, stage2_own=own), **sm})
+        rows = concat_rows([p["rows"] for p in parts])
+        offset = sum(len(p["rows"]["group"]) for p in parts[:rank])  # this rank's first row
+        for k in sm:
+            metrics[k] = metrics.get(k, 0.0) + sum(p[k] for p in parts)
+        for k, v in {**m, **stage_entropy(rows, m)}.items():
+            round_sums[k] = round_sums.get(k, 0.0) + v
+        pi = rows["group"]
+        counts = torch.bincount(pi, minlength=len(idx))
+        correct = torch.zeros(len(idx), dtype=torch.float64).index_add_(0, pi, rows["score"])
+        if a.dynamic_sampling:
+            informative = informative_groups(rows[a.dynamic_sampling_metric], pi)
+            keep_groups = sorted(set(pi[informative].tolist()))[: B - n_kept_groups]
+            keep = torch.isin(pi, torch.as_tensor(keep_groups, dtype=torch.long))  # (rows,) global
+            n_kept_groups += len(keep_groups)
+        else:
+            keep = torch.ones(len(pi), dtype=torch.bool)
+            n_kept_groups = len(idx)
+        sel = keep[offset: offset + len(ro)].nonzero().squeeze(-1)
+        ro_k = ro.select(sel)
+        ro_k.prompt_index = ro_k.prompt_index + len(all_idx)  # position among all sampled prompts
+        kept.append((ro_k, scores[sel], rewards[sel]))
+        kept_local.append(n_kept_rows + (keep.long().cumsum(0) - 1)[offset: offset + len(ro)][sel])
+        rows = {k: v[keep] for k, v in rows.items()}
+        rows["group"] = rows["group"] + len(all_idx)
+        kept_rows.append(rows)
+        n_kept_rows += int(keep.sum())
+        all_idx += idx
+        all_counts.append((counts, correct))
+        n_groups_total += len(idx)
+    parts_ro = [k[0] for k in kept if len(k[0])] or [kept[0][0]]
+    pad = getattr(sampler.engine, "pad_id", 0)
+    ro = Rollouts.concat(parts_ro, pad) if len(parts_ro) > 1 else parts_ro[0]
+    counts = torch.cat([c for c, _ in all_counts])
+    correct = torch.cat([c for _, c in all_counts])
+    metrics.update({k: v / rounds for k, v in round_sums.items()})
+    metrics.update({
+        "rollout/gen_rounds": float(rounds),
+        "rollout/filtered_frac": 1.0 - n_kept_groups / max(1, n_groups_total) if a.dynamic_sampling else 0.0,
+        "rollout/all_wrong_frac": float((correct == 0).float().mean()),
+        "rollout/all_correct_frac": float((correct == counts).float().mean()),
+        "time/generate_s": t_gen, "time/score_s": t_score,
+    })
+    sb = StepBatch(rows=concat_rows(kept_rows), local=torch.cat(kept_local), prompt_indices=all_idx,
+                   prompt_correct=correct.tolist(), prompt_samples=counts.tolist(), epoch=epoch,
+                   epoch_end=epoch_end)
+    return Collected(ro, torch.cat([k[1] for k in kept]), torch.cat([k[2] for k in kept]), sb, metrics)

@@ -1,0 +1,53 @@
+"""# 6. log: every key of a training step's metrics row is built here, from global values.
+
+The keys and their meaning are documented in docs/metrics.md (a test checks that every logged
+key is there). Phases return their own namespaced metrics (``rollout/*``, ``loss/*``,
+``control/*`` decisions, ``eepo/*``); this module adds the step-level ones and the knobs the
+step used (``control/<knob>``), each logged exactly once.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+from explorl.control import Knobs
+from explorl.step_batch import StepBatch
+
+KNOB_METRICS = ("temperature", "eps_high", "entropy_coef", "kl_coef")
+TIME_KEYS = ("time/", "perf/")  # wall-clock metrics: excluded from resume-equality checks
+
+
+def batch_metrics(step: int, sb: StepBatch, entropy: float, used: Knobs) -> dict[str, float]:
+    """Reward, entropy, length and rollout-size metrics of the step's global batch."""
+    rows = sb.rows
+    n = len(rows["reward"])
+    lengths = rows["length"].double()
+    out = {
+        "step": step,
+        "epoch": sb.epoch,
+        "reward/mean": float(rows["reward"].mean()) if n else 0.0,
+        "reward/std": float(rows["reward"].std(unbiased=False)) if n else 0.0,
+        "reward/accuracy": float(rows["score"].mean()) if n else 0.0,
+        "entropy/mean": entropy,
+        "response/length_mean": float(lengths.mean()) if n else 0.0,
+        "response/length_max": float(lengths.max()) if n else 0.0,
+        "response/truncated_frac": float(rows["truncated"].double().mean()) if n else 0.0,
+        "rollout/n_samples": float(sum(sb.prompt_samples)),
+        "rollout/n_trained": float(n),
+    }
+    out.update({f"control/{k}": float(getattr(used, k)) for k in KNOB_METRICS})
+    return out
+
+
+def ordered(metrics: dict) -> dict:
+    """``step`` first, then the keys in sorted order (one stable layout for metrics.jsonl)."""
+    return dict(sorted(metrics.items(), key=lambda kv: (kv[0] != "step", kv[0])))
+
+
+@contextmanager
+def timed(metrics: dict, key: str):
+    """Add the seconds a phase takes to ``metrics[key]`` (verl's ``marked_timer``)."""
+    t0 = time.perf_counter()
+    yield
+    metrics[key] = metrics.get(key, 0.0) + time.perf_counter() - t0

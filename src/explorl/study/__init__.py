@@ -1,0 +1,42 @@
+"""``explorl study``: recipes × seeds on a lab task at one rollout budget, evaluated, reported, and
+checked against the papers' claims with rules fixed in advance.
+
+    explorl study studies/lab.yaml [--quick] [--out DIR] [--jobs N] [--recipes DIR]
+
+A spec (YAML, ``StudySpec``) names the lab task, the recipes (names under its ``recipe_dir`` or
+YAML paths), variants of them, the seeds, the shared step count and the overrides every run
+gets. Each (recipe, seed) trains in its own process (``python -m explorl train``) with one torch
+thread, ``jobs`` at a time; then ``explorl eval`` samples its final policy (n = 16 at T = 1 on
+the test split by default). A finished run is not rerun and an interrupted one resumes, so
+rerunning the command continues a study. Then ``explorl report`` overlays the runs, and the
+study computes its table (``columns``) and the claims (``CLAIMS``) into ``study.md``,
+``claims.md`` and ``study.json``.
+
+Modules, in the order a study uses them:
+
+- ``spec``: the spec's keys, reading and checking it, finding its recipes;
+- ``plan``: the (recipe, seed) runs, the table's row order, how far each run has got;
+- ``jobs``: each run's train-then-eval process, ``jobs`` at a time, skipping finished work;
+- ``numbers``: per-run numbers and the per-recipe table over seeds;
+- ``claims``: the claims, their rules and every threshold;
+- ``figures``: the claims' figures;
+- ``documents``: study.md, claims.md, study.json, the published copy;
+- ``run``: ``run_study``, the whole pipeline.
+
+The study runs the command line only as a child process (``python -m explorl``), never by import:
+``explorl.cli`` imports this package, not the reverse.
+"""
+
+from explorl.study.claims import CLAIMS, Claim, Precondition, evaluate_claims
+from explorl.study.jobs import JobResult, eval_args, execute, job_command, train_args
+from explorl.study.numbers import Stat, build_table, columns, run_numbers
+from explorl.study.plan import RunPlan, eval_done, order_rows, plan_runs, run_state
+from explorl.study.run import analyse, run_study
+from explorl.study.spec import StudyEvalSpec, StudySpec, VariantSpec, load_spec, resolve_recipe
+
+__all__ = [
+    "CLAIMS", "Claim", "JobResult", "Precondition", "RunPlan", "Stat", "StudyEvalSpec",
+    "StudySpec", "VariantSpec", "analyse", "build_table", "columns", "eval_args", "eval_done",
+    "evaluate_claims", "execute", "job_command", "load_spec", "order_rows", "plan_runs",
+    "resolve_recipe", "run_numbers", "run_state", "run_study", "train_args",
+]

@@ -1,0 +1,149 @@
+"""The study's documents: ``study.md`` (table, claims, figures), ``claims.md``, ``study.json``
+(every number and a fingerprint of the non-timing ones), and their published copy."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+from explorl.study.claims import RULE_NOTES
+from explorl.study.jobs import JobResult
+from explorl.study.numbers import Stat, columns
+from explorl.study.spec import StudySpec
+
+
+def _round(x: Any) -> Any:
+    if isinstance(x, float):
+        return float(f"{x:.10g}") if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _round(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_round(v) for v in x]
+    return x
+
+
+def fingerprint(table_json: dict, claims: list[dict], timing: set[str]) -> str:
+    """sha256 of every non-timing number of the table and the claims (rounded to 10 digits)."""
+    payload = {name: {k: v for k, v in cols.items() if k not in timing}
+               for name, cols in table_json.items()}
+    blob = json.dumps(_round({"table": payload, "claims": claims}), sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _md(text: str) -> str:
+    return str(text).replace("|", "\\|")
+
+
+COLUMN_NOTES = """\
+- **H final / H initial**: mean `entropy/mean` over the last 10% of steps ÷ over the first 10%
+  (entropy at the step's sampling temperature, so E3's temperature changes are included).
+- **final reward**: mean `reward/mean` over the last 10% of steps.
+- **test pass@k**: `explorl eval` of the final checkpoint: {n} samples per problem at T = {T} on
+  the {split} split{maxp}; unbiased pass@k (pass@1 = mean@{n}).
+- **all-wrong groups**: mean over all steps of `rollout/all_wrong_frac` (prompts whose every
+  response was wrong; DAPO counts its extra rounds' prompts too).
+- **tracking error**: mean |H − target| over the steps after the first 10%, for runs with a target
+  (E3's H0 or annealed target; Entropy Scheduling's schedule). Per step, so it includes the
+  batch's sampling noise.
+- **EEPO H2 − H1**: mean of `entropy/stage2 − entropy/stage1` over the steps where the gate was
+  open (the unlearning step ran).
+- **rollouts / step**: mean `rollout/n_samples` (DAPO's dynamic sampling generates extra rounds).
+- **PPO clip frac**: mean `loss/clip_frac`, the fraction of tokens whose clip is active: the
+  lever of every method that moves `eps_high` (DAPO's clip-higher, the adaptive controller).
+- **s / step**: mean wall-clock seconds of a training step without validation (`time/step_s −
+  time/val_s`), with `jobs` runs sharing the machine; **overhead vs GRPO**: s / step ÷ GRPO's − 1.
+  Timing columns vary between reruns and machines; every other column is reproduced exactly by
+  rerunning with the same seeds (see the fingerprint).
+- ± is the sample standard deviation over seeds; no ± with one seed."""
+
+
+def _claims_table(claims: list[dict]) -> list[str]:
+    lines = ["| # | claim | paper | lab numbers | rule | shown? |", "|---|---|---|---|---|---|"]
+    for c in claims:
+        lines.append(f"| {c['id']} | {_md(c['claim'])} | {_md(c['paper'])} | {_md(c['numbers'])} "
+                     f"| {_md(c['rule'])} | **{c['verdict']}** |")
+    return lines
+
+
+def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, rows: list[str],
+                    table: dict[str, dict[str, Stat]], claims: list[dict],
+                    figures: list[tuple[str, str]], per_run: dict[str, list[dict]],
+                    failed: list[JobResult], wall_s: float, budget: str) -> dict:
+    """Write study.md, claims.md and study.json into ``out``; returns the study.json payload."""
+    cols = columns(spec.eval.k)
+    timing = {k for k, _, _, t in cols if t}
+    table_json = {name: {k: dataclasses.asdict(s) for k, s in table[name].items()}
+                  for name in rows}
+    fp = fingerprint(table_json, claims, timing)
+    seeds = ", ".join(map(str, spec.seeds))
+    a_run = next((runs[0] for runs in per_run.values() if runs), {})
+    cmd = f"explorl study {spec_path}" + (" --quick" if quick else "")
+    title_quick = " (quick)" if quick else ""
+
+    claims_md = _claims_table(claims)
+    header = ["recipe", "seeds", *[title for _, title, _, _ in cols]]
+    table_md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name in rows:
+        cells = [name, str(len(per_run.get(name, [])))]
+        cells += [table[name][k].fmt(d) for k, _, d, _ in cols]
+        table_md.append("| " + " | ".join(_md(c) for c in cells) + " |")
+    maxp = f" (first {spec.eval.max_problems} problems)" if spec.eval.max_problems else ""
+    variants = [f"- `{v.name}` = `{v.recipe}` + `{' '.join(v.set)}`"
+                + (f": {v.why}" if v.why else "") for v in spec.variants]
+
+    intro = (f"Task `lab:{spec.task}`, {len(rows)} recipes × seeds {{{seeds}}}, {spec.max_steps} "
+             f"steps each ({budget} per step for every recipe; DAPO's dynamic sampling adds "
+             "generation rounds, see rollouts / step). Overrides for every run: "
+             f"`{' '.join(spec.set) or '—'}`. Produced by `{cmd}` in {wall_s / 60:.1f} min of "
+             f"wall-clock ({spec.jobs} jobs, summed over the command's invocations); the overlay "
+             "report with every curve is [report/report.md](report/report.md).")
+    md = [f"# Lab study: {spec.name}{title_quick}", "", intro, ""]
+    if failed:
+        md += ["**Incomplete:** these runs failed and are missing from the tables: "
+               + "; ".join(f"{j.plan.key} ({j.detail})" for j in failed), ""]
+    md += ["## Summary (mean ± std over seeds)", "", *table_md, "", COLUMN_NOTES.format(
+        n=spec.eval.n, T=spec.eval.temperature, split=spec.eval.split, maxp=maxp), ""]
+    md += ["## Claims", "", *claims_md, "", RULE_NOTES, ""]
+    if variants:
+        md += ["## Variants", "", *variants, ""]
+    if figures:
+        md += ["## Figures", ""]
+        for title, file in figures:
+            md += [f"### {title}", "", f"![{title}](report/{file})", ""]
+    md += ["## Reproducing", "",
+           (f"`{cmd}` reruns nothing that is finished; with a fresh `--out` it retrains every run "
+            "and reproduces every number above except the timing columns (wall-clock). "
+            f"Fingerprint of the non-timing numbers: `{fp}` (`study.json`)."), ""]
+    (out / "study.md").write_text("\n".join(md))
+    (out / "claims.md").write_text("\n".join([f"# Claims: lab study {spec.name}{title_quick}", "",
+                                              *claims_md, "", RULE_NOTES, ""]))
+    payload = {
+        "spec": {**dataclasses.asdict(spec), "quick": quick, "path": str(spec_path)},
+        "columns": [{"key": k, "title": t, "timing": tm} for k, t, _, tm in cols],
+        "rows": rows,
+        "table": table_json,
+        "claims": claims,
+        "runs": {f"{name}-seed{r['seed']}": dict(r) for name, rs in per_run.items() for r in rs},
+        "failed": [j.plan.key for j in failed],
+        "fingerprint": fp,
+        "timing": {"wall_s": wall_s, "model_params": a_run.get("n_params")},
+    }
+    (out / "study.json").write_text(json.dumps(_round(payload), indent=1) + "\n")
+    return payload
+
+
+def publish(out: Path, dest: Path) -> None:
+    """Copy the study's markdown, JSON and PNGs (not the runs, logs or the HTML) to ``dest``."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    (dest / "report").mkdir(parents=True)
+    for name in ("study.md", "claims.md", "study.json"):
+        shutil.copy2(out / name, dest / name)
+    for p in (out / "report").iterdir():
+        if p.suffix in (".md", ".png", ".json"):
+            shutil.copy2(p, dest / "report" / p.name)

@@ -1,0 +1,97 @@
+"""The claims' figures: each compares only the recipes its claim names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from explorl.analysis.runs import Run
+from explorl.study.numbers import LAW_FIT_FRACTION, fmt_value
+
+FIGURES = [
+    # (file, title, ylabel, recipes, [(key, style, suffix)])
+    ("claim_grpo", "Claim 1: GRPO entropy and training reward", "nats / reward", ["grpo"],
+     [("entropy/mean", "-", " entropy"), ("reward/mean", "--", " reward")]),
+    ("claim_temperature", "Claims 2a/2b: E3 temperature scheduler (dotted = target)",
+     "mean token entropy (nats)", ["grpo", "e3_ts", "e3"],
+     [("entropy/mean", "-", ""), ("control/target_entropy", ":", " target")]),
+    ("claim_cov", "Claims 3a/3b: Clip-Cov and KL-Cov", "mean token entropy (nats)",
+     ["grpo", "clip_cov", "clip_cov_more", "kl_cov", "kl_cov_strong"], [("entropy/mean", "-", "")]),
+    ("claim_eepo", "Claim 4: EEPO stage 1 (dashed) and stage 2 (solid) entropy",
+     "mean token entropy (nats)", ["eepo"],
+     [("entropy/stage1", "--", " stage 1"), ("entropy/stage2", "-", " stage 2")]),
+    ("claim_adaptive", "Claims 5a/5b: adaptive clip-higher (dotted = target)",
+     "mean token entropy (nats)", ["grpo", "es_constant", "es_wsd"],
+     [("entropy/mean", "-", ""), ("control/target_entropy", ":", " target")]),
+    ("claim_budget", "Claim 6: prompts with every response wrong", "fraction of prompts",
+     ["e3_no_budget", "e3"], [("rollout/all_wrong_frac", "-", "")]),
+]
+SMOOTH = 10  # figures show a trailing 10-step mean; the tables use the raw per-step values
+
+
+def draw_figures(groups: dict[str, list[Run]], out_dir: Path) -> list[tuple[str, str]]:
+    """The claims' figures (only the recipes each claim compares); returns (title, file name)."""
+    from explorl.analysis.report import Group
+    from explorl.analysis.runs import new_figure, save_figure
+
+    made = []
+    for file, title, ylabel, names, lines in FIGURES:
+        present = [n for n in names if groups.get(n)]
+        subjects = [n for n in names if n != "grpo"] or names  # GRPO alone is only a baseline
+        if not any(n in present for n in subjects):
+            continue
+        fig, axes = new_figure(width=7.0, height=4.2)
+        ax = axes[0][0]
+        for name in present:
+            color = f"C{names.index(name)}"
+            for key, style, suffix in lines:
+                steps, mean, lo, hi = Group(name, groups[name]).band(key, SMOOTH)
+                if not steps:
+                    continue
+                ax.plot(steps, mean, color=color, linestyle=style, label=f"{name}{suffix}")
+                if len(groups[name]) > 1:
+                    ax.fill_between(steps, lo, hi, color=color, alpha=0.15, linewidth=0)
+        ax.set_title(title)
+        ax.set_xlabel(f"training step ({SMOOTH}-step trailing mean; band = min–max over seeds)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+        save_figure(fig, out_dir / f"{file}.png", dpi=80)
+        made.append((title, f"{file}.png"))
+    law = [r for r in groups.get("grpo", []) if len(_law_points(r)[1]) >= 3]
+    if law:
+        made.append(("Claims 7a/7b: entropy–performance law on GRPO runs", _draw_law(law, out_dir)))
+    return made
+
+
+def _law_points(run: Run):
+    from explorl.analysis.entropy_law import law_points
+
+    return law_points(run)
+
+
+def _draw_law(runs: list[Run], out_dir: Path) -> str:
+    from explorl.analysis.entropy_law import FitError, fit_entropy_law
+    from explorl.analysis.runs import new_figure, save_figure
+
+    fig, axes = new_figure(width=7.0, height=4.2)
+    ax = axes[0][0]
+    for i, run in enumerate(runs):
+        _steps, H, R = _law_points(run)
+        color = f"C{i}"
+        ax.scatter(H, R, color=color, s=12, label=f"seed {run.seed}")
+        try:
+            fit = fit_entropy_law(H, R, 1.0)
+            early = fit_entropy_law(H, R, LAW_FIT_FRACTION)
+        except FitError:
+            continue
+        grid = sorted(H)
+        ax.plot(grid, [fit.predict(h) for h in grid], color=color, label=f"fit (R² = {fit.r2:.2f})")
+        ax.plot(grid, [early.predict(h) for h in grid], color=color, linestyle="--",
+                label=f"early fit, first {early.n_fit} pts (RMSE = {fmt_value(early.rmse)})")
+    ax.set_title("Claims 7a/7b: R = −a·exp(H) + b on GRPO runs")
+    ax.set_xlabel("training-batch entropy H at the validation step (nats)")
+    ax.set_ylabel("validation accuracy (mean@16)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="x-small")
+    save_figure(fig, out_dir / "claim_law.png", dpi=80)
+    return "claim_law.png"

@@ -1,0 +1,125 @@
+"""Running the study's (recipe, seed) jobs: each trains (or resumes) and evaluates its run in its
+own process, ``jobs`` at a time; what is finished is skipped.
+
+A job's process is ``python -m explorl train … --then eval …``: the two commands of the
+``explorl`` command line, chained in one Python so the run pays the torch/transformers import
+once. The study calls the command line only through that process, never by import.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+from explorl.study.plan import RunPlan, eval_done, run_state
+from explorl.study.spec import StudySpec
+
+THEN = "--then"  # explorl.cli.THEN: separates commands run in turn in one process
+
+
+def train_args(plan: RunPlan, state: str) -> list[str]:
+    """``explorl train`` arguments that start (``fresh``/``restart``) or ``resume`` the run."""
+    if state == "resume":
+        return ["train", "--resume", str(plan.out)]
+    args = ["train", str(plan.recipe), "--out", str(plan.out), "--seed", str(plan.seed),
+            "--max-steps", str(plan.cfg.max_steps)]
+    for s in plan.sets:
+        args += ["--set", s]
+    return args + (["--force"] if state == "restart" else [])
+
+
+def eval_args(plan: RunPlan, spec: StudySpec) -> list[str]:
+    """``explorl eval`` arguments that evaluate the run's final checkpoint into ``<run>/eval/``."""
+    e = spec.eval
+    args = ["eval", str(plan.out), "--data", f"lab:{spec.task}", "--split", e.split,
+            "--n", str(e.n), "--k", *map(str, e.k), "--temperature", str(e.temperature),
+            "--seed", str(e.seed), "--out", str(plan.out / "eval")]
+    return args + (["--max-problems", str(e.max_problems)] if e.max_problems else [])
+
+
+def job_command(commands: list[list[str]]) -> list[str]:
+    """The child process of one job: ``python -m explorl`` running ``commands`` in turn."""
+    argv = [sys.executable, "-m", "explorl"]
+    for i, c in enumerate(commands):
+        argv += ([THEN] if i else []) + c
+    return argv
+
+
+def _env() -> dict[str, str]:
+    # One thread per job: `jobs` runs share the cores; more threads per run only contend.
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false"}
+
+
+@dataclass
+class JobResult:
+    plan: RunPlan
+    status: str  # "done" | "skipped" | "failed" | "interrupted"
+    detail: str = ""
+    seconds: float = 0.0
+
+
+def execute(plan: RunPlan, spec: StudySpec, logs: Path, stop: threading.Event) -> JobResult:
+    """Train (or resume) one run, then evaluate its final policy; skip what is already done."""
+    t0 = time.perf_counter()
+    state = run_state(plan)
+    commands = []
+    if state != "done":
+        # A stale evaluation of an older policy.
+        shutil.rmtree(plan.out / "eval", ignore_errors=True)
+        commands.append(train_args(plan, state))
+    if state != "done" or not eval_done(plan, spec):
+        commands.append(eval_args(plan, spec))
+    if not commands:
+        return JobResult(plan, "skipped", state)
+    if stop.is_set():
+        return JobResult(plan, "interrupted", "not started")
+    log = logs / f"{plan.key}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as f:
+        rc = subprocess.call(job_command(commands), stdout=f, stderr=subprocess.STDOUT, env=_env())
+    seconds = time.perf_counter() - t0
+    if rc == 130 or stop.is_set():
+        return JobResult(plan, "interrupted", f"exit code {rc}", seconds)
+    if rc != 0 or run_state(plan) != "done" or not eval_done(plan, spec):
+        return JobResult(plan, "failed", f"exit code {rc}; log {log}", seconds)
+    return JobResult(plan, "done", state, seconds)
+
+
+def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
+             log: Callable[[str], None]) -> list[JobResult] | None:
+    """Every plan's job, ``spec.jobs`` at a time, logging each as it ends; None if interrupted
+    (the running jobs checkpoint and stop)."""
+    t0 = time.perf_counter()
+    stop = threading.Event()
+    results: list[JobResult] = []
+    pool = ThreadPoolExecutor(max_workers=spec.jobs)
+    futures = {pool.submit(execute, p, spec, logs, stop): p for p in plans}
+    try:
+        for i, fut in enumerate(as_completed(futures), 1):
+            try:
+                r = fut.result()
+            except Exception as e:  # noqa: BLE001 — one broken run must not lose the others
+                r = JobResult(futures[fut], "failed", f"{type(e).__name__}: {e}")
+            results.append(r)
+            done = (f" ({r.detail})" if r.status in ("failed", "interrupted")
+                    else f" in {r.seconds:.0f}s")
+            log(f"  [{i}/{len(plans)}] {r.plan.key}: {r.status}{done}"
+                f"  [{(time.perf_counter() - t0) / 60:.1f} min]")
+    except KeyboardInterrupt:
+        stop.set()
+        log("interrupt: the running jobs checkpoint and stop; rerun the same command to continue")
+        for f in futures:
+            f.cancel()
+        pool.shutdown(wait=True)
+        return None
+    pool.shutdown(wait=True)
+    return results

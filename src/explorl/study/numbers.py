@@ -1,0 +1,189 @@
+"""Every number of the study: per run (``run_numbers``) and per recipe over seeds (``build_table``,
+columns ``columns``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from explorl.analysis.runs import Run, load_run
+from explorl.study.plan import RunPlan
+
+WINDOW = 0.1  # "initial" / "final" = mean over the first / last 10% of steps (at least one)
+LAW_FIT_FRACTION = 0.4  # the early fit: the first 40% of validation points predict the rest
+
+
+def _w(n: int) -> int:
+    return max(1, math.ceil(WINDOW * n))
+
+
+def _mean(xs: list[float]) -> float | None:
+    return statistics.fmean(xs) if xs else None
+
+
+def fmt_value(x: float | None, digits: int = 3) -> str:
+    """A number for the documents: ``digits`` decimals, or ``—`` when it could not be measured."""
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def _series_mean(recs: list[dict], key: str) -> float | None:
+    return _mean([float(r[key]) for r in recs if key in r])
+
+
+def run_numbers(run: Run, cfg: dict, eval_summary: dict | None,
+                k_list: list[int]) -> dict[str, Any]:
+    """Every per-run figure the table and the claims use (None where a run cannot have it)."""
+    from explorl.analysis.entropy_law import FitError, fit_entropy_law, law_points
+    from explorl.control.schedules import anneal_start
+
+    recs = run.records
+    n = len(recs)
+    w = _w(n)
+    H = [float(r["entropy/mean"]) for r in recs]
+    R = [float(r["reward/mean"]) for r in recs]
+    out: dict[str, Any] = {"steps": n}
+    out["initial_entropy"] = _mean(H[:w])
+    out["final_entropy"] = _mean(H[-w:])
+    out["entropy_ratio"] = (out["final_entropy"] / out["initial_entropy"]
+                            if out["initial_entropy"] else None)
+    out["initial_reward"] = _mean(R[:w])
+    out["final_reward"] = _mean(R[-w:])
+    out["all_wrong_frac"] = _series_mean(recs, "rollout/all_wrong_frac")
+    out["rollouts_per_step"] = _series_mean(recs, "rollout/n_samples")
+    out["clip_frac"] = _series_mean(recs, "loss/clip_frac")
+    overall = (eval_summary or {}).get("overall", {})
+    for k in k_list:
+        out[f"eval_pass@{k}"] = overall.get(f"pass@{k}")
+
+    # Tracking: steps after the first 10% (the controllers' warm-up), where a target is logged.
+    tracked = [(float(r["entropy/mean"]), float(r["control/target_entropy"])) for r in recs[w:]
+               if "control/target_entropy" in r]
+    out["tracked_entropy_mean"] = _mean(H[w:])
+    out["H0"] = (float(recs[0]["control/target_entropy"])
+                 if recs and "control/target_entropy" in recs[0] else None)
+    if tracked:
+        target = statistics.fmean(t for _, t in tracked)
+        out["tracking_error"] = statistics.fmean(abs(h - t) for h, t in tracked)
+        out["tracking_bias"] = statistics.fmean(h - t for h, t in tracked)
+        out["target_mean"] = target
+        out["tracking_rel_bias"] = out["tracking_bias"] / target if target else None
+    else:
+        for key in ("tracking_error", "tracking_bias", "target_mean", "tracking_rel_bias"):
+            out[key] = None
+
+    # E3 annealing: entropy over the last 10% of steps vs the 10% of steps before the phase starts.
+    t = cfg.get("control", {}).get("temperature", {})
+    start = (anneal_start(n, t.get("annealing_ratio", 0.0))
+             if t.get("enabled") and t.get("anneal") else None)
+    if start is not None and start - 1 >= w:
+        pre = H[start - 1 - w: start - 1]
+        out["anneal_entropy_ratio"] = statistics.fmean(H[-w:]) / statistics.fmean(pre)
+    else:
+        out["anneal_entropy_ratio"] = None
+
+    # EEPO: stage-2 minus stage-1 entropy on the steps where the unlearning step ran.
+    active = [r for r in recs if "eepo/active" in r]
+    on = [r for r in active
+          if r["eepo/active"] >= 0.5 and "entropy/stage1" in r and "entropy/stage2" in r]
+    out["eepo_active_frac"] = len(on) / len(active) if active else None
+    out["eepo_dH"] = _mean([float(r["entropy/stage2"]) - float(r["entropy/stage1"]) for r in on])
+
+    # Seconds per training step, validation excluded (it runs every eval.every steps).
+    out["step_s"] = _mean([float(r["time/step_s"]) - float(r.get("time/val_s", 0.0))
+                           for r in recs if "time/step_s" in r])
+
+    # Entropy–performance law on (training-batch entropy, val accuracy) at the validation steps.
+    steps, Hv, Rv = law_points(run)
+    out["law_points"] = len(Hv)
+    for key in ("law_r2", "law_rmse", "law_naive_rmse", "law_final_error", "law_ceiling"):
+        out[key] = None
+    try:
+        full = fit_entropy_law(Hv, Rv, 1.0, steps=steps)
+        out["law_r2"], out["law_ceiling"] = full.r2, full.ceiling
+        early = fit_entropy_law(Hv, Rv, LAW_FIT_FRACTION, steps=steps)
+        if early.heldout_predictions:
+            held = Rv[early.n_fit:]
+            naive = Rv[early.n_fit - 1]  # persistence: the last fitted accuracy, held constant
+            out["law_rmse"] = early.rmse
+            out["law_naive_rmse"] = math.sqrt(statistics.fmean((naive - r) ** 2 for r in held))
+            out["law_final_error"] = abs(early.heldout_predictions[-1] - held[-1])
+    except FitError:
+        pass
+    return out
+
+
+def collect(done: list[RunPlan], rows: list[str],
+            k_list: list[int]) -> tuple[dict[str, list[dict]], dict[str, list[Run]]]:
+    """Per recipe: each finished run's numbers (with its seed and parameter count) and its
+    loaded ``Run``, in ``done`` order."""
+    per_run: dict[str, list[dict]] = {n: [] for n in rows}
+    groups: dict[str, list[Run]] = {n: [] for n in rows}
+    for p in done:
+        run = load_run(p.out)
+        cfg = yaml.safe_load((p.out / "config.yaml").read_text())
+        ev = json.loads((p.out / "eval" / "eval.json").read_text())
+        nums = run_numbers(run, cfg, ev, k_list)
+        summary = json.loads((p.out / "summary.json").read_text())
+        nums.update(seed=p.seed, n_params=summary.get("n_params"))
+        per_run[p.name].append(nums)
+        groups[p.name].append(run)
+    return per_run, groups
+
+
+@dataclass
+class Stat:
+    """Mean and sample standard deviation over seeds (std None with one value)."""
+
+    mean: float | None
+    std: float | None
+    n: int
+    values: list[float]
+
+    @classmethod
+    def of(cls, values: list[float | None]) -> Stat:
+        vals = [float(v) for v in values if v is not None]
+        return cls(statistics.fmean(vals) if vals else None,
+                   statistics.stdev(vals) if len(vals) > 1 else None, len(vals), vals)
+
+    def fmt(self, digits: int = 3) -> str:
+        if self.mean is None:
+            return "—"
+        text = f"{self.mean:.{digits}f}"
+        return text + (f" ± {self.std:.{digits}f}" if self.std is not None else "")
+
+
+# (key, title, digits, timing?): timing columns vary between reruns, so the fingerprint skips them.
+def columns(k_list: list[int]) -> list[tuple[str, str, int, bool]]:
+    return [
+        ("entropy_ratio", "H final / H initial", 3, False),
+        ("final_entropy", "H final (nats)", 3, False),
+        ("final_reward", "final reward", 3, False),
+        *[(f"eval_pass@{k}", f"test pass@{k}", 3, False) for k in k_list],
+        ("all_wrong_frac", "all-wrong groups", 3, False),
+        ("tracking_error", "tracking error (nats)", 3, False),
+        ("eepo_dH", "EEPO H2 − H1 (nats)", 3, False),
+        ("rollouts_per_step", "rollouts / step", 1, False),
+        ("clip_frac", "PPO clip frac", 4, False),
+        ("step_s", "s / step", 3, True),
+        ("overhead", "overhead vs GRPO", 2, True),
+    ]
+
+
+def build_table(rows: list[str], per_run: dict[str, list[dict]],
+                k_list: list[int]) -> dict[str, dict[str, Stat]]:
+    """Per recipe, per column: ``Stat`` over its seeds.
+
+    Overhead = s/step ÷ GRPO's mean s/step − 1."""
+    base = Stat.of([r["step_s"] for r in per_run.get("grpo", [])]).mean
+    table = {}
+    for name in rows:
+        runs = per_run.get(name, [])
+        for r in runs:
+            r["overhead"] = r["step_s"] / base - 1 if base and r.get("step_s") is not None else None
+        table[name] = {key: Stat.of([r.get(key) for r in runs]) for key, *_ in columns(k_list)}
+    return table

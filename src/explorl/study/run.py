@@ -1,0 +1,100 @@
+"""A study end to end (``run_study``): plan, run the jobs, then analyse (``analyse``): the overlay
+report, per-run numbers, table, claims, figures and documents."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from explorl import config as C
+from explorl.study.claims import evaluate_claims
+from explorl.study.documents import publish, write_documents
+from explorl.study.figures import draw_figures
+from explorl.study.jobs import JobResult, run_jobs
+from explorl.study.numbers import build_table, collect
+from explorl.study.plan import RunPlan, eval_done, order_rows, plan_runs, run_state
+from explorl.study.spec import StudySpec, load_spec
+
+
+def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: list[RunPlan],
+            failed: list[JobResult], wall_s: float) -> dict:
+    """Report (``explorl report``), per-run numbers, table, claims, figures and documents."""
+    from explorl.analysis import make_report
+
+    bad = {j.plan.key for j in failed}
+    done = [p for p in plans if p.key not in bad and eval_done(p, spec)]
+    if not done:
+        raise RuntimeError("no run of the study finished; see the logs under " + str(out / "logs"))
+    make_report([p.out for p in done], out / "report")
+    rows = [n for n in order_rows(spec, plans) if any(p.name == n for p in done)]
+    per_run, groups = collect(done, rows, spec.eval.k)
+    table = build_table(rows, per_run, spec.eval.k)
+    claims = evaluate_claims(table, per_run)
+    figures = draw_figures(groups, out / "report")
+    cfg0 = done[0].cfg
+    budget = f"{cfg0.data.prompts_per_step} prompts × {cfg0.rollout.n_samples} samples"
+    return write_documents(out, spec, spec_path, quick, rows, table, claims, figures, per_run,
+                           failed, wall_s, budget)
+
+
+def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | None = None,
+              jobs: int | None = None, recipes: str | Path | None = None,
+              log: Callable[[str], None] = print) -> int:
+    """Run (or continue) a study end to end; returns an exit code (0 ok, 1 failed runs,
+    130 interrupted). ``recipes`` replaces the spec's ``recipe_dir`` (relative to the working
+    directory, not the spec)."""
+    spec_path = Path(spec_path)
+    spec = load_spec(spec_path, quick=quick)
+    if jobs is not None:
+        if jobs < 1:
+            raise C.ConfigError(f"--jobs must be ≥ 1, got {jobs}")
+        spec.jobs = jobs
+    if recipes is not None:
+        if not Path(recipes).is_dir():
+            raise C.ConfigError(f"--recipes {recipes}: not a directory")
+        spec.recipe_dir = str(Path(recipes).resolve())
+    out = Path(out) if out else Path("runs") / f"study-{spec.name}{'-quick' if quick else ''}"
+    plans = plan_runs(spec, spec_path, out)
+    states = {p.key: run_state(p) for p in plans}
+    todo = sum(s != "done" for s in states.values())
+    log(f"study {spec.name}{' (quick)' if quick else ''}: {len(plans)} runs ({todo} to train, "
+        f"{len(plans) - todo} finished), {spec.max_steps} steps each, {spec.jobs} at a time "
+        f"→ {out}")
+
+    # The lab model is built once (under a file lock) before the jobs start, not by all at once.
+    lab_paths = sorted({p.cfg.model.path for p in plans if p.cfg.model.path.startswith("lab:")})
+    if lab_paths:
+        from explorl.models import resolve_model_path
+
+        for path in lab_paths:
+            resolve_model_path(path)
+
+    t0 = time.perf_counter()
+    results = run_jobs(plans, spec, out / "logs", log)
+    if results is None:
+        return 130
+    if any(r.status == "interrupted" for r in results):
+        log("interrupted; rerun the same command to continue")
+        return 130
+    failed = [r for r in results if r.status == "failed"]
+    # Wall-clock adds up over the invocations that built this study (a rerun that only resumes
+    # or re-analyses does not reset it).
+    wall_s = time.perf_counter() - t0
+    previous = out / "study.json"
+    if previous.exists():
+        wall_s += json.loads(previous.read_text()).get("timing", {}).get("wall_s") or 0.0
+    payload = analyse(out, spec, spec_path, quick, plans, failed, wall_s)
+    if spec.publish:
+        dest = spec_path.parent / spec.publish
+        publish(out, dest)
+        log(f"published to {dest}")
+    log(f"wrote {out / 'study.md'}, {out / 'claims.md'}, {out / 'study.json'} and "
+        f"{out / 'report'}/")
+    for c in payload["claims"]:
+        log(f"  claim {c['id']:3s} {c['verdict']:8s} {c['claim']}")
+    if failed:
+        log("failed runs: " + "; ".join(f"{r.plan.key} ({r.detail})" for r in failed))
+        return 1
+    return 0

@@ -1,0 +1,164 @@
+"""The study spec: its keys (``StudySpec``), reading and checking it, and finding its recipes."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import yaml
+
+from explorl import config as C
+
+
+@dataclass
+class VariantSpec:
+    name: str
+    """Name of the variant: its runs' ``name`` and its row in the tables."""
+    recipe: str
+    """The recipe it modifies: a name under ``recipe_dir`` or a YAML path (relative to the spec)."""
+    set: list[str] = field(default_factory=list)
+    """``key=value`` overrides that make the variant (applied after the study's ``set``)."""
+    why: str = ""
+    """What the variant is for (one line in the study document)."""
+
+
+@dataclass
+class StudyEvalSpec:
+    n: int = 16
+    """Samples per problem for the final evaluation."""
+    temperature: float = 1.0
+    """Sampling temperature of the final evaluation."""
+    k: list[int] = field(default_factory=lambda: [1, 16])
+    """pass@k values reported (each ≤ n)."""
+    split: Literal["train", "val", "test"] = "test"
+    """Lab split the final policies are evaluated on."""
+    max_problems: int | None = None
+    """Evaluate on the first N problems of the split; None = all."""
+    seed: int = 0
+    """Sampling seed of the evaluation (the same for every run)."""
+
+
+@dataclass
+class StudySpec:
+    name: str = "study"
+    """Study name (default output directory ``runs/study-<name>``)."""
+    task: str = "addition"
+    """Lab task: sets ``model.path`` and ``data.train`` to ``lab:<task>`` before the overrides."""
+    recipe_dir: str | None = None
+    """Directory (relative to the spec) of the recipes named without a path (``grpo`` →
+    ``<recipe_dir>/grpo.yaml``); ``explorl study --recipes DIR`` replaces it. None = every recipe
+    must be a YAML path."""
+    recipes: list[str] = field(default_factory=list)
+    """Recipes: names under ``recipe_dir`` (``grpo``) or YAML paths relative to the spec."""
+    variants: list[VariantSpec] = field(default_factory=list)
+    """Recipes with extra overrides, each under its own name."""
+    seeds: list[int] = field(default_factory=lambda: [0])
+    """Seeds; every recipe runs once per seed."""
+    max_steps: int = 100
+    """Training steps of every run (the same rollout budget for every recipe)."""
+    set: list[str] = field(default_factory=list)
+    """``key=value`` overrides applied to every run (after the recipe, before a variant's own)."""
+    eval: StudyEvalSpec = field(default_factory=StudyEvalSpec)
+    """Final evaluation of each run's last checkpoint (``explorl eval``)."""
+    jobs: int = 2
+    """Runs trained at once (one torch thread each): the number of cores."""
+    publish: str | None = None
+    """Directory (relative to the spec) that receives study.md, claims.md, study.json and the
+    report's markdown and PNGs when the study finishes; None = no copy."""
+
+
+SPEC_KEYS = [f.name for f in dataclasses.fields(StudySpec)]
+
+
+def spec_error(path: Path, msg: str) -> C.ConfigError:
+    return C.ConfigError(f"study spec {path}: {msg}")
+
+
+def load_spec(path: str | Path, quick: bool = False) -> StudySpec:
+    """Read and validate a study spec; with ``quick`` apply its ``quick:`` section first.
+
+    ``quick`` keys replace the top-level ones, except ``set`` (appended, so it wins) and
+    ``eval`` (merged key by key). Errors name the key, as the recipe config does.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise C.ConfigError(f"study spec {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise spec_error(path, f"not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise spec_error(path, "must be a mapping of keys")
+    data = dict(data)
+    overrides = data.pop("quick", None) or {}
+    if not isinstance(overrides, dict):
+        raise spec_error(path, f"quick: expected a mapping of spec keys, got {overrides!r}")
+    for key in overrides:
+        if key not in SPEC_KEYS:
+            close = difflib.get_close_matches(str(key), SPEC_KEYS, n=1, cutoff=0.5)
+            hint = f"; did you mean 'quick.{close[0]}'?" if close else ""
+            raise spec_error(path, f"quick.{key}: unknown key{hint} "
+                                   f"(valid keys here: {', '.join(SPEC_KEYS)})")
+    if quick:
+        for key, value in overrides.items():
+            if key == "set":
+                data["set"] = list(data.get("set") or []) + list(value or [])
+            elif key == "eval" and isinstance(value, dict) and isinstance(data.get("eval"), dict):
+                data["eval"] = {**data["eval"], **value}
+            else:
+                data[key] = value
+    try:
+        spec = C.build(StudySpec, data)
+    except C.ConfigError as e:
+        raise spec_error(path, str(e)) from None
+    ev = spec.eval
+    checks = [
+        ("recipes", spec.recipes or spec.variants, "name at least one recipe or variant"),
+        ("seeds", bool(spec.seeds), "name at least one seed"),
+        ("seeds", len(set(spec.seeds)) == len(spec.seeds), f"seeds repeat: {spec.seeds}"),
+        ("max_steps", spec.max_steps >= 1, "must be ≥ 1"),
+        ("jobs", spec.jobs >= 1, "must be ≥ 1"),
+        ("eval.n", ev.n >= 1, "must be ≥ 1"),
+        ("eval.k", bool(ev.k) and all(1 <= k <= ev.n for k in ev.k),
+         "every k must be in [1, eval.n]"),
+        ("eval.max_problems", ev.max_problems is None or ev.max_problems >= 1, "must be ≥ 1"),
+    ]
+    for key, ok, msg in checks:
+        if not ok:
+            raise spec_error(path, f"{key}: {msg}")
+    from explorl.lab import TASKS
+
+    if spec.task not in TASKS:
+        raise spec_error(path, f"task: {spec.task!r} is not a lab task "
+                               f"(choices: {', '.join(TASKS)})")
+    return spec
+
+
+def resolve_recipe(ref: str, spec: StudySpec, where: str, spec_path: Path) -> Path:
+    """A recipe reference → its file: a YAML path (relative to the spec, then the working
+    directory) or a name under the spec's ``recipe_dir`` (relative to the spec)."""
+    base_dir = spec_path.parent
+    if ref.endswith((".yaml", ".yml")) or "/" in ref:
+        for candidate in (base_dir / ref, Path(ref)):
+            if candidate.is_file():
+                return candidate
+        raise spec_error(spec_path, f"{where}: recipe file {ref!r} not found "
+                                    f"(relative to {base_dir} or the working directory)")
+    if spec.recipe_dir is None:
+        raise spec_error(spec_path, f"{where}: {ref!r} names a recipe, but the spec has no "
+                                    "recipe_dir (add `recipe_dir: DIR` or pass --recipes DIR; "
+                                    "or give a YAML path)")
+    folder = base_dir / spec.recipe_dir
+    if not folder.is_dir():
+        raise spec_error(spec_path, f"recipe_dir: {folder} is not a directory")
+    candidate = folder / f"{ref}.yaml"
+    if candidate.is_file():
+        return candidate
+    names = sorted(p.stem for p in folder.glob("*.yaml"))
+    close = difflib.get_close_matches(ref, names, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise spec_error(spec_path, f"{where}: unknown recipe {ref!r}{hint} "
+                                f"({folder}: {', '.join(names)})")

@@ -1,0 +1,268 @@
+"""# 4. update: PPO epochs × mini-batches of the global batch, gradient accumulation over
+micro-batches, Clip-Cov/KL-Cov token selection, and idle passes that keep ranks in step.
+
+One shared generator permutes the global batch, so every rank cuts the same mini-batches and
+takes the rows it holds. Every micro-batch's loss is divided by its mini-batch's *global* token
+and sequence counts, so the ranks' gradients sum to the one-process gradient (DDP averages,
+hence the loss × N).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from types import SimpleNamespace
+
+import torch
+
+from explorl.algorithms import LOSSES, aggregate, kl_estimate
+from explorl.algorithms.losses import SELECTORS
+from explorl.config import RunConfig
+from explorl.control import Knobs
+from explorl.errors import ExplorlError
+from explorl.forward import response_logprobs
+from explorl.models import resolve_dtype
+from explorl.rollout.types import Rollouts
+from explorl.step_batch import StepBatch
+
+
+def _add(sums: dict, key: str, value: torch.Tensor) -> None:
+    sums[key] = sums.get(key, 0) + value
+
+
+class PolicyUpdate:
+    """The optimizer side of a step: the wrapped policy forward, AdamW, its schedule, the reference."""
+
+    def __init__(self, cfg: RunConfig, scorer: torch.nn.Module, optimizer, scheduler, ref, dist,
+                 loss_generator: torch.Generator, shuffle_generator: torch.Generator, pad_id: int,
+                 amp=contextlib.nullcontext) -> None:
+        self.cfg, self.scorer, self.optimizer, self.scheduler, self.ref = cfg, scorer, optimizer, scheduler, ref
+        self.dist, self.pad_id, self.amp = dist, pad_id, amp
+        self.loss_gen, self.shuffle_gen = loss_generator, shuffle_generator
+        self.device = dist.device
+        # float16 compute over float32 master weights needs loss scaling (bf16 does not).
+        fp16 = resolve_dtype(cfg.model.dtype, self.device) == torch.float16 and not cfg.model.pure_low_precision
+        self.scaler = torch.amp.GradScaler(self.device.type) if fp16 else None
+
+    @torch.no_grad()
+    def recompute(self, ro: Rollouts, sb: StepBatch, temperature: float) -> tuple[Rollouts, dict[str, float]]:
+        """Old log-probs and entropy from the trainer's own forward (``algorithm.old_logp``).
+
+        One no-grad pass of the policy over this rank's rows, in micro-batches (every rank runs as
+        many passes as the busiest, for FSDP), replaces the sampler's values, so the first PPO
+        ratio is exactly 1 and KL-Cov's |logp − old_logp| is exactly 0 on the on-policy pass.
+        Rows sampled by EEPO's unlearned copy keep the copy's values. ``sb.rows``' entropy and
+        log-prob sums are updated with one gather. Returns the sampler-vs-trainer gap
+        (``rollout/logp_diff_max``, ``rollout/logp_diff_mean`` over valid tokens).
+        """
+        a, mbs, W = self.cfg.algorithm, self.cfg.optim.micro_batch_size, self.dist.world_size
+        per_rank = torch.bincount(sb.rows["rank"], minlength=W)
+        n_micro = int(max(math.ceil(int(c) / mbs) for c in per_rank))
+        chunks = torch.arange(len(ro)).split(mbs) if len(ro) else ()
+        logps, ents = [], []
+        for k in range(n_micro):
+            if k < len(chunks):
+                sub = ro.select(chunks[k])
+                lp, ent = self.scorer(sub.prompt_ids, sub.prompt_mask, sub.response_ids, sub.response_mask,
+                                      temperature, chunk_size=a.logprob_chunk, with_entropy=True)
+                logps.append(lp.float())
+                ents.append(ent.float())
+            else:
+                self._idle_loss()
+        mask = ro.response_mask
+        own = sb.rows["own"][sb.local].to(mask.device)  # (n,) sampled by the policy itself
+        new_logp = torch.cat(logps) if logps else ro.old_logp
+        new_ent = torch.cat(ents) if ents else ro.entropy
+        new_logp = torch.where(own[:, None], new_logp.to(ro.old_logp.dtype), ro.old_logp)
+        new_ent = torch.where(own[:, None], new_ent.to(ro.entropy.dtype), ro.entropy)
+        diff = ((new_logp - ro.old_logp).abs() * mask)[own]
+        out = dataclasses.replace(ro, old_logp=new_logp, entropy=new_ent)
+        m = mask.float()
+        parts = self.dist.gather({"local": sb.local.cpu(), "ent": (new_ent.cpu() * m.cpu()).sum(-1).double(),
+                                  "logp": (new_logp.cpu() * m.cpu()).sum(-1).double(),
+                                  "diff_sum": float(diff.sum()), "diff_n": float(mask[own].sum()),
+                                  "diff_max": float(diff.max()) if diff.numel() else 0.0})
+        for p in parts:
+            sb.rows["entropy_sum"][p["local"]] = p["ent"]
+            sb.rows["logp_sum"][p["local"]] = p["logp"]
+        n = sum(p["diff_n"] for p in parts)
+        return out, {"rollout/logp_diff_max": max(p["diff_max"] for p in parts),
+                     "rollout/logp_diff_mean": sum(p["diff_sum"] for p in parts) / n if n else 0.0}
+
+    def run(self, ro: Rollouts, adv: torch.Tensor, knobs: Knobs, sb: StepBatch) -> tuple[dict, dict]:
+        """Returns metrics that are the same on every rank, and this rank's sums for ``loss_metrics``
+        (added over ranks by the caller)."""
+        cfg, a, o = self.cfg, self.cfg.algorithm, self.cfg.optim
+        rows, W = sb.rows, self.dist.world_size
+        N = len(rows["reward"])  # global
+        if N == 0:
+            return {"loss/policy": 0.0, "loss/clip_frac": 0.0, "grad/norm": 0.0, "train/optimizer_steps": 0.0}, {}
+        loss_fn = LOSSES[a.loss]
+        lcfg = SimpleNamespace(**{**dataclasses.asdict(a), "eps_high": knobs.eps_high})
+        max_len = a.agg_max_len or cfg.rollout.max_response_len
+        n_mb = min(o.mini_batches, N)
+        local_row = torch.full((N,), -1, dtype=torch.long)
+        local_row[sb.local] = torch.arange(len(sb.local))  # global row -> this rank's row, or -1
+        sums: dict[str, torch.Tensor] = {}
+        n_opt, n_bad, grad_norm_sum = 0, 0, torch.zeros((), device=self.device)
+        adv = adv.to(self.device)
+        self.scorer.train()
+        for _ in range(o.ppo_epochs):
+            order = (torch.randperm(N, generator=self.shuffle_gen) if n_mb > 1 or o.ppo_epochs > 1
+                     else torch.arange(N))
+            for mb in order.tensor_split(n_mb):
+                agg = dict(token_denom=rows["length"][mb].sum().clamp_min(1), seq_denom=len(mb), max_len=max_len)
+                mine = local_row[mb]
+                micros = mine[mine >= 0].split(o.micro_batch_size)
+                # Every rank runs as many forward/backward passes as the busiest one: only the last
+                # synchronises gradients (DDP), and FSDP gathers weights in every pass.
+                per_rank = torch.bincount(rows["rank"][mb], minlength=W)
+                n_micro = int(max(math.ceil(int(c) / o.micro_batch_size) for c in per_rank))
+                selections = self._select_tokens(ro, adv, micros, n_micro, knobs, lcfg)
+                self.optimizer.zero_grad(set_to_none=True)
+                for k in range(n_micro):
+                    sync = k == n_micro - 1
+                    with contextlib.nullcontext() if sync else self.dist.no_sync(self.scorer):
+                        if k < len(micros):
+                            loss = self._micro_loss(ro.select(micros[k]), adv[micros[k]], knobs, loss_fn, lcfg,
+                                                    agg, sums, selection=selections[k])
+                        else:
+                            loss = self._idle_loss()
+                        loss = loss * W
+                        (self.scaler.scale(loss) if self.scaler else loss).backward()
+                if self.scaler:
+                    self.scaler.unscale_(self.optimizer)
+                gn = self.dist.clip_grad_norm_(self.scorer, o.max_grad_norm).detach().float()
+                # A non-finite loss or gradient never reaches the weights (one host sync per
+                # optimizer step; the norm is global, so every rank skips together). Under fp16 the
+                # scaler's own overflow steps lower its scale and are not counted as bad.
+                if bool(torch.isfinite(gn)):
+                    if self.scaler:
+                        self.scaler.step(self.optimizer)
+                    else:
+                        self.optimizer.step()
+                    self.scheduler.step()
+                    n_opt += 1
+                    grad_norm_sum += gn
+                elif not self.scaler:
+                    n_bad += 1
+                if self.scaler:
+                    self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        out = {"grad/norm": float(grad_norm_sum) / max(1, n_opt) if n_opt else float("nan"),
+               "train/optimizer_steps": float(n_opt), "train/nonfinite_updates": float(n_bad),
+               "train/lr": float(self.scheduler.get_last_lr()[0])}
+        return out, {k: float(v) for k, v in sums.items()}
+
+    @torch.no_grad()
+    def _select_tokens(self, ro: Rollouts, adv: torch.Tensor, micros: list[torch.Tensor], n_micro: int,
+                       knobs: Knobs, lcfg) -> list:
+        """Clip-Cov/KL-Cov token selection over this rank's whole mini-batch (ALGORITHMS §2d: per
+        mini-batch, not per micro-batch). A mini-batch in one micro-batch selects inside its loss;
+        split into several, each costs one extra no-grad forward, whose detached logp is what the
+        loss would select on. Every rank runs ``n_micro`` forwards (idle ones where it has no rows)
+        so DDP/FSDP collectives stay matched. Returns one (selected, cov) per micro-batch, or None
+        each (the loss selects itself)."""
+        select = SELECTORS.get(self.cfg.algorithm.loss)
+        if select is None or n_micro <= 1:
+            return [None] * len(micros)
+        a = self.cfg.algorithm
+        parts = [ro.select(idx) for idx in micros]
+        logps = [self.scorer(p.prompt_ids, p.prompt_mask, p.response_ids, p.response_mask, knobs.temperature,
+                             chunk_size=a.logprob_chunk, with_entropy=False)[0] for p in parts]
+        for _ in range(n_micro - len(parts)):
+            self._idle_loss()
+        if not parts:
+            return []
+        mask = torch.cat([p.response_mask for p in parts])
+        old = torch.cat([p.old_logp for p in parts])
+        selected, cov = select(torch.cat(logps), old, adv[torch.cat(micros)], mask, lcfg, generator=self.loss_gen)
+        sizes = [len(idx) for idx in micros]
+        return list(zip(selected.split(sizes), cov.split(sizes)))
+
+    def _micro_loss(self, sub: Rollouts, adv: torch.Tensor, knobs: Knobs, loss_fn, lcfg, agg: dict,
+                    sums: dict, selection=None) -> torch.Tensor:
+        """This micro-batch's share of the mini-batch loss; adds its metric sums to ``sums``."""
+        a = self.cfg.algorithm
+        mask = sub.response_mask
+        need_entropy = knobs.entropy_coef > 0
+        logp, ent = self.scorer(sub.prompt_ids, sub.prompt_mask, sub.response_ids, mask, knobs.temperature,
+                                chunk_size=a.logprob_chunk, with_entropy=need_entropy)
+        per_tok, m = loss_fn(logp, sub.old_logp, adv, mask, lcfg, generator=self.loss_gen, selection=selection)
+        pg = aggregate(per_tok, mask, a.agg, **agg)
+        loss = pg
+        if need_entropy:
+            bonus = aggregate(ent, mask, a.agg, **agg)
+            loss = loss - knobs.entropy_coef * bonus
+            _add(sums, "loss/entropy_bonus", bonus.detach() * agg["seq_denom"])
+        if knobs.kl_coef > 0 and self.ref is not None:
+            with torch.no_grad(), self.amp():
+                ref_logp, _ = response_logprobs(self.ref, sub.prompt_ids, sub.prompt_mask, sub.response_ids, mask,
+                                                knobs.temperature, chunk_size=a.logprob_chunk, with_entropy=False)
+            kl = kl_estimate(logp, ref_logp, a.kl_estimator) * mask
+            loss = loss + knobs.kl_coef * aggregate(kl, mask, a.agg, **agg)
+            _add(sums, "kl/ref_mean", kl.detach().sum())
+        n_tok = mask.sum()
+        _add(sums, "tokens", n_tok)
+        for k, v in m.items():
+            if k == "cov/selected_mean":  # a mean over the selected tokens, not over all of them
+                n_sel = m["loss/cov_selected_frac"].detach().float() * n_tok
+                _add(sums, "cov/selected_sum", v.detach().float() * n_sel)
+                _add(sums, "cov/selected_n", n_sel)
+            elif k != "cov/mean":  # logged once per step from the whole batch instead
+                _add(sums, k, v.detach().float() * n_tok)
+        _add(sums, "loss/policy", pg.detach())
+        return loss
+
+    def _idle_loss(self) -> torch.Tensor:
+        """A zero loss through the wrapped model for a rank with no rows left in this pass: its
+        forward/backward still has to join the gradient collectives of DDP/FSDP."""
+        tok = torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.device)
+        yes = torch.ones((1, 1), dtype=torch.bool, device=self.device)
+        logp, _ = self.scorer(tok, yes, tok, yes, 1.0, with_entropy=False)
+        return logp.sum() * 0.0
+
+
+def loss_metrics(total: dict[str, float], n_rows: int, ppo_epochs: int, upd: dict) -> dict[str, float]:
+    """Metrics from the update's sums over all ranks: token-weighted means, except the three below."""
+    tokens = max(total.pop("tokens", 0.0), 1.0)
+    if "cov/selected_n" in total:  # mean covariance over every selected token of the update
+        n_sel, sel_sum = total.pop("cov/selected_n"), total.pop("cov/selected_sum")
+        total["cov/selected_mean"] = sel_sum / n_sel * tokens if n_sel > 0 else 0.0
+    out = {k: v / tokens for k, v in total.items() if k not in ("loss/entropy_bonus", "loss/policy")}
+    if "loss/entropy_bonus" in total:  # seq-weighted sum of per-mini-batch aggregates → mean aggregate
+        out["loss/entropy_bonus"] = total["loss/entropy_bonus"] / (n_rows * ppo_epochs)
+    if "loss/policy" in total:  # sum over optimizer steps of the mini-batch losses → mean
+        out["loss/policy"] = total["loss/policy"] / max(1.0, upd["train/optimizer_steps"])
+    return out
+
+
+class TrainingDiverged(ExplorlError):
+    """Too many consecutive steps with a non-finite loss, gradient or reward."""
+
+
+class NonFiniteGuard:
+    """Counts steps whose update was skipped for non-finite values; stops the run after
+    ``max_bad`` in a row (the skipped updates left the weights untouched)."""
+
+    def __init__(self, max_bad: int) -> None:
+        self.max_bad, self.in_a_row, self.skipped = max_bad, 0, 0
+
+    def check(self, step: int, metrics: dict, rewards: torch.Tensor) -> None:
+        bad = metrics.get("train/nonfinite_updates", 0.0) > 0 or not bool(torch.isfinite(rewards).all())
+        self.in_a_row = self.in_a_row + 1 if bad else 0
+        self.skipped += int(bad)
+        metrics["train/skipped_steps"] = float(self.skipped)
+        if bad and self.in_a_row >= self.max_bad:
+            raise TrainingDiverged(
+                f"step {step}: {self.in_a_row} consecutive steps with a non-finite loss, gradient or reward "
+                f"(grad/norm={metrics.get('grad/norm')}, reward/mean={float(rewards.mean())}); the weights "
+                "were not updated by them and the last checkpoint is intact. Lower optim.lr or check the "
+                "reward function")
+
+    def state_dict(self) -> dict:
+        return {"in_a_row": self.in_a_row, "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.in_a_row, self.skipped = int(state.get("in_a_row", 0)), int(state.get("skipped", 0))

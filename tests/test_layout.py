@@ -1,0 +1,103 @@
+"""The package's shape (issue 12): a short trainer, no long files, no import cycles."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "explorl"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports() -> dict[str, set[str]]:
+    """Module -> explorl modules it imports (at any level: lazy imports are dependencies too)."""
+    modules = {_module_name(p): p for p in SRC.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            for t in targets:
+                while t and t not in modules:
+                    t = t.rpartition(".")[0]
+                if t and t != name and t.startswith("explorl"):
+                    deps.add(t)
+        graph[name] = deps
+    return graph
+
+
+def _eager_imports() -> dict[str, set[str]]:
+    """Module -> explorl modules imported at module level (what runs at import time)."""
+    modules = {_module_name(p): p for p in SRC.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps = set()
+        for node in ast.parse(path.read_text()).body:
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            for t in targets:
+                while t and t not in modules:
+                    t = t.rpartition(".")[0]
+                if t and t != name and t.startswith("explorl"):
+                    deps.add(t)
+        graph[name] = deps
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for d in sorted(graph.get(n, ())):
+            if state.get(d) == 1:
+                return stack[stack.index(d):] + [d]
+            if d not in state and (c := visit(d)):
+                return c
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (c := visit(n)):
+            return c
+    return None
+
+
+def _package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Collapse modules to explorl's top-level packages/modules (explorl.control.base -> explorl.control)."""
+    def top(m: str) -> str:
+        return ".".join(m.split(".")[:2])
+    out: dict[str, set[str]] = {}
+    for m, deps in graph.items():
+        out.setdefault(top(m), set()).update(top(d) for d in deps if top(d) != top(m) and top(d) != "explorl")
+    return out
+
+
+def test_no_import_cycle_at_import_time():
+    assert _cycle(_eager_imports()) is None, f"import cycle: {' -> '.join(_cycle(_eager_imports()))}"
+
+
+def test_config_depends_on_nothing_above_it():
+    eager = _eager_imports()["explorl.config"]
+    assert eager <= {"explorl.errors"}, f"config.py imports {sorted(eager)} at import time"
+
+
+def test_trainer_is_short_and_no_file_is_long():
+    assert len((SRC / "trainer.py").read_text().splitlines()) <= 300
+    long = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 500}
+    assert not long, f"files over 500 lines: {long}"
