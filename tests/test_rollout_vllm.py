@@ -181,3 +181,47 @@ def test_a_push_that_raises_rebuilds_the_engine(engine, lab, monkeypatch):
     ro = engine.generate(model, ids, [1] * 5, 0.0, 8)
     ref = HFEngine(lab[0]).generate(model, ids, [1] * 5, 0.0, 8)
     assert ro.texts == ref.texts
+
+
+def test_the_trainer_samples_with_vllm_and_pushes_every_update(make_config, tmp_path):
+    """Two steps with EEPO's gate open (policy and unlearned copy pushed) and validation."""
+    from test_trainer import _documented_metric_patterns
+
+    from explorl.runlog import read_metrics
+    from explorl.trainer import Trainer
+
+    cfg = make_config({"rollout": {"engine": "vllm", "vllm": {"kv_cache_gib": 0.25}},
+                       "control": {"eepo": {"enabled": True, "alpha": 10.0}}})
+    t = Trainer(cfg, tmp_path / "run")
+    assert isinstance(t.engine, V.VLLMEngine) and t.engine.logprobs_match_trainer
+    assert not t.recompute  # the engine's values are the forward's: no second pass in float32
+    t.train()
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["rollout/vllm_logp_diff_max"] <= 1e-4 and r["time/weight_sync_s"] > 0
+    # step 1: the policy (version 0); step 2: the copy at step 1, then the policy (version 1);
+    # validation after step 2's update: the policy again (version 2, an automatic push).
+    assert rows[1]["eepo/active"] == 1.0 and rows[1]["rollout/weight_pushes"] >= 3
+    import re
+
+    patterns = [re.compile(p + "$") for p in _documented_metric_patterns()]
+    assert not [k for r in rows for k in r if not any(p.match(k) for p in patterns)]
+    t.engine.close()
+
+
+def test_child_process_mode_samples_and_takes_pushes_through_a_file(tiny_model, lab):
+    tok, model, ids = lab
+    eng = V.VLLMEngine(tiny_model, tok, dtype="float32", kv_cache_gib=0.25, in_process=False)
+    try:
+        greedy = eng.generate(model, ids, [1] * 5, 0.0, 8)
+        assert greedy.texts == HFEngine(tok).generate(model, ids, [1] * 5, 0.0, 8).texts
+        ro = vllm_logprobs(eng, model, ids, [4] * 5, 1.0, 8, seeds=[1, 2, 3, 4, 5])
+        new = trained_copy(model, ro)
+        assert eng.sync_weights(new, 1) > 0 and (eng._shm / "model.safetensors").is_file()
+        after = vllm_logprobs(eng, new, ids, [4] * 5, 1.0, 8, seeds=[1, 2, 3, 4, 5])
+        logp, _ = recompute(new, after)
+        assert (after.old_logp - logp)[after.response_mask].abs().max() <= 1e-4
+    finally:
+        eng.close()
+    assert eng._shm is None

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import os
 import random
 import shutil
@@ -157,8 +158,11 @@ class VLLMEngine:
     def _build(self) -> None:
         """Start vLLM (10–20 s on CPU for a small model)."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.in_process else "1"
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # not INFO lines at every push
         import vllm
         import vllm.envs
+
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_quiet_rotary)
 
         vllm.envs.disable_envs_cache()  # a previous engine may have cached the mode above
         kwargs: dict[str, Any] = {
@@ -397,6 +401,11 @@ class VLLMEngine:
         if n:
             m["rollout/vllm_logp_diff_mean"] = total / n
         return m
+
+
+def _quiet_rotary(record: logging.LogRecord) -> bool:
+    """Drop vLLM's warning that a reload gave RoPE no weights: its cache is computed, not loaded."""
+    return not (record.getMessage().startswith("RotaryEmbedding:") and "Failed to load" in record.getMessage())
 
 
 def _dtype(model: torch.nn.Module) -> torch.dtype:
