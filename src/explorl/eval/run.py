@@ -13,9 +13,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from explorl import config as C
 from explorl.checkpoint import latest_checkpoint
 from explorl.data.sources import default_verifier, load_split
-from explorl.models import load_model, load_tokenizer, render_prompt, resolve_device, resolve_model_path
+from explorl.models import (
+    load_model, load_tokenizer, render_prompt, resolve_device, resolve_dtype, resolve_model_path,
+)
 from explorl.rewards.pool import VerifierPool
-from explorl.rollout.hf import HFEngine
+from explorl.rollout.base import build_engine
 
 
 def _resolve_model(model: str, overrides: list[str] | None) -> tuple[Path, Path, C.RunConfig]:
@@ -53,7 +55,7 @@ def run_eval(*, model: str, data: list[str], out_dir: Path, n: int = 16, k_list:
     tokenizer = load_tokenizer(tok_dir, cfg.model)
     policy = load_model(weights, cfg.model, device, frozen=True)
     max_new = max_new_tokens or cfg.rollout.max_response_len
-    engine = HFEngine(tokenizer, batch_size=cfg.rollout.batch_size)
+    engine = build_engine(cfg, tokenizer, weights, resolve_dtype(cfg.model.dtype, device))  # rollout.engine
     records = load_split(data, cfg.lab, split)[: max_problems or None]
     name = verifier if verifier != "auto" else (
         cfg.reward.verifier if cfg.reward.verifier != "auto" else default_verifier(data))
