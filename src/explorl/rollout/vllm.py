@@ -39,6 +39,7 @@ three. Child-process mode pushes through a safetensors file in /dev/shm.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import logging
@@ -47,6 +48,7 @@ import random
 import shutil
 import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -145,8 +147,13 @@ class VLLMEngine:
         self._checksum: torch.Tensor | None = None  # of the weights last pushed
         self._shm: Path | None = None  # child-process mode: where pushed weights are written
         self._metrics: dict[str, float] = {}
+        # Under a launcher an in-process engine shares torch.distributed's default group, which
+        # vLLM's shutdown destroys: such an engine stops only at exit (before the trainer's group).
+        self._shares_group = (in_process and torch.distributed.is_available()
+                              and torch.distributed.is_initialized())
         self.llm = None
         self._build()
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     @property
     def logprobs_match_trainer(self) -> bool:
@@ -178,6 +185,15 @@ class VLLMEngine:
             self.llm = vllm.LLM(**kwargs)
         self.max_len = self.llm.llm_engine.model_config.max_model_len
         self._version, self._checksum = None, None
+
+    def _restart(self, reason: str) -> None:
+        """A fresh engine (after a failed push or a failed probe check)."""
+        if self._shares_group:
+            raise RuntimeError(f"{reason}; an in-process vLLM engine cannot be restarted under "
+                               "torch.distributed (its shutdown destroys the process group): use "
+                               "rollout.vllm.in_process: false under a launcher")
+        self._shutdown()
+        self._build()
 
     def _shutdown(self) -> None:
         llm, self.llm = self.llm, None
@@ -217,8 +233,7 @@ class VLLMEngine:
         try:
             self._load(model)
         except Exception as first:  # noqa: BLE001 - any failure: rebuild once, then give up
-            self._shutdown()
-            self._build()
+            self._restart(f"vLLM weight push failed ({type(first).__name__}: {first})")
             try:
                 self._load(model)
             except Exception as second:
@@ -335,8 +350,8 @@ class VLLMEngine:
                     f"the vLLM engine's log-probs differ from the model's by {gap:.3g} > "
                     f"rollout.vllm.sync_check_tol={tol:g} on a probe sequence, also after a rebuild "
                     "and a fresh weight push: its weights do not follow the model's")
-            self._shutdown()  # stale or broken weights: start over, push, sample again
-            self._build()
+            # Stale or broken weights: start over, push, sample again.
+            self._restart(f"the vLLM engine's log-probs differ from the model's by {gap:.3g} > {tol:g}")
         outs = outs[:-1]
         toks = [list(o.outputs[0].token_ids) for o in outs]
         lps = [[float(d[t].logprob) for d, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]
@@ -401,6 +416,12 @@ class VLLMEngine:
         if n:
             m["rollout/vllm_logp_diff_mean"] = total / n
         return m
+
+
+def _close_at_exit(ref: weakref.ref) -> None:
+    engine = ref()
+    if engine is not None:
+        engine.close()
 
 
 def _quiet_rotary(record: logging.LogRecord) -> bool:
