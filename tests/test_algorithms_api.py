@@ -12,15 +12,22 @@ def test_public_names():
         "AGG_MODES",
         "KL_ESTIMATORS",
         "LOSSES",
+        "TokenMask",
         "aggregate",
+        "cispo_loss",
         "clip_cov_loss",
         "compute_advantages",
         "covariance_by_difficulty",
         "dr_grpo_advantages",
+        "entropic_confident_term",
+        "entropy_advantage_shaping",
+        "forking_token_mask",
         "grpo_advantages",
+        "gspo_loss",
         "informative_groups",
         "kl_cov_loss",
         "kl_estimate",
+        "knapsack_budgets",
         "logprobs_from_hidden",
         "logprobs_from_logits",
         "masked_mean",
@@ -35,15 +42,18 @@ def test_public_names():
 
 
 def test_registries():
-    assert set(A.ADVANTAGES) == {"grpo", "dr_grpo", "rloo", "reinforce_pp"}
-    assert set(A.LOSSES) == {"ppo", "clip_cov", "kl_cov"}
+    assert set(A.ADVANTAGES) == {
+        "grpo", "dr_grpo", "rloo", "reinforce_pp",
+        "passk_training", "pkpo", "pkpo_loo", "pkpo_loo_minus_one", "grpo_passk",
+    }
+    assert set(A.LOSSES) == {"ppo", "clip_cov", "kl_cov", "gspo", "cispo"}
     assert A.AGG_MODES == ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def test_imports_torch_only():
     # Static check (no subprocess): every module imports only torch, the standard library
     # and explorl.algorithms itself, so the math is testable without the model stack.
-    allowed = {"torch", "explorl", "math", "typing", "__future__"}
+    allowed = {"torch", "explorl", "math", "typing", "collections", "dataclasses", "__future__"}
     for path in Path(A.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):

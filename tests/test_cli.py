@@ -31,7 +31,7 @@ def test_train_then_extend_with_resume(recipe, tmp_path, capsys):
     assert main(["train", str(recipe), "--out", str(out)]) == 2  # refuses to overwrite a run
     assert "already holds a run" in capsys.readouterr().err
     assert main(["train", "--resume", str(out), "--max-steps", "5"]) == 0
-    assert [r["step"] for r in read_metrics(out)] == [1, 2, 3, 4, 5]
+    assert [r["step"] for r in read_metrics(out)] == [0, 1, 2, 3, 4, 5]  # 0: the pre-RL validation
 
 
 def test_config_error_exits_2_with_key_path(recipe, capsys):

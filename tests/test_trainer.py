@@ -32,7 +32,10 @@ def test_two_steps_change_parameters_and_log_every_key(make_config, tmp_path):
     after = _weights(t.policy)
     assert any(not torch.equal(before[k], after[k]) for k in before), "no parameter changed"
     rows = read_metrics(tmp_path / "run")
-    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    # step 0: the initial policy's validation (eval.before_training), nothing else
+    assert set(rows[0]) == {"step", "val/entropy", *VAL} and 0 <= rows[0]["val/accuracy"] <= 1
+    rows = rows[1:]
     for r in rows:
         missing = [k for k in REQUIRED if k not in r]
         assert not missing, missing

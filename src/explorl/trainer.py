@@ -18,29 +18,38 @@ import torch
 
 from explorl import config as C
 from explorl.algorithms import compute_advantages
-from explorl.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
+from explorl.checkpoint import (
+    NoCheckpoint,
+    latest_checkpoint,
+    load_state,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from explorl.control import ControlBank, ControlContext, Knobs, StepStats, build_controllers
 from explorl.data.order import DataOrder
 from explorl.data.sources import default_verifier, load_split
 from explorl.dist import LogProbModule, make_dist
-from explorl.errors import ExplorlError
 from explorl.eval.validate import validate
-from explorl.models import PromptTokens, autocast, load_model, load_tokenizer, resolve_dtype, resolve_model_path
+from explorl.models import PromptTokens, autocast, load_model, load_tokenizer, resolve_model_path
+from explorl.plots import plot_run_safely
 from explorl.rewards.pool import VerifierPool
 from explorl.rollout.collect import collect
 from explorl.rollout.base import build_engine, pop_metrics
 from explorl.rollout.two_stage import make_sampler
-from explorl.plots import plot_run_safely
 from explorl.runlog import MetricsLog, ProgressBar, graceful_interrupt, json_default
 from explorl.step_batch import covariance_metrics, policy_entropy
 from explorl.step_metrics import TIME_KEYS, batch_metrics, ordered, timed
-from explorl.update import NonFiniteGuard, PolicyUpdate, TrainingDiverged, loss_metrics
+from explorl.update import (
+    NonFiniteGuard,
+    PolicyUpdate,
+    TrainingDiverged,
+    loss_metrics,
+    make_optimizer,
+    needs_recompute,
+)
 
-__all__ = ["TIME_KEYS", "TrainingDiverged", "Trainer"]
-
-
-class NoCheckpoint(ExplorlError, FileNotFoundError):
-    """``--resume`` of a run directory that holds no complete checkpoint."""
+__all__ = ["TIME_KEYS", "Trainer", "TrainingDiverged"]
 
 
 class Trainer:
@@ -73,7 +82,7 @@ class Trainer:
         if self.dist.is_main:
             (self.out / "plots").mkdir(exist_ok=True)
             C.save(cfg, self.out / "config.yaml")
-        self.pool = VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s)
+        self.pool = VerifierPool.from_config(cfg.reward)
         # metrics.jsonl holds global values: only rank 0 writes it.
         self.metrics_log = (MetricsLog(self.out / "metrics.jsonl", truncate_after=self.step if resume else 0)
                             if self.dist.is_main else None)
@@ -95,6 +104,8 @@ class Trainer:
         policy_path = ckpt if (ckpt is not None and (ckpt / "config.json").exists()) else base_path
         self.tokenizer = load_tokenizer(base_path, cfg.model)
         self.prompts = PromptTokens(self.tokenizer, cfg.model.use_chat_template, cfg.data.max_prompt_len)
+        self.prompts.check(train=self.train_data, val=self.val_data[: cfg.eval.max_problems],
+                           anneal=self.anneal_data or [])  # every prompt fits, before the model loads
         self.policy = load_model(policy_path, cfg.model, self.device)
         self.vocab_size = self.policy.get_output_embeddings().weight.shape[0]
         self.n_params = sum(p.numel() for p in self.policy.parameters())
@@ -107,14 +118,8 @@ class Trainer:
         self.ref = load_model(base_path, cfg.model, self.device, frozen=True) if needs_ref else None
 
     def _setup_optimizer(self) -> None:
-        cfg, o = self.cfg, self.cfg.optim
-        # Fused AdamW (one kernel for every parameter) on CUDA with replicated parameters; the
-        # default multi-tensor path elsewhere (CPU, FSDP's flattened shards).
-        fused = True if self.device.type == "cuda" and self.dist.strategy != "fsdp" else None
-        self.optimizer = torch.optim.AdamW(self.scorer.parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
-                                           weight_decay=o.weight_decay, fused=fused)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps > 0 else 1.0)
+        cfg = self.cfg
+        self.optimizer, self.scheduler = make_optimizer(cfg.optim, self.scorer, self.device, self.dist.strategy)
         gen_device = self.device if self.device.type == "cuda" else torch.device("cpu")
         # Sampling needs no generator: its draws are seeded per prompt (rollout/seeding.py).
         self.generators = {"loss": torch.Generator(gen_device).manual_seed(cfg.seed + 1),
@@ -129,9 +134,7 @@ class Trainer:
                                     chunk_size=cfg.algorithm.logprob_chunk, pad_id=pad)
         self.update = PolicyUpdate(cfg, self.scorer, self.optimizer, self.scheduler, self.ref, self.dist,
                                    self.generators["loss"], self.generators["shuffle"], pad, amp=self.amp)
-        exact = getattr(engine, "logprobs_match_trainer", False) and resolve_dtype(
-            cfg.model.dtype, self.device) == torch.float32
-        self.recompute = cfg.algorithm.old_logp == "recompute" or (cfg.algorithm.old_logp == "auto" and not exact)
+        self.recompute = needs_recompute(cfg, engine, self.device)
 
     def _setup_control(self) -> None:
         cfg, a = self.cfg, self.cfg.algorithm
@@ -277,11 +280,10 @@ class Trainer:
         t_run, last, ckpt = time.perf_counter(), {}, None
         try:
             with graceful_interrupt(stop, bar):
+                if self.step == 0 and cfg.eval.every and cfg.eval.before_training:  # the pre-RL point
+                    self._log({"step": 0, **self.validate()}, bar)
                 while self.step < cfg.max_steps and not self._stop:
-                    last = self.train_step()
-                    if self.metrics_log is not None:
-                        self.metrics_log.write(last)
-                    bar.update(self.step, last)
+                    last = self._log(self.train_step(), bar)
                     if "val/accuracy" in last:
                         self.plot()
                     if cfg.log.checkpoint_every and self.step % cfg.log.checkpoint_every == 0:
@@ -300,6 +302,12 @@ class Trainer:
         if main:
             (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=json_default))
         return summary
+
+    def _log(self, metrics: dict, bar: ProgressBar) -> dict:
+        if self.metrics_log is not None:
+            self.metrics_log.write(metrics)
+        bar.update(self.step, metrics)
+        return metrics
 
     def plot(self) -> None:
         if self.dist.is_main and self.cfg.log.plots:

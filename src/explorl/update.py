@@ -27,6 +27,28 @@ from explorl.rollout.types import Rollouts
 from explorl.step_batch import StepBatch
 
 
+def make_optimizer(o, params_module: torch.nn.Module, device: torch.device, strategy: str):
+    """AdamW over the (float32 master) parameters and its linear warm-up schedule (``optim``).
+
+    Fused AdamW (one kernel for every parameter) on CUDA with replicated parameters; the default
+    multi-tensor path elsewhere (CPU, FSDP's flattened shards).
+    """
+    fused = True if device.type == "cuda" and strategy != "fsdp" else None
+    optimizer = torch.optim.AdamW(params_module.parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
+                                  weight_decay=o.weight_decay, fused=fused)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps > 0 else 1.0)
+    return optimizer, scheduler
+
+
+def needs_recompute(cfg: RunConfig, engine, device: torch.device) -> bool:
+    """``algorithm.old_logp``: recompute unless told ``sampler``, or ``auto`` with an engine whose
+    float32 log-probs are the trainer's own (the HF engine in float32)."""
+    mode = cfg.algorithm.old_logp
+    exact = getattr(engine, "logprobs_match_trainer", False) and resolve_dtype(cfg.model.dtype, device) == torch.float32
+    return mode == "recompute" or (mode == "auto" and not exact)
+
+
 def _add(sums: dict, key: str, value: torch.Tensor) -> None:
     sums[key] = sums.get(key, 0) + value
 

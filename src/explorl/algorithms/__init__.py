@@ -1,5 +1,6 @@
-"""Pure tensor math for RLVR: advantages, policy losses, aggregation, log-probs, entropy,
-covariance, KL estimators and DAPO filters. Imports torch only (see STYLE.md)."""
+"""Pure tensor math for RLVR: advantages (incl. pass@k), policy losses (incl. GSPO, CISPO),
+aggregation, log-probs, entropy, covariance, KL estimators, DAPO filters, the forking-token
+mask, entropy advantage shaping and Knapsack RL budgets. Imports torch only (see STYLE.md)."""
 
 from explorl.algorithms.advantages import (
     ADVANTAGES,
@@ -12,28 +13,45 @@ from explorl.algorithms.advantages import (
 from explorl.algorithms.aggregation import AGG_MODES, aggregate
 from explorl.algorithms.covariance import covariance_by_difficulty, masked_mean, token_covariance
 from explorl.algorithms.filters import informative_groups, overlong_penalty
+from explorl.algorithms.knapsack import knapsack_budgets
 from explorl.algorithms.logprobs import (
     logprobs_from_hidden,
     logprobs_from_logits,
     naive_logprobs,
 )
-from explorl.algorithms.losses import LOSSES, clip_cov_loss, kl_cov_loss, ppo_loss
-from explorl.algorithms.regularisers import KL_ESTIMATORS, kl_estimate
+from explorl.algorithms.losses import (
+    LOSSES,
+    cispo_loss,
+    clip_cov_loss,
+    gspo_loss,
+    kl_cov_loss,
+    ppo_loss,
+)
+from explorl.algorithms.regularisers import KL_ESTIMATORS, entropic_confident_term, kl_estimate
+from explorl.algorithms.shaping import entropy_advantage_shaping
+from explorl.algorithms.token_masks import TokenMask, forking_token_mask
 
 __all__ = [
     "ADVANTAGES",
     "AGG_MODES",
     "KL_ESTIMATORS",
     "LOSSES",
+    "TokenMask",
     "aggregate",
+    "cispo_loss",
     "clip_cov_loss",
     "compute_advantages",
     "covariance_by_difficulty",
     "dr_grpo_advantages",
+    "entropic_confident_term",
+    "entropy_advantage_shaping",
+    "forking_token_mask",
     "grpo_advantages",
+    "gspo_loss",
     "informative_groups",
     "kl_cov_loss",
     "kl_estimate",
+    "knapsack_budgets",
     "logprobs_from_hidden",
     "logprobs_from_logits",
     "masked_mean",

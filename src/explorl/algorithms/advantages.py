@@ -1,6 +1,7 @@
-"""Group-relative advantage estimators (ALGORITHMS.md §0).
+"""Group-relative advantage estimators (ALGORITHMS.md §0) and pass@k estimators (§6d).
 
-Every estimator has one signature, ``fn(rewards, group_index, eps) -> advantages``:
+Every estimator has one signature, ``fn(rewards, group_index, eps) -> advantages`` (the
+pass@k ones in ``TAKES_K`` also take a keyword ``k``):
 ``rewards`` is (N,) float, ``group_index`` is (N,) long with arbitrary group ids (not
 necessarily contiguous or sorted; groups may have unequal sizes). All statistics are
 computed with ``index_add_`` / ``scatter_reduce`` over groups, never a Python loop.
@@ -104,18 +105,215 @@ def reinforce_pp_advantages(
     return torch.where(degenerate, torch.zeros_like(adv), adv)
 
 
+# --------------------------------------------------------------------------- pass@k (§6d)
+# Binomial ratios C(a, b)/C(n, k) go through lgamma in float64: C(64, 32) ≈ 1.8e18 already
+# loses integers in float64, while the log form stays accurate to ~1e-13 for any group size.
+
+
+def _log_comb(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """log C(a, b) in float64; −inf where the binomial is 0 (b < 0, b > a)."""
+    a, b = a.double(), b.double()
+    ok = (b >= 0) & (b <= a)
+    a_, b_ = torch.where(ok, a, 0.0), torch.where(ok, b, 0.0)
+    out = torch.lgamma(a_ + 1) - torch.lgamma(b_ + 1) - torch.lgamma(a_ - b_ + 1)
+    return torch.where(ok, out, -torch.inf)
+
+
+def _comb_ratio(a, b, n, k) -> torch.Tensor:
+    """C(a, b) / C(n, k) elementwise (float64), 0 where C(a, b) = 0; needs C(n, k) > 0."""
+    a, b, n, k = (torch.as_tensor(x, dtype=torch.float64) for x in (a, b, n, k))
+    return torch.exp(_log_comb(a, b) - _log_comb(n, k))
+
+
+def _check_k(k: int, count: torch.Tensor, strict: bool, name: str) -> None:
+    smallest = int(count.min()) if count.numel() else k + 1
+    if k < 1 or (k >= smallest if strict else k > smallest):
+        need = "k < n" if strict else "1 ≤ k ≤ n"
+        raise ValueError(
+            f"{name}: needs {need} for every group; got k = {k}, smallest n = {smallest}"
+        )
+
+
+def passk_training_advantages(
+    rewards: torch.Tensor, group_index: torch.Tensor, eps: float, *, k: int
+) -> torch.Tensor:
+    """Pass@k Training's analytic advantages (arXiv 2508.10751, RUCAIBox; §6d (a)).
+
+    Per group of N responses, c correct (r > 0: the ±1 convention's −1 counts as wrong):
+    R̄ = ρ(N, c, k) = 1 − C(N−c, k)/C(N, k), σ = sqrt(R̄(1 − R̄)),
+    A_pos = (1 − R̄)/(σ + eps), A_neg = (1 − R̄ − C(N−c−1, k−1)/C(N−1, k−1))/(σ + eps).
+    Zero-sum per group; c = 0 or N − c < k (every k-subset passes) gives all 0. k ≤ N for
+    every group (ours: an error, not the reference code's silent 0). The code's eps is 1e-6.
+    """
+    inverse, G = group_inverse(group_index)
+    correct = (rewards > 0).double()  # (N,)
+    n = _group_sum(torch.ones_like(correct), inverse, G)  # (G,)
+    c = _group_sum(correct, inverse, G)  # (G,)
+    _check_k(k, n, strict=False, name="passk_training")
+    active = (c > 0) & (n - c >= k)  # (G,)
+    r_bar = 1 - _comb_ratio(n - c, k, n, k)  # (G,)
+    sigma = (r_bar * (1 - r_bar)).clamp(min=0).sqrt()
+    a_pos = (1 - r_bar) / (sigma + eps)
+    a_neg = (1 - r_bar - _comb_ratio(n - c - 1, k - 1, n - 1, k - 1)) / (sigma + eps)
+    adv = torch.where(correct > 0, a_pos[inverse], a_neg[inverse])  # (N,)
+    adv = torch.where(active[inverse], adv, torch.zeros_like(adv))
+    return adv.to(rewards.float().dtype)
+
+
+def _sorted_groups(rewards: torch.Tensor, group_index: torch.Tensor):
+    """Responses sorted by (group, reward ascending): returns (order, g, grp, i, n, start) with
+    ``g`` (N,) the sorted rewards in float64, ``grp`` contiguous group ids, ``i`` the 1-based
+    position inside the group, ``n`` the group size (all (N,)) and ``start`` (G,) the index of
+    each group's first response in sorted order. Ties keep any order: every formula below
+    gives tied rewards the same value."""
+    inverse, G = group_inverse(group_index)
+    by_reward = torch.argsort(rewards.double(), stable=True)
+    order = by_reward[torch.argsort(inverse[by_reward], stable=True)]  # (N,)
+    grp = inverse[order]
+    count = _group_sum(torch.ones_like(rewards, dtype=torch.float64), inverse, G)  # (G,)
+    start = torch.cumsum(count, 0) - count  # (G,)
+    i = torch.arange(len(order), dtype=torch.float64, device=rewards.device) - start[grp] + 1
+    return order, rewards.double()[order], grp, i, count[grp], start.long()
+
+
+def _segment_sums(values: torch.Tensor, grp: torch.Tensor, start: torch.Tensor):
+    """Per element of a group-sorted array: (Σ of the group's earlier values, Σ of its later)."""
+    cs = torch.cumsum(values, 0)  # (N,)
+    before_group = (cs - values)[start]  # (G,) running sum before each group's first element
+    prefix = cs - values - before_group[grp]  # exclusive
+    total = values.new_zeros(len(start)).index_add_(0, grp, values)  # (G,)
+    return prefix, total[grp] - prefix - values
+
+
+def _unsort(values: torch.Tensor, order: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(values)
+    out[order] = values
+    return out.to(like.float().dtype)
+
+
+def pkpo_s(rewards: torch.Tensor, group_index: torch.Tensor, k: int) -> torch.Tensor:
+    """PKPO's unbiased pass@k (max_g@k) gradient weights, no baseline (Walder & Karkhanis 2025,
+    arXiv 2505.15201 Eq. 19): s_i = C(n,k)⁻¹ Σ_{|I|=k, I∋i} max_I g, from the sorted form
+    s_(i) = C(n,k)⁻¹ [g_(i)·C(i−1, k−1) + Σ_{j>i} g_(j)·C(j−2, k−2)] (ascending order, 1-based).
+    Binary g: k/n if correct, (k/n)·ρ(n−1, c, k−1) if wrong. No zero rule (see ``pkpo_advantages``).
+    """
+    order, g, grp, i, n, start = _sorted_groups(rewards, group_index)
+    _check_k(k, n, strict=False, name="pkpo")
+    own = g * _comb_ratio(i - 1, k - 1, n, k)  # I's max is i itself
+    _, later = _segment_sums(g * _comb_ratio(i - 2, k - 2, n, k), grp, start)  # j > i is the max
+    return _unsort(own + later, order, rewards)
+
+
+def _zero_degenerate(adv, rewards, group_index):
+    return torch.where(degenerate_groups(rewards, group_index), torch.zeros_like(adv), adv)
+
+
+def pkpo_advantages(
+    rewards: torch.Tensor, group_index: torch.Tensor, eps: float, *, k: int
+) -> torch.Tensor:
+    """PKPO's s_i (``pkpo_s``) as advantages; eps unused. Shared zero rule **(ours)**: a size-1
+    or constant group gets 0 (s alone would push every response of an all-correct group up)."""
+    return _zero_degenerate(pkpo_s(rewards, group_index, k), rewards, group_index)
+
+
+def pkpo_loo_advantages(
+    rewards: torch.Tensor, group_index: torch.Tensor, eps: float, *, k: int
+) -> torch.Tensor:
+    """PKPO s^(loo) (Eq. 29): s_i − (n−1)⁻¹ Σ_{j≠i} S(j, k, [n]∖i), needs k < n; eps unused.
+
+    Σ_{j∈X} S(j, k, X) = k·ρ_k(X), so the baseline is k/(n−1) times the unbiased max_g@k of
+    the other n − 1 rewards: ρ_k([n]∖i) = C(n−1, k)⁻¹ [Σ_{j<i} g_(j) C(j−1, k−1) +
+    Σ_{j>i} g_(j) C(j−2, k−1)]. Zero rule for size-1 and constant groups **(ours)**.
+    """
+    order, g, grp, i, n, start = _sorted_groups(rewards, group_index)
+    _check_k(k, n, strict=True, name="pkpo_loo")
+    own = g * _comb_ratio(i - 1, k - 1, n, k)
+    _, later = _segment_sums(g * _comb_ratio(i - 2, k - 2, n, k), grp, start)
+    before, _ = _segment_sums(g * _comb_ratio(i - 1, k - 1, n - 1, k), grp, start)
+    _, after = _segment_sums(g * _comb_ratio(i - 2, k - 1, n - 1, k), grp, start)
+    adv = own + later - k / (n - 1) * (before + after)
+    return _zero_degenerate(_unsort(adv, order, rewards), rewards, group_index)
+
+
+def pkpo_loo_minus_one_advantages(
+    rewards: torch.Tensor, group_index: torch.Tensor, eps: float, *, k: int
+) -> torch.Tensor:
+    """PKPO s^(loo−1) (Eq. 33), the paper's recommended transform; eps unused.
+
+    s_i = C(n,k)⁻¹ Σ_{|I|=k, I∋i} (max_I g − max_{I∖i} g); sorted form
+    C(n,k)⁻¹ [g_(i) C(i−1, k−1) − Σ_{j<i} g_(j) C(j−1, k−2)]. Binary g: C(n−c, k−1)/C(n, k)
+    if correct, 0 if wrong. k = 1 has no k−1 baseline: raw r minus the mean of the other
+    rewards (RLOO), as ALGORITHMS §6d says. Zero rule for size-1 and constant groups.
+    """
+    if k == 1:
+        return rloo_advantages(rewards, group_index, eps)
+    order, g, grp, i, n, start = _sorted_groups(rewards, group_index)
+    _check_k(k, n, strict=False, name="pkpo_loo_minus_one")
+    own = g * _comb_ratio(i - 1, k - 1, n, k)
+    before, _ = _segment_sums(g * _comb_ratio(i - 1, k - 2, n, k), grp, start)
+    return _zero_degenerate(_unsort(own - before, order, rewards), rewards, group_index)
+
+
+def grpo_passk_advantages(
+    rewards: torch.Tensor, group_index: torch.Tensor, eps: float, *, norm_by_std: bool = True
+) -> torch.Tensor:
+    """verl's ``grpo_passk`` (after arXiv 2503.19595; §6d (c)).
+
+    Only each group's best response gets an advantage: (r_max − r_2nd)/(std + eps), std the
+    unbiased (n − 1) std of the group (``norm_by_std=False``: r_max − r_2nd); all others 0.
+    Ties for the best give 0. Equals ``pkpo_loo_minus_one`` with k = n (without the std). Every
+    group needs ≥ 2 responses (verl raises too). A true advantage, not a reward: EasyR1 #585
+    wrote it into the reward tensor, so the non-best kept their raw reward and training collapsed.
+    """
+    inverse, G = group_inverse(group_index)
+    r = rewards.double()
+    count = _group_sum(torch.ones_like(r), inverse, G)  # (G,)
+    if G and int(count.min()) < 2:
+        raise ValueError("grpo_passk needs at least 2 responses in every group")
+    gmax = r.new_full((G,), -torch.inf).scatter_reduce(0, inverse, r, "amax")  # (G,)
+    idx = torch.arange(len(r), device=r.device)
+    # the best response: the first (lowest batch index) reaching the group's max
+    cand = torch.where(r == gmax[inverse], idx, len(r))
+    best = torch.full_like(gmax, len(r), dtype=torch.long).scatter_reduce(0, inverse, cand, "amin")
+    is_best = idx == best[inverse]  # (N,)
+    rest = torch.where(is_best, -torch.inf, r)
+    second = r.new_full((G,), -torch.inf).scatter_reduce(0, inverse, rest, "amax")  # (G,)
+    gap = gmax - second  # (G,)
+    if norm_by_std:
+        mean = _group_sum(r, inverse, G) / count
+        var = _group_sum((r - mean[inverse]) ** 2, inverse, G) / (count - 1)
+        gap = gap / (var.sqrt() + eps)
+    adv = torch.where(is_best, gap[inverse], torch.zeros_like(r))
+    return adv.to(rewards.float().dtype)
+
+
 ADVANTAGES = {
     "grpo": grpo_advantages,
     "dr_grpo": dr_grpo_advantages,
     "rloo": rloo_advantages,
     "reinforce_pp": reinforce_pp_advantages,
+    "passk_training": passk_training_advantages,
+    "pkpo": pkpo_advantages,
+    "pkpo_loo": pkpo_loo_advantages,
+    "pkpo_loo_minus_one": pkpo_loo_minus_one_advantages,
+    "grpo_passk": grpo_passk_advantages,
 }
+
+TAKES_K = frozenset({"passk_training", "pkpo", "pkpo_loo", "pkpo_loo_minus_one"})
+"""Estimators that optimise pass@k for a given k (``compute_advantages(..., k=)``)."""
 
 
 def compute_advantages(
-    name: str, rewards: torch.Tensor, group_index: torch.Tensor, eps: float = 1e-6
+    name: str,
+    rewards: torch.Tensor,
+    group_index: torch.Tensor,
+    eps: float = 1e-6,
+    k: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Advantages by estimator ``name`` (ALGORITHMS.md §0) plus zero-advantage metrics.
+    """Advantages by estimator ``name`` (ALGORITHMS.md §0, §6d) plus zero-advantage metrics.
+
+    ``k`` is the pass@k target of the ``TAKES_K`` estimators (required there, ignored by the
+    others). The pass@k estimators see whole groups: call this before sharding (§6j).
 
     Metrics (0-dim tensors):
       ``adv/zero_frac``: fraction of responses with |A| < 1e-8;
@@ -123,7 +321,12 @@ def compute_advantages(
     """
     if name not in ADVANTAGES:
         raise ValueError(f"unknown advantage estimator {name!r}; valid: {sorted(ADVANTAGES)}")
-    adv = ADVANTAGES[name](rewards, group_index, eps)  # (N,)
+    if name in TAKES_K:
+        if k is None:
+            raise ValueError(f"advantage estimator {name!r} needs k (the pass@k it optimises)")
+        adv = ADVANTAGES[name](rewards, group_index, eps, k=k)  # (N,)
+    else:
+        adv = ADVANTAGES[name](rewards, group_index, eps)  # (N,)
     zero = (adv.abs() < ZERO_TOL).float()  # (N,)
     inverse, G = group_inverse(group_index)
     nonzero_per_group = _group_sum(1.0 - zero, inverse, G)  # (G,)

@@ -1,4 +1,4 @@
-"""Per-token policy losses: PPO-clip, Clip-Cov, KL-Cov (ALGORITHMS.md §0, §2c, §2d).
+"""Per-token policy losses: PPO-clip, Clip-Cov, KL-Cov, GSPO, CISPO (ALGORITHMS.md §0, §2, §6a-b).
 
 One signature, as in verl's ``core_algos``::
 
@@ -6,17 +6,25 @@ One signature, as in verl's ``core_algos``::
 
 logp, old_logp (N, T); advantages (N,) or (N, T); mask (N, T) bool. ``cfg`` is any object
 with ``eps_low, eps_high, clip_c, clip_cov_ratio, clip_cov_lb, clip_cov_ub, kl_cov_ratio,
-kl_cov_coef`` (and optionally ``kl_cov_tol``, default 0). The loss is 0 outside the mask; reduce it with ``aggregation.aggregate``.
+kl_cov_coef`` (and optionally ``kl_cov_tol``, default 0); GSPO also reads ``agg``, CISPO
+``cispo_w_max`` and ``cispo_mask``. The loss is 0 outside the mask; reduce it with
+``aggregation.aggregate``.
 
 Metrics (0-dim tensors, means over the valid tokens):
   ``loss/clip_frac``: fraction of valid tokens whose PPO clip is *active*, i.e. the clipped
       term −A·clip(ratio) is strictly greater than −A·ratio, so the token gets no gradient
       (verl's ``pg_clipfrac``). Tokens outside [1−eps_low, 1+eps_high] on the side where the
       unclipped term wins still train and do not count. KL-Cov does not clip: always 0.
+      GSPO: the same test on the sequence ratio s_i (a clipped sequence is counted per token).
+      CISPO: the fraction of valid tokens whose weight hit the cap, ratio > w_max (they still
+      train, with weight w_max).
   ``loss/dual_clip_frac``: fraction of valid tokens where the dual clip −A·clip_c (A < 0)
       is strictly below the PPO term and so replaces it. 0 when ``clip_c`` is None.
   ``loss/cov_selected_frac``: tokens selected by Clip-Cov/KL-Cov / valid tokens (0 for PPO).
-  ``loss/ratio_mean``: mean of ratio = exp(logp − old_logp).
+  ``loss/ratio_mean``: mean of ratio = exp(logp − old_logp) (GSPO: of s_i, per token).
+  ``loss/seq_log_ratio_abs_mean`` (GSPO only): mean over valid tokens of |log s_i| of their
+      response, i.e. the token-weighted mean |mean_t(logp − old_logp)|.
+  ``loss/cispo_masked_frac`` (CISPO only): fraction of valid tokens dropped by the Eq. 6 mask.
   ``cov/mean``: mean of ``token_covariance`` (the batch covariance of logp and A).
   ``cov/selected_mean``: mean covariance of the selected tokens (0 if none / PPO).
 
@@ -184,7 +192,91 @@ def kl_cov_loss(logp, old_logp, advantages, mask, cfg, generator=None, selection
     return loss, _metrics(ratio, mask, no_clip, no_clip, cov, selected)
 
 
-LOSSES = {"ppo": ppo_loss, "clip_cov": clip_cov_loss, "kl_cov": kl_cov_loss}
+GSPO_LOG_RATIO_MAX = 10.0
+"""Upper clamp of GSPO's per-token log s_{i,t} (verl ``compute_policy_loss_gspo``)."""
+
+
+def gspo_loss(logp, old_logp, advantages, mask, cfg, generator=None, selection=None):
+    """GSPO (Zheng et al. 2025, arXiv 2507.18071 Eq. 5), GSPO-token form as verl (ALGORITHMS §6a).
+
+    s_i = exp(mean_t(logp − old_logp)) over the valid tokens of response i (length ≥ 1);
+    log s_{i,t} = logp_t − sg(logp_t) + sg(log s_i), clamped ≤ 10, so s_{i,t} = s_i in value
+    and ∇s_{i,t} = s_i·∇logp_t; loss = max(−A·s_{i,t}, −A·clip(s_{i,t}, 1−eps_low, 1+eps_high)).
+    Aggregated with seq-mean-token-mean and one A per response this is sequence-level GSPO in
+    value and gradient, so ``cfg.agg`` must be seq-mean-token-mean (verl silently forces it;
+    ours: an error). The paper's eps are tiny (3e-4, 4e-4): they bound a sequence's mean ratio.
+    """
+    _check_agg("gspo", cfg)
+    mask = mask.bool()
+    adv = per_token_advantages(advantages.detach(), logp)  # (N, T)
+    # where() first: padded logp may be -inf, and -inf − (-inf) would be NaN in value and grad.
+    logp_v = torch.where(mask, logp, torch.zeros_like(logp))  # (N, T)
+    seq_len = mask.sum(-1).clamp(min=1)  # (N,)
+    log_s = _log_ratio(logp_v, old_logp, mask).detach().sum(-1) / seq_len  # (N,) log s_i
+    log_s_tok = (logp_v - logp_v.detach() + log_s[:, None]).clamp(max=GSPO_LOG_RATIO_MAX)
+    s = torch.exp(log_s_tok)  # (N, T)
+    pg1 = -adv * s
+    pg2 = -adv * s.clamp(1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
+    loss = torch.maximum(pg1, pg2)
+    clip_active = (pg2 > pg1) & mask
+    loss = torch.where(mask, loss, torch.zeros_like(loss))
+    cov = token_covariance(logp, adv, mask)  # (N, T)
+    no = torch.zeros_like(mask)
+    metrics = _metrics(s, mask, clip_active, no, cov, no)
+    # token-weighted like every loss metric (the trainer sums metric × valid tokens)
+    metrics["loss/seq_log_ratio_abs_mean"] = masked_mean(log_s.abs()[:, None].expand_as(s), mask)
+    return loss, metrics
+
+
+def cispo_loss(logp, old_logp, advantages, mask, cfg, generator=None, selection=None):
+    """CISPO (MiniMax-M1, arXiv 2506.13585 Eq. 4–6; ALGORITHMS §6b): REINFORCE with a clipped,
+    stop-gradient importance weight, so no token ever loses its gradient.
+
+    w = sg(min(ratio, w_max)) with ``cfg.cispo_w_max`` an *absolute* cap on the ratio (TRL's
+    form; verl's clip_ratio_high = 0.2 is w_max = 1.2), per-token loss = −w·A·logp. With
+    ``cfg.cispo_mask`` (Eq. 6, off in the paper's main runs) tokens with A > 0 ∧ ratio > w_max
+    or A < 0 ∧ ratio < 1 − eps_low get loss 0. The paper aggregates by token-mean over the
+    global batch (Eq. 4). On-policy (w = 1) the gradient equals PPO's, the value −A·logp does not.
+    """
+    mask = mask.bool()
+    adv = per_token_advantages(advantages.detach(), logp)  # (N, T)
+    ratio = torch.exp(_log_ratio(logp, old_logp, mask)).detach()  # (N, T)
+    w = ratio.clamp(max=cfg.cispo_w_max)
+    logp_v = torch.where(mask, logp, torch.zeros_like(logp))  # padding may be -inf
+    loss = -w * adv * logp_v
+    dropped = torch.zeros_like(mask)
+    if cfg.cispo_mask:
+        dropped = ((adv > 0) & (ratio > cfg.cispo_w_max)) | ((adv < 0) & (ratio < 1 - cfg.eps_low))
+        dropped &= mask
+    loss = torch.where(mask & ~dropped, loss, torch.zeros_like(loss))
+    capped = (ratio > cfg.cispo_w_max) & mask
+    cov = token_covariance(logp, adv, mask)  # (N, T)
+    no = torch.zeros_like(mask)
+    metrics = _metrics(ratio, mask, capped, no, cov, no)
+    metrics["loss/cispo_masked_frac"] = masked_mean(dropped.float(), mask)
+    return loss, metrics
+
+
+REQUIRED_AGG = {"gspo": "seq-mean-token-mean"}
+"""Losses that are only correct under one aggregation mode (checked when the loss runs; a
+config validator can check ``algorithm.agg`` against this table at load time)."""
+
+
+def _check_agg(name: str, cfg) -> None:
+    if cfg.agg != REQUIRED_AGG[name]:
+        raise ValueError(
+            f"loss {name!r} needs algorithm.agg = {REQUIRED_AGG[name]!r} (got {cfg.agg!r}): "
+            "only then is the GSPO-token loss the sequence-level GSPO objective"
+        )
+
+
+LOSSES = {
+    "ppo": ppo_loss,
+    "clip_cov": clip_cov_loss,
+    "kl_cov": kl_cov_loss,
+    "gspo": gspo_loss,
+    "cispo": cispo_loss,
+}
 
 SELECTORS = {"clip_cov": clip_cov_select, "kl_cov": kl_cov_select}
 """Losses that select tokens over a batch; the trainer runs these over a whole mini-batch."""

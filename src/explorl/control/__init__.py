@@ -40,6 +40,7 @@ from explorl.control.base import (
 from explorl.control.budget import BudgetAllocator, allocate_budgets
 from explorl.control.curriculum import Curriculum
 from explorl.control.eepo import EEPOGate
+from explorl.control.laws import EntroPICLaw, EntropyCoefLaw, PIGains, PILaw, pi_step
 from explorl.control.schedules import SCHEDULES, Schedule, make_schedule
 from explorl.control.temperature import TemperatureScheduler
 
@@ -151,4 +152,6 @@ __all__ = [
     "Curriculum", "Decision", "EEPOGate", "Knobs", "Schedule", "StepStats", "TemperatureScheduler",
     "allocate_budgets", "apply_decision", "build_controllers", "check_actuators", "check_control_config",
     "enabled_controllers", "make_schedule",
+    # pure control laws (§6f, §6g) for controllers to wrap
+    "EntroPICLaw", "EntropyCoefLaw", "PIGains", "PILaw", "pi_step",
 ]

@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from explorl.errors import ExplorlError
+from explorl.errors import ControlError
 
 # Every knob a controller may own. "budgets" = per-prompt sample counts; "unlearn" = the EEPO
 # gate; "curriculum" = (dataset, n_samples, max_response_len) switched together.
@@ -26,10 +26,6 @@ KNOB_ACTUATOR = {
     "kl_coef": "kl_coef", "budgets": "budgets", "unlearn": "unlearn",
     "dataset": "curriculum", "n_samples": "curriculum", "max_response_len": "curriculum",
 }
-
-
-class ControlError(ExplorlError, ValueError):
-    """A controller configuration that cannot work (e.g. two owners of one actuator)."""
 
 
 @dataclass(frozen=True)
@@ -104,7 +100,7 @@ class Controller:
     name: str = "controller"
     actuators: tuple[str, ...] = ()
 
-    def setup(self, ctx: ControlContext, knobs: Knobs) -> None:  # noqa: B027 - optional hook
+    def setup(self, ctx: ControlContext, knobs: Knobs) -> None:
         """Called once before the first step (and before ``load_state_dict`` on resume)."""
 
     def before_batch(self, step: int, knobs: Knobs) -> Decision:
@@ -126,7 +122,7 @@ class Controller:
     def state_dict(self) -> dict[str, Any]:
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
 
 

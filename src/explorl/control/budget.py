@@ -27,7 +27,14 @@ import math
 from typing import Any
 
 from explorl.config import BudgetControlConfig
-from explorl.control.base import ControlContext, ControlError, Controller, Decision, Knobs, StepStats
+from explorl.control.base import (
+    ControlContext,
+    ControlError,
+    Controller,
+    Decision,
+    Knobs,
+    StepStats,
+)
 
 # Floor with a tolerance: n_min + extra·r_i is an integer in exact arithmetic surprisingly
 # often (uniform ranks give exactly n_default), and float rounding must not drop it by one.

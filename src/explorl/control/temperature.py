@@ -26,7 +26,14 @@ import math
 from typing import Any
 
 from explorl.config import TemperatureControlConfig
-from explorl.control.base import ControlContext, ControlError, Controller, Decision, Knobs, StepStats
+from explorl.control.base import (
+    ControlContext,
+    ControlError,
+    Controller,
+    Decision,
+    Knobs,
+    StepStats,
+)
 from explorl.control.schedules import anneal_progress
 
 _TINY = 1e-12  # floor for entropies in ln(target/H): a collapsed policy (H = 0) asks for T_max
