@@ -31,7 +31,9 @@ from explorl.data.order import DataOrder
 from explorl.data.sources import default_verifier, load_split
 from explorl.dist import LogProbModule, make_dist
 from explorl.eval.validate import validate
-from explorl.models import PromptTokens, autocast, load_model, load_tokenizer, resolve_model_path
+from explorl.models import (
+    PromptTokens, autocast, load_model, load_tokenizer, resolve_dtype, resolve_model_path,
+)
 from explorl.plots import plot_run_safely
 from explorl.rewards.pool import VerifierPool
 from explorl.rollout.collect import collect
