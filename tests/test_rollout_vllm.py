@@ -197,12 +197,15 @@ def test_the_trainer_samples_with_vllm_and_pushes_every_update(make_config, tmp_
     assert not t.recompute  # the engine's values are the forward's: no second pass in float32
     t.train()
     rows = read_metrics(tmp_path / "run")
-    assert [r["step"] for r in rows] == [1, 2]
-    for r in rows:
-        assert r["rollout/vllm_logp_diff_max"] <= 1e-4 and r["time/weight_sync_s"] > 0
-    # step 1: the policy (version 0); step 2: the copy at step 1, then the policy (version 1);
-    # validation after step 2's update: the policy again (version 2, an automatic push).
-    assert rows[1]["eepo/active"] == 1.0 and rows[1]["rollout/weight_pushes"] >= 3
+    assert [r["step"] for r in rows] == [0, 1, 2]  # 0: validation before training
+    for r in rows[1:]:
+        assert r["rollout/vllm_logp_diff_max"] <= 1e-4
+    # Step 0's validation pushed the policy (automatic: checksum), so step 1's sync found the
+    # same weights and recorded version 0 without a push. Step 2: the policy (version 1), the
+    # unlearned copy, and validation after the update (version 2, automatic): three pushes.
+    assert rows[1]["rollout/weight_pushes"] == 1.0
+    assert rows[2]["eepo/active"] == 1.0 and rows[2]["rollout/weight_pushes"] == 3.0
+    assert rows[2]["time/weight_sync_s"] > 0
     import re
 
     patterns = [re.compile(p + "$") for p in _documented_metric_patterns()]

@@ -220,16 +220,22 @@ class VLLMEngine:
         """Push ``model``'s weights unless ``version`` equals the last pushed one; seconds spent.
 
         ``version`` identifies the weights (the optimizer step count; EEPO's unlearned copy
-        another value); ``None`` always pushes. A push that raises rebuilds the engine and
-        pushes again; a second failure raises ``RuntimeError``.
+        another value). A new version whose weights have the checksum of the last push (an
+        automatic push by ``generate`` got there first) is recorded without pushing. A push
+        that raises rebuilds the engine and pushes again; a second failure raises ``RuntimeError``.
         """
         if version is not None and version == self._version:
             return 0.0
-        return self._push(model, version)
-
-    def _push(self, model: torch.nn.Module, version: Any) -> float:
         t0 = time.perf_counter()
         checksum = weights_checksum(model)
+        if self._checksum is not None and torch.equal(checksum, self._checksum):
+            self._version = version
+            return time.perf_counter() - t0
+        return self._push(model, version, checksum)
+
+    def _push(self, model: torch.nn.Module, version: Any, checksum: torch.Tensor | None = None) -> float:
+        t0 = time.perf_counter()
+        checksum = weights_checksum(model) if checksum is None else checksum
         try:
             self._load(model)
         except Exception as first:  # noqa: BLE001 - any failure: rebuild once, then give up
