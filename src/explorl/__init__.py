@@ -31,6 +31,7 @@ _EXPORTS = {
     # rollouts
     "Rollouts": "explorl.rollout.types",
     "HFEngine": "explorl.rollout.hf",
+    "VLLMEngine": "explorl.rollout.vllm",
     "FakeEngine": "explorl.rollout.fake",
     # data and rewards
     "PromptRecord": "explorl.data",

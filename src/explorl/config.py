@@ -97,6 +97,34 @@ class DataConfig:
 
 
 @dataclass
+class VLLMConfig:
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Engine weights and compute dtype. ``auto``: the training compute dtype (``model.dtype``)."""
+    kv_cache_gib: float = 1.0
+    """KV-cache size in GiB (vLLM ``kv_cache_memory_bytes``; host memory on CPU, GPU memory on
+    CUDA, where it replaces ``gpu_memory_utilization``'s profiling)."""
+    max_model_len: Optional[int] = None
+    """Longest prompt + response the engine serves. None: the model's own limit."""
+    in_process: bool = True
+    """Run vLLM's engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): weights are
+    pushed as tensors. False: in a child process; each push goes through a safetensors file in
+    /dev/shm."""
+    recompute: bool = True
+    """After sampling, one no-grad forward of the model that sampled (policy or EEPO's copy) over
+    the responses gives old_logp and entropy (vLLM reports no entropy) and the logged gap to
+    vLLM's log-probs; ``algorithm.old_logp: auto`` then needs no second pass in float32. False:
+    old_logp is vLLM's and entropy NaN until the trainer recomputes them (not with EEPO)."""
+    sync_check_tol: Optional[float] = None
+    """Largest allowed log-prob gap between engine and training model on a fixed probe sequence,
+    checked at every sampling call; a larger one (stale or broken weights) discards the samples,
+    rebuilds the engine and pushes again, twice: an error. None: 1e-3 when both run in float32,
+    else 0.1."""
+    llm_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for ``vllm.LLM`` (e.g. ``enforce_eager: false``,
+    ``tensor_parallel_size``); they override explorl's own choices."""
+
+
+@dataclass
 class RolloutConfig:
     n_samples: int = 8
     """Responses per prompt (G, E3's n_default)."""
@@ -105,10 +133,14 @@ class RolloutConfig:
     max_response_len: Optional[int] = None
     """Maximum number of generated tokens per response. None: the lab task's response length
     on a lab model, else 256."""
-    engine: Literal["hf"] = "hf"
-    """Rollout engine. ``hf``: batched sampling with a KV cache on the training model."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """Rollout engine. ``hf``: batched sampling with a KV cache on the training model. ``vllm``:
+    a vLLM engine (``rollout.vllm``; install: README "Rollout engines"), weights pushed after
+    every update."""
     batch_size: int = 256
-    """Most responses generated in one forward batch."""
+    """Most responses generated in one forward batch (``vllm``: scored in one recompute batch)."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """Settings of the ``vllm`` engine."""
 
 
 @dataclass
@@ -456,6 +488,9 @@ RANGES: dict[str, str] = {
     "rollout.temperature": _TEMPERATURE,
     "rollout.max_response_len": _TOKENS,
     "rollout.batch_size": "[1, 1048576]",
+    "rollout.vllm.kv_cache_gib": "(0, 1048576]",
+    "rollout.vllm.max_model_len": "[2, 1048576]",
+    "rollout.vllm.sync_check_tol": "(0, inf)",
     "reward.num_workers": "[0, 1024]",
     "reward.timeout_s": "(0, 86400]",
     "reward.step_timeout_s": "(0, 604800]",
@@ -603,6 +638,10 @@ def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
         ("reward.step_timeout_s",
          c.reward.step_timeout_s is None or c.reward.step_timeout_s >= c.reward.timeout_s,
          "must be ≥ reward.timeout_s (one response's limit)"),
+        ("rollout.vllm.recompute", r.engine != "vllm" or r.vllm.recompute
+         or (a.old_logp != "sampler" and not e.enabled),
+         "false leaves entropy unknown (vLLM reports none): it needs algorithm.old_logp auto or "
+         "recompute, and no EEPO (its stage-2 rows keep the engine's values)"),
         ("algorithm.clip_c", a.clip_c is None or a.loss != "clip_cov",
          ("Clip-Cov has no dual clip (neither the authors' code nor verl's has one, and a "
           "dual-clipped token could not be a Clip-Cov candidate); set algorithm.clip_c: null "
@@ -745,7 +784,9 @@ def _type_name(tp: Any) -> str:
     if typing.get_origin(tp) is list:
         return f"list[{_type_name(typing.get_args(tp)[0])}]"
     if typing.get_origin(tp) is dict:
-        return "mapping"
+        return f"dict[{', '.join(_type_name(a) for a in typing.get_args(tp))}]"
+    if tp is Any:
+        return "any"
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
@@ -787,10 +828,11 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     if tp is Any:
         return value
     if origin is dict:
-        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-            _fail(path, f"expected a mapping of names to values, got {_show(value)}")
-        _, item_tp = typing.get_args(tp)
-        return {k: _coerce(v, item_tp, f"{path}.{k}") for k, v in value.items()}
+        key_tp, value_tp = typing.get_args(tp)
+        if not isinstance(value, dict):
+            _fail(path, f"expected a mapping, got {type(value).__name__} {_show(value)}")
+        return {_coerce(k, key_tp, path): _coerce(v, value_tp, f"{path}.{k}")
+                for k, v in value.items()}
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if isinstance(value, (str, int, float)) and item_tp is type(value):

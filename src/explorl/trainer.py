@@ -31,12 +31,14 @@ from explorl.data.order import DataOrder
 from explorl.data.sources import in_memory, load_split
 from explorl.dist import LogProbModule, make_dist
 from explorl.eval.validate import validate
-from explorl.models import PromptTokens, autocast, load_model, load_tokenizer, resolve_model_path
+from explorl.models import (
+    PromptTokens, autocast, load_model, load_tokenizer, resolve_dtype, resolve_model_path,
+)
 from explorl.plots import plot_run_safely
 from explorl.rewards.pool import VerifierPool
 from explorl.rewards.rewarder import Rewarder
 from explorl.rollout.collect import collect
-from explorl.rollout.hf import HFEngine
+from explorl.rollout.base import build_engine, pop_metrics
 from explorl.rollout.two_stage import make_sampler
 from explorl.runlog import MetricsLog, ProgressBar, graceful_interrupt, json_default
 from explorl.step_batch import covariance_metrics, policy_entropy
@@ -132,7 +134,8 @@ class Trainer:
 
     def _setup_rollout(self, engine) -> None:
         cfg = self.cfg
-        engine = engine or HFEngine(self.tokenizer, batch_size=cfg.rollout.batch_size)
+        engine = engine or build_engine(cfg, self.tokenizer, resolve_model_path(cfg.model.path, cfg.lab),
+                                        resolve_dtype(cfg.model.dtype, self.device))
         pad = getattr(engine, "pad_id", 0)
         self.sampler = make_sampler(engine, cfg.control.eepo, micro_batch_size=cfg.optim.micro_batch_size,
                                     chunk_size=cfg.algorithm.logprob_chunk, pad_id=pad)
@@ -268,6 +271,7 @@ class Trainer:
         if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.max_steps):
             with timed(metrics, "time/val_s"):
                 metrics.update(self.validate())
+        metrics.update(pop_metrics(self.engine))  # vllm: weight pushes, vLLM-vs-forward logp gap
         metrics["time/step_s"] = time.perf_counter() - t_start
         return ordered(metrics)
 

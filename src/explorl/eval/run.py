@@ -13,12 +13,14 @@ from explorl import config as C
 from explorl.checkpoint import latest_checkpoint
 from explorl.data.sources import load_split
 from explorl.errors import ModelPathError
-from explorl.models import load_model, load_tokenizer, render_prompt, resolve_device, resolve_model_path
+from explorl.models import (
+    load_model, load_tokenizer, render_prompt, resolve_device, resolve_dtype, resolve_model_path,
+)
 from explorl.refs import DEFAULT_RESPONSE_LEN
 from explorl.rewards.functions import check_reward
 from explorl.rewards.pool import VerifierPool
 from explorl.rewards.rewarder import Rewarder
-from explorl.rollout.hf import HFEngine
+from explorl.rollout.base import build_engine
 
 
 def _resolve_model(model: str, overrides: list[str] | None) -> tuple[Path, Path, C.RunConfig]:
@@ -79,7 +81,7 @@ def run_eval(*, model: str, data: list[str], out_dir: Path, n: int = 16, k_list:
     tokenizer = load_tokenizer(tok_dir, cfg.model)
     policy = load_model(weights, cfg.model, device, frozen=True)
     max_new = max_new_tokens or cfg.rollout.max_response_len
-    engine = HFEngine(tokenizer, batch_size=cfg.rollout.batch_size)
+    engine = build_engine(cfg, tokenizer, weights, resolve_dtype(cfg.model.dtype, device))  # rollout.engine
     gen = torch.Generator(device if device.type == "cuda" else "cpu").manual_seed(seed)
     correct: list[list[bool]] = []
     greedy: list[bool] = []
