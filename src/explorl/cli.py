@@ -90,10 +90,15 @@ def _fit(args) -> int:
 
 
 def _report(args) -> int:
-    from explorl.analysis import make_report
+    from explorl.analysis.report import write_report
 
-    path = make_report([Path(p) for p in args.run_dirs], Path(args.out))
-    print(f"wrote {path}")
+    rep = write_report([Path(p) for p in args.run_dirs], Path(args.out))
+    print(f"report of {len(args.run_dirs)} run(s) in {Path(args.out)}/")
+    print(f"  html:     {rep.html}   (open in a browser; self-contained)")
+    print(f"  markdown: {rep.markdown}")
+    print(f"  numbers:  {rep.json}")
+    names = ", ".join(p.name for _, _, p in rep.figures)
+    print(f"  figures:  {len(rep.figures)} PNGs beside them ({names})")
     return 0
 
 
