@@ -59,8 +59,11 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict[str,
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     if save_model:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+        from explorl.models import quiet_transformers
+
+        with quiet_transformers():  # no "Writing model shards" bar under the trainer's own
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
     torch.save(state, tmp / STATE_FILE)
     for f in tmp.iterdir():
         with open(f, "rb") as fh:
@@ -81,6 +84,14 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     found = [(int(m.group(1)), p) for p in root.iterdir()
              if (m := _STEP_DIR.match(p.name)) and (p / STATE_FILE).is_file()]
     return [p for _, p in sorted(found)]
+
+
+def checkpoint_step(ckpt: Path) -> int:
+    """The training step a ``checkpoints/step-N`` directory holds (N)."""
+    m = _STEP_DIR.match(Path(ckpt).name)
+    if m is None:
+        raise ValueError(f"{ckpt} is not a checkpoints/step-N directory")
+    return int(m.group(1))
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
