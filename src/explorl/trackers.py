@@ -31,7 +31,8 @@ from typing import Any
 from explorl import config as C
 
 STATE_FILE = "trackers.json"
-"""Per-tracker ids that let a resumed run continue the same tracker run."""
+"""Per-tracker ids that let a resumed run continue the same tracker run, and the last step
+logged (``last_step``)."""
 
 COMPLETION_COLUMNS = ("step", "split", "data_source", "prompt", "ground_truth", "response",
                       "score", "reward")
@@ -78,6 +79,8 @@ def _need(module: str, name: str):
 
 class TensorBoardTracker:
     """``torch.utils.tensorboard.SummaryWriter`` into ``RUN_DIR/tensorboard``."""
+
+    purges_on_resume = True  # shows the resumed run's values of the re-run steps
 
     def __init__(self, cfg: C.RunConfig, run_dir: Path, resume: bool, start_step: int,
                  state: dict):
@@ -132,17 +135,11 @@ class WandbTracker:
         except Exception as e:  # noqa: BLE001 (no API key, no network, ...)
             raise TrackerError(f"wandb could not start a run ({e}); set WANDB_MODE=offline to "
                                "log locally and `wandb sync` later") from None
-        # A resume re-logs the steps after its checkpoint; wandb keeps each step's first values
-        # (the same numbers: a resumed run reproduces the interrupted one).
-        self.next_step = start_step + 1 if resume else 0
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        if step >= self.next_step:
-            self.run.log(metrics, step=step)
+        self.run.log(metrics, step=step)
 
     def log_completions(self, rows: list[dict], step: int) -> None:
-        if step < self.next_step:
-            return
         for split in sorted({r["split"] for r in rows}):
             data = [[r.get(c) for c in COMPLETION_COLUMNS] for r in rows if r["split"] == split]
             table = self.wandb.Table(columns=list(COMPLETION_COLUMNS), data=data)
@@ -165,15 +162,11 @@ class TrackioTracker:
         self.run = trackio.init(project=cfg.log.project, name=state["name"],
                                 config=flat_config(cfg), resume="allow" if resuming else "never",
                                 embed=False, auto_log_cpu=False, auto_log_gpu=False)
-        self.next_step = start_step + 1 if resume else 0
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        if step >= self.next_step:
-            self.run.log(metrics, step=step)
+        self.run.log(metrics, step=step)
 
     def log_completions(self, rows: list[dict], step: int) -> None:
-        if step < self.next_step:
-            return
         for split in sorted({r["split"] for r in rows}):
             data = [[r.get(c) for c in COMPLETION_COLUMNS] for r in rows if r["split"] == split]
             table = self.trackio.Table(columns=list(COMPLETION_COLUMNS), data=data)
@@ -214,23 +207,16 @@ class MlflowTracker:
             params = [Param(k, str(v)) for k, v in flat_config(cfg).items()]
             for i in range(0, len(params), 100):  # MLflow's limit per batch
                 self.client.log_batch(self.run_id, params=params[i: i + 100])
-        # MLflow would keep both values of a step logged twice: a resume skips the steps the
-        # interrupted run logged after its checkpoint (the same numbers again).
-        self.next_step = start_step + 1 if resume else 0
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric
 
-        if step < self.next_step:
-            return
         now = int(time.time() * 1000)
         batch = [Metric(_mlflow_key(k), v, now, step) for k, v in metrics.items()]
         for i in range(0, len(batch), 1000):  # MLflow's limit per batch
             self.client.log_batch(self.run_id, metrics=batch[i: i + 1000])
 
     def log_completions(self, rows: list[dict], step: int) -> None:
-        if step < self.next_step:
-            return
         for split in sorted({r["split"] for r in rows}):
             part = [r for r in rows if r["split"] == split]
             data = {c: [r.get(c) for r in part] for c in COMPLETION_COLUMNS}
@@ -254,16 +240,20 @@ class Trackers:
     """The trackers of ``cfg.log.report_to`` behind one ``log`` / ``log_completions`` / ``close``.
 
     ``start_step``: the step a resumed run continues from (its checkpoint's). Only rank 0 builds
-    this; with an empty ``report_to`` every call is a no-op.
+    this; with an empty ``report_to`` every call is a no-op and nothing is written.
     """
 
     def __init__(self, cfg: C.RunConfig, run_dir: str | Path, resume: bool = False, *,
                  start_step: int = 0):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        path = self.run_dir / STATE_FILE
-        saved = json.loads(path.read_text()) if resume and path.is_file() else {}
-        self.state: dict[str, dict] = {}
+        self.path = self.run_dir / STATE_FILE
+        saved = json.loads(self.path.read_text()) if resume and self.path.is_file() else {}
+        # A resume re-runs the steps after its checkpoint that the interrupted run had already
+        # logged. Trackers that keep every value (W&B drops them, MLflow and trackio would show
+        # two per step) skip those steps: the interrupted run's numbers are the same ones.
+        self.skip_through = saved.get("last_step", start_step) if resume else -1
+        self.state: dict[str, Any] = {"last_step": max(self.skip_through, start_step)}
         self.trackers: dict[str, Any] = {}
         try:
             for name in cfg.log.report_to:
@@ -273,20 +263,31 @@ class Trackers:
         except BaseException:
             self.close()
             raise
+        self._save()
+
+    def _save(self) -> None:
         if self.trackers:
-            path.write_text(json.dumps(self.state, indent=2) + "\n")
+            self.path.write_text(json.dumps(self.state, indent=2) + "\n")
+
+    def _takes(self, tracker, step: int) -> bool:
+        return step > self.skip_through or getattr(tracker, "purges_on_resume", False)
 
     def log(self, metrics: dict, step: int) -> None:
         """Every finite number of a metrics row (``step`` is the x axis, not a series)."""
         values = scalars(metrics)
         for t in self.trackers.values():
-            t.log(values, step)
+            if self._takes(t, step):
+                t.log(values, step)
+        if self.trackers and step > self.state["last_step"]:
+            self.state["last_step"] = step
+            self._save()
 
     def log_completions(self, rows: list[dict], step: int) -> None:
         """Completions rows (docs/completions.md) as each tracker's table view."""
         if rows:
             for t in self.trackers.values():
-                t.log_completions(rows, step)
+                if self._takes(t, step):
+                    t.log_completions(rows, step)
 
     def close(self) -> None:
         for t in self.trackers.values():

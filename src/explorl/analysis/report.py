@@ -77,6 +77,20 @@ def smoothing_window(groups: list[Group]) -> int:
     return max(1, round(longest / 100))
 
 
+FEW_GROUPS = 3
+"""Up to this many recipes a panel has room for each one's raw per-step values, drawn faintly
+under a curve smoothed over about 5% of the run (TensorBoard's view); more recipes get the 1%
+smoothing of ``smoothing_window`` and no raw lines."""
+
+
+def display_window(groups: list[Group]) -> int:
+    """The trailing-mean window of the drawn curves (``FEW_GROUPS`` explains the two cases)."""
+    if len(groups) > FEW_GROUPS:
+        return smoothing_window(groups)
+    longest = max((len(r.records) for g in groups for r in g.runs), default=0)
+    return max(smoothing_window(groups), round(longest / 20))
+
+
 def group_colors(n: int) -> list:
     """n distinguishable colours: matplotlib's 10-colour cycle, or tab20 beyond 10 lines."""
     if n <= 10:
@@ -178,6 +192,10 @@ def _draw(panel: Panel, groups: list[Group], path: Path, window: int) -> Path | 
             if not steps:
                 continue
             smoothed |= not sparse and window > 1
+            raw = not sparse and window > 1 and len(groups) <= FEW_GROUPS
+            if raw:  # the values behind the smoothed curve, faintly
+                ax.plot(*group.band(key, 1)[:2], color=color, linestyle=style, linewidth=0.8,
+                        alpha=0.3)
             marker = "o" if len(steps) == 1 or sparse else None
             ax.plot(steps, mean, color=color, linestyle=style, marker=marker, markersize=3,
                     linewidth=1.2, label=group.label + suffix)
@@ -188,7 +206,8 @@ def _draw(panel: Panel, groups: list[Group], path: Path, window: int) -> Path | 
     if not entries:
         return None
     ax.set_title(panel.title)
-    notes = [f"{window}-step trailing mean"] if smoothed else []
+    notes = [f"{window}-step trailing mean"
+             + (", faint: raw" if len(groups) <= FEW_GROUPS else "")] if smoothed else []
     if any(len(g.runs) > 1 for g in groups):
         notes.append("band = min–max over seeds")
     ax.set_xlabel("training step" + (f" ({'; '.join(notes)})" if notes else ""))
@@ -293,8 +312,9 @@ NOTES = (
     "All-wrong fraction and s / step: means over all steps. "
     "± is the sample standard deviation across the runs (seeds) of a recipe; shaded bands in "
     "the plots are the min–max range across them. Per-step curves are smoothed by a trailing "
-    "mean over about 1% of the run's steps (the x-axis label gives the window); the table "
-    "uses the raw values."
+    "mean (the x-axis label gives the window: about 5% of the run's steps with the raw values "
+    "drawn faintly beneath for up to three recipes, about 1% for more); the table uses the raw "
+    "values."
 )
 
 
@@ -331,7 +351,7 @@ def write_report(run_dirs: list[Path], out_dir: Path) -> Report:
     passk_keys = sorted({k for r in runs for k in r.passk_keys()},
                         key=lambda k: int(PASSK_KEY.match(k).group(1)))
     figures: list[tuple[str, str, Path]] = []
-    window = smoothing_window(group_list)
+    window = display_window(group_list)
     panels = _panels(passk_keys, runs)
     for panel in sorted(panels, key=lambda p: SECTIONS.index(p.section)):
         path = _draw(panel, group_list, out_dir / f"{panel.file}.png", window)
