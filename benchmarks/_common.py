@@ -7,6 +7,7 @@ import resource
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -14,6 +15,10 @@ import transformers
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+
+# One torch thread: with several, OpenMP workers spin while they wait for a core, and on a
+# loaded machine that spinning shows up as CPU time. One thread makes CPU time a stable measure.
+torch.set_num_threads(1)
 
 from explorl import config as C  # noqa: E402
 from explorl.trainer import Trainer  # noqa: E402
@@ -37,9 +42,8 @@ def cpu_seconds() -> float:
     """
     import psutil
 
-    me = psutil.Process()
-    total = sum(me.cpu_times()[:2])
-    for child in me.children(recursive=True):
+    total = time.process_time()  # this process, at ns resolution (psutil's ticks are 10 ms)
+    for child in psutil.Process().children(recursive=True):
         try:
             total += sum(child.cpu_times()[:2])
         except psutil.Error:  # exited meanwhile

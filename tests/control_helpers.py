@@ -3,7 +3,7 @@ takes the shared defaults below and overrides what its test is about."""
 
 from __future__ import annotations
 
-from explorl.control import ControlContext, Knobs, StepStats
+from explorl.control import ControlBank, ControlContext, Controller, Knobs, StepStats
 
 
 def make_knobs(**kw) -> Knobs:
@@ -41,3 +41,12 @@ def make_stats(step: int, **kw) -> StepStats:
         "epoch_end": False,
     }
     return StepStats(**{**base, **kw})
+
+
+def make_bank(controllers: Controller | list[Controller], ctx: ControlContext,
+              knobs: Knobs) -> ControlBank:
+    """Set the controllers up (as ``build_controllers`` does); wrap them in the trainer's bank."""
+    cs = controllers if isinstance(controllers, list) else [controllers]
+    for c in cs:
+        c.setup(ctx, knobs)
+    return ControlBank(cs, knobs)

@@ -4,13 +4,19 @@ import math
 import random
 
 import pytest
-from control_helpers import make_ctx, make_knobs, make_stats
+from control_helpers import make_bank, make_ctx, make_knobs, make_stats
 
-from explorl.control import BudgetAllocator, allocate_budgets
+from explorl import config as C
+from explorl.config import BudgetControlConfig, CurriculumControlConfig
+from explorl.control import BudgetAllocator, Curriculum, allocate_budgets
 
 
-def knobs(n=8):
-    return make_knobs(n_samples=n)
+def knobs(n=8, **kw):
+    return make_knobs(n_samples=n, **kw)
+
+
+def allocator(**kw):
+    return BudgetAllocator(BudgetControlConfig(enabled=True, **kw))
 
 
 def ctx(dataset_size=6, B=3):
@@ -80,18 +86,18 @@ def test_infeasible_bounds_are_rejected():
 # ----------------------------------------------------------------------------- the controller
 
 
-def step(ba, k, t, idx, correct, epoch_end):
-    m = ba.before_step(t, k, idx)
-    budgets = k.budgets_for(len(idx))
-    ba.after_step(stats(t, idx, correct, budgets, epoch_end), k)
+def step(bank, t, idx, correct, epoch_end):
+    m = bank.before_batch(t) | bank.before_step(t, idx)
+    budgets = bank.knobs.budgets_for(len(idx))
+    m |= bank.after_step(stats(t, idx, correct, budgets, epoch_end))
     return budgets, m
 
 
 def test_epochs_rank_widen_and_allocate_by_hand():
-    ba, k = BudgetAllocator(n_min_limit=4, n_max_limit=12, widen=2), knobs(8)
-    ba.setup(ctx(6, 3), k)
+    ba = allocator(n_min_limit=4, n_max_limit=12, widen=2)
+    bank = make_bank(ba, ctx(6, 3), knobs(8))
     # epoch 1: plain GRPO, bounds [8, 8]
-    b, m = step(ba, k, 1, [0, 1, 2], [8, 4, 0], False)
+    b, m = step(bank, 1, [0, 1, 2], [8, 4, 0], False)
     assert b == [8, 8, 8]
     assert m == {
         "rollout/budget_min": 8.0,
@@ -99,14 +105,14 @@ def test_epochs_rank_widen_and_allocate_by_hand():
         "control/budget_n_min": 8.0,
         "control/budget_n_max": 8.0,
     }
-    b, _ = step(ba, k, 2, [3, 4, 5], [6, 2, 4], True)
+    b, _ = step(bank, 2, [3, 4, 5], [6, 2, 4], True)
     assert b == [8, 8, 8]
     # averages 1, .5, 0, .75, .25, .5 → descending (stable): 0, 3, 1, 5, 4, 2
     assert ba.rank == [0 / 6, 2 / 6, 5 / 6, 1 / 6, 4 / 6, 3 / 6]
     assert ba.bounds(8) == (6, 10)
     # epoch 2, bounds [6, 10]: ranks [5/6, 0, 4/6] → r = [5/9, 0, 4/9], extra 6
     # floor(6 + 6r) = [9, 6, 8] → 23; the leftover goes to prompt 2 (hardest) → [10, 6, 8]
-    b, m = step(ba, k, 3, [2, 0, 4], [0, 8, 1], False)
+    b, m = step(bank, 3, [2, 0, 4], [0, 8, 1], False)
     assert b == [10, 6, 8]
     assert m == {
         "rollout/budget_min": 6.0,
@@ -114,52 +120,81 @@ def test_epochs_rank_widen_and_allocate_by_hand():
         "control/budget_n_min": 6.0,
         "control/budget_n_max": 10.0,
     }
-    b, _ = step(ba, k, 4, [1, 3, 5], [4, 6, 4], True)
+    b, _ = step(bank, 4, [1, 3, 5], [4, 6, 4], True)
     assert b == [8, 7, 9]  # r = [1/3, 1/6, 1/2]: exact
     assert ba.bounds(8) == (4, 12)
-    b, m = step(ba, k, 5, [0, 1, 2], [8, 4, 0], True)
+    b, m = step(bank, 5, [0, 1, 2], [8, 4, 0], True)
     assert (m["control/budget_n_min"], m["control/budget_n_max"]) == (4.0, 12.0)
     assert sum(b) == 24 and all(4 <= x <= 12 for x in b)
     assert ba.bounds(8) == (4, 12)  # limits reached: no further widening
 
 
 def test_cumulative_statistics_use_the_real_sample_counts():
-    ba, k = BudgetAllocator(), knobs(8)
-    ba.setup(ctx(6, 3), k)
-    ba.after_step(stats(1, [0, 1, 2], [3, 0, 5], [4, 10, 10], False), k)
-    ba.after_step(stats(2, [0, 3, 4], [1, 2, 2], [4, 8, 8], False), k)
+    ba = allocator()
+    bank = make_bank(ba, ctx(6, 3), knobs(8))
+    bank.after_step(stats(1, [0, 1, 2], [3, 0, 5], [4, 10, 10], False))
+    bank.after_step(stats(2, [0, 3, 4], [1, 2, 2], [4, 8, 8], False))
     assert ba.cum_samples == [8, 10, 10, 8, 8, 0]
     assert ba.cum_reward == [4.0, 0.0, 5.0, 2.0, 2.0, 0.0]
 
 
 def test_never_sampled_prompts_count_as_average_zero():
-    ba, k = BudgetAllocator(), knobs(8)
-    ba.setup(ctx(4, 2), k)
-    ba.after_step(stats(1, [0, 1], [8, 0], [8, 8], True), k)
+    ba = allocator()
+    bank = make_bank(ba, ctx(4, 2), knobs(8))
+    bank.after_step(stats(1, [0, 1], [8, 0], [8, 8], True))
     # p0 avg 1; p1 (all wrong), p2 and p3 (never sampled) avg 0 → ties in index order
     assert ba.rank == [0.0, 0.25, 0.5, 0.75]
 
 
 def test_n_default_is_read_from_the_knobs_each_step():
-    # a curriculum raising n_samples moves N_tot and the bounds with it
-    ba, k = BudgetAllocator(n_min_limit=4, n_max_limit=12, widen=2), knobs(8)
-    ba.setup(ctx(6, 3), k)
-    step(ba, k, 1, [0, 1, 2], [8, 4, 0], False)
-    step(ba, k, 2, [3, 4, 5], [6, 2, 4], True)
-    k.n_samples = 16
-    b, m = step(ba, k, 3, [2, 0, 4], [0, 8, 1], False)
+    # a curriculum raising n_samples (from step 3, ahead of the budget in the bank) moves N_tot
+    # and the bounds with it
+    cur = Curriculum(CurriculumControlConfig(enabled=True, n_samples=16), start_step=3)
+    ba = allocator(n_min_limit=4, n_max_limit=12, widen=2)
+    bank = make_bank([cur, ba], ctx(6, 3), knobs(8))
+    b, _ = step(bank, 1, [0, 1, 2], [8, 4, 0], False)
+    assert sum(b) == 24
+    step(bank, 2, [3, 4, 5], [6, 2, 4], True)
+    b, m = step(bank, 3, [2, 0, 4], [0, 8, 1], False)
+    assert bank.knobs.n_samples == 16
     assert sum(b) == 48
     # bounds always contain n_default: [max(16−2, 4), min(16+2, max(12, 16))] = [14, 16]
     assert (m["control/budget_n_min"], m["control/budget_n_max"]) == (14.0, 16.0)
 
 
 def test_other_dataset_falls_back_to_uniform_and_does_not_accumulate():
-    ba, k = BudgetAllocator(), knobs(8)
-    ba.setup(ctx(6, 3), k)
-    k.budgets = [1, 2, 3]
-    k.dataset = "anneal"
-    m = ba.before_step(1, k, [40, 41, 42])  # indices of another dataset
-    assert k.budgets is None and k.budgets_for(3) == [8, 8, 8]
+    ba = allocator()
+    bank = make_bank(ba, ctx(6, 3), knobs(8, budgets=(1, 2, 3), dataset="anneal"))
+    m = bank.before_step(1, [40, 41, 42])  # indices of another dataset
+    assert bank.knobs.budgets is None and bank.knobs.budgets_for(3) == [8, 8, 8]
     assert m["rollout/budget_min"] == m["rollout/budget_max"] == 8.0
-    ba.after_step(stats(1, [40, 41, 42], [1, 1, 1], [8, 8, 8], True), k)
+    bank.after_step(stats(1, [40, 41, 42], [1, 1, 1], [8, 8, 8], True))
     assert ba.widenings == 0 and sum(ba.cum_samples) == 0
+
+
+def test_state_round_trip_reproduces_the_run():
+    batches = [([0, 1, 2], [8, 4, 0], False), ([3, 4, 5], [6, 2, 4], True),
+               ([2, 0, 4], [0, 8, 1], False), ([1, 3, 5], [4, 6, 4], True),
+               ([5, 2, 0], [1, 0, 7], False)]
+    bank = make_bank(allocator(), ctx(6, 3), knobs(8))
+    full = [step(bank, t, *b) for t, b in enumerate(batches, 1)]
+    assert any(len(set(b)) > 1 for b, _ in full)  # the ranks moved the budgets
+    for cut in range(1, len(batches)):
+        a = allocator()
+        ka = make_bank(a, ctx(6, 3), knobs(8))
+        first = [step(ka, t, *b) for t, b in enumerate(batches[:cut], 1)]
+        b_ = allocator()
+        kb = make_bank(b_, ctx(6, 3), knobs(8))
+        b_.load_state_dict(a.state_dict())
+        rest = [step(kb, t, *b) for t, b in enumerate(batches[cut:], cut + 1)]
+        assert first + rest == full, cut
+
+
+def test_invalid_configuration_names_the_key():
+    # the allocator's bounds are checked by config.validate against rollout.n_samples (8)
+    for section, path in [({"n_min_limit": 0}, "control.budget.n_min_limit"),
+                          ({"n_max_limit": 6}, "control.budget.n_max_limit"),
+                          ({"widen": -1}, "control.budget.widen")]:
+        with pytest.raises(C.ConfigError) as e:
+            C.from_dict({"control": {"budget": {"enabled": True, **section}}})
+        assert str(e.value).startswith(path + ":"), section

@@ -238,7 +238,7 @@ def test_unknown_extension_and_unreadable_files(tmp_path):
     path.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(DataError, match="not UTF-8 text"):
         load_prompts(str(path))
-    with pytest.raises(FileNotFoundError):
+    with raises(f"{tmp_path / 'missing.jsonl'}: file not found"):
         load_prompts(str(tmp_path / "missing.jsonl"))
 
 

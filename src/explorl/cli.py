@@ -1,4 +1,10 @@
-"""``explorl`` command line: train, eval, passk, fit, report, study, config."""
+"""``explorl`` command line: train, eval, passk, fit, report, study, config.
+
+Every error a user can cause (``explorl.errors.ExplorlError``, and ``OSError`` such as a full
+disk) is printed as one ``error: …`` line with exit status 2; ``--debug`` (or
+``EXPLORL_DEBUG=1``) shows the traceback instead. Ctrl-C outside training exits with 130; a
+reader that stops early (``explorl config | head``) ends it quietly.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +16,15 @@ from pathlib import Path
 
 from explorl import __version__
 from explorl import config as C
+from explorl.errors import ExplorlError
 
 
 def _train(args) -> int:
+    def trainer(*a, **k):  # imported once the config is valid: bad recipes fail faster
+        from explorl.trainer import Trainer
+
+        return Trainer(*a, **k)
+
     if args.resume:
         run_dir = Path(args.resume)
         if not (run_dir / "config.yaml").is_file():
@@ -20,9 +32,8 @@ def _train(args) -> int:
             return 2
         if args.recipe:
             print("note: resuming uses the run's own config.yaml; the recipe argument is ignored", file=sys.stderr)
-        import yaml
-
-        data = yaml.safe_load((run_dir / "config.yaml").read_text())
+        what = f"--resume {run_dir}: config.yaml"
+        data = C.load_yaml(C.read_utf8((run_dir / "config.yaml").read_bytes(), what), what)
         for text in args.set or []:
             key, value = C.parse_override(text)
             C.set_path(data, key, value)
@@ -38,9 +49,7 @@ def _train(args) -> int:
                   f"{cfg.max_steps}, so there is nothing to train. To train further: "
                   f"explorl train --resume {run_dir} --max-steps N (N > {done}).")
             return 0
-        from explorl.trainer import Trainer
-
-        trainer = Trainer(cfg, run_dir, resume=True)
+        trainer = trainer(cfg, run_dir, resume=True)
     else:
         if not args.recipe:
             print("error: give a RECIPE (e.g. recipes/quickstart.yaml) or --resume RUN_DIR", file=sys.stderr)
@@ -55,9 +64,7 @@ def _train(args) -> int:
             import shutil
 
             shutil.rmtree(out, ignore_errors=True)  # under a launcher every rank clears it
-        from explorl.trainer import Trainer
-
-        trainer = Trainer(cfg, out)
+        trainer = trainer(cfg, out)
     summary = trainer.train()
     if not trainer.dist.is_main:  # several processes: rank 0 reports
         return 130 if summary["interrupted"] else 0
@@ -147,7 +154,8 @@ def _config(args) -> int:
     if args.recipe:
         import yaml
 
-        print(yaml.safe_dump(C.to_dict(C.load(args.recipe, args.set)), sort_keys=False))
+        # Paths are not checked: templates (recipes/math/) hold placeholders.
+        print(yaml.safe_dump(C.to_dict(C.load(args.recipe, args.set, env=False)), sort_keys=False))
         return 0
     for path, tp, default, doc in C.reference():
         print(f"{path:45s} {tp:22s} {default:18s} {doc}")
@@ -163,9 +171,17 @@ def build_parser() -> argparse.ArgumentParser:
                                        "--out D/eval`.")
     p.add_argument("--version", action="version", version=f"explorl {__version__}",
                    help="print the version and exit")
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # --debug also after the command; SUPPRESS keeps a subcommand from resetting the flag
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show the traceback of an error")
 
-    t = sub.add_parser("train", help="train a policy from a recipe")
+    def add(name: str, **kwargs) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[debug], **kwargs)
+
+    t = add("train", help="train a policy from a recipe")
     t.add_argument("recipe", nargs="?", help="YAML recipe (e.g. recipes/quickstart.yaml)")
     t.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field, e.g. optim.lr=1e-5")
     t.add_argument("--out", help="run directory (default runs/<name>-seed<seed>)")
@@ -175,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--force", action="store_true", help="overwrite an existing run directory")
     t.set_defaults(fn=_train)
 
-    e = sub.add_parser("eval", help="pass@k evaluation of a model on a dataset")
+    e = add("eval", help="pass@k evaluation of a model on a dataset")
     e.add_argument("model", help="local HF model dir, lab:<task>, or a run dir (its latest checkpoint)")
     e.add_argument("--data", nargs="+", required=True, help="lab:<task> or jsonl/parquet files")
     e.add_argument("--split", default="test", choices=["train", "val", "test"], help="lab split (default test)")
@@ -196,8 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--set", action="append", metavar="KEY=VALUE", help="config overrides (model.*, reward.*, lab.*)")
     e.set_defaults(fn=_eval)
 
-    k = sub.add_parser("passk", help="pass@k curves of several `explorl eval` outputs in one "
-                                     "figure (e.g. the model before and after RL)")
+    k = add("passk", help="pass@k curves of several `explorl eval` outputs in one figure (e.g. "
+                           "the model before and after RL)")
     k.add_argument("evals", nargs="+", metavar="[LABEL=]EVAL",
                    help="an `explorl eval --out` directory or its eval.json, optionally labelled, "
                         "e.g. 'before RL=runs/base-eval'")
@@ -205,12 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--title", default="pass@k", help="figure title (default pass@k)")
     k.set_defaults(fn=_passk)
 
-    f = sub.add_parser("fit", help="fit the entropy–performance law R = −a·exp(H) + b to a run")
+    f = add("fit", help="fit the entropy–performance law R = −a·exp(H) + b to a run")
     f.add_argument("run_dir", help="run directory (its metrics.jsonl needs ≥ 3 validations)")
     f.add_argument("--fit-fraction", type=float, default=1.0, help="fit on the first fraction, predict the rest")
     f.set_defaults(fn=_fit)
 
-    r = sub.add_parser("report", help="overlay runs: plots, tables, report.md and report.html")
+    r = add("report", help="overlay runs: plots, tables, report.md and report.html")
     r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
                    help="run directories; runs with the same recipe name are grouped as seeds")
     r.add_argument("--out", default="report",
@@ -218,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default ./report)")
     r.set_defaults(fn=_report)
 
-    s = sub.add_parser("study", help="recipes × seeds on a lab task: train, eval, report, check the papers' claims")
+    s = add("study", help="recipes × seeds on a lab task: train, eval, report, check the papers' claims")
     s.add_argument("spec", help="study spec (e.g. studies/lab.yaml)")
     s.add_argument("--quick", action="store_true",
                    help="apply the spec's quick: section (fewer seeds and steps: a pipeline check, "
@@ -230,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "recipe_dir, relative to the spec)")
     s.set_defaults(fn=_study)
 
-    c = sub.add_parser("config", help="print the recipe reference, or a resolved recipe")
+    c = add("config", help="print the recipe reference, or a resolved recipe")
     c.add_argument("recipe", nargs="?",
                    help="a recipe to resolve (base: files and defaults filled in); without one, "
                         "print every key with its type, default and meaning")
@@ -285,11 +301,27 @@ def _main(argv: list[str] | None = None) -> int:
                 return rc
         return 0
     args = build_parser().parse_args(argv)
+    debug = args.debug or os.environ.get("EXPLORL_DEBUG", "") not in ("", "0")
     try:
         return args.fn(args)
-    except C.ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
+    except BrokenPipeError:
+        raise  # main() ends quietly: the reader stopped reading, nothing went wrong here
+    except (ExplorlError, OSError) as e:
+        if debug:
+            raise
+        print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _one_line(e: BaseException) -> str:
+    """The message of ``e`` on one line; an OSError without its own words gets its type's name."""
+    text = " ".join(str(e).split())
+    return text or type(e).__name__
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import math
+import re
 import textwrap
 import types
 import typing
@@ -22,14 +24,10 @@ from typing import Any, Literal, Optional
 
 import yaml
 
-from explorl.errors import ExplorlError
+from explorl.errors import ConfigError
 
 # Sizes of the lab's train/val/test splits (the lab model is built on the same split).
 SPLIT_SIZES = {"n_train": 2000, "n_val": 128, "n_test": 256}
-
-
-class ConfigError(ExplorlError, ValueError):
-    """A configuration problem, reported with the key path that caused it."""
 
 
 # ----------------------------------------------------------------------------- sections
@@ -117,6 +115,9 @@ class RewardConfig:
     """Verifier worker processes. 0 verifies in-process without time limits (trusted debugging only)."""
     timeout_s: float = 5.0
     """Wall-clock limit per response; a verification over it scores as wrong."""
+    step_timeout_s: Optional[float] = None
+    """Wall-clock budget of one scoring call (a step's batch): responses not verified by then
+    score as wrong and count as timeouts. None = timeout_s × (4 + responses / num_workers / 4)."""
     overlong_buffer: int = 0
     """DAPO overlong shaping: penalise responses longer than max_response_len − buffer (0 = off)."""
     overlong_penalty: float = 1.0
@@ -409,157 +410,237 @@ def _fail(path: str, msg: str) -> typing.NoReturn:
     raise ConfigError(f"{path}: {msg}" if path else msg)
 
 
-# (path, predicate, message) checks of impossible values, run after types are checked.
-def _semantic_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
-    a, r, o, ctl = c.algorithm, c.rollout, c.optim, c.control
+_SEED = "[0, 4294967295]"  # numpy's seed range (2**32 - 1)
+_STEPS = "[1, 100000000]"
+_TOKENS = "[1, 1048576]"  # lengths in tokens; 2**20 is beyond any model's context
+_SAMPLES = "[1, 4096]"  # responses per prompt
+_TEMPERATURE = "(0, 100]"
+
+RANGES: dict[str, str] = {
+    "seed": _SEED,
+    "max_steps": _STEPS,
+    "lab.split_seed": _SEED,
+    "lab.n_train": "[1, 10000000]",
+    "lab.n_val": "[0, 10000000]",
+    "lab.n_test": "[0, 10000000]",
+    "lab.min_digits": "[1, 3]",
+    "lab.max_digits": "[1, 3]",
+    "lab.countdown_numbers": "[3, 4]",
+    "data.max_train_prompts": "[1, 1000000000]",
+    "data.prompts_per_step": "[1, 1048576]",
+    "data.max_prompt_len": _TOKENS,
+    "rollout.n_samples": _SAMPLES,
+    "rollout.temperature": _TEMPERATURE,
+    "rollout.max_response_len": _TOKENS,
+    "rollout.batch_size": "[1, 1048576]",
+    "reward.num_workers": "[0, 1024]",
+    "reward.timeout_s": "(0, 86400]",
+    "reward.step_timeout_s": "(0, 604800]",
+    "reward.overlong_buffer": "[0, 1048576]",
+    "reward.overlong_penalty": "[0, inf)",
+    "algorithm.adv_eps": "(0, 1]",  # 0 divides 0 by 0 for a group of equal rewards
+    "algorithm.eps_low": "[0, 1]",
+    "algorithm.eps_high": "[0, 100]",
+    "algorithm.clip_c": "(1, inf)",
+    "algorithm.clip_cov_ratio": "(0, 1]",
+    "algorithm.clip_cov_lb": "(-inf, inf)",
+    "algorithm.clip_cov_ub": "(-inf, inf)",
+    "algorithm.kl_cov_ratio": "(0, 1]",
+    "algorithm.kl_cov_coef": "[0, inf)",
+    "algorithm.kl_cov_tol": "[0, inf)",
+    "algorithm.agg_max_len": _TOKENS,
+    "algorithm.entropy_coef": "[0, inf)",
+    "algorithm.kl_coef": "[0, inf)",
+    "algorithm.max_gen_rounds": "[1, 1000]",
+    "algorithm.logprob_chunk": _TOKENS,
+    "optim.lr": "(0, inf)",
+    "optim.weight_decay": "[0, inf)",
+    "optim.beta1": "[0, 1)",
+    "optim.beta2": "[0, 1)",
+    "optim.warmup_steps": "[0, 100000000]",
+    "optim.max_grad_norm": "[0, inf)",
+    "optim.ppo_epochs": "[1, 1000]",
+    "optim.mini_batches": "[1, 1048576]",
+    "optim.micro_batch_size": "[1, 1048576]",
+    "optim.max_bad_steps": "[1, 1000000]",
+    "control.temperature.t_min": _TEMPERATURE,
+    "control.temperature.t_max": _TEMPERATURE,
+    "control.temperature.annealing_ratio": "[0, 1)",
+    "control.temperature.beta": "(0, 1]",
+    "control.budget.n_min_limit": _SAMPLES,
+    "control.budget.n_max_limit": _SAMPLES,
+    "control.budget.widen": "[0, 4096]",
+    "control.eepo.window": "[1, 100000]",
+    "control.eepo.alpha": "[0, inf)",
+    "control.eepo.lr": "(0, inf)",
+    "control.eepo.eps_l": "[0, 1)",
+    "control.eepo.eps_r": "(0, 1)",  # 0 lets p reach 1: log(1 − p) = −inf
+    "control.adaptive.schedule.target": "[0, inf)",
+    "control.adaptive.schedule.start": "[0, inf)",
+    "control.adaptive.schedule.end": "[0, inf)",
+    "control.adaptive.schedule.anneal_ratio": "[0, 1)",
+    "control.adaptive.warmup": "[0, 100000000]",
+    "control.adaptive.window": "[1, 100000]",
+    "control.adaptive.delta": "[0, inf)",
+    "control.adaptive.init": "(-inf, inf)",  # and inside the actuator's own range, see below
+    "control.adaptive.min": "(-inf, inf)",
+    "control.adaptive.max": "(-inf, inf)",
+    "control.adaptive.deadband": "[0, inf)",
+    "control.curriculum.start_ratio": "(0, 1)",
+    "control.curriculum.n_samples": _SAMPLES,
+    "control.curriculum.max_response_len": _TOKENS,
+    "eval.every": "[0, 100000000]",
+    "eval.n_samples": _SAMPLES,
+    "eval.k": _SAMPLES,
+    "eval.max_problems": "[1, 1000000000]",
+    "eval.temperature": "[0, 100]",  # 0 = greedy
+    "log.checkpoint_every": "[0, 100000000]",
+    "log.keep_checkpoints": "[1, 1000000]",
+    "log.completions_every": "[0, 100000000]",
+    "log.completions_per_step": "[1, 1000000]",
+}
+"""Allowed interval of every numeric field (of each item for a list); ``None`` always passes.
+Every number must also be finite. Relations between fields are ``_cross_checks``."""
+
+# The field holding each knob the adaptive controller can drive: its range bounds the
+# controller's init/min/max.
+ADAPTIVE_KNOB_FIELDS = {
+    "eps_high": "algorithm.eps_high",
+    "entropy_coef": "algorithm.entropy_coef",
+    "kl_coef": "algorithm.kl_coef",
+    "temperature": "rollout.temperature",
+}
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A closed, open or half-open interval written as in mathematics: ``"(0, 1]"``."""
+
+    lo: float
+    hi: float
+    lo_closed: bool
+    hi_closed: bool
+
+    @classmethod
+    def parse(cls, text: str) -> Interval:
+        left, lo, hi, right = text[0], *text[1:-1].split(","), text[-1]
+        return cls(float(lo), float(hi), left == "[", right == "]")
+
+    def __contains__(self, x: float) -> bool:
+        above = x >= self.lo if self.lo_closed else x > self.lo
+        below = x <= self.hi if self.hi_closed else x < self.hi
+        return above and below
+
+    def describe(self) -> str:
+        lo, hi = _num(self.lo), _num(self.hi)
+        if math.isinf(self.lo) and math.isinf(self.hi):
+            return "a finite number"
+        if math.isinf(self.hi):
+            return f"{'≥' if self.lo_closed else '>'} {lo}"
+        return f"in {'[' if self.lo_closed else '('}{lo}, {hi}{']' if self.hi_closed else ')'}"
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if math.isfinite(x) and x.is_integer() else repr(x)
+
+
+def _get(cfg: Any, path: str) -> Any:
+    for part in path.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _check_ranges(cfg: RunConfig) -> None:
+    for path, text in RANGES.items():
+        value = _get(cfg, path)
+        items = list(enumerate(value)) if isinstance(value, list) else [(None, value)]
+        interval = Interval.parse(text)
+        for i, v in items:
+            where = path if i is None else f"{path}[{i}]"
+            if v is None:
+                continue
+            if not math.isfinite(v):
+                _fail(where, f"must be a finite number, got {v}")
+            if v not in interval:
+                _fail(where, f"must be {interval.describe()}, got {v!r}")
+
+
+# (path, predicate, message) checks of relations between fields, run after the ranges.
+def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
+    a, r, ctl = c.algorithm, c.rollout, c.control
+    t, b, e = ctl.temperature, ctl.budget, ctl.eepo
     return [
-        ("max_steps", c.max_steps >= 1, "must be ≥ 1"),
-        ("data.prompts_per_step", c.data.prompts_per_step >= 1, "must be ≥ 1"),
+        ("name", bool(c.name.strip()) and "/" not in c.name and "\\" not in c.name,
+         f"must be a non-empty name without '/' (it names the run directory), got {c.name!r}"),
         ("data.train", len(c.data.train) >= 1, "needs at least one dataset"),
-        ("data.max_train_prompts", c.data.max_train_prompts is None or c.data.max_train_prompts >= c.data.prompts_per_step,
+        ("data.max_train_prompts",
+         c.data.max_train_prompts is None or c.data.max_train_prompts >= c.data.prompts_per_step,
          "must be ≥ data.prompts_per_step"),
-        ("rollout.n_samples", r.n_samples >= 1, "must be ≥ 1"),
-        ("rollout.temperature", r.temperature > 0, "must be > 0"),
-        ("rollout.max_response_len", r.max_response_len >= 1, "must be ≥ 1"),
-        ("rollout.batch_size", r.batch_size >= 1, "must be ≥ 1"),
-        ("reward.num_workers", c.reward.num_workers >= 0, "must be ≥ 0"),
-        ("reward.timeout_s", c.reward.timeout_s > 0, "must be > 0"),
-        ("reward.overlong_buffer", 0 <= c.reward.overlong_buffer < r.max_response_len,
-         "must be in [0, rollout.max_response_len)"),
-        ("algorithm.eps_low", 0 <= a.eps_low <= 1, "must be in [0, 1]"),
-        ("algorithm.eps_high", a.eps_high >= 0, "must be ≥ 0"),
-        ("algorithm.clip_c", a.clip_c is None or a.clip_c > 1, "dual-clip c must be > 1"),
+        ("reward.overlong_buffer", c.reward.overlong_buffer < r.max_response_len,
+         "must be < rollout.max_response_len"),
+        ("reward.step_timeout_s",
+         c.reward.step_timeout_s is None or c.reward.step_timeout_s >= c.reward.timeout_s,
+         "must be ≥ reward.timeout_s (one response's limit)"),
         ("algorithm.clip_c", a.clip_c is None or a.loss != "clip_cov",
-         "Clip-Cov has no dual clip (neither the authors' code nor verl's has one, and a dual-clipped "
-         "token could not be a Clip-Cov candidate); set algorithm.clip_c: null with loss clip_cov"),
-        ("algorithm.clip_cov_ratio", 0 < a.clip_cov_ratio <= 1, "must be in (0, 1]"),
+         ("Clip-Cov has no dual clip (neither the authors' code nor verl's has one, and a "
+          "dual-clipped token could not be a Clip-Cov candidate); set algorithm.clip_c: null "
+          "with loss clip_cov")),
         ("algorithm.clip_cov_ub", a.clip_cov_ub > a.clip_cov_lb, "must be > algorithm.clip_cov_lb"),
-        ("algorithm.kl_cov_ratio", 0 < a.kl_cov_ratio <= 1, "must be in (0, 1]"),
-        ("algorithm.kl_cov_tol", a.kl_cov_tol >= 0, "must be ≥ 0"),
-        ("algorithm.entropy_coef", a.entropy_coef >= 0, "must be ≥ 0"),
-        ("algorithm.kl_coef", a.kl_coef >= 0, "must be ≥ 0"),
-        ("algorithm.max_gen_rounds", a.max_gen_rounds >= 1, "must be ≥ 1"),
-        ("algorithm.logprob_chunk", a.logprob_chunk >= 1, "must be ≥ 1"),
-        ("algorithm.agg_max_len", a.agg_max_len is None or a.agg_max_len >= 1, "must be ≥ 1"),
-        ("optim.lr", o.lr > 0, "must be > 0"),
-        ("optim.ppo_epochs", o.ppo_epochs >= 1, "must be ≥ 1"),
-        ("optim.mini_batches", o.mini_batches >= 1, "must be ≥ 1"),
-        ("optim.micro_batch_size", o.micro_batch_size >= 1, "must be ≥ 1"),
-        ("optim.max_bad_steps", o.max_bad_steps >= 1, "must be ≥ 1"),
-        ("optim.max_grad_norm", o.max_grad_norm >= 0, "must be ≥ 0"),
-        ("control.temperature.t_min", 0 < ctl.temperature.t_min <= ctl.temperature.t_max,
-         "must satisfy 0 < t_min ≤ t_max"),
-        ("control.temperature.annealing_ratio", 0 <= ctl.temperature.annealing_ratio < 1, "must be in [0, 1)"),
-        ("control.temperature.beta", 0 < ctl.temperature.beta <= 1, "must be in (0, 1]"),
-        ("control.budget.n_min_limit", not ctl.budget.enabled or 1 <= ctl.budget.n_min_limit <= r.n_samples,
-         "must be in [1, rollout.n_samples]"),
-        ("control.budget.n_max_limit", not ctl.budget.enabled or ctl.budget.n_max_limit >= r.n_samples, "must be ≥ rollout.n_samples"),
-        ("control.budget.widen", ctl.budget.widen >= 0, "must be ≥ 0"),
-        ("control.eepo.window", ctl.eepo.window >= 1, "must be ≥ 1"),
-        ("control.eepo.lr", ctl.eepo.lr > 0, "must be > 0"),
-        ("control.eepo.eps_r", 0 < ctl.eepo.eps_l < 1 - ctl.eepo.eps_r < 1, "need 0 < eps_l < 1 − eps_r"),
-        ("control.eepo.enabled", not ctl.eepo.enabled or r.n_samples >= 2, "EEPO needs rollout.n_samples ≥ 2"),
-        ("control.adaptive.window", ctl.adaptive.window >= 1, "must be ≥ 1"),
-        ("control.adaptive.warmup", ctl.adaptive.warmup >= 0, "must be ≥ 0"),
-        ("control.adaptive.schedule.anneal_ratio", 0 <= ctl.adaptive.schedule.anneal_ratio < 1, "must be in [0, 1)"),
-        ("control.curriculum.start_ratio", 0 < ctl.curriculum.start_ratio < 1, "must be in (0, 1)"),
-        ("eval.every", c.eval.every >= 0, "must be ≥ 0"),
-        ("eval.n_samples", c.eval.n_samples >= 1, "must be ≥ 1"),
-        ("eval.k", all(1 <= k <= c.eval.n_samples for k in c.eval.k), "every k must be in [1, eval.n_samples]"),
-        ("lab.max_digits", 1 <= c.lab.min_digits <= c.lab.max_digits <= 3, "need 1 ≤ min_digits ≤ max_digits ≤ 3"),
-        ("lab.countdown_numbers", c.lab.countdown_numbers in (3, 4), "must be 3 or 4"),
-        ("log.keep_checkpoints", c.log.keep_checkpoints >= 1, "must be ≥ 1"),
-        ("log.completions_every", c.log.completions_every >= 0, "must be ≥ 0"),
-        ("log.completions_per_step", c.log.completions_per_step >= 1, "must be ≥ 1"),
-        ("log.report_to", len(set(c.log.report_to)) == len(c.log.report_to), "names a tracker twice"),
+        ("control.temperature.t_min", t.t_min <= t.t_max, "must be ≤ control.temperature.t_max"),
+        ("rollout.temperature", not t.enabled or t.t_min <= r.temperature <= t.t_max,
+         (f"the temperature scheduler starts here, so it must be in control.temperature's "
+          f"[t_min, t_max] = [{t.t_min}, {t.t_max}]")),
+        ("control.budget.n_min_limit", not b.enabled or b.n_min_limit <= r.n_samples,
+         "must be ≤ rollout.n_samples"),
+        ("control.budget.n_max_limit", not b.enabled or b.n_max_limit >= r.n_samples,
+         "must be ≥ rollout.n_samples"),
+        ("control.eepo.eps_r", e.eps_l < 1 - e.eps_r, "need control.eepo.eps_l < 1 − eps_r"),
+        ("control.eepo.enabled", not e.enabled or r.n_samples >= 2,
+         "EEPO needs rollout.n_samples ≥ 2"),
+        ("eval.k", all(k <= c.eval.n_samples for k in c.eval.k),
+         "every k must be ≤ eval.n_samples"),
+        ("lab.max_digits", c.lab.min_digits <= c.lab.max_digits, "must be ≥ lab.min_digits"),
+        ("log.report_to", len(set(c.log.report_to)) == len(c.log.report_to),
+         "names a tracker twice"),
     ]
 
 
-def _type_name(tp: Any) -> str:
-    if typing.get_origin(tp) is Literal:
-        return " / ".join(map(str, typing.get_args(tp)))
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return " or ".join("None" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
-    if typing.get_origin(tp) is list:
-        return f"list[{_type_name(typing.get_args(tp)[0])}]"
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+def _check_adaptive(cfg: RunConfig) -> None:
+    """The adaptive controller's knob values, with the actuator's defaults filled in, must
+    satisfy min ≤ init ≤ max inside the knob's own range (e.g. temperature > 0)."""
+    ad = cfg.control.adaptive
+    if not ad.enabled:
+        return
+    from explorl.control.adaptive import ACTUATOR_DEFAULTS
+
+    spec = ACTUATOR_DEFAULTS[ad.actuator]
+    lo = spec.c_min if ad.min is None else ad.min
+    hi = spec.c_max if ad.max is None else ad.max
+    init = spec.c0 if ad.init is None else ad.init
+    knob = ADAPTIVE_KNOB_FIELDS[ad.actuator]
+    interval = Interval.parse(RANGES[knob])
+    for key, v in (("min", lo), ("max", hi), ("init", init)):
+        if v not in interval:
+            _fail(f"control.adaptive.{key}", f"{ad.actuator} must be {interval.describe()} "
+                  f"(the range of {knob}), got {v!r}")
+    if not lo <= hi:
+        _fail("control.adaptive.max", f"must be ≥ control.adaptive.min ({lo}), got {hi}")
+    if not lo <= init <= hi:
+        _fail("control.adaptive.init", f"must be in [min, max] = [{lo}, {hi}], got {init}")
 
 
-def _coerce(value: Any, tp: Any, path: str) -> Any:
-    """Check ``value`` against annotation ``tp``; return it (ints accepted for floats)."""
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            _fail(path, f"expected a mapping of {tp.__name__} fields, got {type(value).__name__} {value!r}")
-        return build(tp, value, path)
-    if origin is Literal:
-        allowed = typing.get_args(tp)
-        if value not in allowed:
-            close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            _fail(path, f"{value!r} is not one of {', '.join(map(repr, allowed))}{hint}")
-        return value
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, path)
-            except ConfigError as e:
-                errors.append(str(e))
-        _fail(path, f"expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
-    if origin is list:
-        (item_tp,) = typing.get_args(tp)
-        if isinstance(value, (str, int, float)) and item_tp is type(value):
-            value = [value]  # a single item where a list is expected: `train: lab:addition`
-        if not isinstance(value, list):
-            _fail(path, f"expected a list, got {type(value).__name__} {value!r}")
-        return [_coerce(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value)]
-    if tp is bool:
-        if not isinstance(value, bool):
-            _fail(path, f"expected true/false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            _fail(path, f"expected an integer, got {type(value).__name__} {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            _fail(path, f"expected a number, got {type(value).__name__} {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            _fail(path, f"expected a string, got {type(value).__name__} {value!r}")
-        return value
-    raise TypeError(f"unsupported annotation {tp!r} at {path}")  # a bug in this file, not user input
+def _check_controllers(cfg: RunConfig) -> None:
+    """Each knob has one owner, and two entropy trackers never run together."""
+    if sum(getattr(cfg.control, f.name).enabled for f in dataclasses.fields(cfg.control)) < 2:
+        return
+    from explorl.control import check_control_config
+
+    check_control_config(cfg.control)  # a ControlError, printed like a ConfigError
 
 
-def build(cls: type, data: dict, path: str = "") -> Any:
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
-    for key, value in data.items():
-        key_path = f"{path}.{key}" if path else str(key)
-        if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
-            hint = f"; did you mean {(path + '.' if path else '') + close[0]!r}?" if close else ""
-            _fail(key_path, f"unknown key{hint} (valid keys here: {', '.join(names)})")
-        kwargs[key] = _coerce(value, hints[key], key_path)
-    return cls(**kwargs)
-
-
-def validate(cfg: RunConfig) -> RunConfig:
-    """Re-check types (after programmatic edits) and impossible values; return ``cfg``."""
-    cfg = build(RunConfig, to_dict(cfg))
-    for path, ok, msg in _semantic_checks(cfg):
-        if not ok:
-            _fail(path, msg)
-    _check_names(cfg)
-    return cfg
+def _closest(value: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(value, choices, n=1, cutoff=0.5)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _check_names(cfg: RunConfig) -> None:
@@ -583,13 +664,208 @@ def _check_names(cfg: RunConfig) -> None:
             _fail(path, f"{value!r} is not a known {kind}{hint} (choices: {', '.join(table)})")
 
 
-def from_dict(data: dict | None) -> RunConfig:
+def _check_sources(cfg: RunConfig, env: bool) -> None:
+    """Lab task names everywhere; with ``env``, that model and data paths exist."""
+    from explorl.data.files import EXTENSIONS
+    from explorl.lab.tasks import TASKS
+
+    def lab_task(path: str, spec: str) -> bool:
+        if not spec.startswith("lab:"):
+            return False
+        task = spec[len("lab:"):].strip()
+        if task not in TASKS:
+            _fail(path, f"unknown lab task {task!r}{_closest(task, list(TASKS))} "
+                  f"(lab tasks: {', '.join(TASKS)})")
+        return True
+
+    if not cfg.model.path.strip():
+        _fail("model.path", "is empty; give a local model directory or lab:<task>")
+    if not lab_task("model.path", cfg.model.path) and env:
+        p = Path(cfg.model.path).expanduser()
+        if not p.is_dir():
+            _fail("model.path", f"{cfg.model.path!r} is not a local directory; explorl loads "
+                  "models with from_pretrained(local_path) (download them beforehand) or use "
+                  "lab:<task>")
+        if not (p / "config.json").is_file():
+            _fail("model.path", f"{cfg.model.path!r} holds no config.json: not a Hugging Face "
+                  "model directory")
+    for key in ("train", "val", "anneal"):
+        for i, spec in enumerate(getattr(cfg.data, key)):
+            path = f"data.{key}[{i}]"
+            if lab_task(path, spec) or not env:
+                continue
+            p = Path(spec).expanduser()
+            if not p.is_file():
+                _fail(path, f"data file {spec!r} not found" + _if_dir(p))
+            if p.suffix.lower() not in EXTENSIONS:
+                _fail(path, f"{spec!r}: unsupported file type {p.suffix or '(none)'!r} "
+                      f"(expected {', '.join(EXTENSIONS)})")
+
+
+def _if_dir(p: Path) -> str:
+    return " (it is a directory)" if p.is_dir() else ""
+
+
+def _check_reward(cfg: RunConfig, env: bool) -> None:
+    """The verifier exists: a built-in name, or (with ``env``) an importable module:function."""
+    from explorl.data.sources import default_verifier
+    from explorl.rewards.verifiers import VERIFIERS, resolve_verifier
+
+    name = cfg.reward.verifier
+    if name == "auto":
+        try:
+            default_verifier(cfg.data.train)
+        except ValueError as e:
+            _fail("reward.verifier", f"'auto' cannot choose: {e}")
+    elif ":" not in name:
+        if name not in VERIFIERS:
+            _fail("reward.verifier", f"unknown verifier {name!r}{_closest(name, list(VERIFIERS))} "
+                  f"(valid: auto, {', '.join(VERIFIERS)}, or module:function)")
+    elif env:
+        try:
+            resolve_verifier(name)
+        except ValueError as e:
+            _fail("reward.verifier", str(e))
+
+
+def _check_device(device: str) -> None:
+    """``model.device`` names a device this machine has."""
+    if device in ("auto", "cpu"):
+        return
+    import torch
+
+    try:
+        d = torch.device(device)
+    except (RuntimeError, ValueError):
+        _fail("model.device", f"{device!r} is not a torch device (e.g. auto, cpu, cuda, cuda:1)")
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            _fail("model.device", f"{device!r}: CUDA is not available here (torch "
+                  f"{torch.__version__}, CUDA build {torch.version.cuda}); use auto or cpu")
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            _fail("model.device", f"{device!r}: this machine has {torch.cuda.device_count()} "
+                  "CUDA device(s)")
+    elif d.type == "mps" and not torch.backends.mps.is_available():
+        _fail("model.device", f"{device!r}: MPS is not available here; use auto or cpu")
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return " / ".join(map(str, typing.get_args(tp)))
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " or ".join("None" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) is list:
+        return f"list[{_type_name(typing.get_args(tp)[0])}]"
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    """``repr`` cut to ``limit`` characters: an error message quotes the value, not a megabyte."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _coerce(value: Any, tp: Any, path: str) -> Any:
+    """Check ``value`` against annotation ``tp``; return it (ints accepted for floats)."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if value is None:  # a section whose keys are all commented out
+            value = {}
+        if not isinstance(value, dict):
+            _fail(path, f"expected a mapping of {tp.__name__} fields, got {type(value).__name__} {_show(value)}")
+        return build(tp, value, path)
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            _fail(path, f"{_show(value)} is not one of {', '.join(map(repr, allowed))}{hint}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, path)
+            except ConfigError as e:
+                errors.append(str(e))
+        _fail(path, f"expected {' or '.join(_type_name(a) for a in args)}, got {_show(value)}")
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if isinstance(value, (str, int, float)) and item_tp is type(value):
+            value = [value]  # a single item where a list is expected: `train: lab:addition`
+        if not isinstance(value, list):
+            _fail(path, f"expected a list, got {type(value).__name__} {_show(value)}")
+        return [_coerce(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value)]
+    if tp is bool:
+        if not isinstance(value, bool):
+            _fail(path, f"expected true/false, got {_show(value)}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            _fail(path, f"expected an integer, got {type(value).__name__} {_show(value)}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            _fail(path, f"expected a number, got {type(value).__name__} {_show(value)}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            _fail(path, f"expected a string, got {type(value).__name__} {_show(value)}")
+        return value
+    raise TypeError(f"unsupported annotation {tp!r} at {path}")  # a bug in this file, not user input
+
+
+def build(cls: type, data: dict, path: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        key_path = f"{path}.{key}" if path else str(key)
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
+            hint = f"; did you mean {(path + '.' if path else '') + close[0]!r}?" if close else ""
+            _fail(key_path, f"unknown key{hint} (valid keys here: {', '.join(names)})")
+        kwargs[key] = _coerce(value, hints[key], key_path)
+    return cls(**kwargs)
+
+
+def validate(cfg: RunConfig, *, env: bool = True) -> RunConfig:
+    """Check a config before any work starts; return it (types re-checked after edits).
+
+    Always: types, the range of every number (``RANGES``: finite, inside its interval),
+    relations between fields, controller conflicts, plug-point names, lab task names and
+    built-in verifier names. With ``env`` (the default) also what depends on this machine:
+    the model directory and data files exist, ``model.device`` is present, and a
+    ``module:function`` verifier imports. ``explorl config`` and recipe templates whose
+    paths are placeholders pass ``env=False``.
+    """
+    cfg = build(RunConfig, to_dict(cfg))
+    _check_ranges(cfg)
+    for path, ok, msg in _cross_checks(cfg):
+        if not ok:
+            _fail(path, msg)
+    _check_sources(cfg, env)  # these two import no torch: a typo fails in about a second
+    _check_reward(cfg, env)
+    _check_names(cfg)
+    _check_adaptive(cfg)
+    _check_controllers(cfg)
+    if env:
+        _check_device(cfg.model.device)
+    return cfg
+
+
+def from_dict(data: dict | None, *, env: bool = True) -> RunConfig:
     """Build and validate a config from nested plain data (a parsed recipe)."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
         _fail("", f"a recipe must be a mapping of keys, got {type(data).__name__}")
-    return validate(build(RunConfig, data))
+    return validate(build(RunConfig, data), env=env)
 
 
 def to_dict(cfg: Any) -> dict:
@@ -600,7 +876,9 @@ def set_path(data: dict, dotted: str, value: Any) -> None:
     keys = dotted.split(".")
     node = data
     for i, k in enumerate(keys[:-1]):
-        nxt = node.setdefault(k, {})
+        if node.get(k) is None:  # absent, or a section whose keys are all commented out
+            node[k] = {}
+        nxt = node[k]
         if not isinstance(nxt, dict):
             _fail(".".join(keys[: i + 1]), f"is a value, not a section (cannot set {dotted})")
         node = nxt
@@ -616,14 +894,16 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not key:
         raise ConfigError(f"--set expects key=value, got {text!r}")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+        value = load_yaml(raw) if raw.strip() else ""
+    except ConfigError:  # not YAML (e.g. an unbalanced bracket): the text itself
         value = raw
     return key, value
 
 
-def load(recipe: str | Path | None = None, overrides: list[str] | None = None, **top: Any) -> RunConfig:
-    """Load a YAML recipe, apply ``--set`` overrides and top-level keyword overrides, validate.
+def load(recipe: str | Path | None = None, overrides: list[str] | None = None, *, env: bool = True,
+         **top: Any) -> RunConfig:
+    """Load a YAML recipe, apply ``--set`` overrides and top-level keyword overrides, validate
+    (``env``: see ``validate``).
 
     A recipe may say ``base: other.yaml`` (relative to itself) to start from another recipe.
     """
@@ -638,26 +918,81 @@ def load(recipe: str | Path | None = None, overrides: list[str] | None = None, *
     for key, value in top.items():
         if value is not None:
             data[key] = value
-    return from_dict(data)
+    return from_dict(data, env=env)
 
 
 def _read_recipe(path: Path, _seen: tuple = ()) -> dict:
     if not path.is_file():
-        raise ConfigError(f"recipe {path} does not exist")
+        raise ConfigError(f"recipe {path} does not exist" + _if_dir(path))
     if path.resolve() in _seen:
         raise ConfigError(f"recipe {path}: circular 'base'")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"recipe {path} is not valid YAML: {e}") from None
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"recipe {path} cannot be read: {e.strerror or e}") from None
+    data = load_yaml(read_utf8(raw, f"recipe {path}"), f"recipe {path}") or {}
     if not isinstance(data, dict):
-        raise ConfigError(f"recipe {path} must be a mapping of keys")
+        raise ConfigError(f"recipe {path} must be a mapping of keys, got {type(data).__name__}")
     base = data.pop("base", None)
     if base is None:
         return data
-    merged = _read_recipe(path.parent / base, _seen + (path.resolve(),))
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"recipe {path}: base: expected one recipe file name, got "
+                          f"{type(base).__name__} {_show(base)}")
+    base_path = path.parent / base
+    if not base_path.is_file():
+        raise ConfigError(f"recipe {path}: base {base!r} not found (looked for {base_path})")
+    merged = _read_recipe(base_path, _seen + (path.resolve(),))
     _deep_update(merged, data)
     return merged
+
+
+class _RecipeLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2 numbers (``1e-5`` is a float, as in JSON; YAML 1.1
+    reads it as a string) and no duplicate keys (YAML 1.1 keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[str, int] = {}
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                    continue
+                line = key_node.start_mark.line + 1
+                if key_node.value in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key_node.value!r} (first at line "
+                        f"{seen[key_node.value]})", key_node.start_mark)
+                seen[key_node.value] = line
+        return super().construct_mapping(node, deep)
+
+
+_RecipeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def read_utf8(raw: bytes, what: str) -> str:
+    """Text of a UTF-8 file; a leading byte-order mark is dropped, other bytes are an error."""
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} is not UTF-8 text (invalid byte 0x{raw[e.start]:02x} at "
+                          f"offset {e.start})") from None
+
+
+def load_yaml(text: str, what: str = "YAML") -> Any:
+    """Parse recipe YAML (``_RecipeLoader``); errors become a one-line ``ConfigError``."""
+    try:
+        return yaml.load(text, Loader=_RecipeLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = " ".join(f"{e.context or ''} {e.problem or ''}".split())
+        raise ConfigError(f"{what}{where}: {problem}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{what} is not valid YAML: {' '.join(str(e).split())}") from None
 
 
 def _deep_update(dst: dict, src: dict) -> None:

@@ -9,7 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from explorl.config import ModelConfig
-from explorl.errors import ExplorlError
+from explorl.data.files import tokenize_prompts
+from explorl.errors import ModelPathError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -60,7 +61,7 @@ def resolve_model_path(path: str, lab=None) -> Path:
                               n_test=lab.n_test, **lab_task_params(task, lab))
     p = Path(path).expanduser()
     if not p.is_dir():
-        raise FileNotFoundError(
+        raise ModelPathError(
             f"model.path {path!r} is not a local directory; explorl loads models with "
             "from_pretrained(local_path) (download them beforehand) or use lab:<task>")
     return p
@@ -135,14 +136,21 @@ class PromptTokens:
         self.tokenizer, self.use_chat_template, self.max_len = tokenizer, use_chat_template, max_prompt_len
         self._cache: dict[tuple[str, int], list[int]] = {}
 
+    def _render(self, prompt) -> list[int]:
+        return render_prompt(self.tokenizer, prompt, self.use_chat_template)
+
+    def check(self, **splits: list) -> None:
+        """Render every prompt of each split (``train=records, val=…``) now, at setup: a prompt
+        over ``data.max_prompt_len`` tokens is a ``DataError`` naming its file and row."""
+        for tag, data in splits.items():
+            ids = tokenize_prompts(data, self._render, self.max_len, f"data.{tag}")
+            self._cache.update({(tag, i): x for i, x in enumerate(ids)})
+
     def ids_of(self, data: list, tag: str):
         """A function: row index of ``data`` -> its prompt's token ids (``tag`` names the split)."""
         def ids(idx: int) -> list[int]:
             if (tag, idx) not in self._cache:
-                out = render_prompt(self.tokenizer, data[idx].prompt, self.use_chat_template)
-                if len(out) > self.max_len:
-                    raise ExplorlError(f"{tag} prompt {idx} has {len(out)} tokens > data.max_prompt_len="
-                                       f"{self.max_len}")
-                self._cache[(tag, idx)] = out
+                (self._cache[(tag, idx)],) = tokenize_prompts([data[idx]], self._render, self.max_len,
+                                                              f"data.{tag}")
             return self._cache[(tag, idx)]
         return ids

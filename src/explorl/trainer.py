@@ -82,7 +82,7 @@ class Trainer:
         if self.dist.is_main:
             (self.out / "plots").mkdir(exist_ok=True)
             C.save(cfg, self.out / "config.yaml")
-        self.pool = VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s)
+        self.pool = VerifierPool.from_config(cfg.reward)
         # metrics.jsonl holds global values: only rank 0 writes it.
         self.metrics_log = (MetricsLog(self.out / "metrics.jsonl", truncate_after=self.step if resume else 0)
                             if self.dist.is_main else None)
@@ -104,6 +104,8 @@ class Trainer:
         policy_path = ckpt if (ckpt is not None and (ckpt / "config.json").exists()) else base_path
         self.tokenizer = load_tokenizer(base_path, cfg.model)
         self.prompts = PromptTokens(self.tokenizer, cfg.model.use_chat_template, cfg.data.max_prompt_len)
+        self.prompts.check(train=self.train_data, val=self.val_data[: cfg.eval.max_problems],
+                           anneal=self.anneal_data or [])  # every prompt fits, before the model loads
         self.policy = load_model(policy_path, cfg.model, self.device)
         self.vocab_size = self.policy.get_output_embeddings().weight.shape[0]
         self.n_params = sum(p.numel() for p in self.policy.parameters())

@@ -17,13 +17,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from explorl.analysis.runs import Run, load_run, new_figure, save_figure
+from explorl.errors import ExplorlError
 
 MIN_POINTS = 3  # two coefficients: two points always fit exactly, so r2 would mean nothing
 ENTROPY_KEY = "entropy/mean"
 ACCURACY_KEY = "val/accuracy"
 
 
-class FitError(ValueError):
+class FitError(ExplorlError, ValueError):
     """The entropy–performance law cannot be fitted (too few points, no entropy spread)."""
 
 

@@ -7,7 +7,6 @@ steps after its last checkpoint) keeps its last record.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -15,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from explorl.runlog import read_metrics
 
 PASSK_KEY = re.compile(r"^val/pass@(\d+)$")
 
@@ -54,26 +55,6 @@ class Run:
         """``val/pass@k`` keys present in the run, sorted by k."""
         found = [k for k in self.keys() if PASSK_KEY.match(k)]
         return sorted(found, key=lambda k: int(PASSK_KEY.match(k).group(1)))
-
-
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Records of a ``metrics.jsonl`` sorted by ``step``; the last record of a step wins."""
-    by_step: dict[int, dict[str, Any]] = {}
-    path = Path(path)
-    if not path.exists():
-        return []
-    with path.open() as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:  # a line the trainer was writing when it died
-                continue
-            if isinstance(rec, dict) and isinstance(rec.get("step"), int):
-                by_step[rec["step"]] = rec
-    return [by_step[s] for s in sorted(by_step)]
 
 
 def load_run(run_dir: str | Path) -> Run:

@@ -99,6 +99,8 @@ class AdaptiveController(Controller):
         self.c_min = spec.c_min if cfg.min is None else cfg.min
         self.c_max = spec.c_max if cfg.max is None else cfg.max
         self.sign = spec.sign if sign is None else sign
+        if self.sign not in (1, -1):  # a code-level argument: the config never sets it
+            raise ValueError(f"adaptive: sign must be +1 or -1, got {self.sign}")
         # state
         self.c = self.c0  # knob value of the coming step
         self.history: list[tuple[int, float]] = []  # (step, H_step) of the last `window` steps

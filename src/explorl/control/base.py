@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from explorl.errors import ExplorlError
+from explorl.errors import ControlError
 
 # Every knob a controller may own. "budgets" = per-prompt sample counts; "unlearn" = the EEPO
 # gate; "curriculum" = (dataset, n_samples, max_response_len) switched together.
@@ -26,10 +26,6 @@ KNOB_ACTUATOR = {
     "kl_coef": "kl_coef", "budgets": "budgets", "unlearn": "unlearn",
     "dataset": "curriculum", "n_samples": "curriculum", "max_response_len": "curriculum",
 }
-
-
-class ControlError(ExplorlError, ValueError):
-    """A controller configuration that cannot work (e.g. two owners of one actuator)."""
 
 
 @dataclass(frozen=True)

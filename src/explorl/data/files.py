@@ -8,18 +8,19 @@ pyarrow, so the rows are identical.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from explorl.data.records import PromptRecord
+from explorl.errors import DataError
 
 EXTENSIONS = (".jsonl", ".json", ".parquet")
 
 
-class DataError(ValueError):
-    """A data file that cannot be loaded; the message names the file, the row and the field."""
 
 
 def _read_rows(path: str) -> list[tuple[str, Any]]:
@@ -30,6 +31,9 @@ def _read_rows(path: str) -> list[tuple[str, Any]]:
             f"{path}: unsupported file type {suffix or '(none)'!r} "
             f"(expected {', '.join(EXTENSIONS)})"
         )
+    if not Path(path).is_file():
+        what = "a directory, not a file" if Path(path).is_dir() else "file not found"
+        raise DataError(f"{path}: {what}")
     if suffix == ".parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -37,15 +41,16 @@ def _read_rows(path: str) -> list[tuple[str, Any]]:
         try:
             rows = pq.read_table(path).to_pylist()
         except (OSError, pa.ArrowException) as e:
-            if not Path(path).exists():
-                raise
             raise DataError(f"{path}: not a readable parquet file ({e})") from e
         return [(f"row {i}", r) for i, r in enumerate(rows)]
 
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        # utf-8-sig: a byte-order mark (as Windows editors write) is read, not a JSON error.
+        text = Path(path).read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from e
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({e.strerror or e})") from e
     if suffix == ".json":
         if not text.strip():
             return []
@@ -53,6 +58,8 @@ def _read_rows(path: str) -> list[tuple[str, Any]]:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise DataError(f"{path} line {e.lineno}: invalid JSON ({e.msg})") from e
+        except (RecursionError, ValueError) as e:
+            raise DataError(f"{path}: invalid JSON ({_json_problem(e)})") from None
         if not isinstance(data, list):
             raise DataError(
                 f"{path}: expected a JSON list of row objects, got {type(data).__name__}"
@@ -70,8 +77,17 @@ def _read_rows(path: str) -> list[tuple[str, Any]]:
             raise DataError(
                 f"{path} line {lineno}: invalid JSON ({e.msg} at column {e.colno})"
             ) from e
+        except (RecursionError, ValueError) as e:
+            raise DataError(f"{path} line {lineno}: invalid JSON ({_json_problem(e)})") from None
         out.append((f"row {len(out)} (line {lineno})", row))
     return out
+
+
+def _json_problem(e: Exception) -> str:
+    """What json.loads choked on beyond syntax: nesting (RecursionError) or a huge integer."""
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    return " ".join(str(e).split())
 
 
 def _ground_truth(value: Any) -> str | None:
@@ -132,8 +148,12 @@ def _row_to_record(
                 )
             messages.append({"role": m["role"], "content": m["content"]})
         prompt = messages
+        if not any(m["content"].strip() for m in messages):
+            raise DataError(f"{where}: field {prompt_key!r} has no message with any text")
     elif not isinstance(prompt, str):
         raise wrong(prompt_key, "a string or a list of {role, content} messages", prompt)
+    elif not prompt.strip():
+        raise DataError(f"{where}: field {prompt_key!r} is empty")
 
     # Ground truth: verl's reward_model.ground_truth, else `answer`, else `solution` (kept whole:
     # the math verifier extracts its \boxed{} answer).
@@ -157,6 +177,8 @@ def _row_to_record(
     ground_truth = _ground_truth(gt_value)
     if ground_truth is None:
         raise wrong(gt_key, "a string, number or object", gt_value)
+    if not ground_truth.strip() or gt_value == {}:
+        raise DataError(f"{where}: field {gt_key!r} is empty (every response would score 0)")
 
     data_source = row.get("data_source")
     if data_source is None:
@@ -166,7 +188,7 @@ def _row_to_record(
 
     used = {prompt_key, gt_key.split(".")[0], "data_source"}
     extra = {k: v for k, v in row.items() if k not in used}
-    return PromptRecord(prompt, ground_truth, data_source, index, extra)
+    return PromptRecord(prompt, ground_truth, data_source, index, extra, origin=where)
 
 
 def load_prompts(path: str, *, data_source_default: str | None = None) -> list[PromptRecord]:
@@ -190,7 +212,24 @@ def load_prompts(path: str, *, data_source_default: str | None = None) -> list[P
 def load_many(paths: list[str], *, data_source_default: str | None = None) -> list[PromptRecord]:
     """Records of several files concatenated in order, re-indexed 0..N-1."""
     records = [r for p in paths for r in load_prompts(p, data_source_default=data_source_default)]
-    return [
-        PromptRecord(r.prompt, r.ground_truth, r.data_source, i, r.extra)
-        for i, r in enumerate(records)
-    ]
+    return [dataclasses.replace(r, index=i) for i, r in enumerate(records)]
+
+
+def tokenize_prompts(
+    records: list[PromptRecord], tokenize: Callable[[Any], list[int]], max_len: int, what: str
+) -> list[list[int]]:
+    """Token ids of every record's prompt; a ``DataError`` naming the first prompt longer than
+    ``max_len`` tokens (``data.max_prompt_len``), its file and row (``what`` = the recipe key).
+
+    The trainer calls it once the tokenizer is loaded and before the model is, with
+    ``tokenize(prompt)`` = the rendered prompt's ids (chat template included).
+    """
+    out = []
+    for r in records:
+        ids = tokenize(r.prompt)
+        if len(ids) > max_len:
+            where = r.origin or f"{r.data_source} problem {r.index}"
+            raise DataError(f"{what}: {where}: the prompt has {len(ids)} tokens, more than "
+                            f"data.max_prompt_len={max_len}")
+        out.append(ids)
+    return out

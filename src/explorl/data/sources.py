@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from explorl.config import LabConfig
 from explorl.data.records import PromptRecord
+from explorl.errors import DataError
 
 
 def lab_task_params(task: str, lab: LabConfig) -> dict:
@@ -27,13 +30,16 @@ def load_split(specs: list[str], lab: LabConfig, split: str) -> list[PromptRecor
         if task is None:
             files.append(spec)
             continue
-        splits = make_splits(task, seed=lab.split_seed, n_train=lab.n_train, n_val=lab.n_val,
-                             n_test=lab.n_test, **lab_task_params(task, lab))
+        try:
+            splits = make_splits(task, seed=lab.split_seed, n_train=lab.n_train, n_val=lab.n_val,
+                                 n_test=lab.n_test, **lab_task_params(task, lab))
+        except ValueError as e:  # e.g. more problems asked for than the task has
+            raise DataError(f"{spec}: {e} (lab.n_train/n_val/n_test)") from None
         records.extend(splits[split])
     if files:
         records.extend(load_many(files))
     # Controllers key per-prompt statistics by index: make it the position in this dataset.
-    return [PromptRecord(r.prompt, r.ground_truth, r.data_source, i, r.extra) for i, r in enumerate(records)]
+    return [dataclasses.replace(r, index=i) for i, r in enumerate(records)]
 
 
 def default_verifier(specs: list[str]) -> str:

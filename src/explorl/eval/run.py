@@ -7,14 +7,15 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from explorl import config as C
 from explorl.checkpoint import latest_checkpoint
 from explorl.data.sources import default_verifier, load_split
+from explorl.errors import ModelPathError
 from explorl.models import load_model, load_tokenizer, render_prompt, resolve_device, resolve_model_path
 from explorl.rewards.pool import VerifierPool
+from explorl.rewards.verifiers import resolve_verifier
 from explorl.rollout.hf import HFEngine
 
 
@@ -22,14 +23,15 @@ def _resolve_model(model: str, overrides: list[str] | None) -> tuple[Path, Path,
     """``(weights dir, tokenizer dir, config)`` for a model dir, ``lab:<task>`` or a run dir."""
     run_dir = Path(model)
     if (run_dir / "config.yaml").is_file() and (run_dir / "checkpoints").is_dir():
-        data = yaml.safe_load((run_dir / "config.yaml").read_text())
+        what = f"{run_dir / 'config.yaml'}"
+        data = C.load_yaml(C.read_utf8((run_dir / "config.yaml").read_bytes(), what), what)
         for text in overrides or []:
             k, v = C.parse_override(text)
             C.set_path(data, k, v)
         cfg = C.from_dict(data)
         ckpt = latest_checkpoint(run_dir)
         if ckpt is None or not (ckpt / "config.json").exists():
-            raise FileNotFoundError(f"{run_dir} has no checkpoint with model weights")
+            raise ModelPathError(f"{run_dir} has no checkpoint with model weights")
         return ckpt, ckpt, cfg
     cfg = C.load(None, overrides)
     cfg.model.path = model
@@ -45,19 +47,31 @@ def run_eval(*, model: str, data: list[str], out_dir: Path, n: int = 16, k_list:
     problem's responses and scores, docs/completions.md) and ``passk.png`` into ``out_dir``."""
     from explorl.eval.evaluate import plot_passk, summarize, write_eval_json
 
+    counts = [("--n", n), ("--max-problems", max_problems), ("--max-new-tokens", max_new_tokens),
+              *(("--k", k) for k in k_list)]
+    for flag, value in counts:
+        if value is not None and value < 1:
+            raise C.ConfigError(f"{flag}: must be ≥ 1, got {value}")
+    if not 0 <= temperature <= 100:  # also NaN
+        raise C.ConfigError(f"--temperature: must be in [0, 100], got {temperature}")
     k_list = sorted({k for k in k_list if k <= n})
     if not k_list:
-        raise ValueError(f"every k exceeds n={n}")
+        raise C.ConfigError(f"--k: every k exceeds --n {n}")
     weights, tok_dir, cfg = _resolve_model(model, overrides)
+    # Data and verifier before the model: a bad file or name fails in seconds.
+    records = load_split(data, cfg.lab, split)[: max_problems or None]
+    try:
+        name = verifier if verifier != "auto" else (
+            cfg.reward.verifier if cfg.reward.verifier != "auto" else default_verifier(data))
+    except ValueError as e:
+        raise C.ConfigError(f"--verifier: 'auto' cannot choose: {e}") from None
+    resolve_verifier(name)
     torch.manual_seed(seed)
     device = resolve_device(cfg.model.device)
     tokenizer = load_tokenizer(tok_dir, cfg.model)
     policy = load_model(weights, cfg.model, device, frozen=True)
     max_new = max_new_tokens or cfg.rollout.max_response_len
     engine = HFEngine(tokenizer, batch_size=cfg.rollout.batch_size)
-    records = load_split(data, cfg.lab, split)[: max_problems or None]
-    name = verifier if verifier != "auto" else (
-        cfg.reward.verifier if cfg.reward.verifier != "auto" else default_verifier(data))
     gen = torch.Generator(device if device.type == "cuda" else "cpu").manual_seed(seed)
     correct: list[list[bool]] = []
     greedy: list[bool] = []
@@ -65,7 +79,7 @@ def run_eval(*, model: str, data: list[str], out_dir: Path, n: int = 16, k_list:
     t0 = time.perf_counter()
     columns = (TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("eta"), TimeRemainingColumn())
-    with VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s) as pool, \
+    with VerifierPool.from_config(cfg.reward) as pool, \
             Progress(*columns, disable=not progress) as bar:
         task = bar.add_task("eval", total=len(records))
         for start in range(0, len(records), batch_problems):

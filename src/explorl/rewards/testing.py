@@ -49,3 +49,13 @@ def _echo(response: str, ground_truth: str) -> float:
     elif response == "raise":
         _raise(response, ground_truth)
     return float(response == ground_truth)
+
+
+_ODD_SCORES = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf"), "huge": 1e30,
+               "negative": -0.5, "two": 2.0, "string": "1.0", "none": None, "list": [1.0]}
+
+
+def _returns(response: str, ground_truth: str) -> object:
+    """Returns what the response names (``"nan"``, ``"string"`` → ``"1.0"``, ``"none"``, …, see
+    ``_ODD_SCORES``), else 1.0 — every odd value must count as an error, not a score."""
+    return _ODD_SCORES.get(response, 1.0)
