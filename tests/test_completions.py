@@ -125,7 +125,7 @@ def test_training_and_validation_rows_of_a_real_step(make_config, tmp_path, monk
         t.pool.close()
 
 
-@pytest.mark.xfail(strict=True, reason="needs the trainer wiring (lead): CompletionsLog in the "
+@pytest.mark.xfail(strict=True, reason="needs the trainer wiring (lead): RunOutputs in the "
                                        "Trainer, training_completions after collect, "
                                        "validate(samples=...)")
 def test_three_step_run_writes_completions(make_config, tmp_path):
@@ -139,3 +139,35 @@ def test_three_step_run_writes_completions(make_config, tmp_path):
         (0, "val"), (0, "val"), (1, "train"), (1, "train"), (2, "train"), (2, "train"),
         (3, "train"), (3, "train"), (3, "val"), (3, "val")]
     assert all(list(r) == FIELDS for r in got)
+
+
+def test_run_outputs_write_metrics_completions_and_trackers_and_resume(tmp_path):
+    """The trainer's one handle on its outputs; a resume at step 2 drops the later rows of
+    metrics.jsonl and completions.jsonl and continues the tracker run."""
+    from explorl import config as C
+    from explorl.outputs import RunOutputs
+    from explorl.runlog import read_metrics
+
+    cfg = C.load(None, ["log.report_to=[tensorboard]", "log.completions_every=2",
+                        "log.completions_per_step=1"])
+    out = RunOutputs(cfg, tmp_path, step=0)
+    for step in range(4):
+        out.log({"step": step, "reward/mean": step / 10})
+        if out.completions_due(step):
+            out.log_completions(rows(3, step=step), step, "train")
+    out.close()
+    assert [r["step"] for r in read_completions(tmp_path)] == [0, 2]
+    out = RunOutputs(cfg, tmp_path, resume=True, step=2)
+    assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1, 2]
+    assert [r["step"] for r in read_completions(tmp_path)] == [0, 2]
+    out.log({"step": 3, "reward/mean": 0.9})
+    out.close()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, round(e.value, 6)) for e in acc.Scalars("reward/mean")] == [
+        (0, 0.0), (1, 0.1), (2, 0.2), (3, 0.9)]
+    # a fresh run into a used directory starts both files over
+    RunOutputs(cfg, tmp_path, step=0).close()
+    assert read_metrics(tmp_path) == [] and read_completions(tmp_path) == []

@@ -84,8 +84,8 @@ def test_tensorboard_resume_replaces_the_interrupted_tail(tmp_path):
     assert reward == [(1, pytest.approx(0.1)), (2, pytest.approx(0.2)), (3, 3.0), (4, 4.0)]
 
 
-@pytest.mark.xfail(strict=True, reason="needs the trainer wiring (lead): Trainer builds Trackers "
-                                       "and calls .log(metrics, step) for every metrics row")
+@pytest.mark.xfail(strict=True, reason="needs the trainer wiring (lead): Trainer holds "
+                                       "outputs.RunOutputs and calls .log(metrics) per row")
 def test_three_step_run_writes_reward_mean_to_tensorboard(make_config, tmp_path):
     from explorl.trainer import Trainer
 
