@@ -418,6 +418,19 @@ class LogConfig:
     """Most recent checkpoints kept."""
     save_model: bool = True
     """Include the model weights (save_pretrained) in checkpoints."""
+    report_to: list[str] = field(default_factory=list)
+    """Experiment trackers that receive every metric of metrics.jsonl with its step, the resolved
+    config as hyperparameters and the logged completions: any of ``tensorboard``, ``wandb``,
+    ``trackio``, ``mlflow`` (each an optional extra, e.g. ``pip install 'explorl[wandb]'``). All
+    write locally by default and a resume continues the same tracker run (docs/trackers.md)."""
+    project: str = "explorl"
+    """Project (wandb, trackio) or experiment (MLflow) name the trackers file the run under."""
+    completions_every: int = 10
+    """Append a sample of training completions (prompt, response, score, reward) to
+    completions.jsonl every this many steps; every validation adds a sample too. 0 = never."""
+    completions_per_step: int = 8
+    """Completions sampled for completions.jsonl (and the trackers' tables) per logged step and
+    per validation."""
 
 
 @dataclass
@@ -555,6 +568,8 @@ RANGES: dict[str, str] = {
     "eval.temperature": "[0, 100]",  # 0 = greedy
     "log.checkpoint_every": "[0, 100000000]",
     "log.keep_checkpoints": "[1, 1000000]",
+    "log.completions_every": "[0, 100000000]",
+    "log.completions_per_step": "[1, 1000000]",
 }
 """Allowed interval of every numeric field (of each item for a list); ``None`` always passes.
 Every number must also be finite. Relations between fields are ``_cross_checks``."""
@@ -660,6 +675,8 @@ def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
          "EEPO needs rollout.n_samples ≥ 2"),
         ("eval.k", all(k <= c.eval.n_samples for k in c.eval.k),
          "every k must be ≤ eval.n_samples"),
+        ("log.report_to", len(set(c.log.report_to)) == len(c.log.report_to),
+         "names a tracker twice"),
     ]
 
 
@@ -705,6 +722,7 @@ def _check_names(cfg: RunConfig) -> None:
     """Plug-point names are checked against the dicts that define them (no copied lists)."""
     from explorl.algorithms import ADVANTAGES, AGG_MODES, KL_ESTIMATORS, LOSSES
     from explorl.control import ACTUATOR_DEFAULTS, SCHEDULES
+    from explorl.trackers import TRACKERS
 
     a, ad = cfg.algorithm, cfg.control.adaptive
     for path, value, table, kind in [("algorithm.loss", a.loss, LOSSES, "loss"),
@@ -712,7 +730,9 @@ def _check_names(cfg: RunConfig) -> None:
                                      ("algorithm.agg", a.agg, AGG_MODES, "aggregation mode"),
                                      ("algorithm.kl_estimator", a.kl_estimator, KL_ESTIMATORS, "KL estimator"),
                                      ("control.adaptive.actuator", ad.actuator, ACTUATOR_DEFAULTS, "actuator"),
-                                     ("control.adaptive.schedule.kind", ad.schedule.kind, SCHEDULES, "schedule")]:
+                                     ("control.adaptive.schedule.kind", ad.schedule.kind, SCHEDULES, "schedule"),
+                                     *[(f"log.report_to[{i}]", name, TRACKERS, "tracker")
+                                       for i, name in enumerate(cfg.log.report_to)]]:
         if value not in table:
             close = difflib.get_close_matches(value, list(table), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""

@@ -75,11 +75,28 @@ def load_tokenizer(path: Path, cfg: ModelConfig):
     return tok
 
 
+@contextlib.contextmanager
+def quiet_transformers():
+    """Silence transformers' own progress bars ("Loading weights", "Writing model shards") for
+    the duration: the trainer loads and checkpoints models while its own progress bar runs."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
 def load_model(path: Path, cfg: ModelConfig, device: torch.device, *, frozen: bool = False) -> torch.nn.Module:
     """``from_pretrained`` on ``device``: trained weights in ``param_dtype`` (float32 masters unless
     pure low precision), a frozen reference directly in the compute dtype."""
     dtype = resolve_dtype(cfg.dtype, device) if frozen else param_dtype(cfg, device)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=cfg.trust_remote_code)
+    with quiet_transformers():
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype,
+                                                     trust_remote_code=cfg.trust_remote_code)
     model.to(device)
     if frozen:
         model.eval()

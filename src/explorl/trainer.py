@@ -37,10 +37,12 @@ from explorl.models import (
 from explorl.plots import plot_run_safely
 from explorl.rewards.pool import VerifierPool
 from explorl.rewards.rewarder import Rewarder
+from explorl.completions import training_completions
+from explorl.outputs import RunOutputs
 from explorl.rollout.collect import collect
 from explorl.rollout.base import build_engine, pop_metrics
 from explorl.rollout.two_stage import make_sampler
-from explorl.runlog import MetricsLog, ProgressBar, graceful_interrupt, json_default
+from explorl.runlog import ProgressBar, graceful_interrupt, json_default
 from explorl.step_batch import covariance_metrics, policy_entropy
 from explorl.step_metrics import TIME_KEYS, batch_metrics, ordered, timed
 from explorl.update import (
@@ -87,9 +89,8 @@ class Trainer:
             (self.out / "plots").mkdir(exist_ok=True)
             C.save(cfg, self.out / "config.yaml")
         self.pool = VerifierPool.from_config(cfg.reward)
-        # metrics.jsonl holds global values: only rank 0 writes it.
-        self.metrics_log = (MetricsLog(self.out / "metrics.jsonl", truncate_after=self.step if resume else 0)
-                            if self.dist.is_main else None)
+        # metrics.jsonl, completions.jsonl and the trackers hold global values: only rank 0 writes.
+        self.outputs = RunOutputs(cfg, self.out, resume=resume, step=self.step) if self.dist.is_main else None
         self._stop = False
 
     def _setup_data(self, train_data=None, val_data=None) -> None:
@@ -209,11 +210,15 @@ class Trainer:
         e = self.cfg.eval
         data = self.val_data[: e.max_problems]
         T = e.temperature if e.temperature is not None else self.knobs.temperature
+        samples: list = []  # this rank's responses, for completions.jsonl
         with self.amp():
-            return validate(engine=self.engine, policy=self._policy_now(), pool=self.pool, rewarder=self.rewarder,
+            out = validate(engine=self.engine, policy=self._policy_now(), pool=self.pool, rewarder=self.rewarder,
                             data=data, prompt_ids=self._prompt_ids(self.val_data, "val"), n_samples=e.n_samples,
                             ks=e.k, temperature=T, max_new_tokens=self.knobs.max_response_len,
-                            seed=self.cfg.seed, step=self.step, greedy=e.greedy, dist=self.dist)
+                            seed=self.cfg.seed, step=self.step, greedy=e.greedy, dist=self.dist, samples=samples)
+        if self.outputs is not None:
+            self.outputs.log_completions(samples, self.step, "val")
+        return out
 
     def train_step(self) -> dict:
         cfg, step, metrics = self.cfg, self.step + 1, {}
@@ -235,6 +240,8 @@ class Trainer:
                           version=self.scheduler.last_epoch, pool=self.pool, rewarder=self.rewarder, dist=self.dist)
         sb, rows = got.batch, got.batch.rows
         metrics.update(got.metrics)
+        if self.outputs is not None and self.outputs.completions_due(step):
+            self.outputs.log_completions(training_completions(step, got, data), step, "train")
         if self.recompute:  # old log-probs and entropy from the trainer's own forward
             with timed(metrics, "time/old_logp_s"):
                 got.rollouts, rm = self.update.recompute(got.rollouts, sb, knobs.temperature)
@@ -299,8 +306,8 @@ class Trainer:
                     ckpt = self.save()
         finally:
             bar.close()
-            if self.metrics_log is not None:
-                self.metrics_log.close()
+            if self.outputs is not None:
+                self.outputs.close()
             self.pool.close()
         self.plot()
         summary = {"steps": self.step, "max_steps": cfg.max_steps, "interrupted": self._stop and self.step < cfg.max_steps,
@@ -311,8 +318,8 @@ class Trainer:
         return summary
 
     def _log(self, metrics: dict, bar: ProgressBar) -> dict:
-        if self.metrics_log is not None:
-            self.metrics_log.write(metrics)
+        if self.outputs is not None:
+            self.outputs.log(metrics)
         bar.update(self.step, metrics)
         return metrics
 

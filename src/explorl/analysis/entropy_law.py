@@ -181,6 +181,7 @@ def plot_fit(fit: EntropyLawFit, path: str | Path) -> Path:
     ax.set_title(f"Entropy–performance law{f': {fit.run}' if fit.run else ''}")
     ax.legend(fontsize="small")
     ax.grid(alpha=0.3)
+    ax.ticklabel_format(axis="both", useOffset=False)  # entropies read as they are, not "+0.35"
     return save_figure(fig, path)
 
 

@@ -53,7 +53,8 @@ def run_eval(*, model: str, data: list[str], out_dir: Path, n: int = 16, k_list:
              temperature: float = 1.0, max_problems: int | None = None, max_new_tokens: int | None = None,
              verifier: str = "auto", split: str = "test", seed: int = 0, overrides: list[str] | None = None,
              batch_problems: int = 64, progress: bool = True) -> dict:
-    """Evaluate ``model`` on ``data``; write ``eval.json`` and ``passk.png`` into ``out_dir``."""
+    """Evaluate ``model`` on ``data``; write ``eval.json`` (the totals), ``problems.jsonl`` (each
+    problem's responses and scores, docs/completions.md) and ``passk.png`` into ``out_dir``."""
     from explorl.eval.evaluate import plot_passk, summarize, write_eval_json
 
     counts = [("--n", n), ("--max-problems", max_problems), ("--max-new-tokens", max_new_tokens),
@@ -85,6 +86,7 @@ def run_eval(*, model: str, data: list[str], out_dir: Path, n: int = 16, k_list:
     gen = torch.Generator(device if device.type == "cuda" else "cpu").manual_seed(seed)
     correct: list[list[bool]] = []
     greedy: list[bool] = []
+    problems: list[dict] = []  # one row of problems.jsonl per problem
     t0 = time.perf_counter()
     columns = (TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("eta"), TimeRemainingColumn())
@@ -95,12 +97,15 @@ def run_eval(*, model: str, data: list[str], out_dir: Path, n: int = 16, k_list:
             chunk = records[start: start + batch_problems]
             ids = [render_prompt(tokenizer, r.prompt, cfg.model.use_chat_template) for r in chunk]
             ro = engine.generate(policy, ids, [n] * len(ids), temperature, max_new, gen)
-            answered = [chunk[i] for i in ro.prompt_index.tolist()]
-            scores = rewarder.score(pool, ro.texts, answered).correct
-            for i in range(len(chunk)):
-                correct.append([s > 0 for s, p in zip(scores, ro.prompt_index.tolist()) if p == i])
+            pidx = ro.prompt_index.tolist()
+            scores = rewarder.score(pool, ro.texts, [chunk[i] for i in pidx]).correct
             g = engine.generate(policy, ids, [1] * len(ids), 0.0, max_new)
-            greedy += [s > 0 for s in rewarder.score(pool, g.texts, chunk).correct]
+            g_scores = rewarder.score(pool, g.texts, chunk).correct
+            for i, rec in enumerate(chunk):
+                mine = [(t, sc) for t, sc, p in zip(ro.texts, scores, pidx) if p == i]
+                correct.append([sc > 0 for _, sc in mine])
+                problems.append(problem_row(start + i, rec, mine, g.texts[i], g_scores[i]))
+            greedy += [s > 0 for s in g_scores]
             bar.update(task, advance=len(chunk))
     summary = summarize(correct, [r.data_source for r in records], k_list)
     summary["overall"]["greedy_accuracy"] = sum(greedy) / max(1, len(greedy))
@@ -113,9 +118,23 @@ def run_eval(*, model: str, data: list[str], out_dir: Path, n: int = 16, k_list:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_eval_json(summary, out_dir / "eval.json")
+    with open(out_dir / "problems.jsonl", "w") as fh:
+        fh.writelines(json.dumps(row) + "\n" for row in problems)
     plot_passk(summary, out_dir / "passk.png")
     _print_table(summary)
     return summary
+
+
+def problem_row(index: int, rec, samples: list[tuple[str, float]], greedy_text: str,
+                greedy_score: float) -> dict:
+    """One row of ``problems.jsonl``: the problem, its n sampled responses with their verifier
+    scores, and the greedy response (fields in docs/completions.md)."""
+    from explorl.completions import prompt_text
+
+    return {"index": index, "data_source": str(rec.data_source), "prompt": prompt_text(rec.prompt),
+            "ground_truth": str(rec.ground_truth), "n_correct": sum(sc > 0 for _, sc in samples),
+            "responses": [t for t, _ in samples], "scores": [float(sc) for _, sc in samples],
+            "greedy_response": greedy_text, "greedy_score": float(greedy_score)}
 
 
 def _print_table(summary: dict) -> None:

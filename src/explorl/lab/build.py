@@ -198,7 +198,8 @@ def lab_model_path(
             tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
             tmp.chmod(0o755)  # mkdtemp makes it owner-only; a shared cache should be readable
             try:
-                log.info("building lab model %s in %s", name, root)
+                log.info("building the lab model for %r (once; about a minute on a CPU), "
+                         "cached in %s", getattr(task, "name", task), final)
                 threads = torch.get_num_threads()
                 try:
                     if num_threads:
@@ -347,7 +348,8 @@ def _build(task: LabTask, params: dict[str, Any], cfg: BuildConfig, out: Path) -
             history.append(
                 {"step": step, "loss": round(loss, 4), "val_sampled_accuracy": round(acc, 4)}
             )
-            log.info("lab %s: step %d loss %.3f sampled val acc %.3f", task.name, step, loss, acc)
+            log.info("  lab model %s: SFT step %d/%d  loss %.3f  sampled val accuracy %.3f "
+                     "(stops at %.2f)", task.name, step, cfg.max_steps, loss, acc, cfg.target_accuracy)
             if acc >= cfg.target_accuracy:
                 break
     model.eval()
@@ -390,6 +392,8 @@ def _build(task: LabTask, params: dict[str, Any], cfg: BuildConfig, out: Path) -
         "transformers_version": transformers.__version__,
     }
     (out / "lab.json").write_text(json.dumps(meta, indent=2) + "\n")
+    log.info("  lab model %s ready in %.0f s: %d parameters, sampled val accuracy %.3f, greedy %.3f",
+             getattr(task, "name", task), meta["build_seconds"], n_params, sampled, greedy)
 
 
 @torch.no_grad()
