@@ -5,6 +5,7 @@ import explorl
 
 EXPECTED = sorted([
     "ADVANTAGES", "CONTROLLERS", "ConfigError", "Controller", "FakeEngine", "HFEngine", "Knobs", "LOSSES",
+    "LabTask", "ref_of", "train",
     "PromptRecord", "Rollouts", "RunConfig", "StepStats", "Trainer", "VERIFIERS", "VLLMEngine", "VerifierPool", "aggregate",
     "compute_advantages", "fit_entropy_law", "lab_model_path", "load_config", "load_prompts", "make_report",
     "make_splits", "pass_at_k", "token_covariance", "__version__",

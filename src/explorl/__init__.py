@@ -16,6 +16,7 @@ _EXPORTS = {
     "ConfigError": "explorl.config",
     "load_config": ("explorl.config", "load"),
     # training
+    "train": "explorl.api",
     "Trainer": "explorl.trainer",
     # algorithms (pure tensor functions)
     "ADVANTAGES": "explorl.algorithms",
@@ -38,7 +39,9 @@ _EXPORTS = {
     "load_prompts": "explorl.data",
     "VERIFIERS": "explorl.rewards",
     "VerifierPool": "explorl.rewards",
+    "ref_of": "explorl.refs",
     # lab
+    "LabTask": "explorl.lab.tasks",
     "lab_model_path": "explorl.lab",
     "make_splits": "explorl.lab",
     # evaluation and analysis

@@ -101,6 +101,22 @@ def ref_of(obj: Any) -> str:
     return f"{module}:{name}"
 
 
+class StopScript(BaseException):
+    """Raised by ``explorl.train`` while explorl imports a user's script for its functions: the
+    import stops there, with every function defined above the call in place."""
+
+
+_LOADING = [0]  # depth of script files being imported as references
+
+
+def loading_script() -> bool:
+    """Whether explorl is importing a user's script file right now (or runs in a verifier
+    worker, which only ever imports scripts for their functions)."""
+    from explorl.rewards import pool
+
+    return _LOADING[0] > 0 or pool.IN_WORKER
+
+
 def _load_file(target: str):
     path = Path(target).expanduser()
     if not path.is_file():
@@ -115,11 +131,16 @@ def _load_file(target: str):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
+    _LOADING[0] += 1
     try:
         spec.loader.exec_module(module)
+    except StopScript:  # a script that calls explorl.train(...) at top level: defined enough
+        pass
     except BaseException:
         del sys.modules[name]
         raise
+    finally:
+        _LOADING[0] -= 1
     return module
 
 

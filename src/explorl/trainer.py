@@ -101,7 +101,9 @@ class Trainer:
         self.val_data = (load_split(d.val or d.train, cfg, "val" if not d.val else "train") if val_data is None
                          else in_memory(val_data, cfg))
         self.anneal_data = load_split(d.anneal, cfg, "train") if d.anneal else None
-        self.rewarder = Rewarder(cfg.reward, d.train + d.val + d.anneal)
+        mem = ["<in-memory rows>"]  # not a lab spec: ``auto`` verifies them with ``math``
+        specs = (d.train if train_data is None else mem) + (d.val if val_data is None else mem)
+        self.rewarder = Rewarder(cfg.reward, specs + d.anneal)
         self.order = DataOrder(len(self.train_data), d.prompts_per_step, cfg.seed, d.shuffle)
         self.anneal_order = (DataOrder(len(self.anneal_data), d.prompts_per_step, cfg.seed + 7, d.shuffle)
                              if self.anneal_data else None)
