@@ -144,7 +144,7 @@ def run_trl(prompts: int, samples: int, steps: int, warmup: int, src: str) -> di
     path = resolve_model_path(cfg.model.path, cfg.lab)
     tok = load_tokenizer(path, cfg.model)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    train = load_split(cfg.data.train, cfg.lab, "train")
+    train = load_split(cfg.data.train, cfg, "train")
     data = Dataset.from_list([{"prompt": r.prompt, "ground_truth": r.ground_truth} for r in train])
     verify = VERIFIERS["addition"]
 

@@ -31,6 +31,9 @@ def tiny_model():
 
 
 TINY_LAB = {"max_digits": 1, "n_train": 30, "n_val": 10, "n_test": 10}
+"""``lab_model_path`` arguments of the tiny model: 1-digit addition, small splits."""
+TINY_LAB_CONFIG = {"n_train": 30, "n_val": 10, "n_test": 10, "params": {"max_digits": 1}}
+"""The same as a recipe's ``lab`` section."""
 
 
 def tiny_config(model_dir, overrides: dict | None = None, sets: list[str] | None = None) -> C.RunConfig:
@@ -39,7 +42,7 @@ def tiny_config(model_dir, overrides: dict | None = None, sets: list[str] | None
         "name": "tiny",
         "max_steps": 2,
         "model": {"path": str(model_dir)},
-        "lab": dict(TINY_LAB),
+        "lab": {**TINY_LAB_CONFIG, "params": dict(TINY_LAB_CONFIG["params"])},
         "data": {"train": ["lab:addition"], "prompts_per_step": 4},
         "rollout": {"n_samples": 4, "max_response_len": 6},
         "reward": {"num_workers": 1},

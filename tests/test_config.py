@@ -6,8 +6,11 @@ import yaml
 
 from explorl import config as C
 
-RECIPES = sorted(p for p in Path(__file__).resolve().parents[1].joinpath("recipes").rglob("*.yaml")
-                 if "accelerate" not in p.parts)  # recipes/accelerate/ holds launcher configs, not recipes
+RECIPES = sorted(
+    p
+    for p in Path(__file__).resolve().parents[1].joinpath("recipes").rglob("*.yaml")
+    if "accelerate" not in p.parts
+)  # recipes/accelerate/ holds launcher configs, not recipes
 
 
 def test_defaults_validate():
@@ -58,7 +61,9 @@ def test_impossible_values_name_the_key(data, path):
 
 
 def test_unknown_loss_and_advantage_names_are_rejected_with_choices():
-    with pytest.raises(C.ConfigError, match=r"algorithm.loss: 'clipcov' is not a known loss.*clip_cov"):
+    with pytest.raises(
+        C.ConfigError, match=r"algorithm.loss: 'clipcov' is not a known loss.*clip_cov"
+    ):
         C.from_dict({"algorithm": {"loss": "clipcov"}})
     with pytest.raises(C.ConfigError, match=r"algorithm.advantage:.*grpo"):
         C.from_dict({"algorithm": {"advantage": "gpro"}})
@@ -67,8 +72,14 @@ def test_unknown_loss_and_advantage_names_are_rejected_with_choices():
 def test_overrides_parse_yaml_values(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("max_steps: 5\nalgorithm:\n  eps_high: 0.28\n")
-    cfg = C.load(recipe, ["algorithm.eps_high=0.3", "eval.k=[1, 2]", "data.train=lab:countdown"], seed=3)
-    assert cfg.algorithm.eps_high == 0.3 and cfg.eval.k == [1, 2] and cfg.data.train == ["lab:countdown"]
+    cfg = C.load(
+        recipe, ["algorithm.eps_high=0.3", "eval.k=[1, 2]", "data.train=lab:countdown"], seed=3
+    )
+    assert (
+        cfg.algorithm.eps_high == 0.3
+        and cfg.eval.k == [1, 2]
+        and cfg.data.train == ["lab:countdown"]
+    )
     assert cfg.seed == 3 and cfg.max_steps == 5 and cfg.name == "r"
 
 
@@ -115,7 +126,9 @@ def test_recipe_reference_doc_is_current():
     from explorl.docs import recipe_reference
 
     doc = Path(__file__).resolve().parents[1] / "docs" / "recipes.md"
-    assert doc.read_text() == recipe_reference(), "regenerate: python -m explorl.docs > docs/recipes.md"
+    assert doc.read_text() == recipe_reference(), (
+        "regenerate: python -m explorl.docs > docs/recipes.md"
+    )
 
 
 def test_every_numeric_field_has_a_range_and_every_range_a_field():

@@ -22,7 +22,9 @@ def _recipe(tmp_path, cfg) -> str:
     return str(path)
 
 
-def test_a_nan_reward_skips_the_update_and_three_in_a_row_stop_the_run(make_config, tmp_path, capsys):
+def test_a_nan_reward_skips_the_update_and_three_in_a_row_stop_the_run(
+    make_config, tmp_path, capsys
+):
     cfg = make_config({"max_steps": 6, "eval": {"every": 0}, "log": {"checkpoint_every": 1},
                        "reward": {"num_workers": 0}, "optim": {"max_bad_steps": 3}})
     out = tmp_path / "run"
@@ -52,14 +54,18 @@ def test_a_good_step_resets_the_count(make_config, tmp_path):
     t = Trainer(cfg, tmp_path / "run")
     real = t.update.run
     poison = iter([True, False, True, False])
-    t.update.run = lambda ro, adv, k, sb: real(ro, adv * float("nan") if next(poison) else adv, k, sb)
+    t.update.run = lambda ro, adv, k, sb: real(
+        ro, adv * float("nan") if next(poison) else adv, k, sb
+    )
     for _ in range(4):
         m = t.train_step()
     assert m["train/skipped_steps"] == 2  # never two in a row: the run goes on
     t.pool.close()
 
 
-def test_exploding_lr_run_exits_2_names_the_step_and_keeps_a_finite_checkpoint(make_config, tmp_path, capsys):
+def test_exploding_lr_run_exits_2_names_the_step_and_keeps_a_finite_checkpoint(
+    make_config, tmp_path, capsys
+):
     cfg = make_config({"max_steps": 12, "eval": {"every": 0}, "log": {"checkpoint_every": 1},
                        "optim": {"lr": 1e6, "max_grad_norm": 0.0, "max_bad_steps": 2}})
     out = tmp_path / "run"

@@ -5,7 +5,8 @@ import explorl
 
 EXPECTED = sorted([
     "ADVANTAGES", "CONTROLLERS", "ConfigError", "Controller", "FakeEngine", "HFEngine", "Knobs", "LOSSES",
-    "PromptRecord", "Rollouts", "RunConfig", "StepStats", "Trainer", "VERIFIERS", "VerifierPool", "aggregate",
+    "LabTask", "ref_of", "train",
+    "PromptRecord", "Rollouts", "RunConfig", "StepStats", "Trainer", "VERIFIERS", "VLLMEngine", "VerifierPool", "aggregate",
     "compute_advantages", "fit_entropy_law", "lab_model_path", "load_config", "load_prompts", "make_report",
     "make_splits", "pass_at_k", "token_covariance", "__version__",
 ])

@@ -10,7 +10,7 @@ from explorl import config as C
 from explorl.runlog import read_metrics
 from explorl.trainer import Trainer
 
-from conftest import TINY_LAB
+from conftest import TINY_LAB_CONFIG
 
 ROOT = Path(__file__).resolve().parents[1] / "recipes"
 RECIPES = sorted(p for p in ROOT.rglob("*.yaml") if "accelerate" not in p.parts)
@@ -22,7 +22,7 @@ def _lab_sized(recipe: Path, model_dir: Path) -> C.RunConfig:
     d = C.to_dict(cfg)
     d["max_steps"] = 2
     d["model"]["path"] = str(model_dir)
-    d["lab"].update(TINY_LAB)
+    d["lab"].update(TINY_LAB_CONFIG)
     d["data"].update(train=["lab:addition"], val=[], prompts_per_step=4,
                      anneal=["lab:addition"] if d["data"]["anneal"] else [])
     d["rollout"].update(max_response_len=6, batch_size=64)

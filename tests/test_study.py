@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TINY_LAB
+from conftest import TINY_LAB_CONFIG
 
 from explorl import config as C
 from explorl import study as S
@@ -208,7 +208,8 @@ def test_tracking_claim_compares_with_grpo_on_the_same_target():
 
 @pytest.mark.slow
 def test_tiny_study_end_to_end_is_resumable_and_reproducible(tiny_model, tmp_path, capsys):
-    lab = [f"lab.{k}={v}" for k, v in TINY_LAB.items()]
+    lab = [f"lab.{k}={v}" for k, v in TINY_LAB_CONFIG.items() if k != "params"]
+    lab += [f"lab.params.{k}={v}" for k, v in TINY_LAB_CONFIG["params"].items()]
     spec = {
         "name": "tiny", "task": "addition", "recipes": ["grpo", "es_constant"], "seeds": [0], "max_steps": 3,
         "set": [f"model.path={tiny_model}", *lab, "data.prompts_per_step=4", "rollout.n_samples=4",

@@ -92,8 +92,11 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict[str,
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
         if save_model:
-            model.save_pretrained(tmp, safe_serialization=True)
-            tokenizer.save_pretrained(tmp)
+            from explorl.models import quiet_transformers
+
+            with quiet_transformers():  # no "Writing model shards" bar under the trainer's own
+                model.save_pretrained(tmp, safe_serialization=True)
+                tokenizer.save_pretrained(tmp)
         torch.save(state, tmp / STATE_FILE)
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
@@ -143,6 +146,14 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
         if m and int(m.group(1)) not in found and (p / STATE_FILE).is_file():
             found[int(m.group(1))] = p
     return [found[k] for k in sorted(found)]
+
+
+def checkpoint_step(ckpt: Path) -> int:
+    """The training step a checkpoint directory holds (N of ``step-N`` or ``.step-N.old``)."""
+    m = _STEP_DIR.match(Path(ckpt).name) or _OLD_DIR.match(Path(ckpt).name)
+    if m is None:
+        raise ValueError(f"{ckpt} is not a checkpoints/step-N directory")
+    return int(m.group(1))
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

@@ -1,17 +1,20 @@
-"""``explorl`` command line: train, eval, fit, report, config.
+"""``explorl`` command line: train, eval, passk, fit, report, study, config.
 
 Every error a user can cause (``explorl.errors.ExplorlError``, and ``OSError`` such as a full
 disk) is printed as one ``error: …`` line with exit status 2; ``--debug`` (or
-``EXPLORL_DEBUG=1``) shows the traceback instead. Ctrl-C outside training exits with 130.
+``EXPLORL_DEBUG=1``) shows the traceback instead. Ctrl-C outside training exits with 130; a
+reader that stops early (``explorl config | head``) ends it quietly.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
 
+from explorl import __version__
 from explorl import config as C
 from explorl.errors import ExplorlError
 
@@ -37,6 +40,15 @@ def _train(args) -> int:
         if args.max_steps is not None:
             data["max_steps"] = args.max_steps
         cfg = C.from_dict(data)
+        from explorl.checkpoint import checkpoint_step, latest_checkpoint
+
+        ckpt = latest_checkpoint(run_dir)
+        if ckpt is not None and checkpoint_step(ckpt) >= cfg.max_steps:
+            done = checkpoint_step(ckpt)
+            print(f"{run_dir} is finished: its checkpoint is at step {done} and max_steps is "
+                  f"{cfg.max_steps}, so there is nothing to train. To train further: "
+                  f"explorl train --resume {run_dir} --max-steps N (N > {done}).")
+            return 0
         trainer = trainer(cfg, run_dir, resume=True)
     else:
         if not args.recipe:
@@ -78,6 +90,25 @@ def _eval(args) -> int:
     return 0
 
 
+def _passk(args) -> int:
+    from explorl.eval.evaluate import plot_passk_compare, read_eval
+
+    curves = []
+    for item in args.evals:
+        label, _, path = item.rpartition("=") if "=" in item else ("", "", item)
+        summary = read_eval(Path(path))
+        curves.append((label or Path(path).name.removesuffix(".json"), summary))
+    out = plot_passk_compare(curves, Path(args.out), title=args.title)
+    ks = sorted({k for _, s in curves for k in s["k_list"]})
+    print(f"{'':24s}" + "".join(f"{'pass@' + str(k):>10s}" for k in ks))
+    for label, s in curves:
+        print(f"{label[:24]:24s}" + "".join(
+            f"{s['overall'][f'pass@{k}']:10.3f}" if f"pass@{k}" in s["overall"] else f"{'—':>10s}"
+            for k in ks))
+    print(f"wrote {out}")
+    return 0
+
+
 def _fit(args) -> int:
     from explorl.analysis import FitError, fit_run
     from explorl.analysis.entropy_law import plot_fit, write_fit
@@ -99,10 +130,15 @@ def _fit(args) -> int:
 
 
 def _report(args) -> int:
-    from explorl.analysis import make_report
+    from explorl.analysis.report import write_report
 
-    path = make_report([Path(p) for p in args.run_dirs], Path(args.out))
-    print(f"wrote {path}")
+    rep = write_report([Path(p) for p in args.run_dirs], Path(args.out))
+    print(f"report of {len(args.run_dirs)} run(s) in {Path(args.out)}/")
+    print(f"  html:     {rep.html}   (open in a browser; self-contained)")
+    print(f"  markdown: {rep.markdown}")
+    print(f"  numbers:  {rep.json}")
+    names = ", ".join(p.name for _, _, p in rep.figures)
+    print(f"  figures:  {len(rep.figures)} PNGs beside them ({names})")
     return 0
 
 
@@ -133,8 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 epilog="Commands joined by --then run in turn in one process, e.g. "
                                        "`explorl train R --out D --then eval D --data lab:addition "
                                        "--out D/eval`.")
+    p.add_argument("--version", action="version", version=f"explorl {__version__}",
+                   help="print the version and exit")
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # --debug also after the command; SUPPRESS keeps a subcommand from resetting the flag
     debug = argparse.ArgumentParser(add_help=False)
     debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
@@ -157,25 +195,43 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("model", help="local HF model dir, lab:<task>, or a run dir (its latest checkpoint)")
     e.add_argument("--data", nargs="+", required=True, help="lab:<task> or jsonl/parquet files")
     e.add_argument("--split", default="test", choices=["train", "val", "test"], help="lab split (default test)")
-    e.add_argument("--out", required=True, help="output directory for eval.json and the pass@k plot")
+    e.add_argument("--out", required=True,
+                   help="output directory for eval.json, problems.jsonl (every response and its "
+                        "score) and passk.png")
     e.add_argument("--n", type=int, default=16, help="samples per problem")
     e.add_argument("--k", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="k values")
-    e.add_argument("--temperature", type=float, default=1.0)
-    e.add_argument("--max-problems", type=int, default=None)
+    e.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature of the n samples (default 1.0; greedy is always T=0)")
+    e.add_argument("--max-problems", type=int, default=None,
+                   help="evaluate only the first N problems (default: all)")
     e.add_argument("--max-new-tokens", type=int, default=None, help="default: the model's run config or 256")
-    e.add_argument("--verifier", default="auto")
-    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--verifier", default="auto",
+                   help="math, exact, countdown, addition or module:function (default auto: the "
+                        "run's reward.verifier, else the lab task's, else math)")
+    e.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     e.add_argument("--set", action="append", metavar="KEY=VALUE", help="config overrides (model.*, reward.*, lab.*)")
     e.set_defaults(fn=_eval)
 
+    k = add("passk", help="pass@k curves of several `explorl eval` outputs in one figure (e.g. "
+                           "the model before and after RL)")
+    k.add_argument("evals", nargs="+", metavar="[LABEL=]EVAL",
+                   help="an `explorl eval --out` directory or its eval.json, optionally labelled, "
+                        "e.g. 'before RL=runs/base-eval'")
+    k.add_argument("--out", required=True, help="PNG file to write")
+    k.add_argument("--title", default="pass@k", help="figure title (default pass@k)")
+    k.set_defaults(fn=_passk)
+
     f = add("fit", help="fit the entropy–performance law R = −a·exp(H) + b to a run")
-    f.add_argument("run_dir")
+    f.add_argument("run_dir", help="run directory (its metrics.jsonl needs ≥ 3 validations)")
     f.add_argument("--fit-fraction", type=float, default=1.0, help="fit on the first fraction, predict the rest")
     f.set_defaults(fn=_fit)
 
     r = add("report", help="overlay runs: plots, tables, report.md and report.html")
-    r.add_argument("run_dirs", nargs="+")
-    r.add_argument("--out", default="report")
+    r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                   help="run directories; runs with the same recipe name are grouped as seeds")
+    r.add_argument("--out", default="report",
+                   help="output directory for report.html, report.md, report.json and the PNGs "
+                        "(default ./report)")
     r.set_defaults(fn=_report)
 
     s = add("study", help="recipes × seeds on a lab task: train, eval, report, check the papers' claims")
@@ -191,8 +247,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=_study)
 
     c = add("config", help="print the recipe reference, or a resolved recipe")
-    c.add_argument("recipe", nargs="?")
-    c.add_argument("--set", action="append", metavar="KEY=VALUE")
+    c.add_argument("recipe", nargs="?",
+                   help="a recipe to resolve (base: files and defaults filled in); without one, "
+                        "print every key with its type, default and meaning")
+    c.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config field of the resolved recipe, e.g. optim.lr=1e-5")
     c.set_defaults(fn=_config)
     return p
 
@@ -202,7 +261,31 @@ THEN = "--then"
 the torch import once. ``explorl study`` runs each job's train and eval this way."""
 
 
+def setup_logging() -> None:
+    """Show explorl's own INFO messages (e.g. the lab-model build's progress) on stderr, once."""
+    log = logging.getLogger("explorl")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command line; a reader that stops early (``explorl config | head``) ends it
+    quietly with the shell's SIGPIPE status instead of a BrokenPipeError traceback."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # Python flushes stdout again at exit; point it at /dev/null so that flush is silent.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+
+
+def _main(argv: list[str] | None = None) -> int:
+    setup_logging()
     argv = sys.argv[1:] if argv is None else list(argv)
     if THEN in argv:
         commands: list[list[str]] = [[]]
@@ -213,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
                 commands[-1].append(a)
         for c in commands:  # stop at the first that fails
             print(f"$ explorl {' '.join(c)}", flush=True)
-            rc = main(c)
+            rc = _main(c)
             if rc:
                 return rc
         return 0
@@ -221,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     debug = args.debug or os.environ.get("EXPLORL_DEBUG", "") not in ("", "0")
     try:
         return args.fn(args)
+    except BrokenPipeError:
+        raise  # main() ends quietly: the reader stopped reading, nothing went wrong here
     except (ExplorlError, OSError) as e:
         if debug:
             raise

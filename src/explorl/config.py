@@ -56,7 +56,7 @@ class ModelConfig:
 @dataclass
 class LabConfig:
     split_seed: int = 0
-    """Seed of the lab's deterministic train/val/test split."""
+    """Seed of the deterministic train/val/test split of lab and reasoning-gym tasks."""
     n_train: int = SPLIT_SIZES["n_train"]
     """Number of training problems generated for a lab task. The split depends on all three sizes:
     keep them equal to the lab model's build (the defaults) so validation problems stay unseen;
@@ -65,12 +65,11 @@ class LabConfig:
     """Number of validation problems."""
     n_test: int = SPLIT_SIZES["n_test"]
     """Number of test problems."""
-    min_digits: int = 1
-    """addition: fewest digits of an operand."""
-    max_digits: int = 2
-    """addition: most digits of an operand."""
-    countdown_numbers: int = 3
-    """countdown: how many numbers are given (3 or 4)."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """Parameters of the run's lab tasks (their model and their data), over the task's own
+    defaults: e.g. ``{max_digits: 3}`` for addition, ``{n_numbers: 4}`` for countdown,
+    ``{max_terms: 3}`` for rg:chain_sum. Each task takes the ones it declares; a name none of
+    the run's lab tasks declares is an error (ignored in a run without lab tasks)."""
 
 
 @dataclass
@@ -89,6 +88,40 @@ class DataConfig:
     """Reshuffle the training prompts every epoch (seeded)."""
     max_prompt_len: int = 1024
     """Prompts longer than this many tokens are rejected when the data is loaded."""
+    prompt_key: Optional[str] = None
+    """Column of a data file that holds the prompt (text or chat messages), e.g. ``question``.
+    None: ``prompt``, else ``problem``."""
+    answer_key: Optional[str] = None
+    """Column that holds the ground truth; a dotted path reads inside an object. None:
+    ``reward_model.ground_truth``, else ``answer``, else ``solution``."""
+
+
+@dataclass
+class VLLMConfig:
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Engine weights and compute dtype. ``auto``: the training compute dtype (``model.dtype``)."""
+    kv_cache_gib: float = 1.0
+    """KV-cache size in GiB (vLLM ``kv_cache_memory_bytes``; host memory on CPU, GPU memory on
+    CUDA, where it replaces ``gpu_memory_utilization``'s profiling)."""
+    max_model_len: Optional[int] = None
+    """Longest prompt + response the engine serves. None: the model's own limit."""
+    in_process: bool = True
+    """Run vLLM's engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): weights are
+    pushed as tensors. False: in a child process; each push goes through a safetensors file in
+    /dev/shm."""
+    recompute: bool = True
+    """After sampling, one no-grad forward of the model that sampled (policy or EEPO's copy) over
+    the responses gives old_logp and entropy (vLLM reports no entropy) and the logged gap to
+    vLLM's log-probs; ``algorithm.old_logp: auto`` then needs no second pass in float32. False:
+    old_logp is vLLM's and entropy NaN until the trainer recomputes them (not with EEPO)."""
+    sync_check_tol: Optional[float] = None
+    """Largest allowed log-prob gap between engine and training model on a fixed probe sequence,
+    checked at every sampling call; a larger one (stale or broken weights) discards the samples,
+    rebuilds the engine and pushes again, twice: an error. None: 1e-3 when both run in float32,
+    else 0.1."""
+    llm_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for ``vllm.LLM`` (e.g. ``enforce_eager: false``,
+    ``tensor_parallel_size``); they override explorl's own choices."""
 
 
 @dataclass
@@ -97,20 +130,58 @@ class RolloutConfig:
     """Responses per prompt (G, E3's n_default)."""
     temperature: float = 1.0
     """Sampling temperature (the initial one when a controller owns the temperature)."""
-    max_response_len: int = 256
-    """Maximum number of generated tokens per response."""
-    engine: Literal["hf"] = "hf"
-    """Rollout engine. ``hf``: batched sampling with a KV cache on the training model."""
+    max_response_len: Optional[int] = None
+    """Maximum number of generated tokens per response. None: the lab task's response length
+    on a lab model, else 256."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """Rollout engine. ``hf``: batched sampling with a KV cache on the training model. ``vllm``:
+    a vLLM engine (``rollout.vllm``; install: README "Rollout engines"), weights pushed after
+    every update."""
     batch_size: int = 256
-    """Most responses generated in one forward batch."""
+    """Most responses generated in one forward batch (``vllm``: scored in one recompute batch)."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """Settings of the ``vllm`` engine."""
+
+
+@dataclass
+class RewardFunctionConfig:
+    name: str = ""
+    """A built-in verifier, ``lab:<task>``, ``rg:<task>``, ``module:function`` or
+    ``path/to/file.py:function`` (relative to the recipe, else the working directory)."""
+    weight: float = 1.0
+    """Its weight in the reward Σ weight · f."""
+    data_source: list[str] = field(default_factory=list)
+    """Apply it only to records of these data sources (``fnmatch`` patterns such as ``rg/*``);
+    empty = every record."""
 
 
 @dataclass
 class RewardConfig:
     verifier: str = "auto"
-    """``auto`` (the lab task's verifier, else ``math``), ``math``, ``exact``, ``countdown``, ``addition``, or ``module:function``."""
+    """The verifier: decides which responses are correct (``reward.accuracy``) and, when
+    ``reward.functions`` is empty, gives the reward. ``auto``: each data source's own checker
+    (a lab or reasoning-gym task's), ``math`` for files; or ``math``, ``exact``, ``countdown``,
+    ``addition``, ``lab:<task>``, ``rg:<task>``, ``module:function``, ``path/to/file.py:function``.
+    A function may be ``f(response, ground_truth)``, verl's ``compute_score(data_source,
+    solution_str, ground_truth, extra_info)`` or TRL's ``f(prompts, completions, **columns)``."""
+    functions: list[RewardFunctionConfig] = field(default_factory=list)
+    """Reward functions with weights (``[{name: my_rewards.py:fmt, weight: 0.2}, ...]``): the
+    reward is Σ weight · f, continuous values allowed. Empty: the reward is the verifier's
+    score."""
+    accuracy: Literal["verifier", "reward"] = "verifier"
+    """What decides that a response is correct, for ``reward/accuracy``, ``val/*`` and pass@k,
+    dynamic sampling and rollout budgets: the verifier's score or the reward, ≥
+    ``reward.accuracy_threshold``."""
+    accuracy_threshold: float = 1.0
+    """A response is correct when its verifier score (or reward) is at least this."""
+    allow_eval_scorers: bool = False
+    """UNSAFE. Allow reasoning-gym tasks whose scorer runs the model's answer as Python code
+    (``eval``, ``sympy.parse_expr``: string_insertion, spiral_matrix, binary_matrix, n_queens,
+    puzzle24, countdown, ...). They are then scored only in the verifier workers, which bound
+    time and memory but are no security sandbox: the answer runs with your user's rights."""
     convention: Literal["binary", "signed"] = "binary"
-    """Reward values: ``binary`` = {0, 1}; ``signed`` = {−1, 1} (DAPO, Entropy Scheduling)."""
+    """Reward values: ``binary`` = {0, 1}; ``signed`` = {−1, 1} (DAPO, Entropy Scheduling).
+    Applies to the verifier's score when ``reward.functions`` is empty."""
     num_workers: int = 2
     """Verifier worker processes. 0 verifies in-process without time limits (trusted debugging only)."""
     timeout_s: float = 5.0
@@ -435,6 +506,19 @@ class LogConfig:
     """Most recent checkpoints kept."""
     save_model: bool = True
     """Include the model weights (save_pretrained) in checkpoints."""
+    report_to: list[str] = field(default_factory=list)
+    """Experiment trackers that receive every metric of metrics.jsonl with its step, the resolved
+    config as hyperparameters and the logged completions: any of ``tensorboard``, ``wandb``,
+    ``trackio``, ``mlflow`` (each an optional extra, e.g. ``pip install 'explorl[wandb]'``). All
+    write locally by default and a resume continues the same tracker run (docs/trackers.md)."""
+    project: str = "explorl"
+    """Project (wandb, trackio) or experiment (MLflow) name the trackers file the run under."""
+    completions_every: int = 10
+    """Append a sample of training completions (prompt, response, score, reward) to
+    completions.jsonl every this many steps; every validation adds a sample too. 0 = never."""
+    completions_per_step: int = 8
+    """Completions sampled for completions.jsonl (and the trackers' tables) per logged step and
+    per validation."""
 
 
 @dataclass
@@ -498,9 +582,6 @@ RANGES: dict[str, str] = {
     "lab.n_train": "[1, 10000000]",
     "lab.n_val": "[0, 10000000]",
     "lab.n_test": "[0, 10000000]",
-    "lab.min_digits": "[1, 3]",
-    "lab.max_digits": "[1, 3]",
-    "lab.countdown_numbers": "[3, 4]",
     "data.max_train_prompts": "[1, 1000000000]",
     "data.prompts_per_step": "[1, 1048576]",
     "data.max_prompt_len": _TOKENS,
@@ -508,11 +589,15 @@ RANGES: dict[str, str] = {
     "rollout.temperature": _TEMPERATURE,
     "rollout.max_response_len": _TOKENS,
     "rollout.batch_size": "[1, 1048576]",
+    "rollout.vllm.kv_cache_gib": "(0, 1048576]",
+    "rollout.vllm.max_model_len": "[2, 1048576]",
+    "rollout.vllm.sync_check_tol": "(0, inf)",
     "reward.num_workers": "[0, 1024]",
     "reward.timeout_s": "(0, 86400]",
     "reward.step_timeout_s": "(0, 604800]",
     "reward.overlong_buffer": "[0, 1048576]",
     "reward.overlong_penalty": "[0, inf)",
+    "reward.accuracy_threshold": "(-inf, inf)",
     "algorithm.adv_eps": "(0, 1]",  # 0 divides 0 by 0 for a group of equal rewards
     "algorithm.eps_low": "[0, 1]",
     "algorithm.eps_high": "[0, 100]",
@@ -588,6 +673,8 @@ RANGES: dict[str, str] = {
     "eval.temperature": "[0, 100]",  # 0 = greedy
     "log.checkpoint_every": "[0, 100000000]",
     "log.keep_checkpoints": "[1, 1000000]",
+    "log.completions_every": "[0, 100000000]",
+    "log.completions_per_step": "[1, 1000000]",
 }
 """Allowed interval of every numeric field (of each item for a list); ``None`` always passes.
 Every number must also be finite. Relations between fields are ``_cross_checks``."""
@@ -683,6 +770,10 @@ def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
         ("reward.step_timeout_s",
          c.reward.step_timeout_s is None or c.reward.step_timeout_s >= c.reward.timeout_s,
          "must be ≥ reward.timeout_s (one response's limit)"),
+        ("rollout.vllm.recompute", r.engine != "vllm" or r.vllm.recompute
+         or (a.old_logp != "sampler" and not e.enabled),
+         "false leaves entropy unknown (vLLM reports none): it needs algorithm.old_logp auto or "
+         "recompute, and no EEPO (its stage-2 rows keep the engine's values)"),
         ("algorithm.clip_c", a.clip_c is None or a.loss != "clip_cov",
          ("Clip-Cov has no dual clip (neither the authors' code nor verl's has one, and a "
           "dual-clipped token could not be a Clip-Cov candidate); set algorithm.clip_c: null "
@@ -701,7 +792,8 @@ def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
          "EEPO needs rollout.n_samples ≥ 2"),
         ("eval.k", all(k <= c.eval.n_samples for k in c.eval.k),
          "every k must be ≤ eval.n_samples"),
-        ("lab.max_digits", c.lab.min_digits <= c.lab.max_digits, "must be ≥ lab.min_digits"),
+        ("log.report_to", len(set(c.log.report_to)) == len(c.log.report_to),
+         "names a tracker twice"),
         ("algorithm.passk_k", pk is None or pk <= n_group,
          f"must be ≤ {n_group}: k ≤ n in every group (the smallest has {n_group} responses)"),
         ("algorithm.passk_k", pk is None or a.advantage != "pkpo_loo" or pk < n_group,
@@ -757,6 +849,7 @@ def _check_names(cfg: RunConfig) -> None:
     from explorl.algorithms.advantages import TAKES_K
     from explorl.algorithms.losses import REQUIRED_AGG
     from explorl.control import ACTUATOR_DEFAULTS, SCHEDULES
+    from explorl.trackers import TRACKERS
 
     a, ad = cfg.algorithm, cfg.control.adaptive
     if a.advantage in TAKES_K and a.passk_k is None:
@@ -770,7 +863,9 @@ def _check_names(cfg: RunConfig) -> None:
                                      ("algorithm.agg", a.agg, AGG_MODES, "aggregation mode"),
                                      ("algorithm.kl_estimator", a.kl_estimator, KL_ESTIMATORS, "KL estimator"),
                                      ("control.adaptive.actuator", ad.actuator, ACTUATOR_DEFAULTS, "actuator"),
-                                     ("control.adaptive.schedule.kind", ad.schedule.kind, SCHEDULES, "schedule")]:
+                                     ("control.adaptive.schedule.kind", ad.schedule.kind, SCHEDULES, "schedule"),
+                                     *[(f"log.report_to[{i}]", name, TRACKERS, "tracker")
+                                       for i, name in enumerate(cfg.log.report_to)]]:
         if value not in table:
             close = difflib.get_close_matches(value, list(table), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -778,18 +873,12 @@ def _check_names(cfg: RunConfig) -> None:
 
 
 def _check_sources(cfg: RunConfig, env: bool) -> None:
-    """Lab task names everywhere; with ``env``, that model and data paths exist."""
+    """With ``env``, that model and data paths exist. Task specs (``lab:<task>``,
+    ``rg:<task>``) are checked by ``explorl.refs.check_references``."""
     from explorl.data.files import EXTENSIONS
-    from explorl.lab.tasks import TASKS
 
     def lab_task(path: str, spec: str) -> bool:
-        if not spec.startswith("lab:"):
-            return False
-        task = spec[len("lab:"):].strip()
-        if task not in TASKS:
-            _fail(path, f"unknown lab task {task!r}{_closest(task, list(TASKS))} "
-                  f"(lab tasks: {', '.join(TASKS)})")
-        return True
+        return spec.startswith(("lab:", "rg:"))
 
     if not cfg.model.path.strip():
         _fail("model.path", "is empty; give a local model directory or lab:<task>")
@@ -817,28 +906,6 @@ def _check_sources(cfg: RunConfig, env: bool) -> None:
 
 def _if_dir(p: Path) -> str:
     return " (it is a directory)" if p.is_dir() else ""
-
-
-def _check_reward(cfg: RunConfig, env: bool) -> None:
-    """The verifier exists: a built-in name, or (with ``env``) an importable module:function."""
-    from explorl.data.sources import default_verifier
-    from explorl.rewards.verifiers import VERIFIERS, resolve_verifier
-
-    name = cfg.reward.verifier
-    if name == "auto":
-        try:
-            default_verifier(cfg.data.train)
-        except ValueError as e:
-            _fail("reward.verifier", f"'auto' cannot choose: {e}")
-    elif ":" not in name:
-        if name not in VERIFIERS:
-            _fail("reward.verifier", f"unknown verifier {name!r}{_closest(name, list(VERIFIERS))} "
-                  f"(valid: auto, {', '.join(VERIFIERS)}, or module:function)")
-    elif env:
-        try:
-            resolve_verifier(name)
-        except ValueError as e:
-            _fail("reward.verifier", str(e))
 
 
 def _check_device(device: str) -> None:
@@ -869,6 +936,10 @@ def _type_name(tp: Any) -> str:
         return " or ".join("None" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) is list:
         return f"list[{_type_name(typing.get_args(tp)[0])}]"
+    if typing.get_origin(tp) is dict:
+        return f"dict[{', '.join(_type_name(a) for a in typing.get_args(tp))}]"
+    if tp is Any:
+        return "any"
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
@@ -907,6 +978,14 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
             except ConfigError as e:
                 errors.append(str(e))
         _fail(path, f"expected {' or '.join(_type_name(a) for a in args)}, got {_show(value)}")
+    if tp is Any:
+        return value
+    if origin is dict:
+        key_tp, value_tp = typing.get_args(tp)
+        if not isinstance(value, dict):
+            _fail(path, f"expected a mapping, got {type(value).__name__} {_show(value)}")
+        return {_coerce(k, key_tp, path): _coerce(v, value_tp, f"{path}.{k}")
+                for k, v in value.items()}
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if isinstance(value, (str, int, float)) and item_tp is type(value):
@@ -957,13 +1036,17 @@ def validate(cfg: RunConfig, *, env: bool = True) -> RunConfig:
     ``module:function`` verifier imports. ``explorl config`` and recipe templates whose
     paths are placeholders pass ``env=False``.
     """
+    from explorl.refs import check_references, fill_defaults
+
     cfg = build(RunConfig, to_dict(cfg))
+    fill_defaults(cfg, env)
     _check_ranges(cfg)
     for path, ok, msg in _cross_checks(cfg):
         if not ok:
             _fail(path, msg)
-    _check_sources(cfg, env)  # these two import no torch: a typo fails in about a second
-    _check_reward(cfg, env)
+    _check_sources(cfg, env)  # these import no torch: a typo fails in about a second
+    # Lab and reasoning-gym tasks, reward functions and verifiers: loaded (with env) and checked.
+    check_references(cfg, env)
     _check_names(cfg)
     _check_adaptive(cfg)
     _check_controllers(cfg)
@@ -978,7 +1061,26 @@ def from_dict(data: dict | None, *, env: bool = True) -> RunConfig:
         data = {}
     if not isinstance(data, dict):
         _fail("", f"a recipe must be a mapping of keys, got {type(data).__name__}")
+    _migrate(data)
     return validate(build(RunConfig, data), env=env)
+
+
+# lab keys of configs written before lab tasks became plugins (run directories' config.yaml),
+# as the lab.params entry each became, with the old default that meant "not set".
+_OLD_LAB_KEYS = {"min_digits": ("min_digits", 1), "max_digits": ("max_digits", 2),
+                 "countdown_numbers": ("n_numbers", 3)}
+
+
+def _migrate(data: dict) -> None:
+    """Move old lab keys into ``lab.params`` (in place), so old runs still resume."""
+    lab = data.get("lab")
+    if not isinstance(lab, dict):
+        return
+    for old, (new, default) in _OLD_LAB_KEYS.items():
+        if old in lab:
+            value = lab.pop(old)
+            if value != default:
+                lab.setdefault("params", {})[new] = value
 
 
 def to_dict(cfg: Any) -> dict:
@@ -1046,6 +1148,7 @@ def _read_recipe(path: Path, _seen: tuple = ()) -> dict:
     data = load_yaml(read_utf8(raw, f"recipe {path}"), f"recipe {path}") or {}
     if not isinstance(data, dict):
         raise ConfigError(f"recipe {path} must be a mapping of keys, got {type(data).__name__}")
+    _anchor_refs(data, path.parent)
     base = data.pop("base", None)
     if base is None:
         return data
@@ -1106,6 +1209,36 @@ def load_yaml(text: str, what: str = "YAML") -> Any:
         raise ConfigError(f"{what}{where}: {problem}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{what} is not valid YAML: {' '.join(str(e).split())}") from None
+
+
+def _anchor_refs(data: dict, base: Path) -> None:
+    """Make the code references a recipe file writes (reward functions, lab tasks) point at
+    files next to it, so a recipe's ``rewards.py:f`` works from any working directory."""
+    from explorl.refs import anchor
+
+    def fix(spec: Any) -> Any:
+        if isinstance(spec, str) and spec.startswith("lab:") and not spec.startswith("lab:rg:"):
+            return "lab:" + anchor(spec[len("lab:"):], base)
+        return anchor(spec, base) if isinstance(spec, str) and not spec.startswith("rg:") else spec
+
+    reward, model, d = data.get("reward"), data.get("model"), data.get("data")
+    if isinstance(reward, dict):
+        if "verifier" in reward:
+            reward["verifier"] = fix(reward["verifier"])
+        for f in reward.get("functions") or []:
+            if isinstance(f, dict) and "name" in f:
+                f["name"] = fix(f["name"])
+    if isinstance(model, dict) and isinstance(model.get("path"), str) \
+            and model["path"].startswith("lab:"):
+        model["path"] = fix(model["path"])
+    if isinstance(d, dict):
+        for key in ("train", "val", "anneal"):
+            specs = d.get(key)
+            if isinstance(specs, list):
+                d[key] = [fix(s) if isinstance(s, str) and s.startswith("lab:") else s
+                          for s in specs]
+            elif isinstance(specs, str) and specs.startswith("lab:"):
+                d[key] = fix(specs)
 
 
 def _deep_update(dst: dict, src: dict) -> None:

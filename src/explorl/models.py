@@ -51,14 +51,15 @@ def resolve_model_path(path: str, lab=None) -> Path:
     """
     from explorl.lab import lab_model_path, parse_lab_spec
 
-    task = parse_lab_spec(path)
-    if task is not None:
+    ref = parse_lab_spec(path) if path.startswith("lab:") else None
+    if ref is not None:
         if lab is None:
-            return lab_model_path(task)
-        from explorl.data.sources import lab_task_params
+            return lab_model_path(ref)
+        from explorl.data.sources import params_for
+        from explorl.lab.tasks import get_task
 
-        return lab_model_path(task, split_seed=lab.split_seed, n_train=lab.n_train, n_val=lab.n_val,
-                              n_test=lab.n_test, **lab_task_params(task, lab))
+        return lab_model_path(ref, split_seed=lab.split_seed, n_train=lab.n_train, n_val=lab.n_val,
+                              n_test=lab.n_test, **params_for(get_task(ref), lab.params))
     p = Path(path).expanduser()
     if not p.is_dir():
         raise ModelPathError(
@@ -74,11 +75,28 @@ def load_tokenizer(path: Path, cfg: ModelConfig):
     return tok
 
 
+@contextlib.contextmanager
+def quiet_transformers():
+    """Silence transformers' own progress bars ("Loading weights", "Writing model shards") for
+    the duration: the trainer loads and checkpoints models while its own progress bar runs."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
 def load_model(path: Path, cfg: ModelConfig, device: torch.device, *, frozen: bool = False) -> torch.nn.Module:
     """``from_pretrained`` on ``device``: trained weights in ``param_dtype`` (float32 masters unless
     pure low precision), a frozen reference directly in the compute dtype."""
     dtype = resolve_dtype(cfg.dtype, device) if frozen else param_dtype(cfg, device)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=cfg.trust_remote_code)
+    with quiet_transformers():
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype,
+                                                     trust_remote_code=cfg.trust_remote_code)
     model.to(device)
     if frozen:
         model.eval()
@@ -93,7 +111,25 @@ def load_model(path: Path, cfg: ModelConfig, device: torch.device, *, frozen: bo
 
 
 def render_prompt(tokenizer, prompt, use_chat_template: bool) -> list[int]:
-    """Token ids of a prompt: chat messages through the chat template when the tokenizer has one."""
+    """Token ids of a prompt: chat messages through the chat template when the tokenizer has one.
+
+    A lab tokenizer rejects a prompt with characters outside its task's alphabet (they would
+    become ``<unk>``)."""
+    ids = _render(tokenizer, prompt, use_chat_template)
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is not None and unk in ids:
+        from explorl.lab.tokenizer import outside, tokenizer_alphabet
+
+        alphabet = tokenizer_alphabet(tokenizer)
+        text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
+        if alphabet is not None and outside(text, alphabet):
+            raise ValueError(f"prompt {text[:80]!r} has characters {outside(text, alphabet)!r} "
+                             f"outside the lab model's alphabet {alphabet!r}: a lab model reads "
+                             "only its task's characters")
+    return ids
+
+
+def _render(tokenizer, prompt, use_chat_template: bool) -> list[int]:
     has_template = use_chat_template and getattr(tokenizer, "chat_template", None)
     if isinstance(prompt, list):
         if has_template:

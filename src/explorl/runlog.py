@@ -9,7 +9,14 @@ import signal
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from explorl.errors import CheckpointError
 
@@ -86,10 +93,17 @@ class ProgressBar:
         if not enabled:
             return
         self.progress = Progress(
-            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("reward {task.fields[reward]}  entropy {task.fields[entropy]}  {task.fields[extra]}"),
-            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-            console=self.console, transient=False,
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn(
+                "reward {task.fields[reward]}  entropy {task.fields[entropy]}  {task.fields[extra]}"
+            ),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=False,
         )
         self.task = self.progress.add_task("train", total=total, completed=start,
                                            reward="-", entropy="-", extra="")
@@ -104,8 +118,13 @@ class ProgressBar:
         def fmt(key: str) -> str:  # the step-0 validation row has no training metrics
             return f"{metrics[key]:.3f}" if isinstance(metrics.get(key), (int, float)) else "–"
 
-        self.progress.update(self.task, completed=step, reward=fmt("reward/mean"), entropy=fmt("entropy/mean"),
-                             extra=extra)
+        self.progress.update(
+            self.task,
+            completed=step,
+            reward=fmt("reward/mean"),
+            entropy=fmt("entropy/mean"),
+            extra=extra,
+        )
 
     def log(self, text: str) -> None:
         (self.progress.console if self.enabled else self.console).print(text)
@@ -130,7 +149,10 @@ def graceful_interrupt(stop, bar: ProgressBar):
     def on_sigint(signum, frame):
         if stop():
             raise KeyboardInterrupt
-        bar.log("[yellow]interrupt: finishing this step, then writing a checkpoint (Ctrl-C again to abort)")
+        bar.log(
+            "[yellow]interrupt: finishing this step, then writing a checkpoint "
+            "(Ctrl-C again to abort)"
+        )
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:

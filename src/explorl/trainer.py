@@ -28,16 +28,21 @@ from explorl.checkpoint import (
 )
 from explorl.control import ControlBank, ControlContext, Knobs, StepStats, build_controllers
 from explorl.data.order import DataOrder
-from explorl.data.sources import default_verifier, load_split
+from explorl.data.sources import in_memory, load_split
 from explorl.dist import LogProbModule, make_dist
 from explorl.eval.validate import validate
-from explorl.models import PromptTokens, autocast, load_model, load_tokenizer, resolve_model_path
+from explorl.models import (
+    PromptTokens, autocast, load_model, load_tokenizer, resolve_dtype, resolve_model_path,
+)
 from explorl.plots import plot_run_safely
 from explorl.rewards.pool import VerifierPool
+from explorl.rewards.rewarder import Rewarder
+from explorl.completions import training_completions
+from explorl.outputs import RunOutputs
 from explorl.rollout.collect import collect
-from explorl.rollout.hf import HFEngine
+from explorl.rollout.base import build_engine, pop_metrics
 from explorl.rollout.two_stage import make_sampler
-from explorl.runlog import MetricsLog, ProgressBar, graceful_interrupt, json_default
+from explorl.runlog import ProgressBar, graceful_interrupt, json_default
 from explorl.step_batch import policy_entropy
 from explorl.step_metrics import TIME_KEYS, batch_metrics, ordered, timed
 from explorl.update import (
@@ -55,7 +60,8 @@ __all__ = ["TIME_KEYS", "Trainer", "TrainingDiverged"]
 class Trainer:
     """GRPO-family trainer for a local HF causal LM, with pluggable exploration controllers."""
 
-    def __init__(self, cfg: C.RunConfig, out_dir: str | Path, *, resume: bool = False, engine=None):
+    def __init__(self, cfg: C.RunConfig, out_dir: str | Path, *, resume: bool = False, engine=None,
+                 train_data=None, val_data=None):
         self.cfg = cfg = C.validate(cfg)
         # First: under a launcher this joins the process group, so no rank writes into the run
         # directory while another one is still checking or clearing it (``--force``).
@@ -71,7 +77,7 @@ class Trainer:
         for seed in (random.seed, np.random.seed, torch.manual_seed):
             seed(cfg.seed)
         self.device = self.dist.device
-        self._setup_data()
+        self._setup_data(train_data, val_data)
         self._setup_model(ckpt)
         self._setup_optimizer()
         self._setup_rollout(engine)
@@ -83,17 +89,21 @@ class Trainer:
             (self.out / "plots").mkdir(exist_ok=True)
             C.save(cfg, self.out / "config.yaml")
         self.pool = VerifierPool.from_config(cfg.reward)
-        # metrics.jsonl holds global values: only rank 0 writes it.
-        self.metrics_log = (MetricsLog(self.out / "metrics.jsonl", truncate_after=self.step if resume else 0)
-                            if self.dist.is_main else None)
+        # metrics.jsonl, completions.jsonl and the trackers hold global values: only rank 0 writes.
+        self.outputs = RunOutputs(cfg, self.out, resume=resume, step=self.step) if self.dist.is_main else None
         self._stop = False
 
-    def _setup_data(self) -> None:
+    def _setup_data(self, train_data=None, val_data=None) -> None:
+        """Rows in memory (``datasets.Dataset``, dicts, ``PromptRecord``s) replace data.train/val."""
         cfg, d = self.cfg, self.cfg.data
-        self.train_data = load_split(d.train, cfg.lab, "train")[: d.max_train_prompts]
-        self.val_data = load_split(d.val or d.train, cfg.lab, "val" if not d.val else "train")
-        self.anneal_data = load_split(d.anneal, cfg.lab, "train") if d.anneal else None
-        self.verifier = cfg.reward.verifier if cfg.reward.verifier != "auto" else default_verifier(d.train)
+        train = load_split(d.train, cfg, "train") if train_data is None else in_memory(train_data, cfg)
+        self.train_data = train[: d.max_train_prompts]
+        self.val_data = (load_split(d.val or d.train, cfg, "val" if not d.val else "train") if val_data is None
+                         else in_memory(val_data, cfg))
+        self.anneal_data = load_split(d.anneal, cfg, "train") if d.anneal else None
+        mem = ["<in-memory rows>"]  # not a lab spec: ``auto`` verifies them with ``math``
+        specs = (d.train if train_data is None else mem) + (d.val if val_data is None else mem)
+        self.rewarder = Rewarder(cfg.reward, specs + d.anneal)
         self.order = DataOrder(len(self.train_data), d.prompts_per_step, cfg.seed, d.shuffle)
         self.anneal_order = (DataOrder(len(self.anneal_data), d.prompts_per_step, cfg.seed + 7, d.shuffle)
                              if self.anneal_data else None)
@@ -127,7 +137,8 @@ class Trainer:
 
     def _setup_rollout(self, engine) -> None:
         cfg = self.cfg
-        engine = engine or HFEngine(self.tokenizer, batch_size=cfg.rollout.batch_size)
+        engine = engine or build_engine(cfg, self.tokenizer, resolve_model_path(cfg.model.path, cfg.lab),
+                                        resolve_dtype(cfg.model.dtype, self.device))
         pad = getattr(engine, "pad_id", 0)
         self.sampler = make_sampler(engine, cfg.control.eepo, micro_batch_size=cfg.optim.micro_batch_size,
                                     chunk_size=cfg.algorithm.logprob_chunk, pad_id=pad)
@@ -201,11 +212,15 @@ class Trainer:
         e = self.cfg.eval
         data = self.val_data[: e.max_problems]
         T = e.temperature if e.temperature is not None else self.knobs.temperature
+        samples: list = []  # this rank's responses, for completions.jsonl
         with self.amp():
-            return validate(engine=self.engine, policy=self._policy_now(), pool=self.pool, verifier=self.verifier,
+            out = validate(engine=self.engine, policy=self._policy_now(), pool=self.pool, rewarder=self.rewarder,
                             data=data, prompt_ids=self._prompt_ids(self.val_data, "val"), n_samples=e.n_samples,
                             ks=e.k, temperature=T, max_new_tokens=self.knobs.max_response_len,
-                            seed=self.cfg.seed, step=self.step, greedy=e.greedy, dist=self.dist)
+                            seed=self.cfg.seed, step=self.step, greedy=e.greedy, dist=self.dist, samples=samples)
+        if self.outputs is not None:
+            self.outputs.log_completions(samples, self.step, "val")
+        return out
 
     def train_step(self) -> dict:
         cfg, step, metrics = self.cfg, self.step + 1, {}
@@ -224,9 +239,11 @@ class Trainer:
         with self.amp():
             got = collect(cfg=cfg, step=step, knobs=knobs, batch=batch, order=order, data=data,
                           prompt_ids=self._prompt_ids(data, tag), sampler=self.sampler, policy=self._policy_now(),
-                          version=self.scheduler.last_epoch, pool=self.pool, verifier=self.verifier, dist=self.dist)
+                          version=self.scheduler.last_epoch, pool=self.pool, rewarder=self.rewarder, dist=self.dist)
         sb, rows = got.batch, got.batch.rows
         metrics.update(got.metrics)
+        if self.outputs is not None and self.outputs.completions_due(step):
+            self.outputs.log_completions(training_completions(step, got, data), step, "train")
         if self.recompute:  # old log-probs and entropy from the trainer's own forward
             with timed(metrics, "time/old_logp_s"):
                 got.rollouts, rm = self.update.recompute(got.rollouts, sb, knobs.temperature)
@@ -263,6 +280,7 @@ class Trainer:
         if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.max_steps):
             with timed(metrics, "time/val_s"):
                 metrics.update(self.validate())
+        metrics.update(pop_metrics(self.engine))  # vllm: weight pushes, vLLM-vs-forward logp gap
         metrics["time/step_s"] = time.perf_counter() - t_start
         return ordered(metrics)
 
@@ -290,8 +308,8 @@ class Trainer:
                     ckpt = self.save()
         finally:
             bar.close()
-            if self.metrics_log is not None:
-                self.metrics_log.close()
+            if self.outputs is not None:
+                self.outputs.close()
             self.pool.close()
         self.plot()
         summary = {"steps": self.step, "max_steps": cfg.max_steps, "interrupted": self._stop and self.step < cfg.max_steps,
@@ -302,8 +320,8 @@ class Trainer:
         return summary
 
     def _log(self, metrics: dict, bar: ProgressBar) -> dict:
-        if self.metrics_log is not None:
-            self.metrics_log.write(metrics)
+        if self.outputs is not None:
+            self.outputs.log(metrics)
         bar.update(self.step, metrics)
         return metrics
 

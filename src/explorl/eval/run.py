@@ -11,12 +11,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from explorl import config as C
 from explorl.checkpoint import latest_checkpoint
-from explorl.data.sources import default_verifier, load_split
+from explorl.data.sources import load_split
 from explorl.errors import ModelPathError
-from explorl.models import load_model, load_tokenizer, render_prompt, resolve_device, resolve_model_path
+from explorl.models import (
+    load_model, load_tokenizer, render_prompt, resolve_device, resolve_dtype, resolve_model_path,
+)
+from explorl.refs import DEFAULT_RESPONSE_LEN
+from explorl.rewards.functions import check_reward
 from explorl.rewards.pool import VerifierPool
-from explorl.rewards.verifiers import resolve_verifier
-from explorl.rollout.hf import HFEngine
+from explorl.rewards.rewarder import Rewarder
+from explorl.rollout.base import build_engine
 
 
 def _resolve_model(model: str, overrides: list[str] | None) -> tuple[Path, Path, C.RunConfig]:
@@ -33,9 +37,15 @@ def _resolve_model(model: str, overrides: list[str] | None) -> tuple[Path, Path,
         if ckpt is None or not (ckpt / "config.json").exists():
             raise ModelPathError(f"{run_dir} has no checkpoint with model weights")
         return ckpt, ckpt, cfg
-    cfg = C.load(None, overrides)
-    cfg.model.path = model
-    path = resolve_model_path(model)
+    # `explorl eval` samples up to 256 new tokens unless told otherwise (--max-new-tokens, or
+    # --set rollout.max_response_len), whatever the model: the numbers it reported before lab
+    # tasks had their own response lengths stay the same.
+    data: dict = {"model": {"path": model}, "rollout": {"max_response_len": DEFAULT_RESPONSE_LEN}}
+    for text in overrides or []:
+        k, v = C.parse_override(text)
+        C.set_path(data, k, v)
+    cfg = C.from_dict(data)
+    path = resolve_model_path(model, cfg.lab)
     return path, path, cfg
 
 
@@ -43,7 +53,8 @@ def run_eval(*, model: str, data: list[str], out_dir: Path, n: int = 16, k_list:
              temperature: float = 1.0, max_problems: int | None = None, max_new_tokens: int | None = None,
              verifier: str = "auto", split: str = "test", seed: int = 0, overrides: list[str] | None = None,
              batch_problems: int = 64, progress: bool = True) -> dict:
-    """Evaluate ``model`` on ``data``; write ``eval.json`` and ``passk.png`` into ``out_dir``."""
+    """Evaluate ``model`` on ``data``; write ``eval.json`` (the totals), ``problems.jsonl`` (each
+    problem's responses and scores, docs/completions.md) and ``passk.png`` into ``out_dir``."""
     from explorl.eval.evaluate import plot_passk, summarize, write_eval_json
 
     counts = [("--n", n), ("--max-problems", max_problems), ("--max-new-tokens", max_new_tokens),
@@ -58,22 +69,24 @@ def run_eval(*, model: str, data: list[str], out_dir: Path, n: int = 16, k_list:
         raise C.ConfigError(f"--k: every k exceeds --n {n}")
     weights, tok_dir, cfg = _resolve_model(model, overrides)
     # Data and verifier before the model: a bad file or name fails in seconds.
-    records = load_split(data, cfg.lab, split)[: max_problems or None]
-    try:
-        name = verifier if verifier != "auto" else (
-            cfg.reward.verifier if cfg.reward.verifier != "auto" else default_verifier(data))
-    except ValueError as e:
-        raise C.ConfigError(f"--verifier: 'auto' cannot choose: {e}") from None
-    resolve_verifier(name)
+    records = load_split(data, cfg, split)[: max_problems or None]
+    if verifier != "auto":
+        try:
+            check_reward(verifier)
+        except (ValueError, ImportError) as e:
+            raise C.ConfigError(f"--verifier: {e}") from None
+    rewarder = Rewarder(cfg.reward, list(data), verifier=verifier)
+    name = verifier if verifier != "auto" else cfg.reward.verifier
     torch.manual_seed(seed)
     device = resolve_device(cfg.model.device)
     tokenizer = load_tokenizer(tok_dir, cfg.model)
     policy = load_model(weights, cfg.model, device, frozen=True)
     max_new = max_new_tokens or cfg.rollout.max_response_len
-    engine = HFEngine(tokenizer, batch_size=cfg.rollout.batch_size)
+    engine = build_engine(cfg, tokenizer, weights, resolve_dtype(cfg.model.dtype, device))  # rollout.engine
     gen = torch.Generator(device if device.type == "cuda" else "cpu").manual_seed(seed)
     correct: list[list[bool]] = []
     greedy: list[bool] = []
+    problems: list[dict] = []  # one row of problems.jsonl per problem
     t0 = time.perf_counter()
     columns = (TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("eta"), TimeRemainingColumn())
@@ -84,11 +97,15 @@ def run_eval(*, model: str, data: list[str], out_dir: Path, n: int = 16, k_list:
             chunk = records[start: start + batch_problems]
             ids = [render_prompt(tokenizer, r.prompt, cfg.model.use_chat_template) for r in chunk]
             ro = engine.generate(policy, ids, [n] * len(ids), temperature, max_new, gen)
-            scores = pool.score(name, ro.texts, [chunk[i].ground_truth for i in ro.prompt_index.tolist()]).scores
-            for i in range(len(chunk)):
-                correct.append([s > 0 for s, p in zip(scores, ro.prompt_index.tolist()) if p == i])
+            pidx = ro.prompt_index.tolist()
+            scores = rewarder.score(pool, ro.texts, [chunk[i] for i in pidx]).correct
             g = engine.generate(policy, ids, [1] * len(ids), 0.0, max_new)
-            greedy += [s > 0 for s in pool.score(name, g.texts, [r.ground_truth for r in chunk]).scores]
+            g_scores = rewarder.score(pool, g.texts, chunk).correct
+            for i, rec in enumerate(chunk):
+                mine = [(t, sc) for t, sc, p in zip(ro.texts, scores, pidx) if p == i]
+                correct.append([sc > 0 for _, sc in mine])
+                problems.append(problem_row(start + i, rec, mine, g.texts[i], g_scores[i]))
+            greedy += [s > 0 for s in g_scores]
             bar.update(task, advance=len(chunk))
     summary = summarize(correct, [r.data_source for r in records], k_list)
     summary["overall"]["greedy_accuracy"] = sum(greedy) / max(1, len(greedy))
@@ -101,9 +118,23 @@ def run_eval(*, model: str, data: list[str], out_dir: Path, n: int = 16, k_list:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_eval_json(summary, out_dir / "eval.json")
+    with open(out_dir / "problems.jsonl", "w") as fh:
+        fh.writelines(json.dumps(row) + "\n" for row in problems)
     plot_passk(summary, out_dir / "passk.png")
     _print_table(summary)
     return summary
+
+
+def problem_row(index: int, rec, samples: list[tuple[str, float]], greedy_text: str,
+                greedy_score: float) -> dict:
+    """One row of ``problems.jsonl``: the problem, its n sampled responses with their verifier
+    scores, and the greedy response (fields in docs/completions.md)."""
+    from explorl.completions import prompt_text
+
+    return {"index": index, "data_source": str(rec.data_source), "prompt": prompt_text(rec.prompt),
+            "ground_truth": str(rec.ground_truth), "n_correct": sum(sc > 0 for _, sc in samples),
+            "responses": [t for t, _ in samples], "scores": [float(sc) for _, sc in samples],
+            "greedy_response": greedy_text, "greedy_score": float(greedy_score)}
 
 
 def _print_table(summary: dict) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from explorl.completions import completions_of
 from explorl.eval.passk import pass_at_k
 from explorl.rollout.seeding import mix_seed
 from explorl.step_batch import concat_rows
@@ -18,12 +19,15 @@ VAL_STREAM = 1  # first component of the validation sampling seeds after the run
 
 
 @torch.no_grad()
-def validate(*, engine, policy, pool, verifier: str, data: list, prompt_ids, n_samples: int, ks: list[int],
-             temperature: float, max_new_tokens: int, seed: int, step: int, greedy: bool, dist) -> dict:
+def validate(*, engine, policy, pool, rewarder, data: list, prompt_ids, n_samples: int, ks: list[int],
+             temperature: float, max_new_tokens: int, seed: int, step: int, greedy: bool, dist,
+             samples: list | None = None) -> dict:
     """``val/accuracy``, ``val/entropy``, ``val/pass@k`` and ``val/greedy_accuracy`` over ``data``.
 
-    ``prompt_ids(i)`` gives problem i's token ids. Sampling seeds are (seed, VAL_STREAM, step,
-    problem), so the same step validates on the same draws after a resume.
+    ``prompt_ids(i)`` gives problem i's token ids; ``rewarder`` (``rewards.rewarder``) decides
+    which responses are correct. Sampling seeds are (seed, VAL_STREAM, step, problem), so the
+    same step validates on the same draws after a resume. ``samples``: when a list is given, this
+    rank's sampled responses are appended to it as ``Completion`` rows.
     """
     if not data:
         return {}
@@ -36,13 +40,16 @@ def validate(*, engine, policy, pool, verifier: str, data: list, prompt_ids, n_s
         seeds = [mix_seed(seed, VAL_STREAM, step, p) for p in range(mine.start, mine.stop)]
         ro = engine.generate(policy, ids, [n_samples] * len(ids), temperature, max_new_tokens, seeds=seeds)
         problem = ro.prompt_index.cpu() + mine.start
-        scores = pool.score(verifier, ro.texts, [data[i].ground_truth for i in problem]).scores
+        scores = rewarder.score(pool, ro.texts, [data[i] for i in problem]).correct
+        if samples is not None:
+            samples.extend(completions_of(step, "val", [data[i] for i in problem.tolist()], ro.texts,
+                                          scores))
         mask = ro.response_mask.cpu()
         local.update(problem=problem, score=torch.tensor(scores, dtype=torch.float64),
                      entropy_sum=(ro.entropy.cpu() * mask).sum(-1).double(), length=mask.sum(-1).long())
         if greedy:
             g = engine.generate(policy, ids, [1] * len(ids), 0.0, max_new_tokens)
-            gs = pool.score(verifier, g.texts, [d.ground_truth for d in data[mine]]).scores
+            gs = rewarder.score(pool, g.texts, data[mine]).correct
             local["greedy"] = torch.tensor(gs, dtype=torch.float64)
     rows = concat_rows(dist.gather(local))
     correct = torch.zeros(len(data), dtype=torch.float64).index_add_(0, rows["problem"], rows["score"])

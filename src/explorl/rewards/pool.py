@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
 from explorl.errors import RewardError
-from explorl.rewards.verifiers import resolve_verifier
+from explorl.rewards.functions import Context, RewardSpec, resolve_scorer
 
 log = logging.getLogger(__name__)
 
@@ -29,18 +29,29 @@ _MAX_START_FAILURES = 3
 
 SCORE_RANGE = (0.0, 1.0)
 """Every verifier score must be a finite number in this range; anything else (NaN, inf, 1e30,
-the string "1.0", None) counts as an error of that response and scores 0.0."""
+the string "1.0", None) counts as an error of that response and scores 0.0. A weighted sum of
+reward functions (``RewardSpec(bounded=False)``) only has to be finite."""
+
+IN_WORKER = False
+"""True inside a pool worker process: scorers that must never run in the trainer's own process
+(reasoning-gym's ``eval()`` scorers, when allowed at all) check it."""
 
 
-def check_score(value: object) -> float:
+def check_score(value: object, bounded: bool = True) -> float:
     """``value`` as a float score, or ``RewardError`` saying why it is not one."""
     if isinstance(value, (str, bytes)) or not hasattr(type(value), "__float__"):
         raise RewardError(f"score {value!r:.60} is a {type(value).__name__}, not a number")
     score = float(value)
-    lo, hi = SCORE_RANGE
-    if not lo <= score <= hi:  # also NaN
-        raise RewardError(f"score {score!r} is outside [{lo:g}, {hi:g}]")
+    lo, hi = SCORE_RANGE if bounded else (-math.inf, math.inf)
+    if not lo <= score <= hi or not math.isfinite(score):  # also NaN
+        raise RewardError(f"score {score!r} is outside [{lo:g}, {hi:g}]"
+                          if bounded else f"reward {score!r} is not finite")
     return score
+
+
+def _bounded(spec) -> bool:
+    """Whether ``spec``'s scores must lie in ``SCORE_RANGE`` (a verifier) or only be finite."""
+    return not isinstance(spec, RewardSpec) or spec.bounded
 
 
 def call_budget(timeout_s: float, n: int, num_workers: int) -> float:
@@ -81,12 +92,16 @@ class ScoreResult:
 
 
 def _worker_main(conn: Connection, memory_limit_mb: int | None) -> None:
-    """Worker loop: receive ``(spec, [(i, response, gt), ...])``, send ``(i, score, problem)``
-    per item (``problem`` is None, or why the item failed: an exception or a bad score).
+    """Worker loop: receive ``(spec, [(i, response, gt, ctx), ...])``, send ``(i, score,
+    problem)`` per item (``ctx``: the record's ``(prompt, data_source, extra)``, see
+    ``rewards.functions``; ``problem`` is None, or why the item failed: an exception or a bad
+    score).
 
     When a spec is new to this worker it first resolves and warms the verifier and sends
     ``"ready"``, so imports do not eat into the first response's time limit.
     """
+    global IN_WORKER
+    IN_WORKER = True
     # Ctrl-C goes to the whole process group; the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Die with our parent (the forkserver, which exits with the pool's process), so a worker
@@ -117,14 +132,15 @@ def _worker_main(conn: Connection, memory_limit_mb: int | None) -> None:
         spec, items = msg
         if spec not in verifiers:
             try:
-                verifiers[spec], problem = resolve_verifier(spec, warm=True), None
+                verifiers[spec], problem = resolve_scorer(spec, warm=True), None
             except BaseException as e:  # every item of this spec then counts as an error
                 verifiers[spec], problem = None, f"{type(e).__name__}: {e}"
             conn.send(("ready", problem))
         fn = verifiers[spec]
-        for i, response, ground_truth in items:
+        bounded = _bounded(spec)
+        for i, response, ground_truth, ctx in items:
             try:
-                score, problem = check_score(fn(response, ground_truth)), None
+                score, problem = check_score(fn(response, ground_truth, ctx), bounded), None
             except BaseException as e:  # includes SystemExit and MemoryError from the verifier
                 score, problem = 0.0, f"{type(e).__name__}: {e}"[:200]
             conn.send((i, score, problem))
@@ -134,7 +150,7 @@ def _worker_main(conn: Connection, memory_limit_mb: int | None) -> None:
 class _Worker:
     proc: mp.process.BaseProcess
     conn: Connection
-    specs: set[str] = field(default_factory=set)
+    specs: set = field(default_factory=set)
     """Verifier specs this worker has resolved and warmed."""
     items: deque[int] = field(default_factory=deque)
     """Indices sent and not yet answered, in the order the worker processes them."""
@@ -208,22 +224,34 @@ class VerifierPool:
         self._workers[self._workers.index(w)] = self._start_worker()
 
     def score(
-        self, verifier_name: str, responses: list[str], ground_truths: list[str]
+        self,
+        verifier_name: str | RewardSpec,
+        responses: list[str],
+        ground_truths: list[str],
+        contexts: list[Context] | None = None,
     ) -> ScoreResult:
-        """Score each response against its ground truth with the verifier ``verifier_name``
-        (a ``VERIFIERS`` key or ``"module:function"``)."""
+        """Score each response against its ground truth with ``verifier_name``: a reward
+        function's name or reference (``VERIFIERS`` key, ``"module:function"``,
+        ``"file.py:function"``, ``lab:<task>``) or a ``RewardSpec``. ``contexts``: each response's
+        ``(prompt, data_source, extra)``, which verl- and TRL-style functions receive."""
         if self._closed:
             raise RuntimeError("VerifierPool is closed")
         if len(responses) != len(ground_truths):
             raise ValueError(f"{len(responses)} responses but {len(ground_truths)} ground truths")
-        fn = resolve_verifier(verifier_name)  # unknown names fail here, in the caller
+        if contexts is None:
+            contexts = [None] * len(responses)
+        elif len(contexts) != len(responses):
+            raise ValueError(f"{len(responses)} responses but {len(contexts)} contexts")
+        # Unknown names fail here, in the caller. Resolving imports the reward modules but runs
+        # none of them on a response.
+        fn = resolve_scorer(verifier_name)
         if self.num_workers == 0:
-            return _score_inline(fn, responses, ground_truths)
-        return self._score_workers(verifier_name, responses, ground_truths)
+            return _score_inline(fn, responses, ground_truths, contexts, _bounded(verifier_name))
+        return self._score_workers(verifier_name, responses, ground_truths, contexts)
 
-    def _score_workers(self, spec: str, responses: list[str], gts: list[str]) -> ScoreResult:
+    def _score_workers(self, spec, responses: list[str], gts: list[str], ctxs: list) -> ScoreResult:
         try:
-            return self._run(spec, responses, gts)
+            return self._run(spec, responses, gts, ctxs)
         except BaseException:
             # Interrupted (Ctrl-C, or workers that cannot start): answers still in flight would
             # be read as the next call's, so replace every worker that owes some.
@@ -232,7 +260,7 @@ class VerifierPool:
                     self._replace(w)
             raise
 
-    def _run(self, spec: str, responses: list[str], gts: list[str]) -> ScoreResult:
+    def _run(self, spec, responses: list[str], gts: list[str], ctxs: list) -> ScoreResult:
         n = len(responses)
         scores, timeouts, errors = [0.0] * n, 0, 0
         size = max(1, min(_MAX_CHUNK, math.ceil(n / (self.num_workers * _CHUNKS_PER_WORKER))))
@@ -252,7 +280,7 @@ class VerifierPool:
                     continue
                 chunk = pending.popleft()
                 try:
-                    w.conn.send((spec, [(i, responses[i], gts[i]) for i in chunk]))
+                    w.conn.send((spec, [(i, responses[i], gts[i], ctxs[i]) for i in chunk]))
                 except (OSError, ValueError):  # died while idle
                     pending.appendleft(chunk)
                     self._replace(w)
@@ -369,12 +397,13 @@ class VerifierPool:
             pass
 
 
-def _score_inline(fn, responses: list[str], gts: list[str]) -> ScoreResult:
+def _score_inline(fn, responses: list[str], gts: list[str], ctxs: list,
+                  bounded: bool = True) -> ScoreResult:
     """In-process scoring with the pool's failure accounting but no time limit."""
     scores, errors = [], 0
-    for response, gt in zip(responses, gts):
+    for response, gt, ctx in zip(responses, gts, ctxs):
         try:
-            scores.append(check_score(fn(response, gt)))
+            scores.append(check_score(fn(response, gt, ctx), bounded))
         except Exception:
             log.debug("verifier raised", exc_info=True)
             scores.append(0.0)

@@ -7,8 +7,8 @@ it as an error rather than silently rewarding nothing).
 
 from __future__ import annotations
 
+import difflib
 import functools
-import importlib
 import json
 import re
 from collections import Counter
@@ -291,21 +291,31 @@ _WARMUPS: dict[str, Callable[[], object]] = {
 }
 
 
+def warm_up(spec: str) -> None:
+    """Do ``spec``'s once-per-process work (imports, parser warm-up) now, if it has any."""
+    if spec in _WARMUPS:
+        _WARMUPS[spec]()
+
+
 def resolve_verifier(spec: str, *, warm: bool = False) -> Verifier:
-    """The verifier ``spec``: a ``VERIFIERS`` key or an importable ``"module:function"``."""
-    if ":" in spec:
-        module, _, name = spec.partition(":")
+    """The verifier ``spec``: a ``VERIFIERS`` key, ``"module:function"`` or
+    ``"path/to/file.py:function"`` (``explorl.refs``), as the user wrote it."""
+    from explorl.refs import is_ref, load_ref
+
+    if spec in VERIFIERS:
+        if warm:
+            warm_up(spec)
+        return VERIFIERS[spec]
+    if is_ref(spec):
         try:
-            fn = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as e:
+            fn = load_ref(spec)
+        except (ImportError, ValueError) as e:
             raise RewardError(f"cannot load verifier {spec!r}: {e}") from e
         if not callable(fn):
             raise RewardError(f"verifier {spec!r} is not callable")
         return fn
-    if spec not in VERIFIERS:
-        raise RewardError(
-            f"unknown verifier {spec!r}; valid: {', '.join(VERIFIERS)} (or 'module:function')"
-        )
-    if warm and spec in _WARMUPS:
-        _WARMUPS[spec]()
-    return VERIFIERS[spec]
+    close = difflib.get_close_matches(spec, list(VERIFIERS), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise RewardError(
+        f"unknown verifier {spec!r}{hint}; valid: {', '.join(VERIFIERS)} (or 'module:function')"
+    )

@@ -18,7 +18,6 @@ import torch
 from explorl.algorithms import informative_groups, overlong_penalty
 from explorl.config import RunConfig
 from explorl.control import Knobs
-from explorl.rewards import to_reward
 from explorl.rollout.seeding import mix_seed
 from explorl.rollout.two_stage import OneStage
 from explorl.rollout.types import Rollouts
@@ -32,19 +31,20 @@ class Collected:
     """This rank's kept responses and the step's global statistics."""
 
     rollouts: Rollouts  # this rank's kept rows (prompt_index = position among the step's prompts)
-    scores: torch.Tensor  # (n,) verifier scores of those rows
+    scores: torch.Tensor  # (n,) correctness (0/1) of those rows (``rewards.rewarder``)
     rewards: torch.Tensor  # (n,) shaped rewards of those rows
     batch: StepBatch  # every rank's rows, as one process sees them
     metrics: dict[str, float]
 
 
-def score_rollouts(pool, verifier: str, cfg: RunConfig, ro: Rollouts, truths: list[str],
+def score_rollouts(pool, rewarder, cfg: RunConfig, ro: Rollouts, records: list,
                    max_response_len: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-    """Verifier scores and shaped rewards (N,), with the pool's timeout/error counts."""
-    res = pool.score(verifier, ro.texts, truths)
-    scores = torch.tensor(res.scores, dtype=torch.float32)
+    """Correctness and shaped rewards (N,) of the responses to ``records``, with the pool's
+    timeout/error counts."""
+    res = rewarder.score(pool, ro.texts, records)
+    scores = torch.tensor(res.correct, dtype=torch.float32)
     rc = cfg.reward
-    rewards = torch.tensor([to_reward(s, rc.convention) for s in res.scores])
+    rewards = torch.tensor(res.rewards, dtype=torch.float32)
     if rc.overlong_buffer > 0:
         rewards = rewards + overlong_penalty(ro.lengths.cpu(), max_response_len, rc.overlong_buffer,
                                              rc.overlong_penalty)
@@ -53,7 +53,7 @@ def score_rollouts(pool, verifier: str, cfg: RunConfig, ro: Rollouts, truths: li
 
 
 def collect(*, cfg: RunConfig, step: int, knobs: Knobs, batch: tuple[list[int], int, bool], order, data,
-            prompt_ids, sampler: OneStage, policy, version, pool, verifier: str, dist) -> Collected:
+            prompt_ids, sampler: OneStage, policy, version, pool, rewarder, dist) -> Collected:
     """Sample and score this rank's share of ``batch`` (more rounds under dynamic sampling).
 
     ``order`` draws the extra rounds' prompts; ``prompt_ids(i)`` gives dataset row i's token
@@ -86,8 +86,8 @@ def collect(*, cfg: RunConfig, step: int, knobs: Knobs, batch: tuple[list[int], 
         ro.prompt_index = ro.prompt_index + mine.start  # position in this round's global batch
         t_gen += time.perf_counter() - t0
         t0 = time.perf_counter()
-        truths = [data[idx[i]].ground_truth for i in ro.prompt_index.cpu().tolist()]
-        scores, rewards, sm = score_rollouts(pool, verifier, cfg, ro, truths, knobs.max_response_len)
+        answered = [data[idx[i]] for i in ro.prompt_index.cpu().tolist()]
+        scores, rewards, sm = score_rollouts(pool, rewarder, cfg, ro, answered, knobs.max_response_len)
         t_score += time.perf_counter() - t0
         # The round's one collective: every rank's per-response statistics and verifier counters.
         own = not m.get("eepo/active")  # stage 2 came from the policy itself unless it unlearned

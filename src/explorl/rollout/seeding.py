@@ -38,7 +38,9 @@ def mix_seed(*parts: int) -> int:
 
 def row_keys(seeds: list[int], n_samples: list[int]) -> torch.Tensor:
     """Per-response keys (N,) int64: response j of prompt i gets ``mix_seed(seeds[i], j)``."""
-    return torch.tensor([mix_seed(s, j) for s, n in zip(seeds, n_samples) for j in range(n)], dtype=torch.long)
+    return torch.tensor(
+        [mix_seed(s, j) for s, n in zip(seeds, n_samples) for j in range(n)], dtype=torch.long
+    )
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -55,7 +57,9 @@ def _hashed_uniform(keys: torch.Tensor, t: int, vocab_size: int) -> torch.Tensor
     lo, hi = keys & _M32, keys >> 32  # (N,)
     row = _mix32(_mix32(lo ^ ((t * 0x61C88647 + 1) & _M32)) ^ hi)  # (N,)
     row2 = _mix32(row ^ 0x5BD1E995)
-    tok = _mix32(torch.arange(vocab_size, device=keys.device, dtype=torch.long) * 0x2545F491 & _M32)  # (V,)
+    tok = _mix32(
+        torch.arange(vocab_size, device=keys.device, dtype=torch.long) * 0x2545F491 & _M32
+    )  # (V,)
     bits = _mix32(_mix32(row[:, None] ^ tok[None, :]) ^ row2[:, None])  # (N, V)
     return ((bits >> 8).float() + 0.5) / float(1 << 24)
 
