@@ -201,7 +201,7 @@ class AlgorithmConfig:
     """Advantage estimator: ``grpo``, ``dr_grpo``, ``rloo``, ``reinforce_pp``; pass@k objectives
     (ALGORITHMS §6d) ``passk_training`` (Pass@k Training), ``pkpo``, ``pkpo_loo``,
     ``pkpo_loo_minus_one`` (PKPO; the paper recommends the last), ``grpo_passk`` (verl)."""
-    passk_k: Optional[int] = None
+    passk_k: int | None = None
     """k of the pass@k estimators that take one (``passk_training``, ``pkpo``, ``pkpo_loo``,
     ``pkpo_loo_minus_one``; required there, unused otherwise). Must be ≤ every group's size
     (rollout.n_samples, and the smallest budget or curriculum count when those change it);
@@ -239,7 +239,7 @@ class AlgorithmConfig:
     cispo_mask: bool = False
     """CISPO: MiniMax-M1 Eq. 6 token mask (drop A > 0 ∧ ratio > w_max and A < 0 ∧ ratio <
     1 − eps_low). Off, as in the paper's main runs."""
-    entropy_mask_ratio: Optional[float] = None
+    entropy_mask_ratio: float | None = None
     """Forking-token mask (Beyond the 80/20 Rule, §6c): keep the policy gradient only on the top ρ
     of a mini-batch's valid tokens by entropy (paper: 0.2), threshold global over every rank; the
     entropy bonus and KL stay unmasked. Entropy: the policy's at the sampling temperature from
@@ -336,7 +336,7 @@ class BudgetControlConfig:
     allocation by cumulative accuracy rank) or ``knapsack`` (Knapsack RL, §6h: maximise the
     expected value of non-zero-gradient groups from each prompt's last success rate; unseen
     prompts get n_samples)."""
-    knapsack_alpha: Optional[float] = 0.9
+    knapsack_alpha: float | None = 0.9
     """knapsack: a valued prompt needs only ln(1 − α)/ln max(p, 1 − p) samples and the excess goes
     to unsolved prompts (the code's fallback, 0.9). None = off (all to valued prompts)."""
 
@@ -399,10 +399,10 @@ class AdaptiveControlConfig:
     """Control law. ``bang_bang``: ±delta per step (the paper's Algorithm 1). ``pi``: knob =
     clip(init + kp·e + ki·Σ earlier e, min, max) with e = sign·(target − entropy) over the
     window (§6f's PI law; sign +1 when raising the knob raises entropy)."""
-    kp: Optional[float] = None
+    kp: float | None = None
     """pi: proportional gain, knob units per nat. None = 10·delta (a 0.1-nat error moves the knob
     by δ)."""
-    ki: Optional[float] = None
+    ki: float | None = None
     """pi: integral gain, knob units per nat·step. None = delta."""
     anti_windup: bool = True
     """pi: stop integrating an error that pushes further into a bound the knob is pinned at."""
