@@ -380,6 +380,7 @@ def test_public_api():
             "TemperatureScheduler",
             "allocate_budgets",
             "apply_decision",
+            "bank_from_config",
             "build_controllers",
             "check_actuators",
             "check_control_config",

@@ -205,16 +205,16 @@ def test_failed_metrics_write_names_the_file(tmp_path):
 
 
 def test_last_step_is_saved_once(make_config, tmp_path, monkeypatch):
-    import explorl.trainer
+    import explorl.run_state
 
     saved = []
-    real = explorl.trainer.save_checkpoint
+    real = explorl.run_state.save_checkpoint
 
     def counting(run_dir, step, *a, **k):
         saved.append(step)
         return real(run_dir, step, *a, **k)
 
-    monkeypatch.setattr(explorl.trainer, "save_checkpoint", counting)
+    monkeypatch.setattr(explorl.run_state, "save_checkpoint", counting)
     Trainer(
         make_config({"max_steps": 4, "log": {"checkpoint_every": 2}, "eval": {"every": 0}}),
         tmp_path / "a",

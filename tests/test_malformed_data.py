@@ -1,6 +1,6 @@
 """A corpus of malformed data files: each is a ``DataError`` naming the file, row and field, and
 at the command line one ``error:`` line with exit status 2, no traceback, before the model is
-loaded (``explorl.trainer.load_model`` is replaced by a stub that fails the test)."""
+loaded (``explorl.models.load_model`` is replaced by a stub that fails the test)."""
 
 from __future__ import annotations
 
@@ -247,12 +247,12 @@ def test_records_remember_where_they_came_from(tmp_path):
 @pytest.fixture
 def cli(tiny_model, tmp_path, monkeypatch, capsys):
     """``explorl train`` on a recipe whose training data is ``path``; the model never loads."""
-    import explorl.trainer
+    import explorl.models
 
     def no_model(*a, **k):
         raise AssertionError("the model was loaded before the data was checked")
 
-    monkeypatch.setattr(explorl.trainer, "load_model", no_model)
+    monkeypatch.setattr(explorl.models, "load_model", no_model)
 
     def run(path: str, lab: dict | None = None, **data) -> str:
         recipe = {

@@ -110,3 +110,12 @@ def policy_entropy(rows: dict[str, torch.Tensor]) -> float:
     own = rows["own"]
     n = rows["length"][own].sum()
     return float(rows["entropy_sum"][own].sum() / n) if n > 0 else 0.0
+
+
+def step_stats(step: int, max_steps: int, sb: StepBatch):
+    """The controllers' view of a finished step (``control.StepStats``), from its global batch."""
+    from explorl.control.base import StepStats
+
+    return StepStats(step=step, max_steps=max_steps, entropy=policy_entropy(sb.rows),
+                     prompt_indices=sb.prompt_indices, prompt_correct=sb.prompt_correct,
+                     prompt_samples=sb.prompt_samples, epoch=sb.epoch, epoch_end=sb.epoch_end)

@@ -82,8 +82,8 @@ def check_control_config(cfg: ControlConfig) -> None:
     for a, b in EXCLUSIVE:
         if a in on and b in on:
             raise ControlError(
-                f"control.{a} and control.{b} both steer entropy towards their own target and would "
-                "fight each other; enable one of them"
+                f"control.{a} and control.{b} both steer entropy towards their own target "
+                "and would fight each other; enable one of them"
             )
     owners: dict[str, str] = {}
     for name in on:
@@ -110,6 +110,29 @@ def build_controllers(cfg: ControlConfig, ctx: ControlContext, knobs: Knobs, *,
     for c in controllers:
         c.setup(ctx, knobs)
     return controllers
+
+
+def bank_from_config(cfg, *, vocab_size: int, dataset_size: int) -> ControlBank:
+    """A run's controllers and its initial knobs, from a ``RunConfig``: the knobs start at the
+    configured values (``rollout``, ``algorithm``) and the enabled controllers own some of them."""
+    a = cfg.algorithm
+    knobs = Knobs(
+        temperature=cfg.rollout.temperature,
+        eps_high=a.eps_high,
+        entropy_coef=a.entropy_coef,
+        kl_coef=a.kl_coef,
+        n_samples=cfg.rollout.n_samples,
+        max_response_len=cfg.rollout.max_response_len,
+    )
+    ctx = ControlContext(
+        vocab_size=vocab_size,
+        dataset_size=dataset_size,
+        max_steps=cfg.max_steps,
+        prompts_per_step=cfg.data.prompts_per_step,
+        n_samples=cfg.rollout.n_samples,
+    )
+    controllers = build_controllers(cfg.control, ctx, knobs, anneal_dataset=bool(cfg.data.anneal))
+    return ControlBank(controllers, knobs)
 
 
 class ControlBank:
@@ -150,7 +173,9 @@ class ControlBank:
         for c in self.controllers:
             d = c.after_step(stats, self.knobs)
             if d.knobs:
-                raise ControlError(f"controller {c.name!r} changed knobs in after_step; use before_step")
+                raise ControlError(
+                    f"controller {c.name!r} changed knobs in after_step; use before_step"
+                )
             metrics.update(d.metrics)
         return metrics
 
@@ -171,12 +196,39 @@ class ControlBank:
 
 
 __all__ = [
-    "ACTUATORS", "ACTUATOR_DEFAULTS", "CONTROLLERS", "CONTROLLER_ORDER", "SCHEDULES", "ActuatorSpec",
-    "AdaptiveController", "BudgetAllocator", "ControlBank", "ControlContext", "ControlError", "Controller",
-    "Curriculum", "Decision", "EEPOGate", "EntroPICController", "EntropyCoefController", "Knobs",
-    "Schedule", "StepStats", "TemperatureScheduler",
-    "allocate_budgets", "apply_decision", "build_controllers", "check_actuators", "check_control_config",
-    "enabled_controllers", "make_schedule",
+    "ACTUATORS",
+    "ACTUATOR_DEFAULTS",
+    "CONTROLLERS",
+    "CONTROLLER_ORDER",
+    "SCHEDULES",
+    "ActuatorSpec",
+    "AdaptiveController",
+    "BudgetAllocator",
+    "ControlBank",
+    "ControlContext",
+    "ControlError",
+    "Controller",
+    "Curriculum",
+    "Decision",
+    "EEPOGate",
+    "EntroPICController",
+    "EntropyCoefController",
+    "Knobs",
+    "Schedule",
+    "StepStats",
+    "TemperatureScheduler",
+    "allocate_budgets",
+    "apply_decision",
+    "bank_from_config",
+    "build_controllers",
+    "check_actuators",
+    "check_control_config",
+    "enabled_controllers",
+    "make_schedule",
     # pure control laws (§6f, §6g) for controllers to wrap
-    "EntroPICLaw", "EntropyCoefLaw", "PIGains", "PILaw", "pi_step",
+    "EntroPICLaw",
+    "EntropyCoefLaw",
+    "PIGains",
+    "PILaw",
+    "pi_step",
 ]
