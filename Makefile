@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test bench clean setup-vllm test-vllm bench-vllm
+.PHONY: setup demo test lint bench clean setup-vllm test-vllm bench-vllm
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,6 +23,10 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
+
+# ruff with pyproject.toml's settings (line length 100; pyflakes, pycodestyle, import order)
+lint: setup
+	$(BIN)/ruff check src tests benchmarks
 
 bench: setup
 	$(BIN)/python benchmarks/quickstart_speed.py
