@@ -28,10 +28,16 @@ def _train(args) -> int:
     if args.resume:
         run_dir = Path(args.resume)
         if not (run_dir / "config.yaml").is_file():
-            print(f"error: --resume {run_dir}: no config.yaml there (not a run directory)", file=sys.stderr)
+            print(
+                f"error: --resume {run_dir}: no config.yaml there (not a run directory)",
+                file=sys.stderr,
+            )
             return 2
         if args.recipe:
-            print("note: resuming uses the run's own config.yaml; the recipe argument is ignored", file=sys.stderr)
+            print(
+                "note: resuming uses the run's own config.yaml; the recipe argument is ignored",
+                file=sys.stderr,
+            )
         what = f"--resume {run_dir}: config.yaml"
         data = C.load_yaml(C.read_utf8((run_dir / "config.yaml").read_bytes(), what), what)
         for text in args.set or []:
@@ -52,7 +58,10 @@ def _train(args) -> int:
         trainer = trainer(cfg, run_dir, resume=True)
     else:
         if not args.recipe:
-            print("error: give a RECIPE (e.g. recipes/quickstart.yaml) or --resume RUN_DIR", file=sys.stderr)
+            print(
+                "error: give a RECIPE (e.g. recipes/quickstart.yaml) or --resume RUN_DIR",
+                file=sys.stderr,
+            )
             return 2
         cfg = C.load(args.recipe, args.set, max_steps=args.max_steps, seed=args.seed)
         out = Path(args.out) if args.out else Path("runs") / f"{cfg.name}-seed{cfg.seed}"
@@ -74,7 +83,9 @@ def _train(args) -> int:
     print(f"  steps {summary['steps']}/{summary['max_steps']} in {summary['seconds']:.0f}s; "
           f"final reward/mean {final.get('reward/mean', float('nan')):.3f}, "
           f"entropy/mean {final.get('entropy/mean', float('nan')):.3f}")
-    print(f"  metrics: {out / 'metrics.jsonl'}\n  plots:   {out / 'plots'}/\n  checkpoint: {summary['checkpoint']}")
+    print(
+        f"  metrics: {out / 'metrics.jsonl'}\n  plots:   {out / 'plots'}/\n  checkpoint: {summary['checkpoint']}"
+    )
     if summary["interrupted"]:
         print(f"interrupted; continue with: explorl train --resume {out}")
         return 130
@@ -84,9 +95,20 @@ def _train(args) -> int:
 def _eval(args) -> int:
     from explorl.eval.run import run_eval
 
-    run_eval(model=args.model, data=args.data, out_dir=Path(args.out), n=args.n, k_list=args.k,
-             temperature=args.temperature, max_problems=args.max_problems, max_new_tokens=args.max_new_tokens,
-             verifier=args.verifier, split=args.split, seed=args.seed, overrides=args.set)
+    run_eval(
+        model=args.model,
+        data=args.data,
+        out_dir=Path(args.out),
+        n=args.n,
+        k_list=args.k,
+        temperature=args.temperature,
+        max_problems=args.max_problems,
+        max_new_tokens=args.max_new_tokens,
+        verifier=args.verifier,
+        split=args.split,
+        seed=args.seed,
+        overrides=args.set,
+    )
     return 0
 
 
@@ -124,7 +146,9 @@ def _fit(args) -> int:
     print(f"R = -a·exp(H) + b   a = {fit.a:.4f}  b = {fit.b:.4f}  R² = {fit.r2:.3f}  "
           f"predicted ceiling (H→0) b−a = {fit.ceiling:.4f}")
     if getattr(fit, "rmse", None) is not None:
-        print(f"fitted on the first {fit.n_fit}/{fit.n_total} points; prediction RMSE on the rest = {fit.rmse:.4f}")
+        print(
+            f"fitted on the first {fit.n_fit}/{fit.n_total} points; prediction RMSE on the rest = {fit.rmse:.4f}"
+        )
     print(f"wrote {run_dir / 'fit.json'} and {run_dir / 'plots' / 'entropy_law.png'}")
     return 0
 
@@ -183,18 +207,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = add("train", help="train a policy from a recipe")
     t.add_argument("recipe", nargs="?", help="YAML recipe (e.g. recipes/quickstart.yaml)")
-    t.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field, e.g. optim.lr=1e-5")
+    t.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a config field, e.g. optim.lr=1e-5",
+    )
     t.add_argument("--out", help="run directory (default runs/<name>-seed<seed>)")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
-    t.add_argument("--max-steps", type=int, help="override max_steps (with --resume: extend a finished run)")
+    t.add_argument(
+        "--max-steps", type=int, help="override max_steps (with --resume: extend a finished run)"
+    )
     t.add_argument("--seed", type=int, help="override seed")
     t.add_argument("--force", action="store_true", help="overwrite an existing run directory")
     t.set_defaults(fn=_train)
 
     e = add("eval", help="pass@k evaluation of a model on a dataset")
-    e.add_argument("model", help="local HF model dir, lab:<task>, or a run dir (its latest checkpoint)")
+    e.add_argument(
+        "model", help="local HF model dir, lab:<task>, or a run dir (its latest checkpoint)"
+    )
     e.add_argument("--data", nargs="+", required=True, help="lab:<task> or jsonl/parquet files")
-    e.add_argument("--split", default="test", choices=["train", "val", "test"], help="lab split (default test)")
+    e.add_argument(
+        "--split", default="test", choices=["train", "val", "test"], help="lab split (default test)"
+    )
     e.add_argument("--out", required=True,
                    help="output directory for eval.json, problems.jsonl (every response and its "
                         "score) and passk.png")
@@ -204,12 +239,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sampling temperature of the n samples (default 1.0; greedy is always T=0)")
     e.add_argument("--max-problems", type=int, default=None,
                    help="evaluate only the first N problems (default: all)")
-    e.add_argument("--max-new-tokens", type=int, default=None, help="default: the model's run config or 256")
+    e.add_argument(
+        "--max-new-tokens", type=int, default=None, help="default: the model's run config or 256"
+    )
     e.add_argument("--verifier", default="auto",
                    help="math, exact, countdown, addition or module:function (default auto: the "
                         "run's reward.verifier, else the lab task's, else math)")
     e.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    e.add_argument("--set", action="append", metavar="KEY=VALUE", help="config overrides (model.*, reward.*, lab.*)")
+    e.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="config overrides (model.*, reward.*, lab.*)",
+    )
     e.set_defaults(fn=_eval)
 
     k = add("passk", help="pass@k curves of several `explorl eval` outputs in one figure (e.g. "
@@ -223,7 +265,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     f = add("fit", help="fit the entropy–performance law R = −a·exp(H) + b to a run")
     f.add_argument("run_dir", help="run directory (its metrics.jsonl needs ≥ 3 validations)")
-    f.add_argument("--fit-fraction", type=float, default=1.0, help="fit on the first fraction, predict the rest")
+    f.add_argument(
+        "--fit-fraction",
+        type=float,
+        default=1.0,
+        help="fit on the first fraction, predict the rest",
+    )
     f.set_defaults(fn=_fit)
 
     r = add("report", help="overlay runs: plots, tables, report.md and report.html")
@@ -234,12 +281,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default ./report)")
     r.set_defaults(fn=_report)
 
-    s = add("study", help="recipes × seeds on a lab task: train, eval, report, check the papers' claims")
+    s = add(
+        "study", help="recipes × seeds on a lab task: train, eval, report, check the papers' claims"
+    )
     s.add_argument("spec", help="study spec (e.g. studies/lab.yaml)")
     s.add_argument("--quick", action="store_true",
                    help="apply the spec's quick: section (fewer seeds and steps: a pipeline check, "
                         "2 min for studies/lab.yaml on 2 idle cores)")
-    s.add_argument("--out", help="study directory (default runs/study-<name>[-quick]); rerun to continue it")
+    s.add_argument(
+        "--out", help="study directory (default runs/study-<name>[-quick]); rerun to continue it"
+    )
     s.add_argument("--jobs", type=int, help="runs trained at once (default: the spec's jobs)")
     s.add_argument("--recipes", metavar="DIR",
                    help="folder of the recipes the spec names without a path (default: the spec's "
@@ -261,11 +312,24 @@ THEN = "--then"
 the torch import once. ``explorl study`` runs each job's train and eval this way."""
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at each message (a test harness, a redirect, or a
+    notebook may replace it after the handler was made)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ sets it
+        pass
+
+
 def setup_logging() -> None:
     """Show explorl's own INFO messages (e.g. the lab-model build's progress) on stderr, once."""
     log = logging.getLogger("explorl")
     if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)

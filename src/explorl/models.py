@@ -72,6 +72,11 @@ def load_tokenizer(path: Path, cfg: ModelConfig):
     tok = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token  # batched sampling needs a pad id; masked everywhere
+    # explorl checks prompt lengths itself (data.max_prompt_len, a clear error naming the row):
+    # the tokenizer's own "longer than the maximum sequence length" warning is noise.
+    warned = getattr(tok, "deprecation_warnings", None)
+    if isinstance(warned, dict):
+        warned["sequence-length-is-longer-than-the-specified-maximum"] = True
     return tok
 
 
@@ -90,7 +95,9 @@ def quiet_transformers():
             hf_logging.enable_progress_bar()
 
 
-def load_model(path: Path, cfg: ModelConfig, device: torch.device, *, frozen: bool = False) -> torch.nn.Module:
+def load_model(
+    path: Path, cfg: ModelConfig, device: torch.device, *, frozen: bool = False
+) -> torch.nn.Module:
     """``from_pretrained`` on ``device``: trained weights in ``param_dtype`` (float32 masters unless
     pure low precision), a frozen reference directly in the compute dtype."""
     dtype = resolve_dtype(cfg.dtype, device) if frozen else param_dtype(cfg, device)
@@ -152,7 +159,11 @@ class PromptTokens:
     checked against ``data.max_prompt_len``."""
 
     def __init__(self, tokenizer, use_chat_template: bool, max_prompt_len: int) -> None:
-        self.tokenizer, self.use_chat_template, self.max_len = tokenizer, use_chat_template, max_prompt_len
+        self.tokenizer, self.use_chat_template, self.max_len = (
+            tokenizer,
+            use_chat_template,
+            max_prompt_len,
+        )
         self._cache: dict[tuple[str, int], list[int]] = {}
 
     def _render(self, prompt) -> list[int]:
@@ -169,7 +180,8 @@ class PromptTokens:
         """A function: row index of ``data`` -> its prompt's token ids (``tag`` names the split)."""
         def ids(idx: int) -> list[int]:
             if (tag, idx) not in self._cache:
-                (self._cache[(tag, idx)],) = tokenize_prompts([data[idx]], self._render, self.max_len,
-                                                              f"data.{tag}")
+                (self._cache[(tag, idx)],) = tokenize_prompts(
+                    [data[idx]], self._render, self.max_len, f"data.{tag}"
+                )
             return self._cache[(tag, idx)]
         return ids

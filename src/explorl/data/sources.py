@@ -52,8 +52,7 @@ def load_split(specs: list[str], cfg: RunConfig, split: str) -> list[PromptRecor
         records.extend(load_many(files, prompt_key=cfg.data.prompt_key,
                                  answer_key=cfg.data.answer_key))
     # Controllers key per-prompt statistics by index: make it the position in this dataset.
-    return [PromptRecord(r.prompt, r.ground_truth, r.data_source, i, r.extra)
-            for i, r in enumerate(records)]
+    return [dataclasses.replace(r, index=i) for i, r in enumerate(records)]  # keeps ``origin``
 
 
 def in_memory(data, cfg: RunConfig) -> list[PromptRecord]:
