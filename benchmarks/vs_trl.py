@@ -96,12 +96,12 @@ def timed(fn, box: list):
     return wrapper
 
 
-def explorl_config(prompts: int, samples: int, steps: int):
+def explorl_config(prompts: int, samples: int, steps: int, max_new: int = MAX_NEW):
     """The explorl run: the lab GRPO recipe at the benchmark's settings."""
     from explorl import config as C
 
     return C.load(ROOT / "recipes/lab/grpo.yaml", [
-        f"data.prompts_per_step={prompts}", f"rollout.n_samples={samples}", f"rollout.max_response_len={MAX_NEW}",
+        f"data.prompts_per_step={prompts}", f"rollout.n_samples={samples}", f"rollout.max_response_len={max_new}",
         f"optim.lr={LR:.1e}", "optim.mini_batches=1", "optim.ppo_epochs=1",
         f"optim.micro_batch_size={prompts * samples}",
         "optim.warmup_steps=0", "algorithm.kl_coef=0.0", "algorithm.agg=token-mean", "model.dtype=float32",
@@ -129,18 +129,22 @@ def run_explorl(prompts: int, samples: int, steps: int, warmup: int, src: str) -
     return rates(ends, warmup, gen)
 
 
-def run_trl(prompts: int, samples: int, steps: int, warmup: int, src: str) -> dict:
+def trl_trainer(prompts: int, samples: int, steps: int, out: str, callbacks: list, max_new: int = MAX_NEW,
+                min_new: int | None = None):
+    """TRL's ``GRPOTrainer`` on the same model, prompts and settings as ``explorl_config``.
+
+    ``min_new``: no EOS before this many tokens (``min_new_tokens``), to force response lengths.
+    """
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, TrainerCallback
+    from transformers import AutoModelForCausalLM
     from trl import GRPOConfig, GRPOTrainer
 
-    sys.path.insert(0, src)
     from explorl.data.sources import load_split
     from explorl.models import load_tokenizer, resolve_model_path
     from explorl.rewards import VERIFIERS
 
-    cfg = explorl_config(prompts, samples, warmup + steps)  # the same model and prompts as explorl's run
+    cfg = explorl_config(prompts, samples, steps, max_new)  # the same model and prompts as explorl's run
     path = resolve_model_path(cfg.model.path, cfg.lab)
     tok = load_tokenizer(path, cfg.model)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -151,6 +155,26 @@ def run_trl(prompts: int, samples: int, steps: int, warmup: int, src: str) -> di
     def addition_reward(completions, ground_truth, **kwargs):
         return [verify(c, g) for c, g in zip(completions, ground_truth)]
 
+    args = GRPOConfig(
+        output_dir=out, max_steps=steps, learning_rate=LR, lr_scheduler_type="constant",
+        warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
+        per_device_train_batch_size=prompts * samples, gradient_accumulation_steps=1,
+        num_generations=samples, steps_per_generation=1, num_iterations=1, max_completion_length=max_new,
+        temperature=1.0, top_p=1.0, top_k=0, beta=0.0, epsilon=0.2, loss_type="dapo", scale_rewards="group",
+        use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, disable_dropout=True,
+        logging_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True,
+        dataloader_num_workers=0, seed=0,
+        generation_kwargs={"min_new_tokens": min_new} if min_new else None,
+    )
+    trainer = GRPOTrainer(model=model, reward_funcs=addition_reward, args=args, train_dataset=data,
+                          processing_class=tok, callbacks=callbacks)
+    return trainer, model
+
+
+def run_trl(prompts: int, samples: int, steps: int, warmup: int, src: str) -> dict:
+    from transformers import TrainerCallback
+
+    sys.path.insert(0, src)
     ends: list[tuple[float, float]] = []
 
     class StepClock(TrainerCallback):
@@ -158,18 +182,7 @@ def run_trl(prompts: int, samples: int, steps: int, warmup: int, src: str) -> di
             ends.append(stamp())
 
     with tempfile.TemporaryDirectory() as out:
-        args = GRPOConfig(
-            output_dir=out, max_steps=warmup + steps, learning_rate=LR, lr_scheduler_type="constant",
-            warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
-            per_device_train_batch_size=prompts * samples, gradient_accumulation_steps=1,
-            num_generations=samples, steps_per_generation=1, num_iterations=1, max_completion_length=MAX_NEW,
-            temperature=1.0, top_p=1.0, top_k=0, beta=0.0, epsilon=0.2, loss_type="dapo", scale_rewards="group",
-            use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, disable_dropout=True,
-            logging_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True,
-            dataloader_num_workers=0, seed=0,
-        )
-        trainer = GRPOTrainer(model=model, reward_funcs=addition_reward, args=args, train_dataset=data,
-                              processing_class=tok, callbacks=[StepClock()])
+        trainer, model = trl_trainer(prompts, samples, warmup + steps, out, [StepClock()])
         gen: list[float] = []
         model.generate = timed(model.generate, gen)
         trainer.train()

@@ -8,14 +8,30 @@ full forward per sequence, the padded layout).
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    DynamicCache,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
 
 from explorl.algorithms import naive_logprobs
-from explorl.rollout.hf import HFEngine
 from explorl.forward import _pack_plan, response_logprobs, takes_custom_mask
-from explorl.rollout.seeding import gumbel_sample, row_keys
+from explorl.rollout.hf import HFEngine, decode_cache
+from explorl.rollout.seeding import (
+    MT_VOCAB_MAX,
+    NoiseStream,
+    _generator_uniform,
+    gumbel_sample,
+    mix_seed,
+    mix_seed_grid,
+    mt_uniform,
+    row_keys,
+)
 
 PROMPTS = ["3+4=", "12+7=", "5+5=", "9+0=", "1+2="]  # tokenised lengths differ: left padding is exercised
 
@@ -158,6 +174,61 @@ def test_sampled_logprobs_equal_recomputation(lab):
                                       1.3, pack=pack)
         torch.testing.assert_close(logp, ro.old_logp, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(ent, ro.entropy, atol=1e-5, rtol=1e-5)
+
+
+def test_vectorised_mersenne_twister_draws_what_torch_draws():
+    # mt_uniform must be bit for bit torch.rand from a generator seeded per (key, position): the
+    # committed CPU runs were sampled that way. Seeds with the high bits set, vocabularies up to
+    # the one-twist limit.
+    keys = row_keys([0, 2**62 + 5, 123456789], [2, 1, 3])
+    grid = mix_seed_grid(keys.numpy(), np.arange(3, 6))  # (6, 3)
+    assert grid[4, 1] == mix_seed(int(keys[4]), 4)
+    for V in (1, 24, MT_VOCAB_MAX):
+        for t in (3, 4, 5):
+            u = mt_uniform(grid[:, t - 3], V).clamp_(min=2.0**-60)
+            assert torch.equal(u, _generator_uniform(keys, t, V))
+    with pytest.raises(ValueError):
+        mt_uniform(grid[:, 0], MT_VOCAB_MAX + 1)
+
+
+@pytest.mark.parametrize("V", [24, MT_VOCAB_MAX + 1])  # blocked noise, and per position beyond the limit
+def test_noise_stream_draws_as_gumbel_sample_while_rows_leave(V):
+    keys = row_keys([7, 8], [3, 2])
+    stream = NoiseStream(keys, V, max_len=6)
+    assert stream.blocked == (V <= MT_VOCAB_MAX)
+    live = torch.arange(5)
+    g = torch.Generator().manual_seed(0)
+    for t in range(6):
+        logp = torch.randn(len(live), V, generator=g).log_softmax(-1)
+        assert torch.equal(stream.sample(logp, t), gumbel_sample(logp, keys[live], t))
+        if t in (1, 3):  # rows finish: keep every other one
+            keep = torch.arange(0, len(live), 2)
+            stream.keep(keep)
+            live = live[keep]
+
+
+def test_buffered_cache_gives_the_dynamic_cache_numbers():
+    # Views into buffers instead of one concatenation per token: bit for bit the same logits,
+    # through growth of the buffers and the compaction / fan-out reorders the engine does.
+    model = random_llama()
+    ids = torch.randint(3, 24, (3, 4), generator=torch.Generator().manual_seed(0))
+    outs = []
+    for cache in (DynamicCache(config=model.config), decode_cache(model.config, 4 + 9)):
+        with torch.no_grad():
+            logits = [model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1]]
+            cache.reorder_cache(torch.tensor([0, 0, 1, 2, 2]))  # prompts fanned out to rows
+            tok = logits[0].argmax(-1)[[0, 0, 1, 2, 2]]
+            for t in range(8):
+                if t == 5:
+                    cache.reorder_cache(torch.tensor([1, 3, 4]))  # rows finished
+                    tok = tok[[1, 3, 4]]
+                logits.append(model(input_ids=tok[:, None], past_key_values=cache, use_cache=True).logits[:, -1])
+                tok = logits[-1].argmax(-1)
+        outs.append(logits)
+    assert cache.get_seq_length() == 4 + 8
+    assert all(type(layer).__name__ == "_BufferedLayer" for layer in cache.layers)
+    for a, b in zip(*outs, strict=True):
+        assert torch.equal(a, b)
 
 
 # ---------------------------------------------------------------------------- log-prob pass

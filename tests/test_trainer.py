@@ -112,7 +112,8 @@ def _strip(rows):
     {},
     {"control": {"temperature": {"enabled": True}, "budget": {"enabled": True},
                  "curriculum": {"enabled": True, "start_ratio": 0.4, "n_samples": 6}},
-     "algorithm": {"loss": "clip_cov", "clip_cov_lb": -10.0, "clip_cov_ratio": 0.05}, "data": {"max_train_prompts": 8}},
+     "algorithm": {"loss": "clip_cov", "clip_cov_lb": -10.0, "clip_cov_ratio": 0.05}, "data": {"max_train_prompts": 8},
+     "optim": {"fused": "on"}},
     {"control": {"eepo": {"enabled": True, "alpha": 10.0}, "adaptive": {"enabled": True, "warmup": 1}},
      "algorithm": {"loss": "kl_cov", "entropy_coef": 0.01, "kl_coef": 0.01}, "optim": {"mini_batches": 2}},
     {"model": {"dtype": "bfloat16"},
@@ -130,7 +131,7 @@ def _strip(rows):
     {"control": {"entropy_coef": {"enabled": True, "target": 5.0, "delta": 0.01, "max": 0.05}},
      "algorithm": {"loss": "gspo", "agg": "seq-mean-token-mean"}},
     {"control": {"adaptive": {"enabled": True, "warmup": 1, "law": "pi"}}},
-], ids=["grpo", "e3+curriculum+clip_cov", "eepo+adaptive+kl_cov", "bf16:eepo+adaptive+budget+dapo",
+], ids=["grpo", "e3+curriculum+clip_cov+fused_adamw", "eepo+adaptive+kl_cov", "bf16:eepo+adaptive+budget+dapo",
         "entropic+knapsack+forking+shaping+cispo+pkpo", "entropy_coef+gspo", "adaptive_pi"])
 def test_resume_reproduces_uninterrupted_run(make_config, tmp_path, extra):
     full = make_config({**extra, "max_steps": 5, "eval": {"every": 2}})
@@ -147,6 +148,17 @@ def test_resume_reproduces_uninterrupted_run(make_config, tmp_path, extra):
     assert _strip(read_metrics(tmp_path / "b")) == _strip(ref_rows)
     wa, wb = _weights(a.policy), _weights(b.policy)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.parametrize("fused, cpu", [("auto", None), ("on", True), ("off", None)])
+def test_fused_adamw_only_where_asked(fused, cpu):
+    from explorl.config import OptimConfig
+    from explorl.update import make_optimizer
+
+    model = torch.nn.Linear(3, 2)
+    o = OptimConfig(fused=fused)
+    assert make_optimizer(o, model, torch.device("cpu"), "ddp")[0].param_groups[0]["fused"] is cpu
+    assert make_optimizer(o, model, torch.device("cpu"), "fsdp")[0].param_groups[0]["fused"] is None
 
 
 def _interrupt_after(t: Trainer, n_steps: int) -> None:

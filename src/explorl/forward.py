@@ -14,6 +14,8 @@ Two layouts, the same numbers (tests/test_rollout_hf.py):
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from explorl.algorithms.logprobs import logprobs_from_hidden, logprobs_from_logits
@@ -47,14 +49,24 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         ~allowed, torch.finfo(dtype).min)
 
 
+_PACK_LENGTH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its pack_length
+
+
 def pack_length(model: torch.nn.Module) -> int:
     """Default length of a packed row for ``model``.
 
     Attention over a packed row of L tokens costs ~4·L·d FLOPs per token and layer whatever the
     mask hides, against ~2·(weights per layer) for the projections; L is chosen so that the
     former is about 1/8 of the latter: 128 tokens for the 1M-parameter lab model (measured best
-    there, benchmarks/README.md), ~1k for a 0.5B model, 4096 at most.
+    there, benchmarks/README.md), ~1k for a 0.5B model, 4096 at most. Computed once per model
+    (a walk over every parameter).
     """
+    if model not in _PACK_LENGTH:
+        _PACK_LENGTH[model] = _pack_length(model)
+    return _PACK_LENGTH[model]
+
+
+def _pack_length(model: torch.nn.Module) -> int:
     cfg = getattr(model, "config", None)
     layers, d = getattr(cfg, "num_hidden_layers", None), getattr(cfg, "hidden_size", None)
     if not layers or not d:

@@ -46,10 +46,11 @@ from explorl.step_batch import StepBatch
 def make_optimizer(o, params_module: torch.nn.Module, device: torch.device, strategy: str):
     """AdamW over the (float32 master) parameters and its linear warm-up schedule (``optim``).
 
-    Fused AdamW (one kernel for every parameter) on CUDA with replicated parameters; the default
-    multi-tensor path elsewhere (CPU, FSDP's flattened shards).
+    Fused AdamW (one kernel for every parameter) on CUDA with replicated parameters, and on CPU
+    when ``optim.fused`` is ``on``; torch's default path elsewhere (CPU, FSDP's flattened shards).
     """
-    fused = True if device.type == "cuda" and strategy != "fsdp" else None
+    on = {"auto": device.type == "cuda", "on": device.type in ("cuda", "cpu"), "off": False}[o.fused]
+    fused = True if on and strategy != "fsdp" else None
     optimizer = torch.optim.AdamW(params_module.parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
                                   weight_decay=o.weight_decay, fused=fused)
     scheduler = torch.optim.lr_scheduler.LambdaLR(

@@ -15,6 +15,12 @@ Where the time goes, and what the loop does about it (figures: benchmarks/README
   Compacting only once the live fraction drops below ``compact_ratio`` bounds the copying.
 - **One host round-trip per token at most**, and on accelerators one every ``sync_every``
   tokens: finished rows keep decoding (masked) until the next check.
+- **No KV-cache copy per token.** transformers' ``DynamicCache`` concatenates every layer's
+  keys and values with the new token's (O(T²) copying over a response); ``_BufferedLayer``
+  writes into buffers with room to grow and hands attention views of the filled part (the same
+  numbers: the kernels read the same values through strides).
+- **Seeded noise in blocks.** On CPU the counter-based noise of all live rows is computed for a
+  block of positions at once (``rollout.seeding.NoiseStream``), the same draws as per row.
 """
 
 from __future__ import annotations
@@ -22,7 +28,12 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from explorl.rollout.seeding import gumbel_sample, row_keys
+try:  # transformers >= 4.56: caches made of per-layer objects
+    from transformers.cache_utils import DynamicLayer
+except ImportError:  # older: the plain DynamicCache
+    DynamicLayer = None
+
+from explorl.rollout.seeding import NoiseStream, row_keys
 from explorl.rollout.types import Rollouts
 
 
@@ -41,6 +52,59 @@ def left_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[
 def position_ids(mask: torch.Tensor) -> torch.Tensor:
     """Positions that ignore left padding: 0 at each row's first real token."""
     return (mask.long().cumsum(-1) - 1).clamp_min(0)
+
+
+class _BufferedLayer(DynamicLayer or object):
+    """A ``DynamicLayer`` that keeps keys and values in buffers with spare room along the
+    sequence and returns views of the filled part: no ``torch.cat`` of the whole cache per token.
+
+    Room grows by doubling up to ``limit`` positions (the prompt plus the response budget), so
+    memory follows the longest live row as with the dynamic cache.
+    """
+
+    def __init__(self, limit: int):
+        super().__init__()
+        self.limit, self.n = limit, 0
+        self.k_buf = self.v_buf = None
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = self.n + key_states.shape[-2]
+        if self.k_buf is None or n > self.k_buf.shape[-2]:
+            cap = max(n, min(self.limit, 2 * n))
+            k_buf = key_states.new_empty((*key_states.shape[:-2], cap, key_states.shape[-1]))
+            v_buf = value_states.new_empty((*value_states.shape[:-2], cap, value_states.shape[-1]))
+            if self.n:
+                k_buf[..., : self.n, :] = self.keys
+                v_buf[..., : self.n, :] = self.values
+            self.k_buf, self.v_buf = k_buf, v_buf
+        self.k_buf[..., self.n: n, :] = key_states
+        self.v_buf[..., self.n: n, :] = value_states
+        self.n = n
+        self.keys, self.values = self.k_buf[..., :n, :], self.v_buf[..., :n, :]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.n
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        if self.n:
+            self.k_buf = self.k_buf.index_select(0, beam_idx.to(self.k_buf.device))
+            self.v_buf = self.v_buf.index_select(0, beam_idx.to(self.v_buf.device))
+            self.keys, self.values = self.k_buf[..., : self.n, :], self.v_buf[..., : self.n, :]
+
+
+def decode_cache(config, limit: int) -> DynamicCache:
+    """A ``DynamicCache`` for ``config`` whose full-attention layers are ``_BufferedLayer``s
+    (sliding-window layers, and caches of older transformers, stay as they are)."""
+    cache = DynamicCache(config=config)
+    layers = getattr(cache, "layers", None)
+    if DynamicLayer is not None and isinstance(layers, list):
+        for i, layer in enumerate(layers):
+            if type(layer) is DynamicLayer:
+                layers[i] = _BufferedLayer(limit)
+    return cache
 
 
 class HFEngine:
@@ -117,7 +181,7 @@ class HFEngine:
         finished = torch.zeros(N, dtype=torch.bool, device=device)
 
         # Prefill: the distinct prompts once, then fan the cache and the last logits out to the rows.
-        cache = DynamicCache(config=model.config)
+        cache = decode_cache(model.config, P + max_new_tokens)
         out = model(input_ids=ids_u, attention_mask=mask_u.long(), position_ids=position_ids(mask_u),
                     past_key_values=cache, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1, :]  # (U, V)
@@ -130,7 +194,7 @@ class HFEngine:
         attn = torch.cat([mask_u[inv], torch.ones((N, max_new_tokens), dtype=torch.bool, device=device)], 1)
         pos = position_ids(mask_u)[inv, -1:] + 1  # (N, 1): position of the first response token
         idx = torch.arange(N, device=device)  # batch row -> output row
-        row_keys_ = keys.to(device) if keys is not None else None
+        noise = NoiseStream(keys.to(device), logits.shape[-1], max_new_tokens) if keys is not None else None
         alive = torch.ones(N, dtype=torch.bool, device=device)  # per batch row
         n_steps = 0
         for t in range(max_new_tokens):
@@ -141,8 +205,8 @@ class HFEngine:
             ent = -(p_all * logp_all).sum(-1)  # (n,)
             if greedy:
                 tok = z.argmax(-1)
-            elif row_keys_ is not None:
-                tok = gumbel_sample(logp_all, row_keys_, t)
+            elif noise is not None:
+                tok = noise.sample(logp_all, t)
             else:
                 tok = torch.multinomial(p_all, 1, generator=generator).squeeze(-1)
             tok = tok.masked_fill(~alive, self.pad_id)
@@ -164,8 +228,8 @@ class HFEngine:
                     keep = alive.nonzero().squeeze(-1)  # (n_alive,)
                     cache.reorder_cache(keep)
                     idx, tok, alive, attn, pos = idx[keep], tok[keep], alive[keep], attn[keep], pos[keep]
-                    if row_keys_ is not None:
-                        row_keys_ = row_keys_[keep]
+                    if noise is not None:
+                        noise.keep(keep)
             logits = model(input_ids=tok[:, None], attention_mask=attn[:, : P + t + 1], position_ids=pos,
                            past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
             pos = pos + 1
