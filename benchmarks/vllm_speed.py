@@ -63,10 +63,19 @@ def build_wide(out: Path, hidden: int, layers: int) -> Path:
     tok = AutoTokenizer.from_pretrained(lab)
     torch.manual_seed(0)
     heads = max(1, hidden // 64)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=int(hidden * 8 / 3) // 64 * 64,
-                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
-                      max_position_embeddings=256, tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=int(hidden * 8 / 3) // 64 * 64,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     LlamaForCausalLM(cfg).save_pretrained(out)
     tok.save_pretrained(out)
     return out
@@ -97,13 +106,24 @@ def worker(spec: dict) -> dict:
     else:
         from explorl.rollout.vllm import VLLMEngine
 
-        engine = VLLMEngine(path, tok, dtype="float32", kv_cache_gib=1.0, recompute=engine_name == "vllm",
-                            in_process=spec["in_process"], score_batch_size=P * G)
+        engine = VLLMEngine(
+            path,
+            tok,
+            dtype="float32",
+            kv_cache_gib=1.0,
+            recompute=engine_name == "vllm",
+            in_process=spec["in_process"],
+            score_batch_size=P * G,
+        )
         out.update(startup_s=time.perf_counter() - w0, startup_cpu_s=cpu_seconds() - c0)
 
     def call(i: int) -> int:
-        prompts = [render_prompt(tok, train[(i * P + j) % len(train)].prompt, True) for j in range(P)]
-        ro = engine.generate(model, prompts, [G] * P, 1.0, max_new, seeds=[i * P + j for j in range(P)])
+        prompts = [
+            render_prompt(tok, train[(i * P + j) % len(train)].prompt, True) for j in range(P)
+        ]
+        ro = engine.generate(
+            model, prompts, [G] * P, 1.0, max_new, seeds=[i * P + j for j in range(P)]
+        )
         return int(ro.response_mask.sum())
 
     call(10_000)  # warm-up (and vLLM's first weight push)
@@ -134,8 +154,14 @@ def step_worker(spec: dict, path: Path) -> dict:
 def measure(spec: dict) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"]), "TRANSFORMERS_VERBOSITY": "error",
            "VLLM_LOGGING_LEVEL": "ERROR"}
-    proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True,
-                          text=True, check=False, env=env, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--worker", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+        cwd=ROOT,
+    )
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
@@ -148,15 +174,21 @@ def spread(xs: list[float], fmt: str = "6.0f") -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--calls", type=int, default=3, help="timed generate calls per measurement")
     p.add_argument("--steps", type=int, default=3, help="timed training steps per measurement")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--wide", default="768x4", help="HIDDENxLAYERS of the random-init model")
     p.add_argument("--lab-size", default="64x8:8", help="PROMPTSxSAMPLES:MAX_NEW for the lab model")
-    p.add_argument("--wide-size", default="16x8:32", help="PROMPTSxSAMPLES:MAX_NEW for the wide model")
-    p.add_argument("--child-process", action="store_true", help="vLLM in a child process (default: in-process)")
+    p.add_argument(
+        "--wide-size", default="16x8:32", help="PROMPTSxSAMPLES:MAX_NEW for the wide model"
+    )
+    p.add_argument(
+        "--child-process", action="store_true", help="vLLM in a child process (default: in-process)"
+    )
     p.add_argument("--no-steps", action="store_true", help="skip the training-step measurements")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -170,18 +202,33 @@ def main() -> None:
     import transformers
     import vllm
 
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average "
-          f"{os.getloadavg()[0]:.1f} at start; torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"vllm {vllm.__version__}; {args.threads} torch thread(s); float32; vLLM "
-          f"{'child process' if args.child_process else 'in-process'}; median ± half-range over {args.reps} reps")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"load average {os.getloadavg()[0]:.1f} at start; torch {torch.__version__}, "
+        f"transformers {transformers.__version__}, "
+        f"vllm {vllm.__version__}; {args.threads} torch thread(s); float32; vLLM "
+        f"{'child process' if args.child_process else 'in-process'}; "
+        f"median ± half-range over {args.reps} reps"
+    )
     hidden, layers = (int(x) for x in args.wide.split("x"))
     with tempfile.TemporaryDirectory() as tmp:
         wide = str(build_wide(Path(tmp) / "wide", hidden, layers))
-        for name, model, size in (("lab", "lab", args.lab_size), (f"wide {args.wide}", wide, args.wide_size)):
+        for name, model, size in (
+            ("lab", "lab", args.lab_size),
+            (f"wide {args.wide}", wide, args.wide_size),
+        ):
             shape, max_new = size.split(":")
             P, G = (int(x) for x in shape.split("x"))
-            base = {"model": model, "prompts": P, "samples": G, "max_new": int(max_new), "calls": args.calls,
-                    "threads": args.threads, "in_process": not args.child_process, "steps": args.steps}
+            base = {
+                "model": model,
+                "prompts": P,
+                "samples": G,
+                "max_new": int(max_new),
+                "calls": args.calls,
+                "threads": args.threads,
+                "in_process": not args.child_process,
+                "steps": args.steps,
+            }
             runs: dict[str, list[dict]] = {e: [] for e in ENGINES}
             steps: dict[str, list[dict]] = {e: [] for e in ENGINES[:2]}
             for _ in range(args.reps):
@@ -193,16 +240,24 @@ def main() -> None:
             print(f"{name}: sampling {P}x{G} rows per call, <= {max_new} new tokens, T = 1")
             for e in ENGINES:
                 rs = runs[e]
-                extra = (f"  start-up {statistics.median(r['startup_s'] for r in rs):4.1f} s "
-                         f"({statistics.median(r['startup_cpu_s'] for r in rs):4.1f} CPU-s)" if e != "hf" else "")
-                print(f"  {e:9s} tokens/s {spread([r['tokens_per_s'] for r in rs])}  tokens/CPU-s "
-                      f"{spread([r['tokens_per_cpu_s'] for r in rs])}  "
-                      f"{statistics.median(r['tokens_per_call'] for r in rs):6.0f} tokens/call{extra}")
+                extra = (
+                    f"  start-up {statistics.median(r['startup_s'] for r in rs):4.1f} s "
+                    f"({statistics.median(r['startup_cpu_s'] for r in rs):4.1f} CPU-s)"
+                    if e != "hf"
+                    else ""
+                )
+                print(
+                    f"  {e:9s} tokens/s {spread([r['tokens_per_s'] for r in rs])}  tokens/CPU-s "
+                    f"{spread([r['tokens_per_cpu_s'] for r in rs])}  "
+                    f"{statistics.median(r['tokens_per_call'] for r in rs):6.0f} tokens/call{extra}"
+                )
             for e, rs in steps.items():
                 if rs:
-                    print(f"  step ({e:4s}) {spread([r['step_s'] for r in rs], '6.2f')} s  "
-                          f"{spread([r['step_cpu_s'] for r in rs], '6.2f')} CPU-s  "
-                          f"~{statistics.median(r['tokens_per_step'] for r in rs):5.0f} tokens/step")
+                    print(
+                        f"  step ({e:4s}) {spread([r['step_s'] for r in rs], '6.2f')} s  "
+                        f"{spread([r['step_cpu_s'] for r in rs], '6.2f')} CPU-s  "
+                        f"~{statistics.median(r['tokens_per_step'] for r in rs):5.0f} tokens/step"
+                    )
 
 
 if __name__ == "__main__":

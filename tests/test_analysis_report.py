@@ -30,8 +30,16 @@ def records(offset=0.0, val=True, controls=False):
         }
         rec["control/eps_high"] = 0.2  # every run logs its knobs; this one never moves
         if controls:
-            rec.update({"control/temperature": 1.0 + 0.01 * step, "entropy/stage1": 1.0, "entropy/stage2": 0.5,
-                        "rollout/budget_min": 4, "rollout/budget_max": 12, "cov/mean": 0.01})
+            rec.update(
+                {
+                    "control/temperature": 1.0 + 0.01 * step,
+                    "entropy/stage1": 1.0,
+                    "entropy/stage2": 0.5,
+                    "rollout/budget_min": 4,
+                    "rollout/budget_max": 12,
+                    "cov/mean": 0.01,
+                }
+            )
         if val and step % 5 == 0:
             rec["val/accuracy"] = step / 100 + offset
             rec["val/pass@4"] = step / 50
@@ -76,7 +84,9 @@ def test_two_runs_report_files_and_numbers(tmp_path):
     assert grpo["step_s"]["mean"] == pytest.approx(2.0)
     assert grpo["final_reward"]["std"] is None  # one seed: no spread
     assert eepo["final_reward"]["mean"] == pytest.approx(2.95)
-    assert eepo["last_val_accuracy"]["mean"] is None and eepo["step_s"]["mean"] == pytest.approx(3.0)
+    assert eepo["last_val_accuracy"]["mean"] is None and eepo["step_s"]["mean"] == pytest.approx(
+        3.0
+    )
 
     # the markdown table shows the same numbers
     assert "| grpo | 1 | 1.950 | 1.025 | 0.526 | 0.200 | 0.400 | 0.250 | 2.000 |" in md
@@ -127,7 +137,9 @@ def test_band_smooths_each_run_before_combining_seeds(tmp_path):
     assert steps == [1, 2, 3] and lo == [1.0, 1.5, 2.5] and hi == [10.0, 15.0, 25.0]
     assert mean == pytest.approx([5.5, 8.25, 13.75])
     assert smoothing_window([Group("r", [a, b])]) == 1  # 3 steps: no smoothing
-    long = load_run(write_run(tmp_path / "c", [{"step": s, "x": 0.0} for s in range(1, 1001)], "r", 2))
+    long = load_run(
+        write_run(tmp_path / "c", [{"step": s, "x": 0.0} for s in range(1, 1001)], "r", 2)
+    )
     assert smoothing_window([Group("r", [a, long])]) == 10  # ~1% of the longest run
 
 
@@ -137,7 +149,9 @@ def test_many_recipes_get_distinct_colours_and_an_outside_legend(tmp_path):
     assert group_colors(3) == ["C0", "C1", "C2"]
     many = group_colors(13)
     assert len({tuple(c) for c in many}) == 13
-    runs = [write_run(tmp_path / f"r{i}", records(offset=0.01 * i), f"recipe{i}", 0) for i in range(13)]
+    runs = [
+        write_run(tmp_path / f"r{i}", records(offset=0.01 * i), f"recipe{i}", 0) for i in range(13)
+    ]
     make_report(runs, tmp_path / "out")
     from PIL import Image
 
@@ -153,14 +167,30 @@ def full_records(steps=12):
         rec = {"step": step, "val/accuracy": 0.3 + 0.01 * step, "val/pass@1": 0.3 + 0.01 * step,
                "val/pass@8": 0.8, "val/entropy": 0.5}
         if step:
-            rec.update({"reward/mean": 0.5, "reward/std": 0.5, "rollout/n_trained": 64.0,
-                        "entropy/mean": 0.4, "entropy/stage1": 0.4, "entropy/stage2": 0.5,
-                        "control/temperature": 1.0 + 0.01 * step, "control/eps_high": 0.2 + 0.01 * step,
-                        "control/entropy_coef": 0.001 * step, "control/kl_coef": 0.01 * step,
-                        "control/target_entropy": 0.4, "rollout/budget_min": 4, "rollout/budget_max": 12,
-                        "cov/mean": 0.01, "rollout/all_wrong_frac": 0.1, "grad/norm": 2.0,
-                        "loss/clip_frac": 0.001, "response/length_mean": 3.5, "response/length_max": 6,
-                        "response/truncated_frac": 0.0})
+            rec.update(
+                {
+                    "reward/mean": 0.5,
+                    "reward/std": 0.5,
+                    "rollout/n_trained": 64.0,
+                    "entropy/mean": 0.4,
+                    "entropy/stage1": 0.4,
+                    "entropy/stage2": 0.5,
+                    "control/temperature": 1.0 + 0.01 * step,
+                    "control/eps_high": 0.2 + 0.01 * step,
+                    "control/entropy_coef": 0.001 * step,
+                    "control/kl_coef": 0.01 * step,
+                    "control/target_entropy": 0.4,
+                    "rollout/budget_min": 4,
+                    "rollout/budget_max": 12,
+                    "cov/mean": 0.01,
+                    "rollout/all_wrong_frac": 0.1,
+                    "grad/norm": 2.0,
+                    "loss/clip_frac": 0.001,
+                    "response/length_mean": 3.5,
+                    "response/length_max": 6,
+                    "response/truncated_frac": 0.0,
+                }
+            )
         out.append(rec)
     return out
 
@@ -174,7 +204,9 @@ def test_html_references_every_figure_and_the_figures_exist(tmp_path):
     (out / "eps_high.png").write_bytes(b"stale")  # from an earlier report: replaced
     rep = write_report(runs, out)
     html = rep.html.read_text()
-    linked = re.findall(r"<a href='([^']+\.png)'><img alt='([^']+)' src='data:image/png;base64,", html)
+    linked = re.findall(
+        r"<a href='([^']+\.png)'><img alt='([^']+)' src='data:image/png;base64,", html
+    )
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert sorted(name for name, _ in linked) == pngs == sorted(p.name for _, _, p in rep.figures)
     assert json.loads(rep.json.read_text())["figures"] == [p.name for _, _, p in rep.figures]

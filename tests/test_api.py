@@ -15,14 +15,15 @@ import pytest
 import explorl
 from explorl import config as C
 
-SCRIPT = '''
+SCRIPT = """
 import explorl
 from datasets import Dataset
 
 def short_answer(completions, **columns):      # TRL's signature: one score per completion
     return [1.0 if len(c.strip()) <= 2 else 0.0 for c in completions]
 
-rows = [{{"prompt": f"{{a}}+{{b}}=", "answer": str(a + b)}} for a in range(1, 7) for b in range(1, 4)]
+rows = [{{"prompt": f"{{a}}+{{b}}=", "answer": str(a + b)}} \
+for a in range(1, 7) for b in range(1, 4)]
 summary = explorl.train(
     {recipe!r}, out={out!r},
     overrides={{"max_steps": 3, "eval.every": 0, "reward.num_workers": 1, "log.progress": False,
@@ -30,7 +31,7 @@ summary = explorl.train(
     reward_funcs=["math", short_answer], reward_weights=[1.0, 0.5],
     train_dataset=Dataset.from_list(rows), val_dataset=Dataset.from_list(rows[:4]))
 print("SUMMARY", summary["steps"])
-'''
+"""
 
 
 def test_plain_script_without_main_guard_trains_three_steps(make_config, tmp_path):

@@ -9,12 +9,11 @@ import sys
 
 import pytest
 import yaml
+from conftest import tiny_config
 
 from explorl import config as C
 from explorl.cli import main
 from explorl.runlog import read_metrics
-
-from conftest import tiny_config
 
 
 @pytest.fixture
@@ -59,12 +58,36 @@ def test_eval_fit_report(recipe, tiny_model, tmp_path, capsys):
     runs = []
     for seed in (0, 1):
         out = tmp_path / f"run{seed}"
-        assert main(["train", str(recipe), "--out", str(out), "--seed", str(seed), "--max-steps", "4"]) == 0
+        assert (
+            main(["train", str(recipe), "--out", str(out), "--seed", str(seed), "--max-steps", "4"])
+            == 0
+        )
         runs.append(out)
 
     ev = tmp_path / "eval"
-    assert main(["eval", str(runs[0]), "--data", "lab:addition", "--split", "train", "--out", str(ev),
-                 "--n", "4", "--k", "1", "2", "4", "--max-problems", "6"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                str(runs[0]),
+                "--data",
+                "lab:addition",
+                "--split",
+                "train",
+                "--out",
+                str(ev),
+                "--n",
+                "4",
+                "--k",
+                "1",
+                "2",
+                "4",
+                "--max-problems",
+                "6",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((ev / "eval.json").read_text())
     o = summary["overall"]
     assert o["n_problems"] == 6 and 0 <= o["pass@1"] <= o["pass@2"] <= o["pass@4"] <= 1
@@ -73,7 +96,9 @@ def test_eval_fit_report(recipe, tiny_model, tmp_path, capsys):
 
     assert main(["fit", str(runs[0])]) == 0
     fit = json.loads((runs[0] / "fit.json").read_text())
-    assert {"a", "b", "r2", "ceiling"} <= set(fit) and fit["ceiling"] == pytest.approx(fit["b"] - fit["a"])
+    assert {"a", "b", "r2", "ceiling"} <= set(fit) and fit["ceiling"] == pytest.approx(
+        fit["b"] - fit["a"]
+    )
     assert (runs[0] / "plots" / "entropy_law.png").is_file()
 
     problems = [json.loads(line) for line in (ev / "problems.jsonl").read_text().splitlines()]
@@ -87,7 +112,10 @@ def test_eval_fit_report(recipe, tiny_model, tmp_path, capsys):
     assert sum(p["n_correct"] for p in problems) / 24 == pytest.approx(o["pass@1"])
     assert sum(p["greedy_score"] for p in problems) / 6 == pytest.approx(o["greedy_accuracy"])
     capsys.readouterr()
-    assert main(["passk", f"before={ev}", str(ev / "eval.json"), "--out", str(tmp_path / "pk.png")]) == 0
+    assert (
+        main(["passk", f"before={ev}", str(ev / "eval.json"), "--out", str(tmp_path / "pk.png")])
+        == 0
+    )
     printed = capsys.readouterr().out
     assert (tmp_path / "pk.png").read_bytes()[:4] == b"\x89PNG"
     assert f"before{' ' * 18}{o['pass@1']:10.3f}" in printed and "eval " in printed
@@ -134,7 +162,9 @@ def test_version_and_help_for_every_option(capsys):
         main(["--version"])
     assert e.value.code == 0 and capsys.readouterr().out.strip() == f"explorl {__version__}"
     parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction))
+    sub = next(
+        a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction)
+    )
     missing = []
     for name, p in [("explorl", parser), *sub.choices.items()]:
         for action in p._actions:

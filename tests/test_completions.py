@@ -34,8 +34,14 @@ def doc_fields(heading: str) -> list[str]:
 def rows(n, step=10, split="train"):
     recs = [PromptRecord(prompt=f"{i}+1=", ground_truth=str(i + 1), data_source="lab/addition")
             for i in range(n)]
-    return completions_of(step, split, recs, [str(i + 1 - i % 2) for i in range(n)],
-                          [1.0 - i % 2 for i in range(n)], [2.0 * (1 - i % 2) - 1 for i in range(n)])
+    return completions_of(
+        step,
+        split,
+        recs,
+        [str(i + 1 - i % 2) for i in range(n)],
+        [1.0 - i % 2 for i in range(n)],
+        [2.0 * (1 - i % 2) - 1 for i in range(n)],
+    )
 
 
 def test_fields_are_documented():
@@ -73,7 +79,9 @@ def test_log_samples_per_step_seeded_and_leaves_global_rngs_alone(tmp_path):
     assert log.log(rows(2, step=0, split="val"), step=0, split="val") == [
         dataclasses.asdict(c) for c in rows(2, step=0, split="val")]  # fewer rows than per_step
     log.close()
-    assert read_completions(tmp_path) == written + [dataclasses.asdict(c) for c in rows(2, 0, "val")]
+    assert read_completions(tmp_path) == written + [
+        dataclasses.asdict(c) for c in rows(2, 0, "val")
+    ]
 
 
 def test_resume_truncates_the_interrupted_tail(tmp_path):
@@ -114,10 +122,23 @@ def test_training_and_validation_rows_of_a_real_step(make_config, tmp_path, monk
         samples: list = []
         e = t.cfg.eval
         data = t.val_data[: e.max_problems]
-        out = validate(engine=t.engine, policy=t._policy_now(), pool=t.pool, rewarder=t.rewarder,
-                       data=data, prompt_ids=t._prompt_ids(t.val_data, "val"), n_samples=e.n_samples,
-                       ks=e.k, temperature=1.0, max_new_tokens=t.knobs.max_response_len,
-                       seed=t.cfg.seed, step=t.step, greedy=False, dist=t.dist, samples=samples)
+        out = validate(
+            engine=t.engine,
+            policy=t._policy_now(),
+            pool=t.pool,
+            rewarder=t.rewarder,
+            data=data,
+            prompt_ids=t._prompt_ids(t.val_data, "val"),
+            n_samples=e.n_samples,
+            ks=e.k,
+            temperature=1.0,
+            max_new_tokens=t.knobs.max_response_len,
+            seed=t.cfg.seed,
+            step=t.step,
+            greedy=False,
+            dist=t.dist,
+            samples=samples,
+        )
         assert len(samples) == len(data) * e.n_samples
         assert {c.split for c in samples} == {"val"} and all(c.reward is None for c in samples)
         assert sum(c.score for c in samples) / len(samples) == pytest.approx(out["val/accuracy"])

@@ -217,7 +217,10 @@ def test_two_owners_of_one_actuator_are_named():
 def test_two_entropy_trackers_are_rejected():
     # the pair is refused whatever knob adaptive drives
     for actuator in ("eps_high", "temperature"):
-        sections = {"temperature": {"enabled": True}, "adaptive": {"enabled": True, "actuator": actuator}}
+        sections = {
+            "temperature": {"enabled": True},
+            "adaptive": {"enabled": True, "actuator": actuator},
+        }
         with pytest.raises(ControlError, match="fight"):  # config.validate refuses it first
             control_config({"temperature": {}, "adaptive": {"actuator": actuator}})
         cfg = C.build(C.ControlConfig, sections)  # the section alone, not validated

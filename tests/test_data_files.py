@@ -149,7 +149,8 @@ def test_missing_ground_truth_names_file_row_field(tmp_path):
         ),
         (
             {"prompt": [{"role": "user"}], "answer": "1"},
-            'field \'prompt[0]\' must be a message {"role": str, "content": str}, got {"role": "user"}',
+            'field \'prompt[0]\' must be a message {"role": str, "content": str}, '
+            'got {"role": "user"}',
         ),
         (
             {"prompt": ["hi"], "answer": "1"},

@@ -66,7 +66,9 @@ def test_config_depends_on_nothing_above_it():
     graph = _eager_imports()
     for name, deps in graph.items():
         if name == "explorl.config" or name.startswith("explorl.config."):
-            above = {d for d in deps if d != "explorl.errors" and not d.startswith("explorl.config")}
+            above = {
+                d for d in deps if d != "explorl.errors" and not d.startswith("explorl.config")
+            }
             assert not above, f"{name} imports {sorted(above)} at import time"
 
 

@@ -81,7 +81,9 @@ def generated_cases() -> list[tuple[str, dict, str]]:
         cases.append((f"unknown:{key}", _nested(key, 1), f"{key}: unknown key"))
     types = _leaf_types()
     for path in types:
-        wrong = [1] if typing.get_origin(types[path]) is dict else {"x": 1}  # a mapping is right there
+        wrong = (
+            [1] if typing.get_origin(types[path]) is dict else {"x": 1}
+        )  # a mapping is right there
         cases.append((f"type:{path}", _nested(path, wrong), f"{path}: "))
     for path in C.RANGES:
         tp = types[path]

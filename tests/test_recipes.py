@@ -5,12 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import TINY_LAB_CONFIG
 
 from explorl import config as C
 from explorl.runlog import read_metrics
 from explorl.trainer import Trainer
-
-from conftest import TINY_LAB_CONFIG
 
 ROOT = Path(__file__).resolve().parents[1] / "recipes"
 RECIPES = sorted(p for p in ROOT.rglob("*.yaml") if "accelerate" not in p.parts)
@@ -26,7 +25,9 @@ def _lab_sized(recipe: Path, model_dir: Path) -> C.RunConfig:
     d["data"].update(train=["lab:addition"], val=[], prompts_per_step=4,
                      anneal=["lab:addition"] if d["data"]["anneal"] else [])
     d["rollout"].update(max_response_len=6, batch_size=64)
-    d["reward"].update(verifier="auto", num_workers=1, overlong_buffer=min(d["reward"]["overlong_buffer"], 2))
+    d["reward"].update(
+        verifier="auto", num_workers=1, overlong_buffer=min(d["reward"]["overlong_buffer"], 2)
+    )
     d["eval"].update(every=2, n_samples=2, k=[1, 2], max_problems=4)
     d["log"].update(progress=False, plots=False, checkpoint_every=0)
     if d["control"]["curriculum"]["enabled"]:

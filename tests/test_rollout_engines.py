@@ -100,7 +100,9 @@ def test_the_weights_checksum_sees_any_change():
     assert not torch.equal(V.weights_checksum(model), base)
     with torch.no_grad():
         p[3, 5] -= 1e-6
-    assert torch.allclose(V.weights_checksum(model), base, rtol=0, atol=1e-12)  # back (up to rounding)
+    assert torch.allclose(
+        V.weights_checksum(model), base, rtol=0, atol=1e-12
+    )  # back (up to rounding)
     model.lm_head.weight.data.mul_(-1)  # a sign flip keeps the sum of squares, not the sum
     assert not torch.equal(V.weights_checksum(model), base)
 

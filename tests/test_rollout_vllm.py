@@ -44,8 +44,9 @@ def engine(tiny_model, lab):
 
 def recompute(model, ro):
     with torch.no_grad():
-        return response_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask,
-                                 ro.temperature)
+        return response_logprobs(
+            model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask, ro.temperature
+        )
 
 
 def vllm_logprobs(engine, model, *args, **kwargs):
@@ -65,7 +66,9 @@ def test_greedy_responses_equal_the_hf_engines(engine, lab):
     assert torch.equal(ours.response_ids[ours.response_mask], ref.response_ids[ref.response_mask])
     assert ours.texts == ref.texts and torch.equal(ours.truncated, ref.truncated)
     assert ours.prompt_index.tolist() == [0, 1, 1, 2, 3, 4]
-    assert torch.equal(ours.prompt_ids, ref.prompt_ids) and torch.equal(ours.prompt_mask, ref.prompt_mask)
+    assert torch.equal(ours.prompt_ids, ref.prompt_ids) and torch.equal(
+        ours.prompt_mask, ref.prompt_mask
+    )
 
 
 @pytest.mark.parametrize("T", [1.0, 0.7, 1.5])
@@ -76,13 +79,17 @@ def test_sampled_token_logprobs_match_the_trainers_recompute(engine, lab, T):
     logp, ent = recompute(model, ro)
     m = ro.response_mask
     assert m.sum() > 20 and ro.temperature == T
-    assert (ro.old_logp - logp)[m].abs().max() <= 1e-4  # vLLM's processed (temperature-scaled) log-probs
+    assert (ro.old_logp - logp)[
+        m
+    ].abs().max() <= 1e-4  # vLLM's processed (temperature-scaled) log-probs
     assert ro.entropy[m].isnan().all() and (ro.entropy[~m] == 0).all()  # vLLM reports no entropy
     # With recompute (the default) old_logp and entropy are the trainer's, the gap is reported.
     engine.pop_metrics()
     ro2 = engine.generate(model, ids, [4] * 5, T, 8, seeds=seeds)
     assert torch.equal(ro2.response_ids, ro.response_ids)
-    assert torch.allclose(ro2.old_logp, logp, atol=1e-6) and torch.allclose(ro2.entropy, ent, atol=1e-6)
+    assert torch.allclose(ro2.old_logp, logp, atol=1e-6) and torch.allclose(
+        ro2.entropy, ent, atol=1e-6
+    )
     gap = engine.pop_metrics()
     assert 0 <= gap["rollout/vllm_logp_diff_mean"] <= gap["rollout/vllm_logp_diff_max"] <= 1e-4
 
@@ -110,8 +117,15 @@ def trained_copy(model, ro, lr=1e-2):
     """The model after one AdamW step raising the log-probs of ``ro``'s responses."""
     new = copy.deepcopy(model).train()
     opt = torch.optim.AdamW(new.parameters(), lr=lr)
-    logp, _ = response_logprobs(new, ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask,
-                                ro.temperature, with_entropy=False)
+    logp, _ = response_logprobs(
+        new,
+        ro.prompt_ids,
+        ro.prompt_mask,
+        ro.response_ids,
+        ro.response_mask,
+        ro.temperature,
+        with_entropy=False,
+    )
     (-logp.sum() / ro.response_mask.sum()).backward()
     opt.step()
     return new.eval()
@@ -143,7 +157,9 @@ def test_a_weight_push_after_a_training_step_gives_the_new_policys_logprobs(engi
 def test_weights_of_includes_the_tied_output_head(lab):
     _, model, _ = lab
     names = [n for n, _ in V.weights_of(model)]
-    assert model.config.tie_word_embeddings and "lm_head.weight" not in dict(model.named_parameters())
+    assert model.config.tie_word_embeddings and "lm_head.weight" not in dict(
+        model.named_parameters()
+    )
     assert "lm_head.weight" in names and len(names) == len(set(names))
 
 
@@ -156,7 +172,9 @@ def test_a_partial_push_is_caught_and_never_sampled_from(engine, lab, monkeypatc
     with torch.no_grad():
         new.get_output_embeddings().weight.mul_(1.5)  # also the (tied) input embedding
     full = V.weights_of
-    monkeypatch.setattr(V, "weights_of", lambda m: [(n, t) for n, t in full(m) if n != "lm_head.weight"])
+    monkeypatch.setattr(
+        V, "weights_of", lambda m: [(n, t) for n, t in full(m) if n != "lm_head.weight"]
+    )
     with pytest.raises(RuntimeError, match="sync_check_tol"):
         engine.generate(new, ids, [2] * 5, 1.0, 8, seeds=[1, 2, 3, 4, 5])
     monkeypatch.setattr(V, "weights_of", full)

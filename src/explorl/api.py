@@ -9,7 +9,8 @@
     summary = explorl.train("recipes/quickstart.yaml", out="runs/api",
                             overrides={"max_steps": 3, "optim.lr": 1e-4},
                             reward_funcs=[brevity], reward_weights=[0.1],
-                            train_dataset=Dataset.from_list([{"prompt": "2+3=", "answer": "5"}, ...]))
+                            train_dataset=Dataset.from_list(
+                                [{"prompt": "2+3=", "answer": "5"}, ...]))
 
 Works in a plain script with no ``if __name__ == "__main__":`` guard: verifier workers never
 re-import ``__main__``, and when explorl loads a reward function from the script file (its
@@ -57,20 +58,26 @@ def train(recipe: str | Path | Mapping | C.RunConfig | None = None, *, out: str 
     elif isinstance(recipe, Mapping):
         data = C.to_dict(C.from_dict(dict(recipe), env=False))
     else:
-        raise C.ConfigError(f"recipe: expected a path, a dict or a RunConfig, got {type(recipe).__name__}")
+        raise C.ConfigError(
+            f"recipe: expected a path, a dict or a RunConfig, got {type(recipe).__name__}"
+        )
     for key, value in (overrides or {}).items():
         C.set_path(data, key, value)
     if reward_funcs:
         weights = list(reward_weights) if reward_weights is not None else [1.0] * len(reward_funcs)
         if len(weights) != len(reward_funcs):
-            raise C.ConfigError(f"reward_weights: {len(weights)} weights for {len(reward_funcs)} functions")
+            raise C.ConfigError(
+                f"reward_weights: {len(weights)} weights for {len(reward_funcs)} functions"
+            )
         data.setdefault("reward", {})["functions"] = [
             {"name": f if isinstance(f, str) else ref_of(f), "weight": float(w)}
             for f, w in zip(reward_funcs, weights)]
     cfg = C.from_dict(data)
     out = Path(out)
     if not resume and (out / "metrics.jsonl").exists() and not force:
-        raise ExplorlError(f"{out} already holds a run; pass resume=True to continue it or force=True")
+        raise ExplorlError(
+            f"{out} already holds a run; pass resume=True to continue it or force=True"
+        )
     from explorl.trainer import Trainer  # after the config is valid: bad input fails fast
 
     trainer = Trainer(cfg, out, resume=resume, train_data=train_dataset, val_data=val_dataset)

@@ -84,7 +84,8 @@ def _train(args) -> int:
           f"final reward/mean {final.get('reward/mean', float('nan')):.3f}, "
           f"entropy/mean {final.get('entropy/mean', float('nan')):.3f}")
     print(
-        f"  metrics: {out / 'metrics.jsonl'}\n  plots:   {out / 'plots'}/\n  checkpoint: {summary['checkpoint']}"
+        f"  metrics: {out / 'metrics.jsonl'}\n  plots:   {out / 'plots'}/\n"
+        f"  checkpoint: {summary['checkpoint']}"
     )
     if summary["interrupted"]:
         print(f"interrupted; continue with: explorl train --resume {out}")
@@ -147,7 +148,8 @@ def _fit(args) -> int:
           f"predicted ceiling (H→0) b−a = {fit.ceiling:.4f}")
     if getattr(fit, "rmse", None) is not None:
         print(
-            f"fitted on the first {fit.n_fit}/{fit.n_total} points; prediction RMSE on the rest = {fit.rmse:.4f}"
+            f"fitted on the first {fit.n_fit}/{fit.n_total} points; "
+            f"prediction RMSE on the rest = {fit.rmse:.4f}"
         )
     print(f"wrote {run_dir / 'fit.json'} and {run_dir / 'plots' / 'entropy_law.png'}")
     return 0

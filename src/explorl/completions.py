@@ -1,9 +1,10 @@
 """``completions.jsonl``: samples of what the model wrote and what the verifier said about it.
 
-Every ``log.completions_every`` training steps, and at every validation, ``log.completions_per_step``
-responses are drawn (seeded by the run seed, the step and the split; no global RNG is touched,
-so logging them never changes a run) and appended as one JSON object each. The fields are
-documented in docs/completions.md; the same rows go to the trackers' table views.
+Every ``log.completions_every`` training steps, and at every validation,
+``log.completions_per_step`` responses are drawn (seeded by the run seed, the step and the split;
+no global RNG is touched, so logging them never changes a run) and appended as one JSON object
+each. The fields are documented in docs/completions.md; the same rows go to the trackers' table
+views.
 """
 
 from __future__ import annotations

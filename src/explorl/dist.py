@@ -27,8 +27,8 @@ import warnings
 
 import torch
 
-from explorl.models import resolve_device
 from explorl.forward import response_logprobs
+from explorl.models import resolve_device
 
 
 class LogProbModule(torch.nn.Module):

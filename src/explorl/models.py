@@ -31,7 +31,8 @@ def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
 
 
 def param_dtype(cfg: ModelConfig, device: torch.device) -> torch.dtype:
-    """The weights' dtype: float32 master weights, unless ``pure_low_precision`` asks for ``dtype``."""
+    """The weights' dtype: float32 master weights, unless ``pure_low_precision`` asks for
+    ``dtype``."""
     return resolve_dtype(cfg.dtype, device) if cfg.pure_low_precision else torch.float32
 
 
@@ -110,7 +111,8 @@ def load_model(
         model.requires_grad_(False)
     else:
         model.train()
-    # Dropout would make the loss's log-probs differ from the sampler's; RL fine-tuning turns it off.
+    # Dropout would make the loss's log-probs differ from the sampler's; RL fine-tuning turns it
+    # off.
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0

@@ -55,7 +55,9 @@ def _reward(run: Run, path: Path) -> Path | None:
     mean = dict(zip(*run.series("reward/mean")))
     std, n = dict(zip(*run.series("reward/std"))), dict(zip(*run.series("rollout/n_trained")))
     # standard error of the mean from the population std: std · sqrt(n / (n − 1)) / sqrt(n)
-    pts = [(s, m, std[s] / (n[s] - 1) ** 0.5) for s, m in mean.items() if s in std and n.get(s, 0) > 1]
+    pts = [
+        (s, m, std[s] / (n[s] - 1) ** 0.5) for s, m in mean.items() if s in std and n.get(s, 0) > 1
+    ]
     if pts:
         # The spread of {0, 1} rewards is always ~0.5 and says nothing about the step; the
         # standard error says how far the step's mean could move by chance. Cut at the
@@ -99,7 +101,9 @@ def _validation(run: Run, path: Path) -> Path | None:
     for i, key in enumerate(run.passk_keys()):
         if key == "val/pass@1" and run.series("val/accuracy")[0]:
             continue  # pass@1 is the sampled accuracy; drawing it twice hides nothing new
-        drawn.append(_line(ax, run, key, key.removeprefix("val/"), color=f"C{2 + i}", linestyle=":"))
+        drawn.append(
+            _line(ax, run, key, key.removeprefix("val/"), color=f"C{2 + i}", linestyle=":")
+        )
     if not any(drawn):
         return None
     first = run.series("val/accuracy")[0]
@@ -160,13 +164,27 @@ def _update(run: Run, path: Path) -> Path | None:
 def _responses(run: Run, path: Path) -> Path | None:
     """Response lengths and the fraction cut at ``max_response_len``."""
     limit = (run.config.get("rollout") or {}).get("max_response_len")
-    return _panels(run, path, "Responses", [
-        ("Response length", "tokens",
-         [("response/length_mean", "mean", {}), ("response/length_max", "max", {"linestyle": "--"})],
-         (limit, "rollout.max_response_len") if limit else None),
-        ("Truncated responses (no EOS before the length limit)", "fraction of responses",
-         [("response/truncated_frac", "truncated", {})]),
-    ])
+    return _panels(
+        run,
+        path,
+        "Responses",
+        [
+            (
+                "Response length",
+                "tokens",
+                [
+                    ("response/length_mean", "mean", {}),
+                    ("response/length_max", "max", {"linestyle": "--"}),
+                ],
+                (limit, "rollout.max_response_len") if limit else None,
+            ),
+            (
+                "Truncated responses (no EOS before the length limit)",
+                "fraction of responses",
+                [("response/truncated_frac", "truncated", {})],
+            ),
+        ],
+    )
 
 
 FIGURES = {
@@ -196,7 +214,8 @@ def plot_training_curves(run_dir: str | Path) -> list[Path]:
 
 
 def plot_run_safely(run_dir) -> None:
-    """``plot_training_curves``, warning instead of raising: plots must never cost a training run."""
+    """``plot_training_curves``, warning instead of raising: plots must never cost a training
+    run."""
     try:
         plot_training_curves(run_dir)
     except Exception as e:  # noqa: BLE001

@@ -49,7 +49,9 @@ def make_optimizer(o, params_module: torch.nn.Module, device: torch.device, stra
     Fused AdamW (one kernel for every parameter) on CUDA with replicated parameters, and on CPU
     when ``optim.fused`` is ``on``; torch's default path elsewhere (CPU, FSDP's flattened shards).
     """
-    on = {"auto": device.type == "cuda", "on": device.type in ("cuda", "cpu"), "off": False}[o.fused]
+    on = {"auto": device.type == "cuda", "on": device.type in ("cuda", "cpu"), "off": False}[
+        o.fused
+    ]
     fused = True if on and strategy != "fsdp" else None
     optimizer = torch.optim.AdamW(params_module.parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
                                   weight_decay=o.weight_decay, fused=fused)
@@ -62,7 +64,10 @@ def needs_recompute(cfg: RunConfig, engine, device: torch.device) -> bool:
     """``algorithm.old_logp``: recompute unless told ``sampler``, or ``auto`` with an engine whose
     float32 log-probs are the trainer's own (the HF engine in float32)."""
     mode = cfg.algorithm.old_logp
-    exact = getattr(engine, "logprobs_match_trainer", False) and resolve_dtype(cfg.model.dtype, device) == torch.float32
+    exact = (
+        getattr(engine, "logprobs_match_trainer", False)
+        and resolve_dtype(cfg.model.dtype, device) == torch.float32
+    )
     return mode == "recompute" or (mode == "auto" and not exact)
 
 
@@ -71,21 +76,33 @@ def _add(sums: dict, key: str, value: torch.Tensor) -> None:
 
 
 class PolicyUpdate:
-    """The optimizer side of a step: the wrapped policy forward, AdamW, its schedule, the reference."""
+    """The optimizer side of a step: the wrapped policy forward, AdamW, its schedule, the
+    reference."""
 
     def __init__(self, cfg: RunConfig, scorer: torch.nn.Module, optimizer, scheduler, ref, dist,
                  loss_generator: torch.Generator, shuffle_generator: torch.Generator, pad_id: int,
                  amp=contextlib.nullcontext) -> None:
-        self.cfg, self.scorer, self.optimizer, self.scheduler, self.ref = cfg, scorer, optimizer, scheduler, ref
+        self.cfg, self.scorer, self.optimizer, self.scheduler, self.ref = (
+            cfg,
+            scorer,
+            optimizer,
+            scheduler,
+            ref,
+        )
         self.dist, self.pad_id, self.amp = dist, pad_id, amp
         self.loss_gen, self.shuffle_gen = loss_generator, shuffle_generator
         self.device = dist.device
         # float16 compute over float32 master weights needs loss scaling (bf16 does not).
-        fp16 = resolve_dtype(cfg.model.dtype, self.device) == torch.float16 and not cfg.model.pure_low_precision
+        fp16 = (
+            resolve_dtype(cfg.model.dtype, self.device) == torch.float16
+            and not cfg.model.pure_low_precision
+        )
         self.scaler = torch.amp.GradScaler(self.device.type) if fp16 else None
 
     @torch.no_grad()
-    def recompute(self, ro: Rollouts, sb: StepBatch, temperature: float) -> tuple[Rollouts, dict[str, float]]:
+    def recompute(
+        self, ro: Rollouts, sb: StepBatch, temperature: float
+    ) -> tuple[Rollouts, dict[str, float]]:
         """Old log-probs and entropy from the trainer's own forward (``algorithm.old_logp``).
 
         One no-grad pass of the policy over this rank's rows, in micro-batches (every rank runs as
@@ -103,8 +120,15 @@ class PolicyUpdate:
         for k in range(n_micro):
             if k < len(chunks):
                 sub = ro.select(chunks[k])
-                lp, ent = self.scorer(sub.prompt_ids, sub.prompt_mask, sub.response_ids, sub.response_mask,
-                                      temperature, chunk_size=a.logprob_chunk, with_entropy=True)
+                lp, ent = self.scorer(
+                    sub.prompt_ids,
+                    sub.prompt_mask,
+                    sub.response_ids,
+                    sub.response_mask,
+                    temperature,
+                    chunk_size=a.logprob_chunk,
+                    with_entropy=True,
+                )
                 logps.append(lp.float())
                 ents.append(ent.float())
             else:
@@ -118,10 +142,16 @@ class PolicyUpdate:
         diff = ((new_logp - ro.old_logp).abs() * mask)[own]
         out = dataclasses.replace(ro, old_logp=new_logp, entropy=new_ent)
         m = mask.float()
-        parts = self.dist.gather({"local": sb.local.cpu(), "ent": (new_ent.cpu() * m.cpu()).sum(-1).double(),
-                                  "logp": (new_logp.cpu() * m.cpu()).sum(-1).double(),
-                                  "diff_sum": float(diff.sum()), "diff_n": float(mask[own].sum()),
-                                  "diff_max": float(diff.max()) if diff.numel() else 0.0})
+        parts = self.dist.gather(
+            {
+                "local": sb.local.cpu(),
+                "ent": (new_ent.cpu() * m.cpu()).sum(-1).double(),
+                "logp": (new_logp.cpu() * m.cpu()).sum(-1).double(),
+                "diff_sum": float(diff.sum()),
+                "diff_n": float(mask[own].sum()),
+                "diff_max": float(diff.max()) if diff.numel() else 0.0,
+            }
+        )
         for p in parts:
             sb.rows["entropy_sum"][p["local"]] = p["ent"]
             sb.rows["logp_sum"][p["local"]] = p["logp"]
@@ -129,14 +159,22 @@ class PolicyUpdate:
         return out, {"rollout/logp_diff_max": max(p["diff_max"] for p in parts),
                      "rollout/logp_diff_mean": sum(p["diff_sum"] for p in parts) / n if n else 0.0}
 
-    def run(self, ro: Rollouts, adv: torch.Tensor, knobs: Knobs, sb: StepBatch) -> tuple[dict, dict]:
-        """Returns metrics that are the same on every rank, and this rank's sums for ``loss_metrics``
+    def run(
+        self, ro: Rollouts, adv: torch.Tensor, knobs: Knobs, sb: StepBatch
+    ) -> tuple[dict, dict]:
+        """Returns metrics that are the same on every rank, and this rank's sums for
+        ``loss_metrics``
         (added over ranks by the caller)."""
         cfg, a, o = self.cfg, self.cfg.algorithm, self.cfg.optim
         rows, W = sb.rows, self.dist.world_size
         N = len(rows["reward"])  # global
         if N == 0:
-            return {"loss/policy": 0.0, "loss/clip_frac": 0.0, "grad/norm": 0.0, "train/optimizer_steps": 0.0}, {}
+            return {
+                "loss/policy": 0.0,
+                "loss/clip_frac": 0.0,
+                "grad/norm": 0.0,
+                "train/optimizer_steps": 0.0,
+            }, {}
         loss_fn = LOSSES[a.loss]
         lcfg = SimpleNamespace(**{**dataclasses.asdict(a), "eps_high": knobs.eps_high})
         max_len = a.agg_max_len or cfg.rollout.max_response_len
@@ -154,7 +192,11 @@ class PolicyUpdate:
             order = (torch.randperm(N, generator=self.shuffle_gen) if n_mb > 1 or o.ppo_epochs > 1
                      else torch.arange(N))
             for mb in order.tensor_split(n_mb):
-                agg = dict(token_denom=rows["length"][mb].sum().clamp_min(1), seq_denom=len(mb), max_len=max_len)
+                agg = dict(
+                    token_denom=rows["length"][mb].sum().clamp_min(1),
+                    seq_denom=len(mb),
+                    max_len=max_len,
+                )
                 mine = local_row[mb]
                 micros = mine[mine >= 0].split(o.micro_batch_size)
                 # Every rank runs as many forward/backward passes as the busiest one: only the last
@@ -173,9 +215,17 @@ class PolicyUpdate:
                     sync = k == n_micro - 1
                     with contextlib.nullcontext() if sync else self.dist.no_sync(self.scorer):
                         if k < len(micros):
-                            loss = self._micro_loss(ro.select(micros[k]), adv[micros[k]], knobs, loss_fn, lcfg,
-                                                    agg, sums, selection=selections[k],
-                                                    weight=weights[k])
+                            loss = self._micro_loss(
+                                ro.select(micros[k]),
+                                adv[micros[k]],
+                                knobs,
+                                loss_fn,
+                                lcfg,
+                                agg,
+                                sums,
+                                selection=selections[k],
+                                weight=weights[k],
+                            )
                         else:
                             loss = self._idle_loss()
                         loss = loss * W
@@ -231,8 +281,15 @@ class PolicyUpdate:
         return list(tm.weight.split([len(m) for m in micros])) if micros else []
 
     @torch.no_grad()
-    def _select_tokens(self, ro: Rollouts, adv: torch.Tensor, micros: list[torch.Tensor], n_micro: int,
-                       knobs: Knobs, lcfg) -> list:
+    def _select_tokens(
+        self,
+        ro: Rollouts,
+        adv: torch.Tensor,
+        micros: list[torch.Tensor],
+        n_micro: int,
+        knobs: Knobs,
+        lcfg,
+    ) -> list:
         """Clip-Cov/KL-Cov token selection over this rank's whole mini-batch (ALGORITHMS §2d: per
         mini-batch, not per micro-batch). A mini-batch in one micro-batch selects inside its loss;
         split into several, each costs one extra no-grad forward, whose detached logp is what the
@@ -244,15 +301,27 @@ class PolicyUpdate:
             return [None] * len(micros)
         a = self.cfg.algorithm
         parts = [ro.select(idx) for idx in micros]
-        logps = [self.scorer(p.prompt_ids, p.prompt_mask, p.response_ids, p.response_mask, knobs.temperature,
-                             chunk_size=a.logprob_chunk, with_entropy=False)[0] for p in parts]
+        logps = [
+            self.scorer(
+                p.prompt_ids,
+                p.prompt_mask,
+                p.response_ids,
+                p.response_mask,
+                knobs.temperature,
+                chunk_size=a.logprob_chunk,
+                with_entropy=False,
+            )[0]
+            for p in parts
+        ]
         for _ in range(n_micro - len(parts)):
             self._idle_loss()
         if not parts:
             return []
         mask = torch.cat([p.response_mask for p in parts])
         old = torch.cat([p.old_logp for p in parts])
-        selected, cov = select(torch.cat(logps), old, adv[torch.cat(micros)], mask, lcfg, generator=self.loss_gen)
+        selected, cov = select(
+            torch.cat(logps), old, adv[torch.cat(micros)], mask, lcfg, generator=self.loss_gen
+        )
         sizes = [len(idx) for idx in micros]
         return list(zip(selected.split(sizes), cov.split(sizes)))
 
@@ -265,9 +334,18 @@ class PolicyUpdate:
         confident_denom = agg.pop("confident_denom", None)
         mask = sub.response_mask
         need_entropy = knobs.entropy_coef > 0
-        logp, ent = self.scorer(sub.prompt_ids, sub.prompt_mask, sub.response_ids, mask, knobs.temperature,
-                                chunk_size=a.logprob_chunk, with_entropy=need_entropy)
-        per_tok, m = loss_fn(logp, sub.old_logp, adv, mask, lcfg, generator=self.loss_gen, selection=selection)
+        logp, ent = self.scorer(
+            sub.prompt_ids,
+            sub.prompt_mask,
+            sub.response_ids,
+            mask,
+            knobs.temperature,
+            chunk_size=a.logprob_chunk,
+            with_entropy=need_entropy,
+        )
+        per_tok, m = loss_fn(
+            logp, sub.old_logp, adv, mask, lcfg, generator=self.loss_gen, selection=selection
+        )
         if weight is not None:
             per_tok = per_tok * weight.to(per_tok.device)
         pg = aggregate(per_tok, mask, a.agg, **agg)
@@ -284,8 +362,16 @@ class PolicyUpdate:
             _add(sums, "loss/entropy_bonus", bonus.detach() * agg["seq_denom"])
         if knobs.kl_coef > 0 and self.ref is not None:
             with torch.no_grad(), self.amp():
-                ref_logp, _ = response_logprobs(self.ref, sub.prompt_ids, sub.prompt_mask, sub.response_ids, mask,
-                                                knobs.temperature, chunk_size=a.logprob_chunk, with_entropy=False)
+                ref_logp, _ = response_logprobs(
+                    self.ref,
+                    sub.prompt_ids,
+                    sub.prompt_mask,
+                    sub.response_ids,
+                    mask,
+                    knobs.temperature,
+                    chunk_size=a.logprob_chunk,
+                    with_entropy=False,
+                )
             kl = kl_estimate(logp, ref_logp, a.kl_estimator) * mask
             loss = loss + knobs.kl_coef * aggregate(kl, mask, a.agg, **agg)
             _add(sums, "kl/ref_mean", kl.detach().sum())
@@ -310,14 +396,21 @@ class PolicyUpdate:
         return logp.sum() * 0.0
 
 
-def loss_metrics(total: dict[str, float], n_rows: int, ppo_epochs: int, upd: dict) -> dict[str, float]:
-    """Metrics from the update's sums over all ranks: token-weighted means, except the three below."""
+def loss_metrics(
+    total: dict[str, float], n_rows: int, ppo_epochs: int, upd: dict
+) -> dict[str, float]:
+    """Metrics from the update's sums over all ranks: token-weighted means, except the three
+    below."""
     tokens = max(total.pop("tokens", 0.0), 1.0)
     if "cov/selected_n" in total:  # mean covariance over every selected token of the update
         n_sel, sel_sum = total.pop("cov/selected_n"), total.pop("cov/selected_sum")
         total["cov/selected_mean"] = sel_sum / n_sel * tokens if n_sel > 0 else 0.0
-    out = {k: v / tokens for k, v in total.items() if k not in ("loss/entropy_bonus", "loss/policy")}
-    if "loss/entropy_bonus" in total:  # seq-weighted sum of per-mini-batch aggregates → mean aggregate
+    out = {
+        k: v / tokens for k, v in total.items() if k not in ("loss/entropy_bonus", "loss/policy")
+    }
+    if (
+        "loss/entropy_bonus" in total
+    ):  # seq-weighted sum of per-mini-batch aggregates → mean aggregate
         out["loss/entropy_bonus"] = total["loss/entropy_bonus"] / (n_rows * ppo_epochs)
     if "loss/policy" in total:  # sum over optimizer steps of the mini-batch losses → mean
         out["loss/policy"] = total["loss/policy"] / max(1.0, upd["train/optimizer_steps"])
@@ -336,16 +429,20 @@ class NonFiniteGuard:
         self.max_bad, self.in_a_row, self.skipped = max_bad, 0, 0
 
     def check(self, step: int, metrics: dict, rewards: torch.Tensor) -> None:
-        bad = metrics.get("train/nonfinite_updates", 0.0) > 0 or not bool(torch.isfinite(rewards).all())
+        bad = metrics.get("train/nonfinite_updates", 0.0) > 0 or not bool(
+            torch.isfinite(rewards).all()
+        )
         self.in_a_row = self.in_a_row + 1 if bad else 0
         self.skipped += int(bad)
         metrics["train/skipped_steps"] = float(self.skipped)
         if bad and self.in_a_row >= self.max_bad:
             raise TrainingDiverged(
-                f"step {step}: {self.in_a_row} consecutive steps with a non-finite loss, gradient or reward "
-                f"(grad/norm={metrics.get('grad/norm')}, reward/mean={float(rewards.mean())}); the weights "
-                "were not updated by them and the last checkpoint is intact. Lower optim.lr or check the "
-                "reward function")
+                f"step {step}: {self.in_a_row} consecutive steps with a non-finite loss, "
+                f"gradient or reward (grad/norm={metrics.get('grad/norm')}, "
+                f"reward/mean={float(rewards.mean())}); the weights were not updated by them "
+                "and the last checkpoint is intact. Lower optim.lr or check the "
+                "reward function"
+            )
 
     def state_dict(self) -> dict:
         return {"in_a_row": self.in_a_row, "skipped": self.skipped}

@@ -45,7 +45,9 @@ class Group:
             return f"{self.name} (seeds {', '.join(map(str, seeds))})"
         return f"{self.name} ({len(self.runs)} runs)"
 
-    def band(self, key: str, window: int = 1) -> tuple[list[int], list[float], list[float], list[float]]:
+    def band(
+        self, key: str, window: int = 1
+    ) -> tuple[list[int], list[float], list[float], list[float]]:
         """(steps, mean, min, max) of ``key`` across the group's runs that logged each step; each
         run's series is first smoothed by a trailing mean over ``window`` logged points."""
         by_step: dict[int, list[float]] = {}
@@ -55,7 +57,12 @@ class Group:
                 by_step.setdefault(s, []).append(v)
         steps = sorted(by_step)
         vals = [by_step[s] for s in steps]
-        return steps, [statistics.fmean(v) for v in vals], [min(v) for v in vals], [max(v) for v in vals]
+        return (
+            steps,
+            [statistics.fmean(v) for v in vals],
+            [min(v) for v in vals],
+            [max(v) for v in vals],
+        )
 
 
 def trailing_mean(values: list[float], window: int) -> list[float]:

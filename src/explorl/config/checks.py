@@ -128,14 +128,18 @@ def _check_names(cfg: RunConfig) -> None:
     if a.loss in REQUIRED_AGG and a.agg != REQUIRED_AGG[a.loss]:
         _fail("algorithm.agg", f"loss {a.loss!r} needs agg {REQUIRED_AGG[a.loss]!r}, got {a.agg!r} "
               "(only then is the GSPO-token loss the sequence-level GSPO objective)")
-    for path, value, table, kind in [("algorithm.loss", a.loss, LOSSES, "loss"),
-                                     ("algorithm.advantage", a.advantage, ADVANTAGES, "advantage estimator"),
-                                     ("algorithm.agg", a.agg, AGG_MODES, "aggregation mode"),
-                                     ("algorithm.kl_estimator", a.kl_estimator, KL_ESTIMATORS, "KL estimator"),
-                                     ("control.adaptive.actuator", ad.actuator, ACTUATOR_DEFAULTS, "actuator"),
-                                     ("control.adaptive.schedule.kind", ad.schedule.kind, SCHEDULES, "schedule"),
-                                     *[(f"log.report_to[{i}]", name, TRACKERS, "tracker")
-                                       for i, name in enumerate(cfg.log.report_to)]]:
+    for path, value, table, kind in [
+        ("algorithm.loss", a.loss, LOSSES, "loss"),
+        ("algorithm.advantage", a.advantage, ADVANTAGES, "advantage estimator"),
+        ("algorithm.agg", a.agg, AGG_MODES, "aggregation mode"),
+        ("algorithm.kl_estimator", a.kl_estimator, KL_ESTIMATORS, "KL estimator"),
+        ("control.adaptive.actuator", ad.actuator, ACTUATOR_DEFAULTS, "actuator"),
+        ("control.adaptive.schedule.kind", ad.schedule.kind, SCHEDULES, "schedule"),
+        *[
+            (f"log.report_to[{i}]", name, TRACKERS, "tracker")
+            for i, name in enumerate(cfg.log.report_to)
+        ],
+    ]:
         if value not in table:
             close = difflib.get_close_matches(value, list(table), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""

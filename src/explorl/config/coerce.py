@@ -19,7 +19,9 @@ def _type_name(tp: Any) -> str:
     if typing.get_origin(tp) is Literal:
         return " / ".join(map(str, typing.get_args(tp)))
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return " or ".join("None" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
+        return " or ".join(
+            "None" if a is type(None) else _type_name(a) for a in typing.get_args(tp)
+        )
     if typing.get_origin(tp) is list:
         return f"list[{_type_name(typing.get_args(tp)[0])}]"
     if typing.get_origin(tp) is dict:
@@ -42,7 +44,11 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         if value is None:  # a section whose keys are all commented out
             value = {}
         if not isinstance(value, dict):
-            _fail(path, f"expected a mapping of {tp.__name__} fields, got {type(value).__name__} {_show(value)}")
+            _fail(
+                path,
+                f"expected a mapping of {tp.__name__} fields, "
+                f"got {type(value).__name__} {_show(value)}",
+            )
         return build(tp, value, path)
     if origin is Literal:
         allowed = typing.get_args(tp)
@@ -95,7 +101,9 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         if not isinstance(value, str):
             _fail(path, f"expected a string, got {type(value).__name__} {_show(value)}")
         return value
-    raise TypeError(f"unsupported annotation {tp!r} at {path}")  # a bug in this file, not user input
+    raise TypeError(
+        f"unsupported annotation {tp!r} at {path}"
+    )  # a bug in this file, not user input
 
 
 def build(cls: type, data: dict, path: str = "") -> Any:

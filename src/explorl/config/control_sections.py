@@ -61,7 +61,8 @@ class EEPOControlConfig:
 @dataclass
 class ScheduleConfig:
     kind: str = "constant"
-    """Target entropy schedule: constant, cosine (start→end over the run), wsd (stable then anneal)."""
+    """Target entropy schedule: constant, cosine (start→end over the run), wsd (stable then
+    anneal)."""
     target: float = 0.4
     """constant/wsd: the held target entropy (nats)."""
     start: float = 0.6
@@ -71,7 +72,8 @@ class ScheduleConfig:
     anneal_ratio: float = 0.1
     """wsd: fraction of steps at the end that anneal."""
     release: bool = False
-    """wsd: in the anneal phase release the controller (knob returns to its floor) instead of decaying the target."""
+    """wsd: in the anneal phase release the controller (knob returns to its floor) instead of
+    decaying the target."""
 
 
 @dataclass

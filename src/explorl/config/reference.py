@@ -39,5 +39,7 @@ def reference(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str, s
         if dataclasses.is_dataclass(tp):
             rows.extend(reference(tp, path + "."))
         else:
-            rows.append((path, _type_name(tp), repr(getattr(default, f.name)), docs.get(f.name, "")))
+            rows.append(
+                (path, _type_name(tp), repr(getattr(default, f.name)), docs.get(f.name, ""))
+            )
     return rows

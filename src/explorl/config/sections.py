@@ -18,7 +18,8 @@ SPLIT_SIZES = {"n_train": 2000, "n_val": 128, "n_test": 256}
 @dataclass
 class ModelConfig:
     path: str = "lab:addition"
-    """Local HF model directory (``from_pretrained``), or ``lab:<task>`` for the built-in lab model."""
+    """Local HF model directory (``from_pretrained``), or ``lab:<task>`` for the built-in lab
+    model."""
     trust_remote_code: bool = False
     """Allow custom modelling code shipped with the model. Off unless the recipe says so."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -28,9 +29,11 @@ class ModelConfig:
     away; float16 adds a gradient scaler."""
     pure_low_precision: bool = False
     """Opt-in: hold the weights themselves in ``dtype`` (no float32 master copy; half the memory).
-    At lr 1e-6 bfloat16 weights keep ~2% of AdamW's updates: only for users who know they want it."""
+    At lr 1e-6 bfloat16 weights keep ~2% of AdamW's updates: only for users who know they want
+    it."""
     device: str = "auto"
-    """``auto`` (CUDA if available, else CPU), or a torch device string such as ``cpu``/``cuda:1``."""
+    """``auto`` (CUDA if available, else CPU), or a torch device string such as
+    ``cpu``/``cuda:1``."""
     use_chat_template: bool = True
     """Render prompts with the tokenizer's chat template when it has one."""
 
@@ -165,7 +168,8 @@ class RewardConfig:
     """Reward values: ``binary`` = {0, 1}; ``signed`` = {−1, 1} (DAPO, Entropy Scheduling).
     Applies to the verifier's score when ``reward.functions`` is empty."""
     num_workers: int = 2
-    """Verifier worker processes. 0 verifies in-process without time limits (trusted debugging only)."""
+    """Verifier worker processes. 0 verifies in-process without time limits (trusted debugging
+    only)."""
     timeout_s: float = 5.0
     """Wall-clock limit per response; a verification over it scores as wrong."""
     step_timeout_s: Optional[float] = None
@@ -198,11 +202,11 @@ class AlgorithmConfig:
     eps_high: float = 0.2
     """PPO upper clip: ratio ≤ 1 + eps_high. DAPO's clip-higher uses 0.28."""
     clip_c: Optional[float] = None
-    """Dual-clip constant c for negative advantages (3.0 in the dual-clip paper); None = off. Not with
-    ``loss: clip_cov`` (rejected: Clip-Cov as published has no dual clip)."""
+    """Dual-clip constant c for negative advantages (3.0 in the dual-clip paper); None = off. Not
+    with ``loss: clip_cov`` (rejected: Clip-Cov as published has no dual clip)."""
     clip_cov_ratio: float = 2e-4
-    """Clip-Cov: fraction of a mini-batch's valid tokens whose gradient is detached (selected over the
-    whole mini-batch, however it is split into micro-batches)."""
+    """Clip-Cov: fraction of a mini-batch's valid tokens whose gradient is detached (selected over
+    the whole mini-batch, however it is split into micro-batches)."""
     clip_cov_lb: float = 1.0
     """Clip-Cov: lower covariance bound of candidate tokens."""
     clip_cov_ub: float = 5.0
@@ -212,9 +216,10 @@ class AlgorithmConfig:
     kl_cov_coef: float = 1.0
     """KL-Cov: coefficient λ of |logp − old_logp| on the selected tokens."""
     kl_cov_tol: float = 1e-4
-    """KL-Cov: |logp − old_logp| up to this counts as 0. The sampler's and the trainer's log-probs of
-    one policy differ by float noise (~1e-6 in float32, up to ~1e-2 in bf16), and the gradient
-    ±λ of |·| would turn that noise into a push on the first, on-policy update. Raise it for bf16."""
+    """KL-Cov: |logp − old_logp| up to this counts as 0. The sampler's and the trainer's log-probs
+    of one policy differ by float noise (~1e-6 in float32, up to ~1e-2 in bf16), and the gradient
+    ±λ of |·| would turn that noise into a push on the first, on-policy update. Raise it for
+    bf16."""
     cispo_w_max: float = 1.2
     """CISPO: absolute cap of the stop-gradient importance weight, w = sg(min(ratio, w_max)) (verl's
     example: clip_ratio_high 0.2 → 1.2; TRL recommends 5.0). eps_high is never used by CISPO."""
@@ -238,7 +243,8 @@ class AlgorithmConfig:
     """Loss aggregation over tokens and sequences: ``token-mean``, ``seq-mean-token-mean`` or
     ``seq-mean-token-sum-norm`` (``algorithms.AGG_MODES``)."""
     agg_max_len: Optional[int] = None
-    """Constant length for ``seq-mean-token-sum-norm`` (Dr.GRPO). None = rollout.max_response_len."""
+    """Constant length for ``seq-mean-token-sum-norm`` (Dr.GRPO). None =
+    rollout.max_response_len."""
     entropy_coef: float = 0.0
     """Entropy bonus coefficient α: loss −= α · agg(H)."""
     kl_coef: float = 0.0
@@ -248,16 +254,17 @@ class AlgorithmConfig:
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: drop groups with identical rewards, regenerate to refill the batch."""
     dynamic_sampling_metric: Literal["score", "reward"] = "score"
-    """DAPO dynamic sampling: what must vary within a kept group. ``score`` (the verifier's accuracy,
-    as DAPO and verl's ``filter_groups.metric: acc``) or ``reward`` (the shaped reward: with an
-    overlong penalty an all-wrong group then survives on length alone)."""
+    """DAPO dynamic sampling: what must vary within a kept group. ``score`` (the verifier's
+    accuracy, as DAPO and verl's ``filter_groups.metric: acc``) or ``reward`` (the shaped reward:
+    with an overlong penalty an all-wrong group then survives on length alone)."""
     max_gen_rounds: int = 3
     """DAPO dynamic sampling: most generation rounds per step."""
     old_logp: Literal["auto", "sampler", "recompute"] = "auto"
     """Where the PPO ratio's old log-probs (and the step's entropy) come from. ``sampler``: the
-    rollout engine's own values. ``recompute``: one no-grad forward of the policy before the update,
-    in the trainer's precision and layout (verl's way), so the on-policy ratio is exactly 1.
-    ``auto``: sampler for the HF engine in float32, recompute otherwise (bf16/fp16, other engines)."""
+    rollout engine's own values. ``recompute``: one no-grad forward of the policy before the
+    update, in the trainer's precision and layout (verl's way), so the on-policy ratio is exactly
+    1. ``auto``: sampler for the HF engine in float32, recompute otherwise (bf16/fp16, other
+    engines)."""
     logprob_chunk: int = 512
     """Tokens per chunk when computing log-probs and entropy (bounds the logits memory)."""
 

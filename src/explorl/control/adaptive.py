@@ -1,4 +1,5 @@
-"""Adaptive controller tracking a target-entropy schedule (Entropy Scheduling Alg. 1; ALGORITHMS 4a).
+"""Adaptive controller tracking a target-entropy schedule (Entropy Scheduling Alg. 1;
+ALGORITHMS 4a).
 
 The paper's adaptive clip-higher: after ``warmup`` steps at c_0, every step compares the mean
 entropy of the last ``window`` steps (H_curr) with the mean scheduled target over the same
@@ -101,7 +102,9 @@ class AdaptiveController(Controller):
         spec = ACTUATOR_DEFAULTS[cfg.actuator]
         self.actuator = cfg.actuator
         self.actuators = (cfg.actuator,)
-        self.schedule = schedule if schedule is not None else make_schedule(**dataclasses.asdict(cfg.schedule))
+        self.schedule = (
+            schedule if schedule is not None else make_schedule(**dataclasses.asdict(cfg.schedule))
+        )
         self.warmup, self.window, self.deadband = cfg.warmup, cfg.window, cfg.deadband
         self.delta = spec.delta if cfg.delta is None else cfg.delta
         self.c0 = spec.c0 if cfg.init is None else cfg.init

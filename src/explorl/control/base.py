@@ -66,8 +66,10 @@ def apply_decision(knobs: Knobs, decision: Decision, controller: Controller) -> 
         if k not in KNOB_ACTUATOR:
             raise ControlError(f"controller {controller.name!r} set unknown knob {k!r}")
         if KNOB_ACTUATOR[k] not in controller.actuators:
-            raise ControlError(f"controller {controller.name!r} set knob {k!r}, owned by actuator "
-                               f"{KNOB_ACTUATOR[k]!r}, which it did not claim ({controller.actuators})")
+            raise ControlError(
+                f"controller {controller.name!r} set knob {k!r}, owned by actuator "
+                f"{KNOB_ACTUATOR[k]!r}, which it did not claim ({controller.actuators})"
+            )
     changes = dict(decision.knobs)
     if changes.get("budgets") is not None:
         changes["budgets"] = tuple(int(n) for n in changes["budgets"])

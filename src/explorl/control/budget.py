@@ -194,7 +194,8 @@ class BudgetAllocator(Controller):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if len(state["rank"]) != len(self.rank):
             raise ControlError(
-                f"budget: checkpoint covers {len(state['rank'])} prompts, the dataset has {len(self.rank)}"
+                f"budget: checkpoint covers {len(state['rank'])} prompts, "
+                f"the dataset has {len(self.rank)}"
             )
         self.cum_samples = [int(x) for x in state["cum_samples"]]
         self.cum_reward = [float(x) for x in state["cum_reward"]]

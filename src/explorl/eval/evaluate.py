@@ -104,7 +104,9 @@ def read_eval(path: str | Path) -> dict:
     if path.is_dir():
         path = path / "eval.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no eval.json (write one with `explorl eval ... --out DIR`)")
+        raise FileNotFoundError(
+            f"{path}: no eval.json (write one with `explorl eval ... --out DIR`)"
+        )
     return json.loads(path.read_text())
 
 

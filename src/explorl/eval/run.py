@@ -7,14 +7,26 @@ import time
 from pathlib import Path
 
 import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from explorl import config as C
 from explorl.checkpoint import latest_checkpoint
 from explorl.data.sources import load_split
 from explorl.errors import ModelPathError
 from explorl.models import (
-    load_model, load_tokenizer, render_prompt, resolve_device, resolve_dtype, resolve_model_path,
+    load_model,
+    load_tokenizer,
+    render_prompt,
+    resolve_device,
+    resolve_dtype,
+    resolve_model_path,
 )
 from explorl.refs import DEFAULT_RESPONSE_LEN
 from explorl.rewards.functions import check_reward
@@ -49,10 +61,23 @@ def _resolve_model(model: str, overrides: list[str] | None) -> tuple[Path, Path,
     return path, path, cfg
 
 
-def run_eval(*, model: str, data: list[str], out_dir: Path, n: int = 16, k_list: list[int] = (1, 16),
-             temperature: float = 1.0, max_problems: int | None = None, max_new_tokens: int | None = None,
-             verifier: str = "auto", split: str = "test", seed: int = 0, overrides: list[str] | None = None,
-             batch_problems: int = 64, progress: bool = True) -> dict:
+def run_eval(
+    *,
+    model: str,
+    data: list[str],
+    out_dir: Path,
+    n: int = 16,
+    k_list: list[int] = (1, 16),
+    temperature: float = 1.0,
+    max_problems: int | None = None,
+    max_new_tokens: int | None = None,
+    verifier: str = "auto",
+    split: str = "test",
+    seed: int = 0,
+    overrides: list[str] | None = None,
+    batch_problems: int = 64,
+    progress: bool = True,
+) -> dict:
     """Evaluate ``model`` on ``data``; write ``eval.json`` (the totals), ``problems.jsonl`` (each
     problem's responses and scores, docs/completions.md) and ``passk.png`` into ``out_dir``."""
     from explorl.eval.evaluate import plot_passk, summarize, write_eval_json
@@ -82,7 +107,9 @@ def run_eval(*, model: str, data: list[str], out_dir: Path, n: int = 16, k_list:
     tokenizer = load_tokenizer(tok_dir, cfg.model)
     policy = load_model(weights, cfg.model, device, frozen=True)
     max_new = max_new_tokens or cfg.rollout.max_response_len
-    engine = build_engine(cfg, tokenizer, weights, resolve_dtype(cfg.model.dtype, device))  # rollout.engine
+    engine = build_engine(
+        cfg, tokenizer, weights, resolve_dtype(cfg.model.dtype, device)
+    )  # rollout.engine
     gen = torch.Generator(device if device.type == "cuda" else "cpu").manual_seed(seed)
     correct: list[list[bool]] = []
     greedy: list[bool] = []
@@ -142,7 +169,9 @@ def _print_table(summary: dict) -> None:
     from rich.table import Table
 
     ks = summary["settings"]["k"]
-    table = Table(title=f"pass@k (n={summary['settings']['n']}, T={summary['settings']['temperature']})")
+    table = Table(
+        title=f"pass@k (n={summary['settings']['n']}, T={summary['settings']['temperature']})"
+    )
     for col in ["source", "problems", *[f"pass@{k}" for k in ks], "mean@n", "greedy"]:
         table.add_column(col, justify="right")
     rows = [("overall", summary["overall"])] + list(summary["by_source"].items())

@@ -348,8 +348,16 @@ def _build(task: LabTask, params: dict[str, Any], cfg: BuildConfig, out: Path) -
             history.append(
                 {"step": step, "loss": round(loss, 4), "val_sampled_accuracy": round(acc, 4)}
             )
-            log.info("  lab model %s: SFT step %d/%d  loss %.3f  sampled val accuracy %.3f "
-                     "(stops at %.2f)", task.name, step, cfg.max_steps, loss, acc, cfg.target_accuracy)
+            log.info(
+                "  lab model %s: SFT step %d/%d  loss %.3f  sampled val accuracy %.3f "
+                "(stops at %.2f)",
+                task.name,
+                step,
+                cfg.max_steps,
+                loss,
+                acc,
+                cfg.target_accuracy,
+            )
             if acc >= cfg.target_accuracy:
                 break
     model.eval()
@@ -392,8 +400,14 @@ def _build(task: LabTask, params: dict[str, Any], cfg: BuildConfig, out: Path) -
         "transformers_version": transformers.__version__,
     }
     (out / "lab.json").write_text(json.dumps(meta, indent=2) + "\n")
-    log.info("  lab model %s ready in %.0f s: %d parameters, sampled val accuracy %.3f, greedy %.3f",
-             getattr(task, "name", task), meta["build_seconds"], n_params, sampled, greedy)
+    log.info(
+        "  lab model %s ready in %.0f s: %d parameters, sampled val accuracy %.3f, greedy %.3f",
+        getattr(task, "name", task),
+        meta["build_seconds"],
+        n_params,
+        sampled,
+        greedy,
+    )
 
 
 @torch.no_grad()

@@ -75,12 +75,23 @@ def build_engine(cfg, tokenizer, model_path: str | Path, dtype: torch.dtype):
 
             from explorl.rollout.vllm import VLLMEngine
         except ImportError as e:
-            raise ImportError("rollout.engine=vllm needs vLLM: `make setup-vllm` (CPU, its own venv) or "
-                              "`pip install -e '.[vllm]'` (CUDA); README \"Rollout engines\"") from e
+            raise ImportError(
+                "rollout.engine=vllm needs vLLM: `make setup-vllm` (CPU, its own venv) or "
+                "`pip install -e '.[vllm]'` (CUDA); README \"Rollout engines\""
+            ) from e
         v = r.vllm
         name = str(dtype).removeprefix("torch.") if v.dtype == "auto" else v.dtype
-        return VLLMEngine(model_path, tokenizer, dtype=name, kv_cache_gib=v.kv_cache_gib,
-                          max_model_len=v.max_model_len, in_process=v.in_process, recompute=v.recompute,
-                          sync_check_tol=v.sync_check_tol, llm_kwargs=v.llm_kwargs, seed=cfg.seed,
-                          score_batch_size=r.batch_size)
+        return VLLMEngine(
+            model_path,
+            tokenizer,
+            dtype=name,
+            kv_cache_gib=v.kv_cache_gib,
+            max_model_len=v.max_model_len,
+            in_process=v.in_process,
+            recompute=v.recompute,
+            sync_check_tol=v.sync_check_tol,
+            llm_kwargs=v.llm_kwargs,
+            seed=cfg.seed,
+            score_batch_size=r.batch_size,
+        )
     raise ValueError(f"unknown rollout.engine {r.engine!r}")

@@ -11,8 +11,8 @@ from typing import Callable
 
 import torch
 
-from explorl.rollout.hf import left_pad
 from explorl.forward import response_logprobs
+from explorl.rollout.hf import left_pad
 from explorl.rollout.types import Rollouts
 
 

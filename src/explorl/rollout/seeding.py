@@ -109,7 +109,8 @@ _NOISE_BLOCK_ELEMENTS = 1 << 21  # floats per block of precomputed noise (8 MB)
 
 
 def _splitmix64_np(x: np.ndarray) -> np.ndarray:
-    """``_splitmix64`` on uint64 arrays (numpy's uint64 arithmetic wraps mod 2^64, as the mask does)."""
+    """``_splitmix64`` on uint64 arrays (numpy's uint64 arithmetic wraps mod 2^64, as the mask
+    does)."""
     x = x + np.uint64(0x9E3779B97F4A7C15)
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -153,7 +154,11 @@ def mt_uniform(seeds: np.ndarray, vocab_size: int) -> torch.Tensor:
                 hi[j - 397] = x
     # The twist of words 0..V-1, then tempering.
     y = (lo[:-1] & np.uint32(0x80000000)) | (lo[1:] & np.uint32(0x7FFFFFFF))
-    w = hi ^ (y >> np.uint32(1)) ^ np.where(lo[1:] & np.uint32(1), np.uint32(0x9908B0DF), np.uint32(0))
+    w = (
+        hi
+        ^ (y >> np.uint32(1))
+        ^ np.where(lo[1:] & np.uint32(1), np.uint32(0x9908B0DF), np.uint32(0))
+    )
     w ^= w >> np.uint32(11)
     w ^= (w << np.uint32(7)) & np.uint32(0x9D2C5680)
     w ^= (w << np.uint32(15)) & np.uint32(0xEFC60000)

@@ -124,11 +124,22 @@ class VLLMEngine:
     1e-3 in float32, else 0.1). ``llm_kwargs`` override the arguments given to ``vllm.LLM``.
     """
 
-    def __init__(self, model_path: str | Path, tokenizer, *, dtype: str = "auto",
-                 kv_cache_gib: float = 1.0, max_model_len: int | None = None, in_process: bool = True,
-                 recompute: bool = True, sync_check_tol: float | None = None,
-                 llm_kwargs: dict[str, Any] | None = None, seed: int = 0,
-                 eos_ids: list[int] | None = None, score_batch_size: int = 256):
+    def __init__(
+        self,
+        model_path: str | Path,
+        tokenizer,
+        *,
+        dtype: str = "auto",
+        kv_cache_gib: float = 1.0,
+        max_model_len: int | None = None,
+        in_process: bool = True,
+        recompute: bool = True,
+        sync_check_tol: float | None = None,
+        llm_kwargs: dict[str, Any] | None = None,
+        seed: int = 0,
+        eos_ids: list[int] | None = None,
+        score_batch_size: int = 256,
+    ):
         self.model_path = str(model_path)
         self.tokenizer = tokenizer
         self.dtype = dtype
@@ -140,7 +151,9 @@ class VLLMEngine:
         self.llm_kwargs = dict(llm_kwargs or {})
         self.seed = seed
         self.score_batch_size = score_batch_size
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        )
         eos = eos_ids if eos_ids is not None else [tokenizer.eos_token_id]
         self.eos_ids = [int(e) for e in eos if e is not None]
         self._version: Any = None  # version of the last push (None: nothing pushed yet)
@@ -233,7 +246,9 @@ class VLLMEngine:
             return time.perf_counter() - t0
         return self._push(model, version, checksum)
 
-    def _push(self, model: torch.nn.Module, version: Any, checksum: torch.Tensor | None = None) -> float:
+    def _push(
+        self, model: torch.nn.Module, version: Any, checksum: torch.Tensor | None = None
+    ) -> float:
         t0 = time.perf_counter()
         checksum = weights_checksum(model) if checksum is None else checksum
         try:
@@ -284,20 +299,27 @@ class VLLMEngine:
 
     def _probe_gap(self, model: torch.nn.Module, probe: list[int], out) -> float:
         """Largest |log-prob| gap between vLLM's prompt log-probs ``out`` and ``model``'s."""
-        engine = torch.tensor([float(d[t].logprob) for d, t in zip(out.prompt_logprobs[1:], probe[1:])])
+        engine = torch.tensor(
+            [float(d[t].logprob) for d, t in zip(out.prompt_logprobs[1:], probe[1:])]
+        )
         device = next(model.parameters()).device
         was_training = model.training
         model.eval()
         with torch.no_grad():
             logits = model(input_ids=torch.tensor([probe], device=device)).logits[0, :-1].float()
         model.train(was_training)
-        ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(probe[1:], device=device)[:, None])
+        ref = torch.log_softmax(logits, -1).gather(
+            -1, torch.tensor(probe[1:], device=device)[:, None]
+        )
         return float((engine - ref[:, 0].cpu()).abs().max())
 
     def _tolerance(self, model: torch.nn.Module) -> float:
         if self.sync_check_tol is not None:
             return self.sync_check_tol
-        fp32 = self.llm.llm_engine.model_config.dtype == torch.float32 and _dtype(model) == torch.float32
+        fp32 = (
+            self.llm.llm_engine.model_config.dtype == torch.float32
+            and _dtype(model) == torch.float32
+        )
         return 1e-3 if fp32 else 0.1
 
     # ------------------------------------------------------------------ sampling
@@ -325,7 +347,9 @@ class VLLMEngine:
             row_seeds = [mix_seed(s, j) for s, n in zip(seeds, n_samples) for j in range(n)]
         else:
             g_dev = generator.device if generator is not None else "cpu"
-            row_seeds = torch.randint(0, 2**62, (len(rows),), generator=generator, device=g_dev).tolist()
+            row_seeds = torch.randint(
+                0, 2**62, (len(rows),), generator=generator, device=g_dev
+            ).tolist()
         greedy = temperature == 0
         requests, params = [], []
         for i, s in zip(rows, row_seeds):
@@ -341,8 +365,11 @@ class VLLMEngine:
         # One more request scores the probe sequence: the weights are checked in the same call.
         probe = self._probe(model)
         requests.append({"prompt_token_ids": probe})
-        params.append(SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False,
-                                     seed=0))
+        params.append(
+            SamplingParams(
+                max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False, seed=0
+            )
+        )
         for attempt in range(2):
             if self._checksum is None or not torch.equal(weights_checksum(model), self._checksum):
                 self._push(model, None)
@@ -354,10 +381,14 @@ class VLLMEngine:
             if attempt == 1:
                 raise RuntimeError(
                     f"the vLLM engine's log-probs differ from the model's by {gap:.3g} > "
-                    f"rollout.vllm.sync_check_tol={tol:g} on a probe sequence, also after a rebuild "
-                    "and a fresh weight push: its weights do not follow the model's")
+                    f"rollout.vllm.sync_check_tol={tol:g} on a probe sequence, "
+                    "also after a rebuild "
+                    "and a fresh weight push: its weights do not follow the model's"
+                )
             # Stale or broken weights: start over, push, sample again.
-            self._restart(f"the vLLM engine's log-probs differ from the model's by {gap:.3g} > {tol:g}")
+            self._restart(
+                f"the vLLM engine's log-probs differ from the model's by {gap:.3g} > {tol:g}"
+            )
         outs = outs[:-1]
         toks = [list(o.outputs[0].token_ids) for o in outs]
         lps = [[float(d[t].logprob) for d, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]
@@ -377,7 +408,9 @@ class VLLMEngine:
             r_mask[k, : len(t)] = True
             v_logp[k, : len(t)] = torch.as_tensor(lp)
         r_ids, r_mask, v_logp = r_ids.to(device), r_mask.to(device), v_logp.to(device)
-        truncated = torch.as_tensor([not t or t[-1] not in self.eos_ids for t in toks], dtype=torch.bool)
+        truncated = torch.as_tensor(
+            [not t or t[-1] not in self.eos_ids for t in toks], dtype=torch.bool
+        )
         if self.recompute and N:
             logp, ent = self._score(model, p_ids, p_mask, r_ids, r_mask, temperature)
             diff = (logp - v_logp).abs()[r_mask]
@@ -387,21 +420,35 @@ class VLLMEngine:
                 self._add("rollout/vllm_logp_diff_sum", float(diff.double().sum()))
                 self._add("rollout/vllm_logp_diff_n", float(diff.numel()))
         else:
-            logp, ent = v_logp, torch.full((N, R), float("nan"), device=device).masked_fill(~r_mask, 0.0)
+            logp, ent = (
+                v_logp,
+                torch.full((N, R), float("nan"), device=device).masked_fill(~r_mask, 0.0),
+            )
         texts = self.tokenizer.batch_decode([t for t in toks], skip_special_tokens=True)
-        return Rollouts(prompt_ids=p_ids, prompt_mask=p_mask, response_ids=r_ids, response_mask=r_mask,
-                        old_logp=logp, entropy=ent,
-                        prompt_index=torch.as_tensor(rows, dtype=torch.long, device=device),
-                        texts=texts, temperature=temperature, truncated=truncated.to(device))
+        return Rollouts(
+            prompt_ids=p_ids,
+            prompt_mask=p_mask,
+            response_ids=r_ids,
+            response_mask=r_mask,
+            old_logp=logp,
+            entropy=ent,
+            prompt_index=torch.as_tensor(rows, dtype=torch.long, device=device),
+            texts=texts,
+            temperature=temperature,
+            truncated=truncated.to(device),
+        )
 
     def _score(self, model, p_ids, p_mask, r_ids, r_mask, temperature):
-        """old_logp and entropy (N, R) from ``model``'s forward, ``score_batch_size`` rows at a time."""
+        """old_logp and entropy (N, R) from ``model``'s forward, ``score_batch_size`` rows at a
+        time."""
         was_training = model.training
         model.eval()
         logps, ents = [], []
         for s in range(0, len(r_ids), self.score_batch_size):
             sl = slice(s, s + self.score_batch_size)
-            lp, h = response_logprobs(model, p_ids[sl], p_mask[sl], r_ids[sl], r_mask[sl], temperature)
+            lp, h = response_logprobs(
+                model, p_ids[sl], p_mask[sl], r_ids[sl], r_mask[sl], temperature
+            )
             logps.append(lp.float())
             ents.append(h.float())
         model.train(was_training)
@@ -432,7 +479,10 @@ def _close_at_exit(ref: weakref.ref) -> None:
 
 def _quiet_rotary(record: logging.LogRecord) -> bool:
     """Drop vLLM's warning that a reload gave RoPE no weights: its cache is computed, not loaded."""
-    return not (record.getMessage().startswith("RotaryEmbedding:") and "Failed to load" in record.getMessage())
+    return not (
+        record.getMessage().startswith("RotaryEmbedding:")
+        and "Failed to load" in record.getMessage()
+    )
 
 
 def _dtype(model: torch.nn.Module) -> torch.dtype:
