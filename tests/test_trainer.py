@@ -146,7 +146,7 @@ def _strip(rows):
             },
             "algorithm": {"loss": "clip_cov", "clip_cov_lb": -10.0, "clip_cov_ratio": 0.05},
             "data": {"max_train_prompts": 8},
-            "optim": {"fused": "on"},
+            "optim": {"fused": True},
         },
         {
             "control": {
@@ -218,7 +218,7 @@ def test_resume_reproduces_uninterrupted_run(make_config, tmp_path, extra):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-@pytest.mark.parametrize("fused, cpu", [("auto", None), ("on", True), ("off", None)])
+@pytest.mark.parametrize("fused, cpu", [(None, None), (True, True), (False, None)])
 def test_fused_adamw_only_where_asked(fused, cpu):
     from explorl.config import OptimConfig
     from explorl.update import make_optimizer

@@ -47,11 +47,10 @@ def make_optimizer(o, params_module: torch.nn.Module, device: torch.device, stra
     """AdamW over the (float32 master) parameters and its linear warm-up schedule (``optim``).
 
     Fused AdamW (one kernel for every parameter) on CUDA with replicated parameters, and on CPU
-    when ``optim.fused`` is ``on``; torch's default path elsewhere (CPU, FSDP's flattened shards).
+    when ``optim.fused`` is true; torch's default path elsewhere (CPU, FSDP's flattened shards).
     """
-    on = {"auto": device.type == "cuda", "on": device.type in ("cuda", "cpu"), "off": False}[
-        o.fused
-    ]
+    cuda = device.type == "cuda"
+    on = cuda if o.fused is None else o.fused and device.type in ("cuda", "cpu")
     fused = True if on and strategy != "fsdp" else None
     optimizer = torch.optim.AdamW(params_module.parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
                                   weight_decay=o.weight_decay, fused=fused)

@@ -279,11 +279,11 @@ class OptimConfig:
     """AdamW β1."""
     beta2: float = 0.999
     """AdamW β2."""
-    fused: Literal["auto", "on", "off"] = "auto"
-    """Fused AdamW (one kernel for every parameter). ``auto``: on CUDA with replicated parameters,
+    fused: bool | None = None
+    """Fused AdamW (one kernel for every parameter). None: on CUDA with replicated parameters,
     off on CPU, where the per-parameter path reproduces the committed lab figures bit for bit
-    (fused rounds differently in the last bit: ~1 parameter in 10⁵ per step). ``on``: also on CPU
-    (~2 ms less per optimizer step on the lab model). Never with FSDP's flattened shards."""
+    (fused rounds differently in the last bit: ~1 parameter in 10⁵ per step). true: also on CPU
+    (~2 ms less per optimizer step on the lab model). false: never. Never with FSDP's shards."""
     warmup_steps: int = 0
     """Linear learning-rate warm-up steps (then constant)."""
     max_grad_norm: float = 1.0
