@@ -20,6 +20,7 @@ from explorl import config as C
 from explorl.checkpoint import latest_checkpoint
 from explorl.data.sources import load_split
 from explorl.errors import ModelPathError
+from explorl.eval.validate import EVAL_STREAM, answer
 from explorl.models import (
     load_model,
     load_tokenizer,
@@ -33,6 +34,7 @@ from explorl.rewards.functions import check_reward
 from explorl.rewards.pool import VerifierPool
 from explorl.rewards.rewarder import Rewarder
 from explorl.rollout.base import build_engine
+from explorl.rollout.seeding import mix_seed
 
 
 def _resolve_model(model: str, overrides: list[str] | None) -> tuple[Path, Path, C.RunConfig]:
@@ -110,7 +112,6 @@ def run_eval(
     engine = build_engine(
         cfg, tokenizer, weights, resolve_dtype(cfg.model.dtype, device)
     )  # rollout.engine
-    gen = torch.Generator(device if device.type == "cuda" else "cpu").manual_seed(seed)
     correct: list[list[bool]] = []
     greedy: list[bool] = []
     problems: list[dict] = []  # one row of problems.jsonl per problem
@@ -123,15 +124,16 @@ def run_eval(
         for start in range(0, len(records), batch_problems):
             chunk = records[start: start + batch_problems]
             ids = [render_prompt(tokenizer, r.prompt, cfg.model.use_chat_template) for r in chunk]
-            ro = engine.generate(policy, ids, [n] * len(ids), temperature, max_new, gen)
-            pidx = ro.prompt_index.tolist()
-            scores = rewarder.score(pool, ro.texts, [chunk[i] for i in pidx]).correct
-            g = engine.generate(policy, ids, [1] * len(ids), 0.0, max_new)
-            g_scores = rewarder.score(pool, g.texts, chunk).correct
+            seeds = [mix_seed(seed, EVAL_STREAM, start + i) for i in range(len(chunk))]
+            got = answer(engine=engine, policy=policy, pool=pool, rewarder=rewarder,
+                         records=chunk, ids=ids, n=n, temperature=temperature,
+                         max_new_tokens=max_new, seeds=seeds, greedy=True)
+            pidx, scores = got.ro.prompt_index.tolist(), got.correct
+            g_texts, g_scores = got.greedy_texts, got.greedy_correct
             for i, rec in enumerate(chunk):
-                mine = [(t, sc) for t, sc, p in zip(ro.texts, scores, pidx) if p == i]
+                mine = [(t, sc) for t, sc, p in zip(got.ro.texts, scores, pidx) if p == i]
                 correct.append([sc > 0 for _, sc in mine])
-                problems.append(problem_row(start + i, rec, mine, g.texts[i], g_scores[i]))
+                problems.append(problem_row(start + i, rec, mine, g_texts[i], g_scores[i]))
             greedy += [s > 0 for s in g_scores]
             bar.update(task, advance=len(chunk))
     summary = summarize(correct, [r.data_source for r in records], k_list)

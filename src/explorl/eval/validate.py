@@ -7,15 +7,44 @@ gather makes the metrics global.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from explorl.completions import completions_of
 from explorl.eval.passk import pass_at_k
 from explorl.rollout.seeding import mix_seed
+from explorl.rollout.types import Rollouts
 from explorl.step_batch import concat_rows
 
 VAL_STREAM = 1  # first component of the validation sampling seeds after the run seed
+EVAL_STREAM = 2  # ... and of ``explorl eval``'s
+
+
+@dataclass
+class Answered:
+    """Sampled (and greedy) answers to a list of problems, with their correctness."""
+
+    ro: Rollouts  # n responses per problem; ``prompt_index`` = position in the list
+    correct: list[float]  # per response
+    greedy_texts: list[str] | None = None  # per problem
+    greedy_correct: list[float] | None = None  # per problem
+
+
+def answer(*, engine, policy, pool, rewarder, records: list, ids: list[list[int]], n: int,
+           temperature: float, max_new_tokens: int, seeds: list[int], greedy: bool) -> Answered:
+    """The one sampling-and-scoring routine of validation and ``explorl eval``: ``n`` responses
+    per problem drawn with per-problem ``seeds`` (so they do not depend on batching or ranks),
+    judged by ``rewarder``; with ``greedy``, one greedy answer per problem too."""
+    ro = engine.generate(policy, ids, [n] * len(ids), temperature, max_new_tokens, seeds=seeds)
+    correct = rewarder.score(pool, ro.texts, [records[i] for i in ro.prompt_index.tolist()]).correct
+    out = Answered(ro, list(correct))
+    if greedy:
+        g = engine.generate(policy, ids, [1] * len(ids), 0.0, max_new_tokens)
+        out.greedy_texts = list(g.texts)
+        out.greedy_correct = list(rewarder.score(pool, g.texts, records).correct)
+    return out
 
 
 @torch.no_grad()
@@ -57,11 +86,11 @@ def validate(
     }
     if ids:
         seeds = [mix_seed(seed, VAL_STREAM, step, p) for p in range(mine.start, mine.stop)]
-        ro = engine.generate(
-            policy, ids, [n_samples] * len(ids), temperature, max_new_tokens, seeds=seeds
-        )
+        got = answer(engine=engine, policy=policy, pool=pool, rewarder=rewarder,
+                     records=data[mine], ids=ids, n=n_samples, temperature=temperature,
+                     max_new_tokens=max_new_tokens, seeds=seeds, greedy=greedy)
+        ro, scores = got.ro, got.correct
         problem = ro.prompt_index.cpu() + mine.start
-        scores = rewarder.score(pool, ro.texts, [data[i] for i in problem]).correct
         if samples is not None:
             samples.extend(
                 completions_of(step, "val", [data[i] for i in problem.tolist()], ro.texts, scores)
@@ -74,9 +103,7 @@ def validate(
             length=mask.sum(-1).long(),
         )
         if greedy:
-            g = engine.generate(policy, ids, [1] * len(ids), 0.0, max_new_tokens)
-            gs = rewarder.score(pool, g.texts, data[mine]).correct
-            local["greedy"] = torch.tensor(gs, dtype=torch.float64)
+            local["greedy"] = torch.tensor(got.greedy_correct, dtype=torch.float64)
     rows = concat_rows(dist.gather(local))
     correct = torch.zeros(len(data), dtype=torch.float64).index_add_(
         0, rows["problem"], rows["score"]
