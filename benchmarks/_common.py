@@ -25,8 +25,11 @@ from explorl.trainer import Trainer  # noqa: E402
 
 
 def machine() -> str:
-    return (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
-            f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}")
+    return (
+        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
+        f"python {platform.python_version()}, torch {torch.__version__}, "
+        f"transformers {transformers.__version__}"
+    )
 
 
 def peak_rss_mb() -> float:

@@ -44,9 +44,16 @@ def main() -> None:
     print(f"{'variant':16s} {'CPU ms/step':>12s} {'CPU overhead':>13s} {'wall ms/step':>13s} "
           f"{'wall overhead':>14s}  controller hooks")
     for name in VARIANTS:
-        m, c, h = statistics.median(times[name]), statistics.median(cpu[name]), statistics.median(hooks[name])
-        print(f"{name:16s} {c * 1000:12.1f} {100 * (c / base_cpu - 1):+12.1f}% {m * 1000:13.1f} "
-              f"{100 * (m / base - 1):+13.1f}%  {h * 1e6:7.1f} us/step ({100 * h / base:.3f}% of a GRPO step)")
+        m, c, h = (
+            statistics.median(times[name]),
+            statistics.median(cpu[name]),
+            statistics.median(hooks[name]),
+        )
+        print(
+            f"{name:16s} {c * 1000:12.1f} {100 * (c / base_cpu - 1):+12.1f}% {m * 1000:13.1f} "
+            f"{100 * (m / base - 1):+13.1f}%  {h * 1e6:7.1f} us/step "
+            f"({100 * h / base:.3f}% of a GRPO step)"
+        )
 
 
 if __name__ == "__main__":

@@ -49,18 +49,34 @@ def worker(spec: dict) -> dict:
     generator = torch.Generator().manual_seed(0)
 
     def call(i: int) -> int:
-        prompts = [render_prompt(tok, train[(i * P + j) % len(train)].prompt, True) for j in range(P)]
+        prompts = [
+            render_prompt(tok, train[(i * P + j) % len(train)].prompt, True) for j in range(P)
+        ]
         if variant.startswith("explorl"):
             seeds = [i * P + j for j in range(P)] if variant == "explorl" else None
-            ro = engine.generate(model, prompts, [G] * P, 1.0, max_new, generator=generator, seeds=seeds)
+            ro = engine.generate(
+                model, prompts, [G] * P, 1.0, max_new, generator=generator, seeds=seeds
+            )
             return int(ro.response_mask.sum())
-        ids, mask = left_pad([p for p in prompts for _ in range(G)], tok.pad_token_id, torch.device("cpu"))
+        ids, mask = left_pad(
+            [p for p in prompts for _ in range(G)], tok.pad_token_id, torch.device("cpu")
+        )
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask.long(), do_sample=True, temperature=1.0, top_k=0,
-                                 top_p=1.0, max_new_tokens=max_new, pad_token_id=tok.pad_token_id,
-                                 eos_token_id=tok.eos_token_id)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask.long(),
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=max_new,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
+            )
         done = out[:, ids.shape[1]:] == tok.eos_token_id  # (N, R)
-        first = torch.where(done.any(1), done.int().argmax(1) + 1, torch.full((len(done),), done.shape[1]))
+        first = torch.where(
+            done.any(1), done.int().argmax(1) + 1, torch.full((len(done),), done.shape[1])
+        )
         return int(first.sum())
 
     for i in range(3):  # warm-up
@@ -76,8 +92,14 @@ def worker(spec: dict) -> dict:
 
 def measure(spec: dict) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"]), "TRANSFORMERS_VERBOSITY": "error"}
-    proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True,
-                          text=True, check=False, env=env, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--worker", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+        cwd=ROOT,
+    )
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
@@ -90,7 +112,9 @@ def spread(xs: list[float], fmt: str = "6.0f") -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--calls", type=int, default=20, help="timed generate calls per measurement")
     p.add_argument("--threads", type=int, default=1)
@@ -106,25 +130,47 @@ def main() -> None:
 
     import torch
     import transformers
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average "
-          f"{os.getloadavg()[0]:.1f} at start; torch {torch.__version__}, transformers {transformers.__version__}; "
-          f"{args.threads} torch thread(s); lab addition model, T=1, ≤{args.max_new} new tokens")
+
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"load average {os.getloadavg()[0]:.1f} at start; torch {torch.__version__}, "
+        f"transformers {transformers.__version__}; "
+        f"{args.threads} torch thread(s); lab addition model, T=1, ≤{args.max_new} new tokens"
+    )
     for size in args.sizes:
         P, G = (int(x) for x in size.split("x"))
         runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
         for _ in range(args.reps):
             for v in VARIANTS:
-                runs[v].append(measure(dict(variant=v, prompts=P, samples=G, max_new=args.max_new, calls=args.calls,
-                                            threads=args.threads)))
-        print(f"{size} ({P * G} rows per call, median ± half-range over {args.reps} alternating reps):")
+                runs[v].append(
+                    measure(
+                        dict(
+                            variant=v,
+                            prompts=P,
+                            samples=G,
+                            max_new=args.max_new,
+                            calls=args.calls,
+                            threads=args.threads,
+                        )
+                    )
+                )
+        print(
+            f"{size} ({P * G} rows per call, median ± half-range over "
+            f"{args.reps} alternating reps):"
+        )
         for v, label in VARIANTS.items():
             rs = runs[v]
             print(f"  {v:20s} tokens/s {spread([r['tokens_per_s'] for r in rs])}  "
                   f"tokens/CPU-s {spread([r['tokens_per_cpu_s'] for r in rs])}  "
                   f"{statistics.median(r['ms_per_call'] for r in rs):5.1f} ms/call  "
                   f"peak RSS {max(r['peak_rss_mb'] for r in rs):4.0f} MB   [{label}]")
-        ratio = [e["tokens_per_s"] / g["tokens_per_s"] for e, g in zip(runs["explorl"], runs["generate"])]
-        cpu = [e["tokens_per_cpu_s"] / g["tokens_per_cpu_s"] for e, g in zip(runs["explorl"], runs["generate"])]
+        ratio = [
+            e["tokens_per_s"] / g["tokens_per_s"] for e, g in zip(runs["explorl"], runs["generate"])
+        ]
+        cpu = [
+            e["tokens_per_cpu_s"] / g["tokens_per_cpu_s"]
+            for e, g in zip(runs["explorl"], runs["generate"])
+        ]
         print(f"  explorl/generate tokens-per-second ratio {spread(ratio, '4.2f')}; per CPU-second "
               f"{spread(cpu, '4.2f')}")
 

@@ -14,7 +14,11 @@ from _common import machine, step_times
 
 LOSSES = {
     "ppo": [],
-    "clip_cov": ["algorithm.loss=clip_cov", "algorithm.clip_cov_ratio=0.02", "algorithm.clip_cov_lb=0.1"],
+    "clip_cov": [
+        "algorithm.loss=clip_cov",
+        "algorithm.clip_cov_ratio=0.02",
+        "algorithm.clip_cov_lb=0.1",
+    ],
     "kl_cov": ["algorithm.loss=kl_cov", "algorithm.kl_cov_ratio=0.02"],
 }
 

@@ -62,9 +62,14 @@ def model_dims(model) -> dict:
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     head = model.get_output_embeddings().weight
-    return {"linear_shapes": shapes, "layer_params": sum(o * i for o, i in shapes),
-            "layers": cfg.num_hidden_layers, "attn_width": heads * head_dim, "head_params": head.numel(),
-            "head_shape": tuple(head.shape)}
+    return {
+        "linear_shapes": shapes,
+        "layer_params": sum(o * i for o, i in shapes),
+        "layers": cfg.num_hidden_layers,
+        "attn_width": heads * head_dim,
+        "head_params": head.numel(),
+        "head_shape": tuple(head.shape),
+    }
 
 
 def token_flops(dims: dict, ctx: int, logits: bool) -> int:
@@ -78,7 +83,9 @@ def sequence_flops(dims: dict, start: int, n: int, logits: bool) -> int:
     return sum(token_flops(dims, start + j + 1, logits) for j in range(n))
 
 
-def step_flops(dims: dict, calls: list[list[tuple[int, list[int]]]], mini_batches: int) -> tuple[int, int]:
+def step_flops(
+    dims: dict, calls: list[list[tuple[int, list[int]]]], mini_batches: int
+) -> tuple[int, int]:
     """(sampling, training) FLOPs of a step from its generate calls, each a list of
     (prompt length, response lengths) per distinct prompt."""
     sample = train = 0
@@ -135,11 +142,22 @@ def run_explorl(spec: dict) -> dict:
     from explorl.trainer import Trainer
 
     if spec.get("recipe"):
-        cfg = C.load(ROOT / spec["recipe"], ["log.progress=false", "log.plots=false", "eval.every=0",
-                                             "log.checkpoint_every=0", "log.save_model=false", *spec.get("sets", [])],
-                     max_steps=spec["warmup"] + spec["steps"])
+        cfg = C.load(
+            ROOT / spec["recipe"],
+            [
+                "log.progress=false",
+                "log.plots=false",
+                "eval.every=0",
+                "log.checkpoint_every=0",
+                "log.save_model=false",
+                *spec.get("sets", []),
+            ],
+            max_steps=spec["warmup"] + spec["steps"],
+        )
     else:
-        cfg = explorl_config(spec["prompts"], SAMPLES, spec["warmup"] + spec["steps"], spec["length"])
+        cfg = explorl_config(
+            spec["prompts"], SAMPLES, spec["warmup"] + spec["steps"], spec["length"]
+        )
     cpu, calls = [], []
     with tempfile.TemporaryDirectory() as out:
         t = Trainer(cfg, out)
@@ -147,7 +165,7 @@ def run_explorl(spec: dict) -> dict:
             eos = t.engine.eos_ids.tolist()
 
             def no_eos(module, inputs, logits):
-                logits[..., eos] = -1e4  # probability exactly 0 in float32; -inf would make 0·log 0 = nan
+                logits[..., eos] = -1e4  # probability 0 in float32; -inf would make 0·log 0 = nan
                 return logits
 
             t.policy.get_output_embeddings().register_forward_hook(no_eos)
@@ -179,9 +197,16 @@ def run_explorl(spec: dict) -> dict:
     rate_sample, rate_train = matmul_rate(dims, rows, False), matmul_rate(dims, tokens, True)
     floor = [s / rate_sample + tr / rate_train for s, tr in flops]
     resp = [r for c in kept for call in c for _, rs in call for r in rs]
-    return {"cpu_s": cpu, "flops": [s + tr for s, tr in flops], "floor_s": floor,
-            "rate_gflops": [rate_sample / 1e9, rate_train / 1e9], "mean_response": statistics.mean(resp),
-            "peak_rss_mb": peak_rss_mb(), "workers_rss_mb": children_rss_mb(), "threads": torch.get_num_threads()}
+    return {
+        "cpu_s": cpu,
+        "flops": [s + tr for s, tr in flops],
+        "floor_s": floor,
+        "rate_gflops": [rate_sample / 1e9, rate_train / 1e9],
+        "mean_response": statistics.mean(resp),
+        "peak_rss_mb": peak_rss_mb(),
+        "workers_rss_mb": children_rss_mb(),
+        "threads": torch.get_num_threads(),
+    }
 
 
 def run_trl(spec: dict) -> dict:
@@ -198,8 +223,15 @@ def run_trl(spec: dict) -> dict:
 
     with tempfile.TemporaryDirectory() as out:
         R = spec["length"]
-        trainer, _ = trl_trainer(spec["prompts"], SAMPLES, spec["warmup"] + spec["steps"], out, [StepClock()],
-                                 max_new=R, min_new=R)
+        trainer, _ = trl_trainer(
+            spec["prompts"],
+            SAMPLES,
+            spec["warmup"] + spec["steps"],
+            out,
+            [StepClock()],
+            max_new=R,
+            min_new=R,
+        )
         trainer.train()
     kept = stamps[max(spec["warmup"], 1) - 1:]
     return {"cpu_s": [b - a for a, b in itertools.pairwise(kept)], "peak_rss_mb": peak_rss_mb(),
@@ -216,14 +248,27 @@ def worker(spec: dict) -> None:
 
 
 def measure(spec: dict) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-           "TRANSFORMERS_VERBOSITY": "error"}
-    proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True,
-                          text=True, check=False, env=env, cwd=ROOT)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "TRANSFORMERS_VERBOSITY": "error",
+    }
+    proc = subprocess.run(
+        [sys.executable, __file__, "--worker", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+        cwd=ROOT,
+    )
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
-    raise RuntimeError(f"{spec['side']} worker failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    raise RuntimeError(
+        f"{spec['side']} worker failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+    )
 
 
 # ------------------------------------------------------------------------------- report
@@ -235,18 +280,31 @@ def mmm(xs: list[float], scale: float = 1.0, fmt: str = ".1f") -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--prompts", type=int, nargs="+", default=[8, 32], help="prompts per step (× 8 samples)")
-    p.add_argument("--lengths", type=int, nargs="+", default=[8, 32], help="response lengths (tokens)")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--prompts", type=int, nargs="+", default=[8, 32], help="prompts per step (× 8 samples)"
+    )
+    p.add_argument(
+        "--lengths", type=int, nargs="+", default=[8, 32], help="response lengths (tokens)"
+    )
     p.add_argument("--reps", type=int, default=2, help="alternating repetitions per cell")
     p.add_argument("--steps", type=int, default=3, help="timed steps per run")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps before them")
     p.add_argument("--full", action="store_true", help="8/16/32/64 × 8/32/64, 3 reps, 3 steps")
-    p.add_argument("--quickstart", action="store_true",
-                   help="recipes/quickstart.yaml (natural lengths) instead of the matrix, explorl only")
+    p.add_argument(
+        "--quickstart",
+        action="store_true",
+        help="recipes/quickstart.yaml (natural lengths) instead of the matrix, explorl only",
+    )
     p.add_argument("--ref-src", help="with --quickstart: also time explorl from this source tree")
-    p.add_argument("--variant", nargs="+", metavar="KEY=VALUE",
-                   help="with --quickstart: also time this tree with these overrides (e.g. optim.fused=on)")
+    p.add_argument(
+        "--variant",
+        nargs="+",
+        metavar="KEY=VALUE",
+        help="with --quickstart: also time this tree with these overrides (e.g. optim.fused=true)",
+    )
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -256,64 +314,102 @@ def main() -> None:
 
     import torch
     import transformers
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load "
-          f"{os.getloadavg()[0]:.1f}; python {platform.python_version()}, torch {torch.__version__}, "
-          f"transformers {transformers.__version__}; one torch thread per process; CPU time per step")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load "
+        f"{os.getloadavg()[0]:.1f}; python {platform.python_version()}, torch {torch.__version__}, "
+        f"transformers {transformers.__version__}; one torch thread per process; CPU time per step"
+    )
     src = str(ROOT / "src")
     if args.quickstart:
         return quickstart(args, src)
 
     import trl
-    print(f"trl {trl.__version__}; {args.reps} alternating reps of {args.warmup} warm-up + {args.steps} timed "
-          f"steps per side and cell; {SAMPLES} samples per prompt, every response exactly R tokens\n")
-    print("| prompts × R | explorl ms/step | TRL ms/step | TRL / explorl | explorl / floor | floor ms "
-          "(GFLOP) | peak RSS explorl / TRL |")
+
+    print(
+        f"trl {trl.__version__}; {args.reps} alternating reps of {args.warmup} warm-up + "
+        f"{args.steps} timed "
+        f"steps per side and cell; {SAMPLES} samples per prompt, every response exactly R tokens\n"
+    )
+    print(
+        "| prompts × R | explorl ms/step | TRL ms/step | TRL / explorl | explorl / floor "
+        "| floor ms "
+        "(GFLOP) | peak RSS explorl / TRL |"
+    )
     print("|---|---|---|---|---|---|---|")
     for R in args.lengths:
         for P in args.prompts:
             runs: dict[str, list[dict]] = {"explorl": [], "trl": []}
             for _ in range(args.reps):
                 for side, got in runs.items():
-                    got.append(measure({"side": side, "prompts": P, "length": R, "steps": args.steps,
-                                               "warmup": args.warmup, "src": src}))
+                    got.append(
+                        measure(
+                            {
+                                "side": side,
+                                "prompts": P,
+                                "length": R,
+                                "steps": args.steps,
+                                "warmup": args.warmup,
+                                "src": src,
+                            }
+                        )
+                    )
             e = [statistics.median(r["cpu_s"]) for r in runs["explorl"]]
             tr = [statistics.median(r["cpu_s"]) for r in runs["trl"]]
             floor = [statistics.median(r["floor_s"]) for r in runs["explorl"]]
             gflop = statistics.median(f for r in runs["explorl"] for f in r["flops"]) / 1e9
-            print(f"| {P} × {R} | {mmm(e, 1e3)} | {mmm(tr, 1e3)} | {mmm([b / a for a, b in zip(e, tr)], 1, '.2f')} "
-                  f"| {mmm([a / f for a, f in zip(e, floor)], 1, '.1f')} | {statistics.median(floor) * 1e3:.1f} "
-                  f"({gflop:.2f}) | {max(r['peak_rss_mb'] for r in runs['explorl']):.0f} / "
-                  f"{max(r['peak_rss_mb'] for r in runs['trl']):.0f} MB |", flush=True)
+            print(
+                f"| {P} × {R} | {mmm(e, 1e3)} | {mmm(tr, 1e3)} | "
+                f"{mmm([b / a for a, b in zip(e, tr)], 1, '.2f')} "
+                f"| {mmm([a / f for a, f in zip(e, floor)], 1, '.1f')} | "
+                f"{statistics.median(floor) * 1e3:.1f} "
+                f"({gflop:.2f}) | {max(r['peak_rss_mb'] for r in runs['explorl']):.0f} / "
+                f"{max(r['peak_rss_mb'] for r in runs['trl']):.0f} MB |",
+                flush=True,
+            )
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
 
 
 def quickstart(args, src: str) -> None:
     """The quickstart recipe's step in CPU time beside its floor; with --ref-src, before/after."""
-    sides = {"explorl": (src, []),
-             **({"explorl-ref": (str(Path(args.ref_src).resolve()), [])} if args.ref_src else {}),
-             **({" ".join(args.variant): (src, args.variant)} if args.variant else {})}
+    sides = {
+        "explorl": (src, []),
+        **({"explorl-ref": (str(Path(args.ref_src).resolve()), [])} if args.ref_src else {}),
+        **({" ".join(args.variant): (src, args.variant)} if args.variant else {}),
+    }
     steps = max(args.steps, 10)
-    print(f"recipes/quickstart.yaml: {args.reps} alternating reps of {args.warmup} warm-up + {steps} timed "
-          f"steps per side\n")
+    print(
+        f"recipes/quickstart.yaml: {args.reps} alternating reps of {args.warmup} warm-up + "
+        f"{steps} timed "
+        f"steps per side\n"
+    )
     runs: dict[str, list[dict]] = {s: [] for s in sides}
     for rep in range(args.reps):
         for side, (path, sets) in sides.items():
             r = measure({"side": side, "recipe": "recipes/quickstart.yaml", "steps": steps,
                          "warmup": args.warmup, "src": path, "sets": sets})
             runs[side].append(r)
-            print(f"  rep {rep + 1} {side:17s} CPU ms/step {mmm(r['cpu_s'], 1e3)}  floor "
-                  f"{statistics.median(r['floor_s']) * 1e3:.1f} ms  (load {os.getloadavg()[0]:.1f})", flush=True)
-    print("\n| side | CPU ms/step (min / median / max of rep medians) | floor ms | GFLOP/step | matmul GFLOP/s "
-          "(sample, train) | step / floor | peak RSS |")
+            print(
+                f"  rep {rep + 1} {side:17s} CPU ms/step {mmm(r['cpu_s'], 1e3)}  floor "
+                f"{statistics.median(r['floor_s']) * 1e3:.1f} ms  (load {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
+    print(
+        "\n| side | CPU ms/step (min / median / max of rep medians) | floor ms | GFLOP/step "
+        "| matmul GFLOP/s "
+        "(sample, train) | step / floor | peak RSS |"
+    )
     print("|---|---|---|---|---|---|---|")
     for side, rs in runs.items():
         med = [statistics.median(r["cpu_s"]) for r in rs]
         floor = [statistics.median(r["floor_s"]) for r in rs]
         rates = [statistics.median(r["rate_gflops"][k] for r in rs) for k in (0, 1)]
         gflop = statistics.median(f for r in rs for f in r["flops"]) / 1e9
-        print(f"| {side} | {mmm(med, 1e3)} | {statistics.median(floor) * 1e3:.1f} | {gflop:.2f} | "
-              f"{rates[0]:.0f}, {rates[1]:.0f} | {mmm([m / f for m, f in zip(med, floor)], 1, '.1f')} | "
-              f"{max(r['peak_rss_mb'] for r in rs):.0f} MB |")
+        print(
+            f"| {side} | {mmm(med, 1e3)} | {statistics.median(floor) * 1e3:.1f} | {gflop:.2f} | "
+            f"{rates[0]:.0f}, {rates[1]:.0f} | "
+            f"{mmm([m / f for m, f in zip(med, floor)], 1, '.1f')} | "
+            f"{max(r['peak_rss_mb'] for r in rs):.0f} MB |"
+        )
 
 
 if __name__ == "__main__":

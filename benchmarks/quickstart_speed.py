@@ -21,9 +21,11 @@ def main() -> None:
     train = statistics.median(r["time/train_s"] for r in rows)
     score = statistics.median(r["time/score_s"] for r in rows)
     print(f"machine: {machine()}")
-    print(f"quickstart (8 prompts x 8 samples, lab addition): {1 / med:.2f} steps/s "
-          f"(median step {med * 1000:.0f} ms over {len(times)} steps; generate {gen * 1000:.0f} ms, "
-          f"verify {score * 1000:.0f} ms, update {train * 1000:.0f} ms)")
+    print(
+        f"quickstart (8 prompts x 8 samples, lab addition): {1 / med:.2f} steps/s "
+        f"(median step {med * 1000:.0f} ms over {len(times)} steps; generate {gen * 1000:.0f} ms, "
+        f"verify {score * 1000:.0f} ms, update {train * 1000:.0f} ms)"
+    )
     print(f"peak memory (RSS): {peak_rss_mb():.0f} MB")
 
 

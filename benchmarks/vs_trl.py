@@ -100,13 +100,29 @@ def explorl_config(prompts: int, samples: int, steps: int, max_new: int = MAX_NE
     """The explorl run: the lab GRPO recipe at the benchmark's settings."""
     from explorl import config as C
 
-    return C.load(ROOT / "recipes/lab/grpo.yaml", [
-        f"data.prompts_per_step={prompts}", f"rollout.n_samples={samples}", f"rollout.max_response_len={max_new}",
-        f"optim.lr={LR:.1e}", "optim.mini_batches=1", "optim.ppo_epochs=1",
-        f"optim.micro_batch_size={prompts * samples}",
-        "optim.warmup_steps=0", "algorithm.kl_coef=0.0", "algorithm.agg=token-mean", "model.dtype=float32",
-        "model.device=cpu", "eval.every=0", "log.progress=false", "log.plots=false", "log.checkpoint_every=0",
-        "log.save_model=false"], max_steps=steps)
+    return C.load(
+        ROOT / "recipes/lab/grpo.yaml",
+        [
+            f"data.prompts_per_step={prompts}",
+            f"rollout.n_samples={samples}",
+            f"rollout.max_response_len={max_new}",
+            f"optim.lr={LR:.1e}",
+            "optim.mini_batches=1",
+            "optim.ppo_epochs=1",
+            f"optim.micro_batch_size={prompts * samples}",
+            "optim.warmup_steps=0",
+            "algorithm.kl_coef=0.0",
+            "algorithm.agg=token-mean",
+            "model.dtype=float32",
+            "model.device=cpu",
+            "eval.every=0",
+            "log.progress=false",
+            "log.plots=false",
+            "log.checkpoint_every=0",
+            "log.save_model=false",
+        ],
+        max_steps=steps,
+    )
 
 
 def run_explorl(prompts: int, samples: int, steps: int, warmup: int, src: str) -> dict:
@@ -129,8 +145,15 @@ def run_explorl(prompts: int, samples: int, steps: int, warmup: int, src: str) -
     return rates(ends, warmup, gen)
 
 
-def trl_trainer(prompts: int, samples: int, steps: int, out: str, callbacks: list, max_new: int = MAX_NEW,
-                min_new: int | None = None):
+def trl_trainer(
+    prompts: int,
+    samples: int,
+    steps: int,
+    out: str,
+    callbacks: list,
+    max_new: int = MAX_NEW,
+    min_new: int | None = None,
+):
     """TRL's ``GRPOTrainer`` on the same model, prompts and settings as ``explorl_config``.
 
     ``min_new``: no EOS before this many tokens (``min_new_tokens``), to force response lengths.
@@ -144,11 +167,13 @@ def trl_trainer(prompts: int, samples: int, steps: int, out: str, callbacks: lis
     from explorl.models import load_tokenizer, resolve_model_path
     from explorl.rewards import VERIFIERS
 
-    cfg = explorl_config(prompts, samples, steps, max_new)  # the same model and prompts as explorl's run
+    cfg = explorl_config(
+        prompts, samples, steps, max_new
+    )  # the same model and prompts as explorl's run
     path = resolve_model_path(cfg.model.path, cfg.lab)
     tok = load_tokenizer(path, cfg.model)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    train = load_split(cfg.data.train, cfg.lab, "train")
+    train = load_split(cfg.data.train, cfg, "train")
     data = Dataset.from_list([{"prompt": r.prompt, "ground_truth": r.ground_truth} for r in train])
     verify = VERIFIERS["addition"]
 
@@ -156,14 +181,37 @@ def trl_trainer(prompts: int, samples: int, steps: int, out: str, callbacks: lis
         return [verify(c, g) for c, g in zip(completions, ground_truth)]
 
     args = GRPOConfig(
-        output_dir=out, max_steps=steps, learning_rate=LR, lr_scheduler_type="constant",
-        warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
-        per_device_train_batch_size=prompts * samples, gradient_accumulation_steps=1,
-        num_generations=samples, steps_per_generation=1, num_iterations=1, max_completion_length=max_new,
-        temperature=1.0, top_p=1.0, top_k=0, beta=0.0, epsilon=0.2, loss_type="dapo", scale_rewards="group",
-        use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, disable_dropout=True,
-        logging_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True,
-        dataloader_num_workers=0, seed=0,
+        output_dir=out,
+        max_steps=steps,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        per_device_train_batch_size=prompts * samples,
+        gradient_accumulation_steps=1,
+        num_generations=samples,
+        steps_per_generation=1,
+        num_iterations=1,
+        max_completion_length=max_new,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        epsilon=0.2,
+        loss_type="dapo",
+        scale_rewards="group",
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        disable_dropout=True,
+        logging_strategy="no",
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=0,
         generation_kwargs={"min_new_tokens": min_new} if min_new else None,
     )
     trainer = GRPOTrainer(model=model, reward_funcs=addition_reward, args=args, train_dataset=data,
@@ -204,8 +252,14 @@ def measure(side: str, prompts: int, samples: int, args) -> dict:
                 threads=args.threads, src=str(Path(src).resolve()))
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
            "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
-    proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], capture_output=True,
-                          text=True, check=False, env=env, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--worker", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+        cwd=ROOT,
+    )
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
@@ -220,16 +274,25 @@ def spread(xs: list[float]) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--reps", type=int, default=5, help="alternating A/B repetitions per size")
     p.add_argument("--steps", type=int, default=20, help="timed steps per run")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before them")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads on both sides (1: on a shared 2-core machine, 2 threads make OpenMP "
-                        "barriers wait on descheduled threads and every step many times slower)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads on both sides (1: on a shared 2-core machine, 2 threads make OpenMP "
+        "barriers wait on descheduled threads and every step many times slower)",
+    )
     p.add_argument("--sizes", nargs="+", default=["8x8", "32x8"], help="PROMPTSxSAMPLES per step")
-    p.add_argument("--ref-src", help="also time explorl from this source tree (e.g. an older commit's src/), "
-                                     "as a third side 'explorl-ref'")
+    p.add_argument(
+        "--ref-src",
+        help="also time explorl from this source tree (e.g. an older commit's src/), "
+        "as a third side 'explorl-ref'",
+    )
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -241,11 +304,18 @@ def main() -> None:
     import transformers
     import trl
     sides = ["explorl", "trl"] + (["explorl-ref"] if args.ref_src else [])
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average "
-          f"{os.getloadavg()[0]:.1f} at start; python {platform.python_version()}, torch {torch.__version__}, "
-          f"transformers {transformers.__version__}, trl {trl.__version__}; {args.threads} torch thread(s) per side")
-    print(f"{args.reps} alternating repetitions of {' / '.join(sides)}, each {args.warmup} warm-up + "
-          f"{args.steps} timed steps in a fresh process")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"load average "
+        f"{os.getloadavg()[0]:.1f} at start; python {platform.python_version()}, "
+        f"torch {torch.__version__}, "
+        f"transformers {transformers.__version__}, trl {trl.__version__}; "
+        f"{args.threads} torch thread(s) per side"
+    )
+    print(
+        f"{args.reps} alternating repetitions of {' / '.join(sides)}, each {args.warmup} warm-up + "
+        f"{args.steps} timed steps in a fresh process"
+    )
     medians = {}
     for size in args.sizes:
         P, G = (int(x) for x in size.split("x"))
@@ -254,10 +324,17 @@ def main() -> None:
             for side in sides:
                 r = measure(side, P, G, args)
                 runs[side].append(r)
-                print(f"  {size} rep {rep + 1} {side:11s} {r['steps_per_s']:6.2f} steps/s  "
-                      f"{r['steps_per_cpu_s']:6.2f} steps/CPU-s  generate {r['gen_s'] * 1000:5.1f} ms/step  "
-                      f"peak RSS {r['peak_rss_mb']:4.0f} MB  (load {os.getloadavg()[0]:.1f})", flush=True)
-        print(f"{size} ({P} prompts x {G} samples = {P * G} responses per step, median ± half-range over reps):")
+                print(
+                    f"  {size} rep {rep + 1} {side:11s} {r['steps_per_s']:6.2f} steps/s  "
+                    f"{r['steps_per_cpu_s']:6.2f} steps/CPU-s  "
+                    f"generate {r['gen_s'] * 1000:5.1f} ms/step  "
+                    f"peak RSS {r['peak_rss_mb']:4.0f} MB  (load {os.getloadavg()[0]:.1f})",
+                    flush=True,
+                )
+        print(
+            f"{size} ({P} prompts x {G} samples = {P * G} responses per step, "
+            f"median ± half-range over reps):"
+        )
         for side in sides:
             rs = runs[side]
             gen_share = statistics.median(r["gen_s"] * r["steps_per_s"] for r in rs)
@@ -267,12 +344,20 @@ def main() -> None:
                   f"peak RSS {max(r['peak_rss_mb'] for r in rs):4.0f} MB"
                   f" (+{max(r['workers_rss_mb'] for r in rs):3.0f} MB in subprocesses)")
         for other in sides[1:]:
-            wall = [e["steps_per_s"] / o["steps_per_s"] for e, o in zip(runs["explorl"], runs[other])]
-            cpu = [e["steps_per_cpu_s"] / o["steps_per_cpu_s"] for e, o in zip(runs["explorl"], runs[other])]
+            wall = [
+                e["steps_per_s"] / o["steps_per_s"] for e, o in zip(runs["explorl"], runs[other])
+            ]
+            cpu = [
+                e["steps_per_cpu_s"] / o["steps_per_cpu_s"]
+                for e, o in zip(runs["explorl"], runs[other])
+            ]
             if other == "trl":
                 medians[size] = statistics.median(wall)
-            print(f"  explorl/{other} steps/s ratio {spread(wall)} (per rep: {', '.join(f'{x:.2f}' for x in wall)})"
-                  f";  per CPU-second {spread(cpu)}")
+            print(
+                f"  explorl/{other} steps/s ratio {spread(wall)} "
+                f"(per rep: {', '.join(f'{x:.2f}' for x in wall)})"
+                f";  per CPU-second {spread(cpu)}"
+            )
     print("explorl/TRL steps-per-second ratio: "
           + ", ".join(f"{medians[s]:.2f} ({s})" for s in args.sizes))
 

@@ -26,20 +26,34 @@ def tiny_model():
 
     # 1-digit addition, trained just long enough to be right ~30% of the time on its train split,
     # so that RL steps see mixed groups (non-zero advantages) from the first step.
-    return lab_model_path("addition", size="tiny", **TINY_LAB, max_steps=100, check_every=1000, hidden_size=64,
-                          num_layers=2, intermediate_size=128, num_heads=2)
+    return lab_model_path(
+        "addition",
+        size="tiny",
+        **TINY_LAB,
+        max_steps=100,
+        check_every=1000,
+        hidden_size=64,
+        num_layers=2,
+        intermediate_size=128,
+        num_heads=2,
+    )
 
 
 TINY_LAB = {"max_digits": 1, "n_train": 30, "n_val": 10, "n_test": 10}
+"""``lab_model_path`` arguments of the tiny model: 1-digit addition, small splits."""
+TINY_LAB_CONFIG = {"n_train": 30, "n_val": 10, "n_test": 10, "params": {"max_digits": 1}}
+"""The same as a recipe's ``lab`` section."""
 
 
-def tiny_config(model_dir, overrides: dict | None = None, sets: list[str] | None = None) -> C.RunConfig:
+def tiny_config(
+    model_dir, overrides: dict | None = None, sets: list[str] | None = None
+) -> C.RunConfig:
     """A run config that trains in about a second per step on the tiny lab model."""
     data = {
         "name": "tiny",
         "max_steps": 2,
         "model": {"path": str(model_dir)},
-        "lab": dict(TINY_LAB),
+        "lab": {**TINY_LAB_CONFIG, "params": dict(TINY_LAB_CONFIG["params"])},
         "data": {"train": ["lab:addition"], "prompts_per_step": 4},
         "rollout": {"n_samples": 4, "max_response_len": 6},
         "reward": {"num_workers": 1},

@@ -250,9 +250,13 @@ def test_kl_cov_ignores_float_noise_on_the_on_policy_pass():
     delta = logp.detach() - old  # the noise as float32 represents it (|Δ| ≈ 2e-6, signs kept)
     assert (delta[mask].abs() > 1e-6).all()
     a = torch.where(mask, -adv[:, None].expand(2, 5) * torch.exp(delta), torch.zeros(2, 5))
-    loss, _ = kl_cov_loss(logp, old, adv, mask, make_cfg(kl_cov_ratio=0.25, kl_cov_coef=1.0, kl_cov_tol=1e-4))
+    loss, _ = kl_cov_loss(
+        logp, old, adv, mask, make_cfg(kl_cov_ratio=0.25, kl_cov_coef=1.0, kl_cov_tol=1e-4)
+    )
     torch.testing.assert_close(grad_of(loss, logp), a)
-    loss, _ = kl_cov_loss(logp, old, adv, mask, make_cfg(kl_cov_ratio=0.25, kl_cov_coef=1.0, kl_cov_tol=0.0))
+    loss, _ = kl_cov_loss(
+        logp, old, adv, mask, make_cfg(kl_cov_ratio=0.25, kl_cov_coef=1.0, kl_cov_tol=0.0)
+    )
     g = grad_of(loss, logp)
     # the top-2 covariance tokens (1,0) and (0,0) get sign(noise)·λ on top: −1 and +1
     assert g[1, 0].item() == pytest.approx(a[1, 0].item() - 1.0, abs=1e-5)

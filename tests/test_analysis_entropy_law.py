@@ -46,7 +46,9 @@ def test_fit_fraction_predicts_the_rest_with_rmse():
     R = [2.0, 1.0, 0.0, -0.5, -3.0]
     fit = fit_entropy_law(H, R, fit_fraction=0.6)
     assert (fit.n_fit, fit.n_total) == (3, 5)
-    assert fit.a == pytest.approx(1.0) and fit.b == pytest.approx(3.0) and fit.r2 == pytest.approx(1.0)
+    assert (
+        fit.a == pytest.approx(1.0) and fit.b == pytest.approx(3.0) and fit.r2 == pytest.approx(1.0)
+    )
     assert fit.heldout_predictions == pytest.approx([-1.0, -2.0])
     assert fit.rmse == pytest.approx(math.sqrt((0.5**2 + 1.0**2) / 2))
 
@@ -100,7 +102,9 @@ def test_fit_run_on_a_short_run_names_the_count(tmp_path):
             {"step": 2, "entropy/mean": 0.9},
             {"step": 3, "entropy/mean": 0.8, "val/accuracy": 0.3}]
     run = write_run(tmp_path / "short", recs, name="clip_cov", seed=3)
-    with pytest.raises(FitError, match=r"run clip_cov \(seed 3\) has only 2 validation points.*eval\.every"):
+    with pytest.raises(
+        FitError, match=r"run clip_cov \(seed 3\) has only 2 validation points.*eval\.every"
+    ):
         fit_run(run)
 
 

@@ -28,9 +28,18 @@ def records(offset=0.0, val=True, controls=False):
             "rollout/all_wrong_frac": 0.5 if step % 2 else 0.0,
             "time/step_s": 2.0 + offset,
         }
+        rec["control/eps_high"] = 0.2  # every run logs its knobs; this one never moves
         if controls:
-            rec.update({"control/temperature": 1.0, "entropy/stage1": 1.0, "entropy/stage2": 0.5,
-                        "rollout/budget_min": 4, "rollout/budget_max": 12, "cov/mean": 0.01})
+            rec.update(
+                {
+                    "control/temperature": 1.0 + 0.01 * step,
+                    "entropy/stage1": 1.0,
+                    "entropy/stage2": 0.5,
+                    "rollout/budget_min": 4,
+                    "rollout/budget_max": 12,
+                    "cov/mean": 0.01,
+                }
+            )
         if val and step % 5 == 0:
             rec["val/accuracy"] = step / 100 + offset
             rec["val/pass@4"] = step / 50
@@ -54,13 +63,14 @@ def test_two_runs_report_files_and_numbers(tmp_path):
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
     assert "reward.png" in links and "entropy.png" in links and "val_passk.png" in links
     assert "temperature.png" in links and "budgets.png" in links
-    assert "eps_high.png" not in links  # nobody logged control/eps_high
+    assert "eps_high.png" not in links  # logged, but the same constant in every run
     for link in links:
         assert (out / link).read_bytes()[:4] == b"\x89PNG"
 
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == len(links)
     assert "<table>" in html and "src='reward.png'" not in html
+    assert "EEPO" in html  # the eepo run logged stage entropies: the entropy title explains them
 
     grpo, eepo = rows_by_recipe(out)["grpo"]["metrics"], rows_by_recipe(out)["eepo"]["metrics"]
     # last 10% of 20 steps = steps 19 and 20
@@ -74,7 +84,9 @@ def test_two_runs_report_files_and_numbers(tmp_path):
     assert grpo["step_s"]["mean"] == pytest.approx(2.0)
     assert grpo["final_reward"]["std"] is None  # one seed: no spread
     assert eepo["final_reward"]["mean"] == pytest.approx(2.95)
-    assert eepo["last_val_accuracy"]["mean"] is None and eepo["step_s"]["mean"] == pytest.approx(3.0)
+    assert eepo["last_val_accuracy"]["mean"] is None and eepo["step_s"]["mean"] == pytest.approx(
+        3.0
+    )
 
     # the markdown table shows the same numbers
     assert "| grpo | 1 | 1.950 | 1.025 | 0.526 | 0.200 | 0.400 | 0.250 | 2.000 |" in md
@@ -125,7 +137,9 @@ def test_band_smooths_each_run_before_combining_seeds(tmp_path):
     assert steps == [1, 2, 3] and lo == [1.0, 1.5, 2.5] and hi == [10.0, 15.0, 25.0]
     assert mean == pytest.approx([5.5, 8.25, 13.75])
     assert smoothing_window([Group("r", [a, b])]) == 1  # 3 steps: no smoothing
-    long = load_run(write_run(tmp_path / "c", [{"step": s, "x": 0.0} for s in range(1, 1001)], "r", 2))
+    long = load_run(
+        write_run(tmp_path / "c", [{"step": s, "x": 0.0} for s in range(1, 1001)], "r", 2)
+    )
     assert smoothing_window([Group("r", [a, long])]) == 10  # ~1% of the longest run
 
 
@@ -135,10 +149,95 @@ def test_many_recipes_get_distinct_colours_and_an_outside_legend(tmp_path):
     assert group_colors(3) == ["C0", "C1", "C2"]
     many = group_colors(13)
     assert len({tuple(c) for c in many}) == 13
-    runs = [write_run(tmp_path / f"r{i}", records(offset=0.01 * i), f"recipe{i}", 0) for i in range(13)]
+    runs = [
+        write_run(tmp_path / f"r{i}", records(offset=0.01 * i), f"recipe{i}", 0) for i in range(13)
+    ]
     make_report(runs, tmp_path / "out")
     from PIL import Image
 
     w, _ = Image.open(tmp_path / "out" / "reward.png").size
     w_few, _ = Image.open(make_report(runs[:2], tmp_path / "few").parent / "reward.png").size
     assert w > w_few  # the legend column widens the figure
+
+
+def full_records(steps=12):
+    """Every key a panel of the report draws, with moving knobs."""
+    out = []
+    for step in range(steps + 1):
+        rec = {"step": step, "val/accuracy": 0.3 + 0.01 * step, "val/pass@1": 0.3 + 0.01 * step,
+               "val/pass@8": 0.8, "val/entropy": 0.5}
+        if step:
+            rec.update(
+                {
+                    "reward/mean": 0.5,
+                    "reward/std": 0.5,
+                    "rollout/n_trained": 64.0,
+                    "entropy/mean": 0.4,
+                    "entropy/stage1": 0.4,
+                    "entropy/stage2": 0.5,
+                    "control/temperature": 1.0 + 0.01 * step,
+                    "control/eps_high": 0.2 + 0.01 * step,
+                    "control/entropy_coef": 0.001 * step,
+                    "control/kl_coef": 0.01 * step,
+                    "control/target_entropy": 0.4,
+                    "rollout/budget_min": 4,
+                    "rollout/budget_max": 12,
+                    "cov/mean": 0.01,
+                    "rollout/all_wrong_frac": 0.1,
+                    "grad/norm": 2.0,
+                    "loss/clip_frac": 0.001,
+                    "response/length_mean": 3.5,
+                    "response/length_max": 6,
+                    "response/truncated_frac": 0.0,
+                }
+            )
+        out.append(rec)
+    return out
+
+
+def test_html_references_every_figure_and_the_figures_exist(tmp_path):
+    from explorl.analysis.report import write_report
+
+    runs = [write_run(tmp_path / f"r{i}", full_records(), "combined", i) for i in range(2)]
+    out = tmp_path / "report"
+    (out).mkdir()
+    (out / "eps_high.png").write_bytes(b"stale")  # from an earlier report: replaced
+    rep = write_report(runs, out)
+    html = rep.html.read_text()
+    linked = re.findall(
+        r"<a href='([^']+\.png)'><img alt='([^']+)' src='data:image/png;base64,", html
+    )
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert sorted(name for name, _ in linked) == pngs == sorted(p.name for _, _, p in rep.figures)
+    assert json.loads(rep.json.read_text())["figures"] == [p.name for _, _, p in rep.figures]
+    for name in pngs:
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
+    expected = {"reward", "val_accuracy", "val_passk", "all_wrong", "entropy", "temperature",
+                "eps_high", "entropy_coef", "kl_coef", "target_entropy", "budgets", "covariance",
+                "grad_norm", "clip_frac", "response_length", "truncated"}
+    assert {p.removesuffix(".png") for p in pngs} == expected
+    # the markdown links the same files, grouped under the same section headings
+    md = rep.markdown.read_text()
+    assert sorted(re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)) == pngs
+    for section in ("Reward and accuracy", "Entropy and exploration", "Policy update", "Responses"):
+        assert f"### {section}" in md and f"<h2>{section}</h2>" in html
+
+
+def test_knob_panels_only_for_knobs_that_moved_or_differ(tmp_path):
+    from explorl.analysis.report import _panels
+    from explorl.analysis.runs import load_run
+
+    def run(name, temps):
+        return load_run(write_run(tmp_path / name, [{"step": s + 1, "control/temperature": t,
+                                                       "control/eps_high": 0.2, "entropy/mean": 1.0}
+                                                      for s, t in enumerate(temps)], name, 0))
+
+    def files(runs):
+        return {p.file for p in _panels([], runs)}
+
+    assert "temperature" not in files([run("a", [1.0, 1.0])])  # constant: no panel
+    assert "temperature" in files([run("b", [1.0, 1.1])])  # moved within a run
+    assert "temperature" in files([run("c", [1.0, 1.0]), run("d", [0.7, 0.7])])  # runs differ
+    assert "eps_high" not in files([run("e", [1.0, 1.1])])
+    title = {p.file: p.title for p in _panels([], [run("f", [1.0, 1.0])])}["entropy"]
+    assert "EEPO" not in title  # no run logged stage entropies

@@ -6,8 +6,11 @@ import yaml
 
 from explorl import config as C
 
-RECIPES = sorted(p for p in Path(__file__).resolve().parents[1].joinpath("recipes").rglob("*.yaml")
-                 if "accelerate" not in p.parts)  # recipes/accelerate/ holds launcher configs, not recipes
+RECIPES = sorted(
+    p
+    for p in Path(__file__).resolve().parents[1].joinpath("recipes").rglob("*.yaml")
+    if "accelerate" not in p.parts
+)  # recipes/accelerate/ holds launcher configs, not recipes
 
 
 def test_defaults_validate():
@@ -58,7 +61,9 @@ def test_impossible_values_name_the_key(data, path):
 
 
 def test_unknown_loss_and_advantage_names_are_rejected_with_choices():
-    with pytest.raises(C.ConfigError, match=r"algorithm.loss: 'clipcov' is not a known loss.*clip_cov"):
+    with pytest.raises(
+        C.ConfigError, match=r"algorithm.loss: 'clipcov' is not a known loss.*clip_cov"
+    ):
         C.from_dict({"algorithm": {"loss": "clipcov"}})
     with pytest.raises(C.ConfigError, match=r"algorithm.advantage:.*grpo"):
         C.from_dict({"algorithm": {"advantage": "gpro"}})
@@ -67,8 +72,14 @@ def test_unknown_loss_and_advantage_names_are_rejected_with_choices():
 def test_overrides_parse_yaml_values(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("max_steps: 5\nalgorithm:\n  eps_high: 0.28\n")
-    cfg = C.load(recipe, ["algorithm.eps_high=0.3", "eval.k=[1, 2]", "data.train=lab:countdown"], seed=3)
-    assert cfg.algorithm.eps_high == 0.3 and cfg.eval.k == [1, 2] and cfg.data.train == ["lab:countdown"]
+    cfg = C.load(
+        recipe, ["algorithm.eps_high=0.3", "eval.k=[1, 2]", "data.train=lab:countdown"], seed=3
+    )
+    assert (
+        cfg.algorithm.eps_high == 0.3
+        and cfg.eval.k == [1, 2]
+        and cfg.data.train == ["lab:countdown"]
+    )
     assert cfg.seed == 3 and cfg.max_steps == 5 and cfg.name == "r"
 
 
@@ -103,11 +114,53 @@ def test_every_field_is_documented():
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: str(p.relative_to(p.parents[1])))
 def test_every_recipe_validates(recipe):
-    C.load(recipe)
+    if "math" in recipe.parts:  # templates: model and data paths are placeholders (/path/to/...)
+        with pytest.raises(C.ConfigError, match=r"^model.path: '/path/to/"):
+            C.load(recipe)
+        C.load(recipe, env=False)
+    else:
+        C.load(recipe)
 
 
 def test_recipe_reference_doc_is_current():
     from explorl.docs import recipe_reference
 
     doc = Path(__file__).resolve().parents[1] / "docs" / "recipes.md"
-    assert doc.read_text() == recipe_reference(), "regenerate: python -m explorl.docs > docs/recipes.md"
+    assert doc.read_text() == recipe_reference(), (
+        "regenerate: python -m explorl.docs > docs/recipes.md"
+    )
+
+
+def test_every_numeric_field_has_a_range_and_every_range_a_field():
+    import re
+
+    number = re.compile(r"^(list\[)?(int|float)\]?( or None)?$")  # int, float or None, list[int]
+    numeric = {path for path, tp, _, _ in C.reference() if number.match(tp)}
+    assert set(C.RANGES) == numeric
+    for text in C.RANGES.values():  # each parses, and its bounds are in order
+        iv = C.Interval.parse(text)
+        assert iv.lo < iv.hi
+    assert C.Interval.parse("(0, 1]").describe() == "in (0, 1]"
+    assert C.Interval.parse("[0, inf)").describe() == "≥ 0"
+    assert C.Interval.parse("(-inf, inf)").describe() == "a finite number"
+
+
+def test_adaptive_knobs_map_to_config_fields():
+    from explorl.control import ACTUATOR_DEFAULTS
+
+    assert set(C.ADAPTIVE_KNOB_FIELDS) == set(ACTUATOR_DEFAULTS)
+    for knob, path in C.ADAPTIVE_KNOB_FIELDS.items():  # the defaults lie in the knob's range
+        spec = ACTUATOR_DEFAULTS[knob]
+        iv = C.Interval.parse(C.RANGES[path])
+        assert all(v in iv for v in (spec.c0, spec.c_min, spec.c_max))
+
+
+def test_env_checks_can_be_skipped_for_templates(tmp_path):
+    data = {"model": {"path": str(tmp_path / "nope")}, "data": {"train": ["nope.parquet"]},
+            "reward": {"verifier": "nosuchmodule:fn"}}
+    with pytest.raises(C.ConfigError, match="model.path"):
+        C.from_dict(data)
+    cfg = C.from_dict(data, env=False)
+    assert cfg.reward.verifier == "nosuchmodule:fn"
+    with pytest.raises(C.ConfigError, match="reward.verifier: unknown verifier 'mathh'"):
+        C.from_dict({**data, "reward": {"verifier": "mathh"}}, env=False)  # built-in names always

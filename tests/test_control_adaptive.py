@@ -203,9 +203,7 @@ def test_invalid_configuration_names_the_key():
     assert reject({"schedule": {"kind": "linear"}}).startswith("control.adaptive.schedule.kind:")
 
 
-# The controller used to reject these itself; config.validate does not check them (yet).
-@pytest.mark.xfail(strict=True, reason="config.validate lost the adaptive controller's own checks "
-                   "(init within [min, max] after defaults, delta ≥ 0, deadband ≥ 0)")
+# The controller used to reject these itself; config.validate checks them.
 @pytest.mark.parametrize("section, path", [
     ({"init": 0.5}, "control.adaptive.init"),  # outside eps_high's default [0.2, 0.4]
     ({"min": 0.3, "max": 0.25, "init": 0.3}, "control.adaptive."),

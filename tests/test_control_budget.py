@@ -24,8 +24,15 @@ def ctx(dataset_size=6, B=3):
 
 
 def stats(step, idx, correct, samples, epoch_end, epoch=0):
-    return make_stats(step, max_steps=100, prompt_indices=idx, prompt_correct=correct, prompt_samples=samples,
-                      epoch=epoch, epoch_end=epoch_end)
+    return make_stats(
+        step,
+        max_steps=100,
+        prompt_indices=idx,
+        prompt_correct=correct,
+        prompt_samples=samples,
+        epoch=epoch,
+        epoch_end=epoch_end,
+    )
 
 
 # ----------------------------------------------------------------------------- allocate_budgets

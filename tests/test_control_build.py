@@ -179,7 +179,8 @@ def test_order_is_fixed_and_curriculum_precedes_budget():
                           "adaptive": {"schedule": {"kind": "constant", "target": 0.4}}})
     ctrls = build_controllers(cfg, ctx(), init_knobs())
     assert [c.name for c in ctrls] == ["curriculum", "budget", "adaptive", "eepo"]
-    assert CONTROLLER_ORDER == ("curriculum", "temperature", "budget", "adaptive", "eepo")
+    assert CONTROLLER_ORDER == ("curriculum", "temperature", "budget", "adaptive", "entropic",
+                                "entropy_coef", "eepo")
     assert set(CONTROLLER_ORDER) == set(CONTROLLERS)
     assert all(cls.name == key for key, cls in CONTROLLERS.items())  # checkpoint keys
     assert build_controllers(C.ControlConfig(), ctx(), init_knobs()) == []  # all disabled
@@ -216,7 +217,13 @@ def test_two_owners_of_one_actuator_are_named():
 def test_two_entropy_trackers_are_rejected():
     # the pair is refused whatever knob adaptive drives
     for actuator in ("eps_high", "temperature"):
-        cfg = control_config({"temperature": {}, "adaptive": {"actuator": actuator}})
+        sections = {
+            "temperature": {"enabled": True},
+            "adaptive": {"enabled": True, "actuator": actuator},
+        }
+        with pytest.raises(ControlError, match="fight"):  # config.validate refuses it first
+            control_config({"temperature": {}, "adaptive": {"actuator": actuator}})
+        cfg = C.build(C.ControlConfig, sections)  # the section alone, not validated
         with pytest.raises(ControlError, match="fight"):
             check_control_config(cfg)
         with pytest.raises(ControlError, match="fight"):
@@ -368,12 +375,15 @@ def test_public_api():
             "Curriculum",
             "Decision",
             "EEPOGate",
+            "EntroPICController",
+            "EntropyCoefController",
             "Knobs",
             "Schedule",
             "StepStats",
             "TemperatureScheduler",
             "allocate_budgets",
             "apply_decision",
+            "bank_from_config",
             "build_controllers",
             "check_actuators",
             "check_control_config",

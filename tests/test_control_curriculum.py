@@ -85,9 +85,7 @@ def test_invalid_configuration_names_the_key():
         assert str(e.value).startswith("control.curriculum.start_ratio:")
 
 
-# The controller used to reject these itself; config.validate does not check them (yet).
-@pytest.mark.xfail(strict=True, reason="config.validate lost the curriculum's own checks "
-                   "(n_samples ≥ 1, max_response_len ≥ 1)")
+# The controller used to reject these itself; config.validate checks them (config.RANGES).
 @pytest.mark.parametrize("key", ["n_samples", "max_response_len"])
 def test_phase_sizes_must_be_positive(key):
     with pytest.raises(C.ConfigError) as e:

@@ -149,7 +149,8 @@ def test_missing_ground_truth_names_file_row_field(tmp_path):
         ),
         (
             {"prompt": [{"role": "user"}], "answer": "1"},
-            'field \'prompt[0]\' must be a message {"role": str, "content": str}, got {"role": "user"}',
+            'field \'prompt[0]\' must be a message {"role": str, "content": str}, '
+            'got {"role": "user"}',
         ),
         (
             {"prompt": ["hi"], "answer": "1"},
@@ -238,7 +239,7 @@ def test_unknown_extension_and_unreadable_files(tmp_path):
     path.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(DataError, match="not UTF-8 text"):
         load_prompts(str(path))
-    with pytest.raises(FileNotFoundError):
+    with raises(f"{tmp_path / 'missing.jsonl'}: file not found"):
         load_prompts(str(tmp_path / "missing.jsonl"))
 
 
@@ -250,4 +251,66 @@ def test_public_api():
         "PromptRecord",
         "load_many",
         "load_prompts",
+        "records_from_rows",
     ]
+
+
+# ------------------------------------------------------------------- column names, rows in memory
+
+
+def test_prompt_and_answer_keys(tmp_path):
+    rows = [{"question": "1+1=", "answer": "ignored", "final": {"value": "2", "unit": "-"}}]
+    path = write_jsonl(tmp_path / "q.jsonl", rows)
+    (r,) = load_prompts(path, prompt_key="question", answer_key="final.value")
+    assert (r.prompt, r.ground_truth) == ("1+1=", "2")
+    # The answer's object stays in extra (only its value was used); the prompt column does not.
+    assert r.extra == {"answer": "ignored", "final": {"value": "2", "unit": "-"}}
+    (r,) = load_prompts(path, prompt_key="question")  # default answer column
+    assert r.ground_truth == "ignored" and "question" not in r.extra
+    with raises(f"{path} row 0 (line 1): field 'problem' (data.prompt_key) is missing "
+                "(row has keys: question, answer, final)"):
+        load_prompts(path, prompt_key="problem")
+    with raises(f"{path} row 0 (line 1): field 'final.val' (data.answer_key) is missing "
+                "(row has keys: question, answer, final)"):
+        load_prompts(path, prompt_key="question", answer_key="final.val")
+
+
+def test_rows_in_memory_and_a_datasets_dataset():
+    import datasets
+
+    from explorl.data import records_from_rows
+
+    rows = [{"question": "1+1=", "answer": 2, "level": 1}, {"question": "2+2=", "answer": 4,
+                                                            "level": 2}]
+    ds = datasets.Dataset.from_list(rows)
+    recs = records_from_rows(ds, prompt_key="question")
+    assert recs == records_from_rows(rows, prompt_key="question") == [
+        PromptRecord("1+1=", "2", "unknown", 0, {"level": 1}),
+        PromptRecord("2+2=", "4", "unknown", 1, {"level": 2})]
+    with raises("dataset row 0: field 'prompt' is missing (row has keys: question, answer, level)"):
+        records_from_rows(ds)
+    with raises("dataset: no rows"):
+        records_from_rows([])
+
+
+@pytest.mark.slow
+def test_question_column_trains_with_prompt_key(make_config, tmp_path):
+    import datasets
+
+    from explorl.runlog import read_metrics
+    from explorl.trainer import Trainer
+
+    rows = [{"question": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
+    path = write_jsonl(tmp_path / "train.jsonl", rows)
+    cfg = make_config({"data": {"train": [path], "prompt_key": "question"},
+                       "reward": {"verifier": "addition"}, "max_steps": 3, "eval": {"every": 3}})
+    Trainer(cfg, tmp_path / "run").train()
+    got = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in got] == [0, 1, 2, 3] and "val/accuracy" in got[-1]  # 0: validation
+    # The same rows as a datasets.Dataset, given to the Trainer directly.
+    cfg = make_config({"data": {"prompt_key": "question"}, "reward": {"verifier": "addition"}})
+    t = Trainer(cfg, tmp_path / "run2", train_data=datasets.Dataset.from_list(rows),
+                val_data=rows[:4])
+    assert t.train_data[5].prompt == "1+1=" and [r.ground_truth for r in t.val_data] == list("0123")
+    t.train()
+    assert [r["step"] for r in read_metrics(tmp_path / "run2")] == [0, 1, 2]

@@ -34,15 +34,25 @@ W_REL, W_ABS = 1e-3, 1e-4  # weights
 
 # Exercise what crosses ranks: global mini-batches (2 per step), validation sharding, a mid-run
 # checkpoint (resumed at N = 1 below).
-BASE = {"max_steps": 3, "optim": {"mini_batches": 2}, "eval": {"every": 2}, "log": {"checkpoint_every": 2}}
+BASE = {
+    "max_steps": 3,
+    "optim": {"mini_batches": 2},
+    "eval": {"every": 2},
+    "log": {"checkpoint_every": 2},
+}
 # The E3 controllers with EEPO, DAPO dynamic sampling and uneven micro-batches: budgets over the
 # global batch (n_min 2 so they differ per prompt after the first epoch), the temperature
 # scheduler on the global entropy, the EEPO gate and its unlearning step (alpha = 10 keeps it
 # open), ranks keeping different numbers of groups and running idle passes.
 CONTROLLERS = {
-    "max_steps": 4, "data": {"max_train_prompts": 8}, "eval": {"every": 2},
-    "control": {"temperature": {"enabled": True}, "budget": {"enabled": True, "n_min_limit": 2, "n_max_limit": 8},
-                "eepo": {"enabled": True, "alpha": 10.0}},
+    "max_steps": 4,
+    "data": {"max_train_prompts": 8},
+    "eval": {"every": 2},
+    "control": {
+        "temperature": {"enabled": True},
+        "budget": {"enabled": True, "n_min_limit": 2, "n_max_limit": 8},
+        "eepo": {"enabled": True, "alpha": 10.0},
+    },
     "algorithm": {"dynamic_sampling": True},
     "optim": {"mini_batches": 2, "micro_batch_size": 3},
 }
@@ -59,10 +69,24 @@ def _launch(launcher: str, cfg: C.RunConfig, out: Path, *sets: str) -> None:
     recipe = out.parent / f"{out.name}.yaml"
     C.save(cfg, recipe)
     if launcher == "accelerate":
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-               str(ROOT / "recipes" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", str(_free_port())]
+        cmd = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(ROOT / "recipes" / "accelerate" / "cpu_2proc.yaml"),
+            "--main_process_port",
+            str(_free_port()),
+        ]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+        ]
     cmd += ["-m", "explorl", "train", str(recipe), "--out", str(out)]
     for s in sets:
         cmd += ["--set", s]
@@ -81,7 +105,12 @@ def _assert_same_run(one: Path, other: Path) -> None:
             if ra[k] is None or rb[k] is None:
                 assert ra[k] == rb[k], (ra["step"], k)
             else:
-                assert rb[k] == pytest.approx(ra[k], rel=REL, abs=ABS), (ra["step"], k, ra[k], rb[k])
+                assert rb[k] == pytest.approx(ra[k], rel=REL, abs=ABS), (
+                    ra["step"],
+                    k,
+                    ra[k],
+                    rb[k],
+                )
     wa = load_file(one / "checkpoints" / f"step-{a[-1]['step']}" / "model.safetensors")
     wb = load_file(other / "checkpoints" / f"step-{b[-1]['step']}" / "model.safetensors")
     assert wa.keys() == wb.keys()
@@ -98,11 +127,17 @@ def _resume_at_one_process(cfg: C.RunConfig, run: Path, copy: Path) -> None:
 
 # Plain GRPO with DDP (the README's accelerate command); FSDP with the Entropy Scheduling adaptive
 # clip controller (its entropy window must be global) and an entropy bonus.
-ADAPTIVE = {"control": {"adaptive": {"enabled": True, "warmup": 1}}, "algorithm": {"entropy_coef": 0.01}}
+ADAPTIVE = {
+    "control": {"adaptive": {"enabled": True, "warmup": 1}},
+    "algorithm": {"entropy_coef": 0.01},
+}
 
 
-@pytest.mark.parametrize("launcher,strategy,extra", [("accelerate", "ddp", {}), ("torchrun", "fsdp", ADAPTIVE)],
-                         ids=["grpo-ddp-accelerate", "adaptive-fsdp-torchrun"])
+@pytest.mark.parametrize(
+    "launcher,strategy,extra",
+    [("accelerate", "ddp", {}), ("torchrun", "fsdp", ADAPTIVE)],
+    ids=["grpo-ddp-accelerate", "adaptive-fsdp-torchrun"],
+)
 def test_two_processes_equal_one_and_resume_at_one(tiny_model, tmp_path, launcher, strategy, extra):
     cfg = tiny_config(tiny_model, {**BASE, **extra})
     _launch(launcher, cfg, tmp_path / "two", f"dist.strategy={strategy}")
@@ -117,10 +152,12 @@ def test_controllers_two_processes_equal_one(tiny_model, tmp_path):
     _launch("torchrun", cfg, tmp_path / "two")
     Trainer(cfg, tmp_path / "one").train()
     _assert_same_run(tmp_path / "one", tmp_path / "two")
-    rows = read_metrics(tmp_path / "two")
+    rows = [r for r in read_metrics(tmp_path / "two") if r["step"] >= 1]  # 0: pre-RL validation
     # the run really exercised what it is meant to
     assert any(r["rollout/budget_min"] < r["rollout/budget_max"] for r in rows)
-    assert any(r["eepo/active"] == 1.0 for r in rows) and any(r["rollout/filtered_frac"] > 0 for r in rows)
+    assert any(r["eepo/active"] == 1.0 for r in rows) and any(
+        r["rollout/filtered_frac"] > 0 for r in rows
+    )
     assert rows[-1]["control/temperature"] != rows[0]["control/temperature"]
 
 
@@ -134,7 +171,10 @@ def test_shipped_accelerate_configs_load(name):
     cfg = load_config_from_file(str(ROOT / "recipes" / "accelerate" / f"{name}.yaml"))
     assert cfg.num_processes >= 2 and cfg.num_processes % cfg.num_machines == 0
     if name == "fsdp":  # what explorl supports (see explorl.dist)
-        assert cfg.fsdp_config["fsdp_version"] == 1 and cfg.fsdp_config["fsdp_use_orig_params"] is False
+        assert (
+            cfg.fsdp_config["fsdp_version"] == 1
+            and cfg.fsdp_config["fsdp_use_orig_params"] is False
+        )
 
 
 def test_shards_are_contiguous_and_cover_the_batch():
@@ -152,7 +192,9 @@ def test_counter_based_sampling_ignores_the_batch_and_samples_p():
     keys = row_keys([11, 22, 33], [2, 3, 1])  # 6 responses
     logp = torch.randn(6, 50).log_softmax(-1)
     whole = gumbel_sample(logp, keys, t=4)
-    assert torch.equal(gumbel_sample(logp[2:5], keys[2:5], t=4), whole[2:5])  # another batch, same draws
+    assert torch.equal(
+        gumbel_sample(logp[2:5], keys[2:5], t=4), whole[2:5]
+    )  # another batch, same draws
     assert not torch.equal(gumbel_sample(logp, keys, t=5), whole)  # the next position draws afresh
     p = torch.tensor([0.5, 0.25, 0.125, 0.125])
     many = row_keys([7], [20000])
@@ -161,7 +203,10 @@ def test_counter_based_sampling_ignores_the_batch_and_samples_p():
     for noise in (uniform_noise, _hashed_uniform):  # CPU path; the accelerators' hash, run on CPU
         u = noise(many[:200], 3, 100)
         assert 0 < float(u.min()) and float(u.max()) < 1 and abs(float(u.mean()) - 0.5) < 0.01
-        assert abs(float(torch.corrcoef(torch.stack([u[:-1].flatten(), u[1:].flatten()]))[0, 1])) < 0.02
+        assert (
+            abs(float(torch.corrcoef(torch.stack([u[:-1].flatten(), u[1:].flatten()]))[0, 1]))
+            < 0.02
+        )
 
 
 def test_cov_loss_selection_pre_pass_on_two_processes(tiny_model, tmp_path):
@@ -170,17 +215,44 @@ def test_cov_loss_selection_pre_pass_on_two_processes(tiny_model, tmp_path):
     Selecting every token (ratio 1) makes the selection independent of how rows are sharded, so
     2 processes must train exactly as 1 (with a partial ratio each rank selects over its share,
     as the README says)."""
-    cfg = tiny_config(tiny_model, {**BASE, "algorithm": {"loss": "kl_cov", "kl_cov_ratio": 1.0},
-                                   "optim": {"mini_batches": 2, "ppo_epochs": 2, "micro_batch_size": 3}})
+    cfg = tiny_config(
+        tiny_model,
+        {
+            **BASE,
+            "algorithm": {"loss": "kl_cov", "kl_cov_ratio": 1.0},
+            "optim": {"mini_batches": 2, "ppo_epochs": 2, "micro_batch_size": 3},
+        },
+    )
     _launch("torchrun", cfg, tmp_path / "two", "dist.strategy=fsdp")
     Trainer(cfg, tmp_path / "one").train()
     a, b = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
     assert [r["step"] for r in a] == [r["step"] for r in b]
-    for ra, rb in zip(a, b):
-        assert ra["loss/cov_selected_frac"] == pytest.approx(1.0) and rb["loss/cov_selected_frac"] == pytest.approx(1.0)
+    for ra, rb in zip(a[1:], b[1:]):  # a[0]: the step-0 validation
+        assert ra["loss/cov_selected_frac"] == pytest.approx(1.0) and rb[
+            "loss/cov_selected_frac"
+        ] == pytest.approx(1.0)
         for k in ["reward/mean", "loss/policy", "grad/norm", "loss/ratio_mean"]:
             assert rb[k] == pytest.approx(ra[k], rel=REL, abs=ABS), (ra["step"], k)
     wa = load_file(tmp_path / "one" / "checkpoints" / "step-3" / "model.safetensors")
     wb = load_file(tmp_path / "two" / "checkpoints" / "step-3" / "model.safetensors")
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], rtol=W_REL, atol=W_ABS)
+
+
+def test_forking_mask_entropic_and_shaping_two_processes_equal_one(tiny_model, tmp_path):
+    """Issue 18's cross-rank statistics: the forking mask's threshold over the mini-batch's valid
+    tokens of every rank (a gather per mini-batch, uneven micro-batches), EntroPIC's global
+    confident-token denominator and α from the global entropy, the shaping metrics' global means.
+    2 processes train as 1, threshold included."""
+    methods = {"algorithm": {"entropy_mask_ratio": 0.3, "entropy_shaping_alpha": 0.4},
+               "control": {"entropic": {"enabled": True, "target": 0.5}},
+               "optim": {"mini_batches": 2, "micro_batch_size": 3}}
+    cfg = tiny_config(tiny_model, {**BASE, **methods})
+    _launch("torchrun", cfg, tmp_path / "two")
+    Trainer(cfg, tmp_path / "one").train()
+    _assert_same_run(tmp_path / "one", tmp_path / "two")
+    one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    train = [(a, b) for a, b in zip(one, two) if a["step"] > 0]
+    assert all(b["entropy/mask_threshold"] == pytest.approx(a["entropy/mask_threshold"], rel=1e-5)
+               and b["entropy/mask_kept_frac"] == a["entropy/mask_kept_frac"] for a, b in train)
+    assert all(a["control/pos_neg_weight"] != 0 for a, _ in train)

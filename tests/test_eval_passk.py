@@ -24,7 +24,11 @@ def test_matches_enumeration_of_all_k_subsets():
     for n in range(1, 9):
         for c in range(n + 1):
             for k in range(1, n + 1):
-                assert pass_at_k(n, c, k) == pytest.approx(brute_force(n, c, k), abs=1e-12), (n, c, k)
+                assert pass_at_k(n, c, k) == pytest.approx(brute_force(n, c, k), abs=1e-12), (
+                    n,
+                    c,
+                    k,
+                )
 
 
 @pytest.mark.parametrize("c", [0, 1, 2, 7, 100, 512, 1000, 1023, 1024])

@@ -13,6 +13,7 @@ import torch
 from explorl import lab
 from explorl.lab import TASKS, make_splits, parse_lab_spec
 from explorl.lab import build as lab_build
+from explorl.rewards import VERIFIERS
 
 SIZES = {"n_train": 300, "n_val": 50, "n_test": 50}
 
@@ -76,7 +77,7 @@ def test_addition_records():
             "addition"
         ].check(str(a + b + 1), r.ground_truth)
     assert max(len(str(int(x))) for r in recs for x in r.prompt.rstrip("=").split("+")) == 3
-    assert TASKS["addition"].verifier == "addition"
+    assert TASKS["addition"].check is VERIFIERS["addition"]  # one checker: the reward's
 
 
 @pytest.mark.parametrize("n_numbers", [3, 4])
@@ -92,7 +93,7 @@ def test_countdown_reference_solutions_are_correct(n_numbers):
             r.extra["solution"],
         )
         assert TASKS["countdown"].check(r.extra["solution"], r.ground_truth)
-    assert TASKS["countdown"].verifier == "countdown"
+    assert TASKS["countdown"].check is VERIFIERS["countdown"]
 
 
 def test_countdown_check():
@@ -295,5 +296,6 @@ def test_cached_sampling_matches_full_recompute():
 
 
 def test_public_api():
-    assert sorted(lab.__all__) == ["TASKS", "lab_model_path", "make_splits", "parse_lab_spec"]
+    assert sorted(lab.__all__) == ["LabTask", "Problem", "TASKS", "get_task", "lab_model_path",
+                                   "make_splits", "parse_lab_spec"]
     assert all(getattr(lab, name) is not None for name in lab.__all__)

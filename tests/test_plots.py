@@ -54,6 +54,60 @@ def test_control_figure_only_with_a_controlled_knob(tmp_path):
     assert names(plot_training_curves(run)) == ["control.png", "entropy.png"]
 
 
+def test_no_control_figure_when_every_knob_stayed_put(tmp_path):
+    """Every step logs the knobs it used; a run without controllers keeps them constant."""
+    recs = [{"step": s, "entropy/mean": 1.0, "control/temperature": 1.0, "control/eps_high": 0.2,
+             "control/entropy_coef": 0.0, "control/kl_coef": 0.0} for s in range(1, 6)]
+    run = write_run(tmp_path / "run", recs)
+    (run / "plots").mkdir()
+    (run / "plots" / "control.png").write_bytes(b"stale")  # drawn before a resume changed it
+    assert names(plot_training_curves(run)) == ["entropy.png"]
+    assert not (run / "plots" / "control.png").exists()
+
+
+def test_update_and_response_figures(tmp_path):
+    recs = [{"step": s, "grad/norm": 2.0 + s, "loss/clip_frac": 0.01, "response/length_mean": 3.0,
+             "response/length_max": 5.0, "response/truncated_frac": 0.0} for s in range(1, 6)]
+    run = write_run(tmp_path / "run", recs)
+    assert names(plot_training_curves(run)) == ["responses.png", "update.png"]
+
+
+def test_step_axes_integer_ticks_and_no_offset():
+    from explorl.analysis.runs import new_figure, step_axes
+
+    def drawn(style: bool):
+        fig, axes = new_figure()
+        ax = axes[0][0]
+        ax.plot([1, 2, 3, 4], [6.9171, 6.9172, 6.9174, 6.9173])
+        if style:
+            step_axes(ax)
+        fig.canvas.draw()
+        lo, hi = ax.get_xlim()
+        ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
+        return ticks, ax.yaxis.get_offset_text().get_text()
+
+    ticks, offset = drawn(style=False)
+    assert any(t != int(t) for t in ticks) and offset  # matplotlib's defaults: 1.5, "+6.917"
+    ticks, offset = drawn(style=True)
+    assert ticks and all(t == int(t) for t in ticks) and offset == ""
+
+
+def test_metric_ranges_and_clipped_bands():
+    from explorl.analysis.runs import clip_band, metric_range
+
+    assert metric_range("reward/mean", {"reward": {"convention": "binary"}}) == (0.0, 1.0)
+    assert metric_range("reward/mean", {"reward": {"convention": "signed"}}) == (-1.0, 1.0)
+    shaped = {"reward": {"convention": "binary", "overlong_buffer": 4, "overlong_penalty": 0.5}}
+    assert metric_range("reward/mean", shaped) == (-0.5, 1.0)
+    for key in ("val/accuracy", "val/pass@16", "loss/clip_frac", "response/truncated_frac",
+                "val/greedy_accuracy", "reward/accuracy"):
+        assert metric_range(key) == (0.0, 1.0)
+    assert metric_range("grad/norm") is None and metric_range("entropy/mean") is None
+    # a {0, 1} reward with mean 0.2 and std 0.4: mean ± std = [−0.2, 0.6] → [0, 0.6]
+    assert clip_band([-0.2, 0.5], [0.6, 1.3], (0.0, 1.0)) == ([0.0, 0.5], [0.6, 1.0])
+    assert clip_band([-0.2], [0.6], None) == ([-0.2], [0.6])
+
+
 def test_single_step_and_empty_runs(tmp_path):
     one = write_run(tmp_path / "one", [full_record(5)])
     assert len(plot_training_curves(one)) == 4

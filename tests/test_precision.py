@@ -52,8 +52,15 @@ def test_recomputed_old_logp_makes_the_on_policy_ratio_one_under_bf16(make_confi
 
     def spy(ro, adv, knobs, sb):
         with torch.no_grad():
-            lp, _ = t.scorer(ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask,
-                             knobs.temperature, chunk_size=cfg.algorithm.logprob_chunk, with_entropy=False)
+            lp, _ = t.scorer(
+                ro.prompt_ids,
+                ro.prompt_mask,
+                ro.response_ids,
+                ro.response_mask,
+                knobs.temperature,
+                chunk_size=cfg.algorithm.logprob_chunk,
+                with_entropy=False,
+            )
         seen["gap"] = float(((lp - ro.old_logp).abs() * ro.response_mask).max())
         return run(ro, adv, knobs, sb)
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import TINY_LAB_CONFIG
 
 from explorl import config as C
 from explorl.runlog import read_metrics
 from explorl.trainer import Trainer
-
-from conftest import TINY_LAB
 
 ROOT = Path(__file__).resolve().parents[1] / "recipes"
 RECIPES = sorted(p for p in ROOT.rglob("*.yaml") if "accelerate" not in p.parts)
@@ -18,15 +17,17 @@ RECIPES = sorted(p for p in ROOT.rglob("*.yaml") if "accelerate" not in p.parts)
 
 def _lab_sized(recipe: Path, model_dir: Path) -> C.RunConfig:
     """The recipe with the tiny lab model and data, 2 steps, small batches; methods untouched."""
-    cfg = C.load(recipe)
+    cfg = C.load(recipe, env=False)  # recipes/math/ hold placeholder paths, swapped below
     d = C.to_dict(cfg)
     d["max_steps"] = 2
     d["model"]["path"] = str(model_dir)
-    d["lab"].update(TINY_LAB)
+    d["lab"].update(TINY_LAB_CONFIG)
     d["data"].update(train=["lab:addition"], val=[], prompts_per_step=4,
                      anneal=["lab:addition"] if d["data"]["anneal"] else [])
     d["rollout"].update(max_response_len=6, batch_size=64)
-    d["reward"].update(verifier="auto", num_workers=1, overlong_buffer=min(d["reward"]["overlong_buffer"], 2))
+    d["reward"].update(
+        verifier="auto", num_workers=1, overlong_buffer=min(d["reward"]["overlong_buffer"], 2)
+    )
     d["eval"].update(every=2, n_samples=2, k=[1, 2], max_problems=4)
     d["log"].update(progress=False, plots=False, checkpoint_every=0)
     if d["control"]["curriculum"]["enabled"]:
@@ -39,7 +40,7 @@ def test_recipe_trains_two_steps(recipe, tiny_model, tmp_path):
     cfg = _lab_sized(recipe, tiny_model)
     Trainer(cfg, tmp_path / "run").train()
     rows = read_metrics(tmp_path / "run")
-    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["step"] for r in rows] == [0, 1, 2]  # 0: the pre-RL validation
     last = rows[-1]
     assert "val/accuracy" in last
     ctl = cfg.control
@@ -57,3 +58,16 @@ def test_recipe_trains_two_steps(recipe, tiny_model, tmp_path):
         assert last["control/curriculum_phase"] == 1.0
     if cfg.algorithm.kl_coef > 0:
         assert "kl/ref_mean" in last
+    a = cfg.algorithm
+    if a.loss == "gspo":
+        assert "loss/seq_log_ratio_abs_mean" in last
+    if a.loss == "cispo":
+        assert "loss/cispo_masked_frac" in last
+    if a.entropy_mask_ratio:
+        assert 0 < last["entropy/mask_kept_frac"] <= 1
+    if a.entropy_shaping_alpha > 0:
+        assert "adv/entropy_shaping_mean" in last
+    if ctl.entropic.enabled:
+        assert "control/pos_neg_weight" in last and "loss/entropic_confident_frac" in last
+    if ctl.entropy_coef.enabled:
+        assert "control/entropy_coef_next" in last

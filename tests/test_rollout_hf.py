@@ -33,7 +33,13 @@ from explorl.rollout.seeding import (
     row_keys,
 )
 
-PROMPTS = ["3+4=", "12+7=", "5+5=", "9+0=", "1+2="]  # tokenised lengths differ: left padding is exercised
+PROMPTS = [
+    "3+4=",
+    "12+7=",
+    "5+5=",
+    "9+0=",
+    "1+2=",
+]  # tokenised lengths differ: left padding is exercised
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +89,14 @@ def test_greedy_equals_model_generate(lab):
     tok, model, ids = lab
     ro = HFEngine(tok).generate(model, ids, [1] * len(ids), 0.0, 6)
     for i, p in enumerate(ids):
-        ref = model.generate(input_ids=torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                             do_sample=False, max_new_tokens=6, pad_token_id=tok.pad_token_id,
-                             eos_token_id=tok.eos_token_id)[0, len(p):].tolist()
+        ref = model.generate(
+            input_ids=torch.tensor([p]),
+            attention_mask=torch.ones(1, len(p), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=6,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+        )[0, len(p) :].tolist()
         if tok.eos_token_id in ref:
             ref = ref[: ref.index(tok.eos_token_id) + 1]
         assert rows_of(ro, i)[0] == ref
@@ -111,8 +122,15 @@ def test_seeded_samples_match_a_no_cache_reference(lab, T):
         torch.testing.assert_close(got_ent, torch.tensor(ents), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("engine_kw", [{"compact_ratio": 0.0}, {"compact_ratio": 1.0}, {"batch_size": 3},
-                                       {"batch_size": 1, "compact_ratio": 1.0}])
+@pytest.mark.parametrize(
+    "engine_kw",
+    [
+        {"compact_ratio": 0.0},
+        {"compact_ratio": 1.0},
+        {"batch_size": 3},
+        {"batch_size": 1, "compact_ratio": 1.0},
+    ],
+)
 def test_early_stopping_and_chunking_do_not_change_results(lab, engine_kw):
     tok, model, ids = lab
     budgets, seeds = [4, 2, 3, 1, 2], [5, 6, 7, 8, 9]
@@ -121,9 +139,12 @@ def test_early_stopping_and_chunking_do_not_change_results(lab, engine_kw):
     R = ref.response_ids.shape[1]
     assert ro.response_ids.shape[1] <= R  # a chunk stops at its own longest row
     pad = R - ro.response_ids.shape[1]
-    torch.testing.assert_close(torch.nn.functional.pad(ro.response_ids, (0, pad), value=tok.pad_token_id),
-                               ref.response_ids)
-    torch.testing.assert_close(torch.nn.functional.pad(ro.old_logp, (0, pad)), ref.old_logp, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        torch.nn.functional.pad(ro.response_ids, (0, pad), value=tok.pad_token_id), ref.response_ids
+    )
+    torch.testing.assert_close(
+        torch.nn.functional.pad(ro.old_logp, (0, pad)), ref.old_logp, atol=1e-6, rtol=1e-5
+    )
     assert ro.texts == ref.texts and torch.equal(ro.truncated, ref.truncated)
     assert torch.equal(ro.prompt_index, ref.prompt_index)
 
@@ -131,7 +152,9 @@ def test_early_stopping_and_chunking_do_not_change_results(lab, engine_kw):
 def test_rows_grouped_by_prompt_with_their_prompt_and_masks(lab):
     tok, model, ids = lab
     budgets = [2, 0, 3, 1, 0]
-    ro = HFEngine(tok).generate(model, ids, budgets, 1.0, 5, generator=torch.Generator().manual_seed(0))
+    ro = HFEngine(tok).generate(
+        model, ids, budgets, 1.0, 5, generator=torch.Generator().manual_seed(0)
+    )
     assert ro.prompt_index.tolist() == [0, 0, 2, 2, 2, 3]
     P = ro.prompt_ids.shape[1]
     for r, i in enumerate(ro.prompt_index.tolist()):
@@ -141,7 +164,9 @@ def test_rows_grouped_by_prompt_with_their_prompt_and_masks(lab):
         assert (ro.prompt_ids[r, : P - n] == tok.pad_token_id).all()
     mask = ro.response_mask
     lengths = mask.sum(-1)
-    assert torch.equal(mask, torch.arange(mask.shape[1])[None] < lengths[:, None])  # a prefix of each row
+    assert torch.equal(
+        mask, torch.arange(mask.shape[1])[None] < lengths[:, None]
+    )  # a prefix of each row
     assert (ro.response_ids[~mask] == tok.pad_token_id).all()
     assert (ro.old_logp[~mask] == 0).all() and (ro.entropy[~mask] == 0).all()
     assert (ro.old_logp[mask] < 0).all() and (ro.entropy[mask] > 0).all()
@@ -170,8 +195,9 @@ def test_sampled_logprobs_equal_recomputation(lab):
     tok, model, ids = lab
     ro = HFEngine(tok).generate(model, ids, [3, 2, 2, 1, 2], 1.3, 6, seeds=[1, 2, 3, 4, 5])
     for pack in (False, True):
-        logp, ent = response_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask,
-                                      1.3, pack=pack)
+        logp, ent = response_logprobs(
+            model, ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask, 1.3, pack=pack
+        )
         torch.testing.assert_close(logp, ro.old_logp, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(ent, ro.entropy, atol=1e-5, rtol=1e-5)
 
@@ -191,7 +217,9 @@ def test_vectorised_mersenne_twister_draws_what_torch_draws():
         mt_uniform(grid[:, 0], MT_VOCAB_MAX + 1)
 
 
-@pytest.mark.parametrize("V", [24, MT_VOCAB_MAX + 1])  # blocked noise, and per position beyond the limit
+@pytest.mark.parametrize(
+    "V", [24, MT_VOCAB_MAX + 1]
+)  # blocked noise, and per position beyond the limit
 def test_noise_stream_draws_as_gumbel_sample_while_rows_leave(V):
     keys = row_keys([7, 8], [3, 2])
     stream = NoiseStream(keys, V, max_len=6)
@@ -222,7 +250,11 @@ def test_buffered_cache_gives_the_dynamic_cache_numbers():
                 if t == 5:
                     cache.reorder_cache(torch.tensor([1, 3, 4]))  # rows finished
                     tok = tok[[1, 3, 4]]
-                logits.append(model(input_ids=tok[:, None], past_key_values=cache, use_cache=True).logits[:, -1])
+                logits.append(
+                    model(input_ids=tok[:, None], past_key_values=cache, use_cache=True).logits[
+                        :, -1
+                    ]
+                )
                 tok = logits[-1].argmax(-1)
         outs.append(logits)
     assert cache.get_seq_length() == 4 + 8
@@ -253,7 +285,9 @@ def sample_batch(model, budgets, seed=0, max_new=7):
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, 6, (len(budgets),), generator=g).tolist()
     prompts = [[1] + torch.randint(3, 24, (n,), generator=g).tolist() for n in lengths]
-    ro = HFEngine(tok).generate(model, prompts, budgets, 1.0, max_new, seeds=list(range(seed, seed + len(budgets))))
+    ro = HFEngine(tok).generate(
+        model, prompts, budgets, 1.0, max_new, seeds=list(range(seed, seed + len(budgets)))
+    )
     perm = torch.randperm(len(ro), generator=g)  # micro-batches of a shuffled mini-batch
     ro = ro.select(perm)
     return ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask
@@ -274,7 +308,9 @@ def test_packed_equals_naive_values_and_gradients(attn, pack_tokens):
     ref = naive_response_logprobs(model, batch, 0.9)
     g_ref = grads(*ref)
     for pack in (True, False):
-        logp, ent = response_logprobs(model, *batch, 0.9, pack=pack, pack_tokens=pack_tokens, chunk_size=5)
+        logp, ent = response_logprobs(
+            model, *batch, 0.9, pack=pack, pack_tokens=pack_tokens, chunk_size=5
+        )
         torch.testing.assert_close(logp, ref[0], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(ent, ref[1], atol=1e-5, rtol=1e-5)
         for a, b in zip(grads(logp, ent), g_ref, strict=True):
@@ -330,5 +366,7 @@ class _FakeTokenizer:
     pad_token_id, eos_token_id = 0, 2
 
     def batch_decode(self, rows, skip_special_tokens=True):
-        return ["".join(chr(ord("a") + t) for t in row if not (skip_special_tokens and t in (0, 1, 2)))
-                for row in rows]
+        return [
+            "".join(chr(ord("a") + t) for t in row if not (skip_special_tokens and t in (0, 1, 2)))
+            for row in rows
+        ]

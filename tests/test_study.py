@@ -1,4 +1,5 @@
-"""``explorl study``: spec validation, resumability, the claims' rules, and a tiny study end to end."""
+"""``explorl study``: spec validation, resumability, the claims' rules, and a tiny study end to
+end."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TINY_LAB
+from conftest import TINY_LAB_CONFIG
 
 from explorl import config as C
 from explorl import study as S
@@ -34,25 +35,47 @@ def test_spec_quick_section_replaces_keys_and_appends_set(tmp_path):
                              "quick": {"seeds": [0], "max_steps": 50, "set": ["eval.every=10"],
                                        "eval": {"max_problems": 32}}})
     full = S.load_spec(path)
-    assert (full.seeds, full.max_steps, full.set, full.eval.max_problems) == ([0, 1, 2], 300, ["eval.every=20"], None)
+    assert (full.seeds, full.max_steps, full.set, full.eval.max_problems) == (
+        [0, 1, 2],
+        300,
+        ["eval.every=20"],
+        None,
+    )
     quick = S.load_spec(path, quick=True)
     assert (quick.seeds, quick.max_steps) == ([0], 50)
     assert quick.set == ["eval.every=20", "eval.every=10"]  # appended: the quick value wins
     assert (quick.eval.n, quick.eval.split, quick.eval.max_problems) == (16, "test", 32)
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"recpies": ["grpo"]}, "recpies: unknown key; did you mean 'recipes'?"),
-    ({"recipes": ["grpo"], "quick": {"max_step": 3}}, "quick.max_step: unknown key; did you mean 'quick.max_steps'?"),
-    ({"recipes": ["grop"]}, "recipes[0]: unknown recipe 'grop'; did you mean 'grpo'?"),
-    ({"recipes": ["grpo"], "seeds": "zero"}, "seeds: expected a list"),
-    ({"recipes": ["grpo"], "eval": {"n": 4, "k": [1, 8]}}, "eval.k: every k must be in [1, eval.n]"),
-    ({"recipes": ["grpo"], "task": "subtraction"}, "task: 'subtraction' is not a lab task"),
-    ({"recipes": ["grpo"], "set": ["algorithm.eps_hihg=0.3"]}, "algorithm.eps_hihg: unknown key"),
-    ({"recipes": ["grpo"], "variants": [{"name": "grpo", "recipe": "grpo"}]}, "names used twice: grpo"),
-    ({"recipes": [], "variants": [{"name": "v", "recipe": "grpo", "sett": []}]},
-     "variants[0].sett: unknown key; did you mean 'variants[0].set'?"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"recpies": ["grpo"]}, "recpies: unknown key; did you mean 'recipes'?"),
+        (
+            {"recipes": ["grpo"], "quick": {"max_step": 3}},
+            "quick.max_step: unknown key; did you mean 'quick.max_steps'?",
+        ),
+        ({"recipes": ["grop"]}, "recipes[0]: unknown recipe 'grop'; did you mean 'grpo'?"),
+        ({"recipes": ["grpo"], "seeds": "zero"}, "seeds: expected a list"),
+        (
+            {"recipes": ["grpo"], "eval": {"n": 4, "k": [1, 8]}},
+            "eval.k: every k must be in [1, eval.n]",
+        ),
+        ({"recipes": ["grpo"], "task": "subtraction"}, "task: 'subtraction' is not a lab task"),
+        (
+            {"recipes": ["grpo"], "set": ["algorithm.eps_hihg=0.3"]},
+            "algorithm.eps_hihg: unknown key",
+        ),
+        (
+            {"recipes": ["grpo"], "variants": [{"name": "grpo", "recipe": "grpo"}]},
+            "names used twice: grpo",
+        ),
+        (
+            {"recipes": [], "variants": [{"name": "v", "recipe": "grpo", "sett": []}]},
+            "variants[0].sett: unknown key; did you mean 'variants[0].set'?",
+        ),
+    ],
+)
 def test_spec_errors_name_the_key(tmp_path, data, message):
     path = _write(tmp_path, data)
     with pytest.raises(C.ConfigError) as e:
@@ -106,7 +129,17 @@ def test_lab_spec_plans_every_required_recipe():
     spec = S.load_spec(root / "studies" / "lab.yaml")
     plans = S.plan_runs(spec, root / "studies" / "lab.yaml", Path("/tmp/unused"))
     names = set(S.order_rows(spec, plans))
-    assert {"grpo", "dapo", "entropy_bonus", "clip_cov", "kl_cov", "e3_ts", "e3", "eepo", "es_wsd"} <= names
+    assert {
+        "grpo",
+        "dapo",
+        "entropy_bonus",
+        "clip_cov",
+        "kl_cov",
+        "e3_ts",
+        "e3",
+        "eepo",
+        "es_wsd",
+    } <= names
     assert {n for c in S.CLAIMS for n in c.needs} <= names  # the full study can decide every claim
     assert len(spec.seeds) == 3 and {p.cfg.max_steps for p in plans} == {spec.max_steps}
     # the same rollout budget for every recipe: prompts per step × samples per prompt
@@ -115,9 +148,12 @@ def test_lab_spec_plans_every_required_recipe():
     assert quick.publish is None and len(quick.seeds) == 1 and quick.max_steps < spec.max_steps
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).resolve().parents[1] / "studies").glob("*.yaml")))
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in (Path(__file__).resolve().parents[1] / "studies").glob("*.yaml"))
+)
 def test_every_shipped_spec_plans_full_and_quick(name):
-    """Every spec in studies/ loads and plans in both forms; study-wide overrides reach every run."""
+    """Every spec in studies/ loads and plans in both forms; study-wide overrides reach every
+    run."""
     path = Path(__file__).resolve().parents[1] / "studies" / name
     for quick in (False, True):
         spec = S.load_spec(path, quick=quick)
@@ -142,10 +178,14 @@ def test_run_state_skips_finished_resumes_interrupted_and_refuses_other_configs(
     ckpt = plan.out / "checkpoints" / "step-4"
     ckpt.mkdir(parents=True)
     (ckpt / "trainer_state.pt").write_bytes(b"")
-    (plan.out / "summary.json").write_text(json.dumps({"steps": 4, "max_steps": 10, "interrupted": True}))
+    (plan.out / "summary.json").write_text(
+        json.dumps({"steps": 4, "max_steps": 10, "interrupted": True})
+    )
     assert S.run_state(plan) == "resume"
     assert S.train_args(plan, "resume") == ["train", "--resume", str(plan.out)]
-    (plan.out / "summary.json").write_text(json.dumps({"steps": 10, "max_steps": 10, "interrupted": False}))
+    (plan.out / "summary.json").write_text(
+        json.dumps({"steps": 10, "max_steps": 10, "interrupted": False})
+    )
     assert S.run_state(plan) == "done"
     other = C.load(plan.recipe, [*plan.sets, "optim.lr=1.0e-3"], max_steps=10, seed=0)
     C.save(other, plan.out / "config.yaml")
@@ -158,10 +198,25 @@ def test_run_state_skips_finished_resumes_interrupted_and_refuses_other_configs(
 
 def _run(**kw) -> dict:
     base = {key: None for key, *_ in S.columns([1, 16])}
-    base.update({"initial_reward": 0.5, "final_reward": 0.5, "H0": None, "tracking_rel_bias": None,
-                 "target_mean": None, "tracking_bias": None, "tracked_entropy_mean": None,
-                 "eepo_active_frac": None, "anneal_entropy_ratio": None, "law_r2": None, "law_points": 0,
-                 "law_rmse": None, "law_naive_rmse": None, "law_final_error": None, "step_s": 0.1})
+    base.update(
+        {
+            "initial_reward": 0.5,
+            "final_reward": 0.5,
+            "H0": None,
+            "tracking_rel_bias": None,
+            "target_mean": None,
+            "tracking_bias": None,
+            "tracked_entropy_mean": None,
+            "eepo_active_frac": None,
+            "anneal_entropy_ratio": None,
+            "law_r2": None,
+            "law_points": 0,
+            "law_rmse": None,
+            "law_naive_rmse": None,
+            "law_final_error": None,
+            "step_s": 0.1,
+        }
+    )
     base.update(kw)
     return base
 
@@ -172,8 +227,14 @@ def _claims(per_run: dict[str, list[dict]]) -> dict[str, dict]:
 
 
 def test_claim_rules_yes_partial_no_and_not_run():
-    fall = [_run(entropy_ratio=0.7, initial_reward=0.4, final_reward=0.6, final_entropy=0.25) for _ in range(3)]
-    flat = [_run(entropy_ratio=0.95, initial_reward=0.4, final_reward=0.6, final_entropy=0.34) for _ in range(3)]
+    fall = [
+        _run(entropy_ratio=0.7, initial_reward=0.4, final_reward=0.6, final_entropy=0.25)
+        for _ in range(3)
+    ]
+    flat = [
+        _run(entropy_ratio=0.95, initial_reward=0.4, final_reward=0.6, final_entropy=0.34)
+        for _ in range(3)
+    ]
     assert _claims({"grpo": fall})["1"]["verdict"] == "yes"
     assert _claims({"grpo": flat})["1"]["verdict"] == "partial"  # reward rose, entropy did not fall
     assert _claims({"grpo": [_run(entropy_ratio=1.1, final_entropy=0.4)]})["1"]["verdict"] == "no"
@@ -208,13 +269,29 @@ def test_tracking_claim_compares_with_grpo_on_the_same_target():
 
 @pytest.mark.slow
 def test_tiny_study_end_to_end_is_resumable_and_reproducible(tiny_model, tmp_path, capsys):
-    lab = [f"lab.{k}={v}" for k, v in TINY_LAB.items()]
+    lab = [f"lab.{k}={v}" for k, v in TINY_LAB_CONFIG.items() if k != "params"]
+    lab += [f"lab.params.{k}={v}" for k, v in TINY_LAB_CONFIG["params"].items()]
     spec = {
-        "name": "tiny", "task": "addition", "recipes": ["grpo", "es_constant"], "seeds": [0], "max_steps": 3,
-        "set": [f"model.path={tiny_model}", *lab, "data.prompts_per_step=4", "rollout.n_samples=4",
-                "rollout.max_response_len=6", "optim.lr=1.0e-3", "eval.every=1", "eval.n_samples=2",
-                "eval.k=[1, 2]", "eval.max_problems=4", "reward.num_workers=1", "log.plots=false",
-                "log.checkpoint_every=0"],
+        "name": "tiny",
+        "task": "addition",
+        "recipes": ["grpo", "es_constant"],
+        "seeds": [0],
+        "max_steps": 3,
+        "set": [
+            f"model.path={tiny_model}",
+            *lab,
+            "data.prompts_per_step=4",
+            "rollout.n_samples=4",
+            "rollout.max_response_len=6",
+            "optim.lr=1.0e-3",
+            "eval.every=1",
+            "eval.n_samples=2",
+            "eval.k=[1, 2]",
+            "eval.max_problems=4",
+            "reward.num_workers=1",
+            "log.plots=false",
+            "log.checkpoint_every=0",
+        ],
         "eval": {"n": 4, "k": [1, 4], "split": "test", "max_problems": 4},
         "jobs": 2,
     }
@@ -229,8 +306,18 @@ def test_tiny_study_end_to_end_is_resumable_and_reproducible(tiny_model, tmp_pat
     first = json.loads((out / "study.json").read_text())
     assert first["rows"] == ["grpo", "es_constant"]
     cols = {c["key"] for c in first["columns"]}
-    assert {"entropy_ratio", "final_reward", "eval_pass@1", "eval_pass@4", "all_wrong_frac", "tracking_error",
-            "eepo_dH", "step_s", "overhead", "rollouts_per_step"} <= cols
+    assert {
+        "entropy_ratio",
+        "final_reward",
+        "eval_pass@1",
+        "eval_pass@4",
+        "all_wrong_frac",
+        "tracking_error",
+        "eepo_dH",
+        "step_s",
+        "overhead",
+        "rollouts_per_step",
+    } <= cols
     assert first["table"]["grpo"]["eval_pass@1"]["n"] == 1
     assert first["table"]["es_constant"]["tracking_error"]["mean"] is not None
     assert first["table"]["grpo"]["tracking_error"]["mean"] is None  # no target, no tracking error

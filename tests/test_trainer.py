@@ -13,10 +13,26 @@ from explorl.rollout.fake import FakeEngine
 from explorl.runlog import read_metrics
 from explorl.trainer import TIME_KEYS, Trainer
 
-REQUIRED = ["step", "reward/mean", "reward/std", "entropy/mean", "response/length_mean", "rollout/n_samples",
-            "rollout/all_correct_frac", "rollout/all_wrong_frac", "loss/policy", "loss/clip_frac", "grad/norm",
-            "control/temperature", "control/eps_high", "time/step_s", "time/generate_s", "time/train_s",
-            "cov/mean", "adv/zero_frac"]
+REQUIRED = [
+    "step",
+    "reward/mean",
+    "reward/std",
+    "entropy/mean",
+    "response/length_mean",
+    "rollout/n_samples",
+    "rollout/all_correct_frac",
+    "rollout/all_wrong_frac",
+    "loss/policy",
+    "loss/clip_frac",
+    "grad/norm",
+    "control/temperature",
+    "control/eps_high",
+    "time/step_s",
+    "time/generate_s",
+    "time/train_s",
+    "cov/mean",
+    "adv/zero_frac",
+]
 VAL = ["val/accuracy", "val/greedy_accuracy", "val/pass@1", "val/pass@2"]
 
 
@@ -84,11 +100,21 @@ def test_reward_and_rollout_metrics_mean_what_docs_say(make_config, tmp_path):
     assert m["reward/accuracy"] == pytest.approx(n_right / 16)
     assert m["rollout/all_correct_frac"] == pytest.approx(n_even / 4)
     assert m["rollout/all_wrong_frac"] == 0.0
-    rewards = torch.tensor([1.0 if (i % 2 == 0 or j == 0) else 0.0 for i in batch_idx for j in range(4)])
+    rewards = torch.tensor(
+        [1.0 if (i % 2 == 0 or j == 0) else 0.0 for i in batch_idx for j in range(4)]
+    )
     assert m["reward/std"] == pytest.approx(float(rewards.std(unbiased=False)), abs=1e-6)
     # Responses are the answers' characters + EOS.
-    lengths = [len(t.train_data[i].ground_truth if (i % 2 == 0 or j == 0) else str(int(t.train_data[i].ground_truth) + 1)) + 1
-               for i in batch_idx for j in range(4)]
+    lengths = [
+        len(
+            t.train_data[i].ground_truth
+            if (i % 2 == 0 or j == 0)
+            else str(int(t.train_data[i].ground_truth) + 1)
+        )
+        + 1
+        for i in batch_idx
+        for j in range(4)
+    ]
     assert m["response/length_mean"] == pytest.approx(sum(lengths) / 16)
     # all-correct groups have zero advantage: the zero fraction counts exactly their responses
     assert m["adv/zero_frac"] == pytest.approx(4 * n_even / 16)
@@ -108,19 +134,73 @@ def _strip(rows):
     return [{k: v for k, v in r.items() if not k.startswith(TIME_KEYS)} for r in rows]
 
 
-@pytest.mark.parametrize("extra", [
-    {},
-    {"control": {"temperature": {"enabled": True}, "budget": {"enabled": True},
-                 "curriculum": {"enabled": True, "start_ratio": 0.4, "n_samples": 6}},
-     "algorithm": {"loss": "clip_cov", "clip_cov_lb": -10.0, "clip_cov_ratio": 0.05}, "data": {"max_train_prompts": 8},
-     "optim": {"fused": True}},
-    {"control": {"eepo": {"enabled": True, "alpha": 10.0}, "adaptive": {"enabled": True, "warmup": 1}},
-     "algorithm": {"loss": "kl_cov", "entropy_coef": 0.01, "kl_coef": 0.01}, "optim": {"mini_batches": 2}},
-    {"model": {"dtype": "bfloat16"},
-     "control": {"eepo": {"enabled": True, "alpha": 10.0}, "adaptive": {"enabled": True, "warmup": 1},
-                 "budget": {"enabled": True}},
-     "algorithm": {"loss": "kl_cov", "dynamic_sampling": True}, "data": {"max_train_prompts": 8}},
-], ids=["grpo", "e3+curriculum+clip_cov+fused_adamw", "eepo+adaptive+kl_cov", "bf16:eepo+adaptive+budget+dapo"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {
+            "control": {
+                "temperature": {"enabled": True},
+                "budget": {"enabled": True},
+                "curriculum": {"enabled": True, "start_ratio": 0.4, "n_samples": 6},
+            },
+            "algorithm": {"loss": "clip_cov", "clip_cov_lb": -10.0, "clip_cov_ratio": 0.05},
+            "data": {"max_train_prompts": 8},
+            "optim": {"fused": True},
+        },
+        {
+            "control": {
+                "eepo": {"enabled": True, "alpha": 10.0},
+                "adaptive": {"enabled": True, "warmup": 1},
+            },
+            "algorithm": {"loss": "kl_cov", "entropy_coef": 0.01, "kl_coef": 0.01},
+            "optim": {"mini_batches": 2},
+        },
+        {
+            "model": {"dtype": "bfloat16"},
+            "control": {
+                "eepo": {"enabled": True, "alpha": 10.0},
+                "adaptive": {"enabled": True, "warmup": 1},
+                "budget": {"enabled": True},
+            },
+            "algorithm": {"loss": "kl_cov", "dynamic_sampling": True},
+            "data": {"max_train_prompts": 8},
+        },
+        # issue 18: EntroPIC's integral and knapsack's last success rates in the checkpoint, the
+        # forking mask, shaping and pass@k advantages; then the entropy coefficient with GSPO and PI
+        {
+            "control": {
+                "entropic": {"enabled": True, "target": 0.5},
+                "budget": {"enabled": True, "allocator": "knapsack", "n_min_limit": 2, "widen": 4},
+            },
+            "algorithm": {
+                "loss": "cispo",
+                "entropy_mask_ratio": 0.3,
+                "entropy_shaping_alpha": 0.4,
+                "advantage": "pkpo_loo_minus_one",
+                "passk_k": 2,
+            },
+            "data": {"max_train_prompts": 8},
+            "optim": {"mini_batches": 2},
+        },
+        {
+            "control": {
+                "entropy_coef": {"enabled": True, "target": 5.0, "delta": 0.01, "max": 0.05}
+            },
+            "algorithm": {"loss": "gspo", "agg": "seq-mean-token-mean"},
+        },
+        {"control": {"adaptive": {"enabled": True, "warmup": 1, "law": "pi"}}},
+    ],
+    ids=[
+        "grpo",
+        "e3+curriculum+clip_cov+fused_adamw",
+        "eepo+adaptive+kl_cov",
+        "bf16:eepo+adaptive+budget+dapo",
+        "entropic+knapsack+forking+shaping+cispo+pkpo",
+        "entropy_coef+gspo",
+        "adaptive_pi",
+    ],
+)
 def test_resume_reproduces_uninterrupted_run(make_config, tmp_path, extra):
     full = make_config({**extra, "max_steps": 5, "eval": {"every": 2}})
     a = Trainer(full, tmp_path / "a")
@@ -181,7 +261,9 @@ def test_resume_without_checkpoint_is_a_clear_error(make_config, tmp_path):
 
 def test_bad_data_row_stops_before_training(make_config, tmp_path):
     bad = tmp_path / "train.jsonl"
-    bad.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n" + json.dumps({"prompt": "2+2="}) + "\n")
+    bad.write_text(
+        json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n" + json.dumps({"prompt": "2+2="}) + "\n"
+    )
     cfg = make_config({"data": {"train": [str(bad)], "val": [str(bad)], "prompts_per_step": 1},
                        "reward": {"verifier": "addition"}})
     with pytest.raises(ValueError, match=r"train.jsonl row 1.*answer"):
@@ -199,8 +281,13 @@ def test_temperature_is_used_for_sampling_and_logged(make_config, tmp_path):
 
 
 def test_hung_verifier_is_cut_off_and_counted(make_config, tmp_path):
-    cfg = make_config({"max_steps": 1, "eval": {"every": 0},
-                       "reward": {"verifier": "explorl.rewards.testing:_sleep_forever", "timeout_s": 0.3}})
+    cfg = make_config(
+        {
+            "max_steps": 1,
+            "eval": {"every": 0},
+            "reward": {"verifier": "explorl.rewards.testing:_sleep_forever", "timeout_s": 0.3},
+        }
+    )
     t = Trainer(cfg, tmp_path / "run")
     m = t.train()["final"]
     assert m["reward/verify_timeouts"] == 16 and m["reward/mean"] == 0.0
@@ -233,7 +320,9 @@ def test_entropy_and_covariance_metrics_are_batch_token_means(make_config, tmp_p
     m = t.train_step()
     ro = captured["ro"]
     mask = ro.response_mask
-    assert m["entropy/mean"] == pytest.approx(float((ro.entropy * mask).sum() / mask.sum()), rel=1e-6)
+    assert m["entropy/mean"] == pytest.approx(
+        float((ro.entropy * mask).sum() / mask.sum()), rel=1e-6
+    )
     adv, _ = compute_advantages("grpo", captured["rewards"], ro.prompt_index)
     cov = token_covariance(ro.old_logp, adv, mask)
     assert m["cov/mean"] == pytest.approx(float(cov.sum() / mask.sum()), rel=1e-5, abs=1e-7)
@@ -256,7 +345,9 @@ def test_validation_metrics(make_config, tmp_path):
 
 
 def test_length_truncation_epoch_and_lr_metrics(make_config, tmp_path):
-    cfg = make_config({"max_steps": 1, "eval": {"every": 0}, "optim": {"lr": 1e-3, "warmup_steps": 4}})
+    cfg = make_config(
+        {"max_steps": 1, "eval": {"every": 0}, "optim": {"lr": 1e-3, "warmup_steps": 4}}
+    )
     t = Trainer(cfg, tmp_path / "run")
     t.engine = _answer_engine(t, lambda i, j: True)  # every answer + EOS, never truncated
     batch_idx = t.order._perm(0)[:4]
@@ -281,14 +372,22 @@ def test_cov_token_selection_is_per_mini_batch(make_config, tmp_path, loss):
     |logp − old_logp| is non-zero on the second; one step, as Adam amplifies float noise after."""
     rows = []
     for i, micro in enumerate([16, 5]):
-        cfg = make_config({"algorithm": loss, "max_steps": 1, "eval": {"every": 0},
-                           "optim": {"ppo_epochs": 2, "mini_batches": 1, "micro_batch_size": micro}})
+        cfg = make_config(
+            {
+                "algorithm": loss,
+                "max_steps": 1,
+                "eval": {"every": 0},
+                "optim": {"ppo_epochs": 2, "mini_batches": 1, "micro_batch_size": micro},
+            }
+        )
         Trainer(cfg, tmp_path / f"m{i}").train()
         rows.append(read_metrics(tmp_path / f"m{i}")[0])
     whole, split = rows
     assert whole["loss/cov_selected_frac"] > 0
     # max(1, floor(0.2 · n_valid)) of the mini-batch's tokens, not of each micro-batch's
-    assert split["loss/cov_selected_frac"] == pytest.approx(whole["loss/cov_selected_frac"], abs=1e-9)
+    assert split["loss/cov_selected_frac"] == pytest.approx(
+        whole["loss/cov_selected_frac"], abs=1e-9
+    )
     for k in ["loss/policy", "cov/selected_mean", "grad/norm", "loss/ratio_mean"]:
         assert split[k] == pytest.approx(whole[k], rel=1e-4, abs=1e-6), k
 
@@ -319,10 +418,37 @@ def test_every_logged_metric_is_documented(make_config, tmp_path):
     patterns = [re.compile(p + "$") for p in _documented_metric_patterns()]
     configs = [
         {},
-        {"control": {"temperature": {"enabled": True}, "budget": {"enabled": True}, "curriculum": {"enabled": True}},
-         "algorithm": {"loss": "clip_cov", "clip_cov_lb": -10.0}},
-        {"control": {"eepo": {"enabled": True, "alpha": 10.0}, "adaptive": {"enabled": True, "warmup": 1}},
-         "algorithm": {"loss": "kl_cov", "entropy_coef": 0.01, "kl_coef": 0.01, "dynamic_sampling": True}},
+        {
+            "control": {
+                "temperature": {"enabled": True},
+                "budget": {"enabled": True},
+                "curriculum": {"enabled": True},
+            },
+            "algorithm": {"loss": "clip_cov", "clip_cov_lb": -10.0},
+        },
+        {
+            "control": {
+                "eepo": {"enabled": True, "alpha": 10.0},
+                "adaptive": {"enabled": True, "warmup": 1},
+            },
+            "algorithm": {
+                "loss": "kl_cov",
+                "entropy_coef": 0.01,
+                "kl_coef": 0.01,
+                "dynamic_sampling": True,
+            },
+        },
+        {
+            "control": {
+                "entropic": {"enabled": True},
+                "budget": {"enabled": True, "allocator": "knapsack"},
+            },
+            "algorithm": {"loss": "cispo", "entropy_mask_ratio": 0.2, "entropy_shaping_alpha": 0.4},
+        },
+        {
+            "control": {"entropy_coef": {"enabled": True}},
+            "algorithm": {"loss": "gspo", "agg": "seq-mean-token-mean"},
+        },
     ]
     logged = set()
     for i, extra in enumerate(configs):
@@ -337,10 +463,18 @@ def test_every_logged_metric_is_documented(make_config, tmp_path):
 def test_eepo_metrics_with_dynamic_sampling_are_means_over_rounds(make_config, tmp_path):
     """eepo/active is 1 on every step whose gate is open, however many generation rounds DAPO's
     dynamic sampling ran (each round unlearns on its own stage 1)."""
-    cfg = make_config({"max_steps": 4, "control": {"eepo": {"enabled": True, "alpha": 10.0}},
-                       "algorithm": {"dynamic_sampling": True, "max_gen_rounds": 3}, "eval": {"every": 0}})
+    cfg = make_config(
+        {
+            "max_steps": 4,
+            "control": {"eepo": {"enabled": True, "alpha": 10.0}},
+            "algorithm": {"dynamic_sampling": True, "max_gen_rounds": 3},
+            "eval": {"every": 0},
+        }
+    )
     Trainer(cfg, tmp_path / "r").train()
     rows = read_metrics(tmp_path / "r")
     assert [r["eepo/active"] for r in rows] == [0.0, 1.0, 1.0, 1.0]  # no entropy history at step 1
     assert all(r["eepo/unlearn_loss"] < 0 for r in rows[1:]) and rows[0]["eepo/unlearn_loss"] == 0.0
-    assert any(r["rollout/gen_rounds"] > 1 for r in rows[1:])  # the case a per-max_rounds mean got wrong
+    assert any(
+        r["rollout/gen_rounds"] > 1 for r in rows[1:]
+    )  # the case a per-max_rounds mean got wrong

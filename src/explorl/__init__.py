@@ -16,6 +16,7 @@ _EXPORTS = {
     "ConfigError": "explorl.config",
     "load_config": ("explorl.config", "load"),
     # training
+    "train": "explorl.api",
     "Trainer": "explorl.trainer",
     # algorithms (pure tensor functions)
     "ADVANTAGES": "explorl.algorithms",
@@ -31,13 +32,16 @@ _EXPORTS = {
     # rollouts
     "Rollouts": "explorl.rollout.types",
     "HFEngine": "explorl.rollout.hf",
+    "VLLMEngine": "explorl.rollout.vllm",
     "FakeEngine": "explorl.rollout.fake",
     # data and rewards
     "PromptRecord": "explorl.data",
     "load_prompts": "explorl.data",
     "VERIFIERS": "explorl.rewards",
     "VerifierPool": "explorl.rewards",
+    "ref_of": "explorl.refs",
     # lab
+    "LabTask": "explorl.lab.tasks",
     "lab_model_path": "explorl.lab",
     "make_splits": "explorl.lab",
     # evaluation and analysis

@@ -1,37 +1,67 @@
-"""``explorl`` command line: train, eval, fit, report, config."""
+"""``explorl`` command line: train, eval, passk, fit, report, study, config.
+
+Every error a user can cause (``explorl.errors.ExplorlError``, and ``OSError`` such as a full
+disk) is printed as one ``error: …`` line with exit status 2; ``--debug`` (or
+``EXPLORL_DEBUG=1``) shows the traceback instead. Ctrl-C outside training exits with 130; a
+reader that stops early (``explorl config | head``) ends it quietly.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 from pathlib import Path
 
+from explorl import __version__
 from explorl import config as C
+from explorl.errors import ExplorlError
 
 
 def _train(args) -> int:
-    from explorl.trainer import Trainer
+    def trainer(*a, **k):  # imported once the config is valid: bad recipes fail faster
+        from explorl.trainer import Trainer
+
+        return Trainer(*a, **k)
 
     if args.resume:
         run_dir = Path(args.resume)
         if not (run_dir / "config.yaml").is_file():
-            print(f"error: --resume {run_dir}: no config.yaml there (not a run directory)", file=sys.stderr)
+            print(
+                f"error: --resume {run_dir}: no config.yaml there (not a run directory)",
+                file=sys.stderr,
+            )
             return 2
         if args.recipe:
-            print("note: resuming uses the run's own config.yaml; the recipe argument is ignored", file=sys.stderr)
-        import yaml
-
-        data = yaml.safe_load((run_dir / "config.yaml").read_text())
+            print(
+                "note: resuming uses the run's own config.yaml; the recipe argument is ignored",
+                file=sys.stderr,
+            )
+        what = f"--resume {run_dir}: config.yaml"
+        data = C.load_yaml(C.read_utf8((run_dir / "config.yaml").read_bytes(), what), what)
         for text in args.set or []:
             key, value = C.parse_override(text)
             C.set_path(data, key, value)
         if args.max_steps is not None:
             data["max_steps"] = args.max_steps
         cfg = C.from_dict(data)
-        trainer = Trainer(cfg, run_dir, resume=True)
+        from explorl.checkpoint import checkpoint_step, latest_checkpoint
+
+        ckpt = latest_checkpoint(run_dir)
+        if ckpt is not None and checkpoint_step(ckpt) >= cfg.max_steps:
+            done = checkpoint_step(ckpt)
+            print(f"{run_dir} is finished: its checkpoint is at step {done} and max_steps is "
+                  f"{cfg.max_steps}, so there is nothing to train. To train further: "
+                  f"explorl train --resume {run_dir} --max-steps N (N > {done}).")
+            return 0
+        trainer = trainer(cfg, run_dir, resume=True)
     else:
         if not args.recipe:
-            print("error: give a RECIPE (e.g. recipes/quickstart.yaml) or --resume RUN_DIR", file=sys.stderr)
+            print(
+                "error: give a RECIPE (e.g. recipes/quickstart.yaml) or --resume RUN_DIR",
+                file=sys.stderr,
+            )
             return 2
         cfg = C.load(args.recipe, args.set, max_steps=args.max_steps, seed=args.seed)
         out = Path(args.out) if args.out else Path("runs") / f"{cfg.name}-seed{cfg.seed}"
@@ -43,7 +73,7 @@ def _train(args) -> int:
             import shutil
 
             shutil.rmtree(out, ignore_errors=True)  # under a launcher every rank clears it
-        trainer = Trainer(cfg, out)
+        trainer = trainer(cfg, out)
     summary = trainer.train()
     if not trainer.dist.is_main:  # several processes: rank 0 reports
         return 130 if summary["interrupted"] else 0
@@ -53,7 +83,10 @@ def _train(args) -> int:
     print(f"  steps {summary['steps']}/{summary['max_steps']} in {summary['seconds']:.0f}s; "
           f"final reward/mean {final.get('reward/mean', float('nan')):.3f}, "
           f"entropy/mean {final.get('entropy/mean', float('nan')):.3f}")
-    print(f"  metrics: {out / 'metrics.jsonl'}\n  plots:   {out / 'plots'}/\n  checkpoint: {summary['checkpoint']}")
+    print(
+        f"  metrics: {out / 'metrics.jsonl'}\n  plots:   {out / 'plots'}/\n"
+        f"  checkpoint: {summary['checkpoint']}"
+    )
     if summary["interrupted"]:
         print(f"interrupted; continue with: explorl train --resume {out}")
         return 130
@@ -63,9 +96,39 @@ def _train(args) -> int:
 def _eval(args) -> int:
     from explorl.eval.run import run_eval
 
-    run_eval(model=args.model, data=args.data, out_dir=Path(args.out), n=args.n, k_list=args.k,
-             temperature=args.temperature, max_problems=args.max_problems, max_new_tokens=args.max_new_tokens,
-             verifier=args.verifier, split=args.split, seed=args.seed, overrides=args.set)
+    run_eval(
+        model=args.model,
+        data=args.data,
+        out_dir=Path(args.out),
+        n=args.n,
+        k_list=args.k,
+        temperature=args.temperature,
+        max_problems=args.max_problems,
+        max_new_tokens=args.max_new_tokens,
+        verifier=args.verifier,
+        split=args.split,
+        seed=args.seed,
+        overrides=args.set,
+    )
+    return 0
+
+
+def _passk(args) -> int:
+    from explorl.eval.evaluate import plot_passk_compare, read_eval
+
+    curves = []
+    for item in args.evals:
+        label, _, path = item.rpartition("=") if "=" in item else ("", "", item)
+        summary = read_eval(Path(path))
+        curves.append((label or Path(path).name.removesuffix(".json"), summary))
+    out = plot_passk_compare(curves, Path(args.out), title=args.title)
+    ks = sorted({k for _, s in curves for k in s["k_list"]})
+    print(f"{'':24s}" + "".join(f"{'pass@' + str(k):>10s}" for k in ks))
+    for label, s in curves:
+        print(f"{label[:24]:24s}" + "".join(
+            f"{s['overall'][f'pass@{k}']:10.3f}" if f"pass@{k}" in s["overall"] else f"{'—':>10s}"
+            for k in ks))
+    print(f"wrote {out}")
     return 0
 
 
@@ -84,16 +147,24 @@ def _fit(args) -> int:
     print(f"R = -a·exp(H) + b   a = {fit.a:.4f}  b = {fit.b:.4f}  R² = {fit.r2:.3f}  "
           f"predicted ceiling (H→0) b−a = {fit.ceiling:.4f}")
     if getattr(fit, "rmse", None) is not None:
-        print(f"fitted on the first {fit.n_fit}/{fit.n_total} points; prediction RMSE on the rest = {fit.rmse:.4f}")
+        print(
+            f"fitted on the first {fit.n_fit}/{fit.n_total} points; "
+            f"prediction RMSE on the rest = {fit.rmse:.4f}"
+        )
     print(f"wrote {run_dir / 'fit.json'} and {run_dir / 'plots' / 'entropy_law.png'}")
     return 0
 
 
 def _report(args) -> int:
-    from explorl.analysis import make_report
+    from explorl.analysis.report import write_report
 
-    path = make_report([Path(p) for p in args.run_dirs], Path(args.out))
-    print(f"wrote {path}")
+    rep = write_report([Path(p) for p in args.run_dirs], Path(args.out))
+    print(f"report of {len(args.run_dirs)} run(s) in {Path(args.out)}/")
+    print(f"  html:     {rep.html}   (open in a browser; self-contained)")
+    print(f"  markdown: {rep.markdown}")
+    print(f"  numbers:  {rep.json}")
+    names = ", ".join(p.name for _, _, p in rep.figures)
+    print(f"  figures:  {len(rep.figures)} PNGs beside them ({names})")
     return 0
 
 
@@ -109,7 +180,8 @@ def _config(args) -> int:
     if args.recipe:
         import yaml
 
-        print(yaml.safe_dump(C.to_dict(C.load(args.recipe, args.set)), sort_keys=False))
+        # Paths are not checked: templates (recipes/math/) hold placeholders.
+        print(yaml.safe_dump(C.to_dict(C.load(args.recipe, args.set, env=False)), sort_keys=False))
         return 0
     for path, tp, default, doc in C.reference():
         print(f"{path:45s} {tp:22s} {default:18s} {doc}")
@@ -123,58 +195,116 @@ def build_parser() -> argparse.ArgumentParser:
                                 epilog="Commands joined by --then run in turn in one process, e.g. "
                                        "`explorl train R --out D --then eval D --data lab:addition "
                                        "--out D/eval`.")
-    sub = p.add_subparsers(dest="command", required=True)
+    p.add_argument("--version", action="version", version=f"explorl {__version__}",
+                   help="print the version and exit")
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # --debug also after the command; SUPPRESS keeps a subcommand from resetting the flag
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show the traceback of an error")
 
-    t = sub.add_parser("train", help="train a policy from a recipe")
+    def add(name: str, **kwargs) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[debug], **kwargs)
+
+    t = add("train", help="train a policy from a recipe")
     t.add_argument("recipe", nargs="?", help="YAML recipe (e.g. recipes/quickstart.yaml)")
-    t.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field, e.g. optim.lr=1e-5")
+    t.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a config field, e.g. optim.lr=1e-5",
+    )
     t.add_argument("--out", help="run directory (default runs/<name>-seed<seed>)")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
-    t.add_argument("--max-steps", type=int, help="override max_steps (with --resume: extend a finished run)")
+    t.add_argument(
+        "--max-steps", type=int, help="override max_steps (with --resume: extend a finished run)"
+    )
     t.add_argument("--seed", type=int, help="override seed")
     t.add_argument("--force", action="store_true", help="overwrite an existing run directory")
     t.set_defaults(fn=_train)
 
-    e = sub.add_parser("eval", help="pass@k evaluation of a model on a dataset")
-    e.add_argument("model", help="local HF model dir, lab:<task>, or a run dir (its latest checkpoint)")
+    e = add("eval", help="pass@k evaluation of a model on a dataset")
+    e.add_argument(
+        "model", help="local HF model dir, lab:<task>, or a run dir (its latest checkpoint)"
+    )
     e.add_argument("--data", nargs="+", required=True, help="lab:<task> or jsonl/parquet files")
-    e.add_argument("--split", default="test", choices=["train", "val", "test"], help="lab split (default test)")
-    e.add_argument("--out", required=True, help="output directory for eval.json and the pass@k plot")
+    e.add_argument(
+        "--split", default="test", choices=["train", "val", "test"], help="lab split (default test)"
+    )
+    e.add_argument("--out", required=True,
+                   help="output directory for eval.json, problems.jsonl (every response and its "
+                        "score) and passk.png")
     e.add_argument("--n", type=int, default=16, help="samples per problem")
     e.add_argument("--k", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="k values")
-    e.add_argument("--temperature", type=float, default=1.0)
-    e.add_argument("--max-problems", type=int, default=None)
-    e.add_argument("--max-new-tokens", type=int, default=None, help="default: the model's run config or 256")
-    e.add_argument("--verifier", default="auto")
-    e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--set", action="append", metavar="KEY=VALUE", help="config overrides (model.*, reward.*, lab.*)")
+    e.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature of the n samples (default 1.0; greedy is always T=0)")
+    e.add_argument("--max-problems", type=int, default=None,
+                   help="evaluate only the first N problems (default: all)")
+    e.add_argument(
+        "--max-new-tokens", type=int, default=None, help="default: the model's run config or 256"
+    )
+    e.add_argument("--verifier", default="auto",
+                   help="math, exact, countdown, addition or module:function (default auto: the "
+                        "run's reward.verifier, else the lab task's, else math)")
+    e.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    e.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="config overrides (model.*, reward.*, lab.*)",
+    )
     e.set_defaults(fn=_eval)
 
-    f = sub.add_parser("fit", help="fit the entropy–performance law R = −a·exp(H) + b to a run")
-    f.add_argument("run_dir")
-    f.add_argument("--fit-fraction", type=float, default=1.0, help="fit on the first fraction, predict the rest")
+    k = add("passk", help="pass@k curves of several `explorl eval` outputs in one figure (e.g. "
+                           "the model before and after RL)")
+    k.add_argument("evals", nargs="+", metavar="[LABEL=]EVAL",
+                   help="an `explorl eval --out` directory or its eval.json, optionally labelled, "
+                        "e.g. 'before RL=runs/base-eval'")
+    k.add_argument("--out", required=True, help="PNG file to write")
+    k.add_argument("--title", default="pass@k", help="figure title (default pass@k)")
+    k.set_defaults(fn=_passk)
+
+    f = add("fit", help="fit the entropy–performance law R = −a·exp(H) + b to a run")
+    f.add_argument("run_dir", help="run directory (its metrics.jsonl needs ≥ 3 validations)")
+    f.add_argument(
+        "--fit-fraction",
+        type=float,
+        default=1.0,
+        help="fit on the first fraction, predict the rest",
+    )
     f.set_defaults(fn=_fit)
 
-    r = sub.add_parser("report", help="overlay runs: plots, tables, report.md and report.html")
-    r.add_argument("run_dirs", nargs="+")
-    r.add_argument("--out", default="report")
+    r = add("report", help="overlay runs: plots, tables, report.md and report.html")
+    r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                   help="run directories; runs with the same recipe name are grouped as seeds")
+    r.add_argument("--out", default="report",
+                   help="output directory for report.html, report.md, report.json and the PNGs "
+                        "(default ./report)")
     r.set_defaults(fn=_report)
 
-    s = sub.add_parser("study", help="recipes × seeds on a lab task: train, eval, report, check the papers' claims")
+    s = add(
+        "study", help="recipes × seeds on a lab task: train, eval, report, check the papers' claims"
+    )
     s.add_argument("spec", help="study spec (e.g. studies/lab.yaml)")
     s.add_argument("--quick", action="store_true",
                    help="apply the spec's quick: section (fewer seeds and steps: a pipeline check, "
                         "2 min for studies/lab.yaml on 2 idle cores)")
-    s.add_argument("--out", help="study directory (default runs/study-<name>[-quick]); rerun to continue it")
+    s.add_argument(
+        "--out", help="study directory (default runs/study-<name>[-quick]); rerun to continue it"
+    )
     s.add_argument("--jobs", type=int, help="runs trained at once (default: the spec's jobs)")
     s.add_argument("--recipes", metavar="DIR",
                    help="folder of the recipes the spec names without a path (default: the spec's "
                         "recipe_dir, relative to the spec)")
     s.set_defaults(fn=_study)
 
-    c = sub.add_parser("config", help="print the recipe reference, or a resolved recipe")
-    c.add_argument("recipe", nargs="?")
-    c.add_argument("--set", action="append", metavar="KEY=VALUE")
+    c = add("config", help="print the recipe reference, or a resolved recipe")
+    c.add_argument("recipe", nargs="?",
+                   help="a recipe to resolve (base: files and defaults filled in); without one, "
+                        "print every key with its type, default and meaning")
+    c.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config field of the resolved recipe, e.g. optim.lr=1e-5")
     c.set_defaults(fn=_config)
     return p
 
@@ -184,7 +314,44 @@ THEN = "--then"
 the torch import once. ``explorl study`` runs each job's train and eval this way."""
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at each message (a test harness, a redirect, or a
+    notebook may replace it after the handler was made)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ sets it
+        pass
+
+
+def setup_logging() -> None:
+    """Show explorl's own INFO messages (e.g. the lab-model build's progress) on stderr, once."""
+    log = logging.getLogger("explorl")
+    if not log.handlers:
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command line; a reader that stops early (``explorl config | head``) ends it
+    quietly with the shell's SIGPIPE status instead of a BrokenPipeError traceback."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # Python flushes stdout again at exit; point it at /dev/null so that flush is silent.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+
+
+def _main(argv: list[str] | None = None) -> int:
+    setup_logging()
     argv = sys.argv[1:] if argv is None else list(argv)
     if THEN in argv:
         commands: list[list[str]] = [[]]
@@ -195,16 +362,32 @@ def main(argv: list[str] | None = None) -> int:
                 commands[-1].append(a)
         for c in commands:  # stop at the first that fails
             print(f"$ explorl {' '.join(c)}", flush=True)
-            rc = main(c)
+            rc = _main(c)
             if rc:
                 return rc
         return 0
     args = build_parser().parse_args(argv)
+    debug = args.debug or os.environ.get("EXPLORL_DEBUG", "") not in ("", "0")
     try:
         return args.fn(args)
-    except C.ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
+    except BrokenPipeError:
+        raise  # main() ends quietly: the reader stopped reading, nothing went wrong here
+    except (ExplorlError, OSError) as e:
+        if debug:
+            raise
+        print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _one_line(e: BaseException) -> str:
+    """The message of ``e`` on one line; an OSError without its own words gets its type's name."""
+    text = " ".join(str(e).split())
+    return text or type(e).__name__
 
 
 if __name__ == "__main__":

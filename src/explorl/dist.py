@@ -27,8 +27,8 @@ import warnings
 
 import torch
 
-from explorl.models import resolve_device
 from explorl.forward import response_logprobs
+from explorl.models import resolve_device
 
 
 class LogProbModule(torch.nn.Module):
@@ -46,11 +46,28 @@ class LogProbModule(torch.nn.Module):
         # FSDP's transformer auto-wrap policy reads the layer classes from here.
         self._no_split_modules = getattr(policy, "_no_split_modules", None)
 
-    def forward(self, prompt_ids, prompt_mask, response_ids, response_mask, temperature, *, chunk_size=2048,
-                with_entropy=True):
+    def forward(
+        self,
+        prompt_ids,
+        prompt_mask,
+        response_ids,
+        response_mask,
+        temperature,
+        *,
+        chunk_size=2048,
+        with_entropy=True,
+    ):
         with self._amp():
-            return response_logprobs(self.policy, prompt_ids, prompt_mask, response_ids, response_mask,
-                                     temperature, chunk_size=chunk_size, with_entropy=with_entropy)
+            return response_logprobs(
+                self.policy,
+                prompt_ids,
+                prompt_mask,
+                response_ids,
+                response_mask,
+                temperature,
+                chunk_size=chunk_size,
+                with_entropy=with_entropy,
+            )
 
 
 class Single:
@@ -85,7 +102,9 @@ class Single:
         """The optimizer state to checkpoint (complete on rank 0)."""
         return optimizer.state_dict()
 
-    def load_optimizer_state(self, scorer: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    def load_optimizer_state(
+        self, scorer: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict
+    ) -> None:
         """Load a checkpointed optimizer state, whatever the strategy that wrote it."""
         if _keyed_by_name(state):  # written under FSDP
             from torch.distributed.checkpoint.state_dict import (
@@ -95,9 +114,16 @@ class Single:
 
             # FSDP shares one ``step`` tensor among the parameters of a unit; loaded as is, Adam
             # would advance that shared count once per parameter. Every parameter gets its own.
-            state = {**state, "state": {k: {n: v.clone() if isinstance(v, torch.Tensor) else v for n, v in s.items()}
-                                        for k, s in state["state"].items()}}
-            set_optimizer_state_dict(scorer, optimizer, state, options=StateDictOptions(full_state_dict=True))
+            state = {
+                **state,
+                "state": {
+                    k: {n: v.clone() if isinstance(v, torch.Tensor) else v for n, v in s.items()}
+                    for k, s in state["state"].items()
+                },
+            }
+            set_optimizer_state_dict(
+                scorer, optimizer, state, options=StateDictOptions(full_state_dict=True)
+            )
         else:
             optimizer.load_state_dict(state)
 
@@ -118,7 +144,9 @@ class Single:
 
     def clip_grad_norm_(self, module: torch.nn.Module, max_norm: float) -> torch.Tensor:
         """Clip the global gradient norm (no clipping when ``max_norm`` is 0); returns the norm."""
-        return torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm if max_norm > 0 else float("inf"))
+        return torch.nn.utils.clip_grad_norm_(
+            module.parameters(), max_norm if max_norm > 0 else float("inf")
+        )
 
     def barrier(self) -> None:
         pass
@@ -138,9 +166,13 @@ class Parallel(Single):
         # Buffers (rotary tables) are constants: no broadcast from rank 0 at every forward.
         handlers = [DistributedDataParallelKwargs(broadcast_buffers=False)]
         fsdp = None
-        env_fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"  # accelerate config file
+        env_fsdp = (
+            os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+        )  # accelerate config file
         if strategy == "fsdp" and not env_fsdp:
-            fsdp = FullyShardedDataParallelPlugin(use_orig_params=False)  # an accelerate config file may give its own
+            fsdp = FullyShardedDataParallelPlugin(
+                use_orig_params=False
+            )  # an accelerate config file may give its own
         cpu = device_spec == "cpu" or (device_spec == "auto" and not torch.cuda.is_available())
         self.accelerator = Accelerator(cpu=cpu, kwargs_handlers=handlers, fsdp_plugin=fsdp)
         self.rank = self.accelerator.process_index
@@ -154,17 +186,27 @@ class Parallel(Single):
     def wrap(self, module: LogProbModule) -> torch.nn.Module:
         if self.strategy == "fsdp":
             if self._accelerate_fsdp and self.accelerator.state.fsdp_plugin.fsdp_version != 1:
-                raise ValueError("explorl supports FSDP version 1 (accelerate's default); set fsdp_version: 1")
+                raise ValueError(
+                    "explorl supports FSDP version 1 (accelerate's default); set fsdp_version: 1"
+                )
             # Sampling runs token by token on each rank's own prompts, which sharded weights cannot
             # do without a collective per token: a full replica (no gradients, no optimizer
             # state) samples instead and is refreshed after each update (``full_model``).
             self._replica = copy.deepcopy(module.policy).requires_grad_(False)
             self._replica_version = None
-            self._param_names = [n for n, _ in module.named_parameters()]  # the optimizer's order at N = 1
-            if not self._accelerate_fsdp:  # accelerate turns FSDP on for GPUs only: same wrapping by hand
+            self._param_names = [
+                n for n, _ in module.named_parameters()
+            ]  # the optimizer's order at N = 1
+            if (
+                not self._accelerate_fsdp
+            ):  # accelerate turns FSDP on for GPUs only: same wrapping by hand
                 return _fsdp(module, self.device)
-        with warnings.catch_warnings():  # torch ≥ 2.12 prefers forward_sync_buffers, which accelerate lacks
-            warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
+        with (
+            warnings.catch_warnings()
+        ):  # torch ≥ 2.12 prefers forward_sync_buffers, which accelerate lacks
+            warnings.filterwarnings(
+                "ignore", message=".*broadcast_buffers.*", category=FutureWarning
+            )
             return self.accelerator.prepare_model(module)
 
     def full_model(self, scorer: torch.nn.Module, version: int) -> torch.nn.Module:
@@ -189,10 +231,13 @@ class Parallel(Single):
             get_optimizer_state_dict,
         )
 
-        return get_optimizer_state_dict(scorer, optimizer,
-                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return get_optimizer_state_dict(
+            scorer, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
 
-    def load_optimizer_state(self, scorer: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    def load_optimizer_state(
+        self, scorer: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict
+    ) -> None:
         if self.strategy == "fsdp" and not _keyed_by_name(state):  # written by one process or DDP
             state = {"state": {self._param_names[i]: v for i, v in state["state"].items()},
                      "param_groups": [{**g, "params": [self._param_names[i] for i in g["params"]]}
@@ -240,10 +285,21 @@ def _fsdp(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
 
     names = set(getattr(module, "_no_split_modules", None) or [])
     layers = {type(m) for m in module.modules() if type(m).__name__ in names}
-    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layers) if layers else None
-    cuda = device.type == "cuda"  # on CPU (tests) FSDP refuses to sync states; every rank loaded the same weights
-    return FullyShardedDataParallel(module, auto_wrap_policy=policy, use_orig_params=False,
-                                    device_id=device if cuda else torch.device("cpu"), sync_module_states=cuda)
+    policy = (
+        functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layers)
+        if layers
+        else None
+    )
+    cuda = (
+        device.type == "cuda"
+    )  # on CPU (tests) FSDP refuses to sync states; every rank loaded the same weights
+    return FullyShardedDataParallel(
+        module,
+        auto_wrap_policy=policy,
+        use_orig_params=False,
+        device_id=device if cuda else torch.device("cpu"),
+        sync_module_states=cuda,
+    )
 
 
 def _unwrap(module: torch.nn.Module) -> torch.nn.Module:
@@ -260,7 +316,8 @@ def _destroy() -> None:
 
 
 def world_size_from_env() -> int:
-    """Number of processes the launcher started (``accelerate launch`` and ``torchrun`` set WORLD_SIZE)."""
+    """Number of processes the launcher started (``accelerate launch``, ``torchrun`` set
+    WORLD_SIZE)."""
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 

@@ -12,7 +12,13 @@ HEADER = """# Recipe reference
 Generated from `src/explorl/config.py` by `python -m explorl.docs > docs/recipes.md` (a test
 keeps it in sync). Every key of a recipe, its type, its default and its meaning; the config
 classes are the only home of these defaults. Override any key with `--set key=value`.
+*allowed* is the interval every number of the key must lie in (`config.RANGES`); all numbers
+must be finite, and relations between keys are checked too (README "Failure behaviour").
 """
+
+
+def _allowed(path: str) -> str:
+    return f"`{C.RANGES[path]}`" if path in C.RANGES else ""
 
 
 def recipe_reference() -> str:
@@ -20,16 +26,17 @@ def recipe_reference() -> str:
     hints = typing.get_type_hints(C.RunConfig)
     top_docs = C.field_docs(C.RunConfig)
     leaf_rows = [r for r in C.reference() if "." not in r[0]]
-    lines += ["## Top level", "", "| key | type | default | meaning |", "|---|---|---|---|"]
-    lines += [f"| `{p}` | {t} | `{d}` | {doc} |" for p, t, d, doc in leaf_rows]
+    head = ["| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
+    lines += ["## Top level", "", *head]
+    lines += [f"| `{p}` | {t} | `{d}` | {_allowed(p)} | {doc} |" for p, t, d, doc in leaf_rows]
     for f in dataclasses.fields(C.RunConfig):
         tp = hints[f.name]
         if not dataclasses.is_dataclass(tp):
             continue
-        lines += ["", f"## `{f.name}` — {top_docs.get(f.name, '')}", "",
-                  "| key | type | default | meaning |", "|---|---|---|---|"]
+        lines += ["", f"## `{f.name}` — {top_docs.get(f.name, '')}", "", *head]
         for p, t, d, doc in C.reference(tp, f.name + "."):
-            lines.append(f"| `{p}` | {t.replace('|', '/')} | `{d}` | {doc.replace('|', '/')} |")
+            lines.append(f"| `{p}` | {t.replace('|', '/')} | `{d}` | {_allowed(p)} | "
+                         f"{doc.replace('|', '/')} |")
     return "\n".join(lines) + "\n"
 
 

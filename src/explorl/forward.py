@@ -32,7 +32,9 @@ def takes_custom_mask(model: torch.nn.Module) -> bool:
     cfg = getattr(model, "config", None)
     if cfg is None or not type(model).__module__.startswith("transformers."):
         return False
-    if getattr(cfg, "_attn_implementation", None) not in ("sdpa", "eager") or not getattr(cfg, "is_causal", True):
+    if getattr(cfg, "_attn_implementation", None) not in ("sdpa", "eager") or not getattr(
+        cfg, "is_causal", True
+    ):
         return False
     layer_types = getattr(cfg, "layer_types", None)
     if layer_types is not None:
@@ -41,7 +43,8 @@ def takes_custom_mask(model: torch.nn.Module) -> bool:
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A boolean "may attend" mask as an additive one: 0 where allowed, the dtype's minimum elsewhere.
+    """A boolean "may attend" mask as an additive one: 0 where allowed, the dtype's minimum
+    elsewhere.
 
     The minimum rather than −inf keeps a fully masked row (padding) finite in the softmax.
     """
@@ -71,8 +74,11 @@ def _pack_length(model: torch.nn.Module) -> int:
     layers, d = getattr(cfg, "num_hidden_layers", None), getattr(cfg, "hidden_size", None)
     if not layers or not d:
         return 1024
-    emb = {id(m.weight): m.weight.numel() for m in (model.get_input_embeddings(), model.get_output_embeddings())
-           if m is not None}
+    emb = {
+        id(m.weight): m.weight.numel()
+        for m in (model.get_input_embeddings(), model.get_output_embeddings())
+        if m is not None
+    }
     per_layer = (sum(p.numel() for p in model.parameters()) - sum(emb.values())) / layers
     return int(min(4096, max(128, per_layer / (16 * d))))
 
@@ -121,13 +127,25 @@ def response_logprobs(
         if plan is not None and pack is None and plan["tokens"] > 0.9 * plan["padded_tokens"]:
             plan = None  # nothing shared, little padding: the plain layout is as cheap
     if plan is not None:
-        hidden = body(input_ids=_gather_tokens(plan, prompt_ids, response_ids),
-                      attention_mask=additive_mask(plan["allowed"], getattr(model, "dtype", torch.float32)),
-                      position_ids=plan["position_ids"], use_cache=False).last_hidden_state  # (B, L, D)
-        hidden = hidden.reshape(-1, hidden.shape[-1])[plan["source"]]  # (M, D): states predicting the tokens
+        hidden = body(
+            input_ids=_gather_tokens(plan, prompt_ids, response_ids),
+            attention_mask=additive_mask(plan["allowed"], getattr(model, "dtype", torch.float32)),
+            position_ids=plan["position_ids"],
+            use_cache=False,
+        ).last_hidden_state  # (B, L, D)
+        hidden = hidden.reshape(-1, hidden.shape[-1])[
+            plan["source"]
+        ]  # (M, D): states predicting the tokens
         labels = response_ids[response_mask]  # (M,)
-        lp, h = logprobs_from_hidden(hidden[None], head.weight, labels[None], temperature=T, chunk_size=chunk_size,
-                                     with_entropy=with_entropy, lm_head_bias=head.bias)
+        lp, h = logprobs_from_hidden(
+            hidden[None],
+            head.weight,
+            labels[None],
+            temperature=T,
+            chunk_size=chunk_size,
+            with_entropy=with_entropy,
+            lm_head_bias=head.bias,
+        )
         logp = _unflatten(lp[0], response_mask)
         ent = _unflatten(h[0], response_mask) if with_entropy else None
         return logp, ent
@@ -136,7 +154,12 @@ def response_logprobs(
     P = prompt_ids.shape[1]
     ids = torch.cat([prompt_ids, response_ids[:, :-1]], dim=1)  # (N, P+R-1)
     mask = torch.cat([prompt_mask, response_mask[:, :-1]], dim=1)
-    inputs = {"input_ids": ids, "attention_mask": mask.long(), "position_ids": position_ids(mask), "use_cache": False}
+    inputs = {
+        "input_ids": ids,
+        "attention_mask": mask.long(),
+        "position_ids": position_ids(mask),
+        "use_cache": False,
+    }
     if body is not None:
         hidden = body(**inputs).last_hidden_state
         hidden = hidden[:, P - 1:]  # (N, R, D): states that predict the response tokens
@@ -159,7 +182,9 @@ def _unflatten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return out.masked_scatter(mask, values)
 
 
-def _gather_tokens(plan: dict, prompt_ids: torch.Tensor, response_ids: torch.Tensor) -> torch.Tensor:
+def _gather_tokens(
+    plan: dict, prompt_ids: torch.Tensor, response_ids: torch.Tensor
+) -> torch.Tensor:
     """The packed rows' token ids (B, L), read from the prompt and response tables."""
     table = torch.cat([prompt_ids.reshape(-1), response_ids.reshape(-1)])
     return table[plan["token_src"]]
@@ -194,15 +219,22 @@ def _pack_plan(prompt_ids, prompt_mask, response_mask, pack_tokens: int) -> dict
         even = _layout(order, group_l, p_len_l, r_len_l, -(-sum(lay["fills"]) // len(lay["fills"])))
         if len(even["fills"]) == len(lay["fills"]):
             lay = even
-    seg_pack, seg_start, seg_kind, seg_row, seg_len = (lay[k] for k in ("pack", "start", "kind", "row", "len"))
-    resp_pack, resp_start, resp_prompt_end = lay["resp_pack"], lay["resp_start"], lay["resp_prompt_end"]
+    seg_pack, seg_start, seg_kind, seg_row, seg_len = (
+        lay[k] for k in ("pack", "start", "kind", "row", "len")
+    )
+    resp_pack, resp_start, resp_prompt_end = (
+        lay["resp_pack"],
+        lay["resp_start"],
+        lay["resp_prompt_end"],
+    )
     B, L = len(lay["fills"]), max(lay["fills"])
 
     def t(x: list[int]) -> torch.Tensor:
         return torch.as_tensor(x, dtype=torch.long, device=device)
 
-    seg_pack_t, seg_start_t, seg_kind_t, seg_row_t, seg_len_t = map(t, (seg_pack, seg_start, seg_kind, seg_row,
-                                                                       seg_len))
+    seg_pack_t, seg_start_t, seg_kind_t, seg_row_t, seg_len_t = map(
+        t, (seg_pack, seg_start, seg_kind, seg_row, seg_len)
+    )
     S = len(seg_len)
     tok_seg = torch.repeat_interleave(torch.arange(S, device=device), seg_len_t)  # (T_tot,)
     seg_first = torch.cumsum(seg_len_t, 0) - seg_len_t  # (S,)
@@ -216,7 +248,9 @@ def _pack_plan(prompt_ids, prompt_mask, response_mask, pack_tokens: int) -> dict
     # A token attends (causally) to its own segment and to its segment's prompt segment
     # (``owner``: the latest prompt segment laid out before it); a prompt is its own owner.
     prompt_segs = (seg_kind_t == 0).nonzero().squeeze(-1)
-    seg_prompt = prompt_segs[torch.searchsorted(prompt_segs, torch.arange(S, device=device), right=True) - 1]
+    seg_prompt = prompt_segs[
+        torch.searchsorted(prompt_segs, torch.arange(S, device=device), right=True) - 1
+    ]
 
     token_src = torch.full((B * L,), 0, dtype=torch.long, device=device)
     position = torch.zeros(B * L, dtype=torch.long, device=device)
@@ -229,22 +263,32 @@ def _pack_plan(prompt_ids, prompt_mask, response_mask, pack_tokens: int) -> dict
     seg_of, owner_of = seg_of.view(B, L), owner_of.view(B, L)
     causal = torch.ones(L, L, dtype=torch.bool, device=device).tril_()
     q_seg, k_seg = seg_of[:, :, None], seg_of[:, None, :]
-    allowed = (k_seg == q_seg) | (k_seg == owner_of[:, :, None])  # (B, L, L): own segment or own prompt
+    allowed = (k_seg == q_seg) | (
+        k_seg == owner_of[:, :, None]
+    )  # (B, L, L): own segment or own prompt
     allowed &= causal  # padding (segment −1) attends to padding: no row is empty
 
     # The state predicting response token t of row i: the prompt's last token for t = 0,
     # else response token t - 1 of the row's own segment.
     ri, ti = response_mask.nonzero(as_tuple=True)  # row-major, as response_ids[response_mask]
     base = t(resp_pack)[ri] * L
-    source = torch.where(ti == 0, base + t(resp_prompt_end)[ri] - 1, base + t(resp_start)[ri] + ti - 1)
+    source = torch.where(
+        ti == 0, base + t(resp_prompt_end)[ri] - 1, base + t(resp_start)[ri] + ti - 1
+    )
     return {
-        "token_src": token_src.view(B, L), "position_ids": position.view(B, L), "allowed": allowed[:, None],
-        "source": source, "tokens": B * L, "padded_tokens": N * (P + R - 1),
+        "token_src": token_src.view(B, L),
+        "position_ids": position.view(B, L),
+        "allowed": allowed[:, None],
+        "source": source,
+        "tokens": B * L,
+        "padded_tokens": N * (P + R - 1),
     }
 
 
 
-def _layout(order: list[int], group: list[int], p_len: list[int], r_len: list[int], pack_tokens: int) -> dict:
+def _layout(
+    order: list[int], group: list[int], p_len: list[int], r_len: list[int], pack_tokens: int
+) -> dict:
     """Assign prompt and response segments to packed rows, next-fit, in ``order``.
 
     A segment is (packed row, start column, kind 0 = prompt / 1 = response, source row, length).
@@ -265,7 +309,9 @@ def _layout(order: list[int], group: list[int], p_len: list[int], r_len: list[in
     for i in order:
         need = max(r_len[i] - 1, 0)  # the last response token is not an input
         new_group = group[i] != open_group
-        if not fills or (fills[-1] > 0 and fills[-1] + need + (p_len[i] if new_group else 0) > pack_tokens):
+        if not fills or (
+            fills[-1] > 0 and fills[-1] + need + (p_len[i] if new_group else 0) > pack_tokens
+        ):
             fills.append(0)
             new_group = True
         b = len(fills) - 1

@@ -9,7 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from explorl.config import ModelConfig
-from explorl.errors import ExplorlError
+from explorl.data.files import tokenize_prompts
+from explorl.errors import ModelPathError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -30,7 +31,8 @@ def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
 
 
 def param_dtype(cfg: ModelConfig, device: torch.device) -> torch.dtype:
-    """The weights' dtype: float32 master weights, unless ``pure_low_precision`` asks for ``dtype``."""
+    """The weights' dtype: float32 master weights, unless ``pure_low_precision`` asks for
+    ``dtype``."""
     return resolve_dtype(cfg.dtype, device) if cfg.pure_low_precision else torch.float32
 
 
@@ -50,17 +52,18 @@ def resolve_model_path(path: str, lab=None) -> Path:
     """
     from explorl.lab import lab_model_path, parse_lab_spec
 
-    task = parse_lab_spec(path)
-    if task is not None:
+    ref = parse_lab_spec(path) if path.startswith("lab:") else None
+    if ref is not None:
         if lab is None:
-            return lab_model_path(task)
-        from explorl.data.sources import lab_task_params
+            return lab_model_path(ref)
+        from explorl.data.sources import params_for
+        from explorl.lab.tasks import get_task
 
-        return lab_model_path(task, split_seed=lab.split_seed, n_train=lab.n_train, n_val=lab.n_val,
-                              n_test=lab.n_test, **lab_task_params(task, lab))
+        return lab_model_path(ref, split_seed=lab.split_seed, n_train=lab.n_train, n_val=lab.n_val,
+                              n_test=lab.n_test, **params_for(get_task(ref), lab.params))
     p = Path(path).expanduser()
     if not p.is_dir():
-        raise FileNotFoundError(
+        raise ModelPathError(
             f"model.path {path!r} is not a local directory; explorl loads models with "
             "from_pretrained(local_path) (download them beforehand) or use lab:<task>")
     return p
@@ -70,21 +73,46 @@ def load_tokenizer(path: Path, cfg: ModelConfig):
     tok = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token  # batched sampling needs a pad id; masked everywhere
+    # explorl checks prompt lengths itself (data.max_prompt_len, a clear error naming the row):
+    # the tokenizer's own "longer than the maximum sequence length" warning is noise.
+    warned = getattr(tok, "deprecation_warnings", None)
+    if isinstance(warned, dict):
+        warned["sequence-length-is-longer-than-the-specified-maximum"] = True
     return tok
 
 
-def load_model(path: Path, cfg: ModelConfig, device: torch.device, *, frozen: bool = False) -> torch.nn.Module:
+@contextlib.contextmanager
+def quiet_transformers():
+    """Silence transformers' own progress bars ("Loading weights", "Writing model shards") for
+    the duration: the trainer loads and checkpoints models while its own progress bar runs."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
+def load_model(
+    path: Path, cfg: ModelConfig, device: torch.device, *, frozen: bool = False
+) -> torch.nn.Module:
     """``from_pretrained`` on ``device``: trained weights in ``param_dtype`` (float32 masters unless
     pure low precision), a frozen reference directly in the compute dtype."""
     dtype = resolve_dtype(cfg.dtype, device) if frozen else param_dtype(cfg, device)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=cfg.trust_remote_code)
+    with quiet_transformers():
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype,
+                                                     trust_remote_code=cfg.trust_remote_code)
     model.to(device)
     if frozen:
         model.eval()
         model.requires_grad_(False)
     else:
         model.train()
-    # Dropout would make the loss's log-probs differ from the sampler's; RL fine-tuning turns it off.
+    # Dropout would make the loss's log-probs differ from the sampler's; RL fine-tuning turns it
+    # off.
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
@@ -92,7 +120,25 @@ def load_model(path: Path, cfg: ModelConfig, device: torch.device, *, frozen: bo
 
 
 def render_prompt(tokenizer, prompt, use_chat_template: bool) -> list[int]:
-    """Token ids of a prompt: chat messages through the chat template when the tokenizer has one."""
+    """Token ids of a prompt: chat messages through the chat template when the tokenizer has one.
+
+    A lab tokenizer rejects a prompt with characters outside its task's alphabet (they would
+    become ``<unk>``)."""
+    ids = _render(tokenizer, prompt, use_chat_template)
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is not None and unk in ids:
+        from explorl.lab.tokenizer import outside, tokenizer_alphabet
+
+        alphabet = tokenizer_alphabet(tokenizer)
+        text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
+        if alphabet is not None and outside(text, alphabet):
+            raise ValueError(f"prompt {text[:80]!r} has characters {outside(text, alphabet)!r} "
+                             f"outside the lab model's alphabet {alphabet!r}: a lab model reads "
+                             "only its task's characters")
+    return ids
+
+
+def _render(tokenizer, prompt, use_chat_template: bool) -> list[int]:
     has_template = use_chat_template and getattr(tokenizer, "chat_template", None)
     if isinstance(prompt, list):
         if has_template:
@@ -115,17 +161,29 @@ class PromptTokens:
     checked against ``data.max_prompt_len``."""
 
     def __init__(self, tokenizer, use_chat_template: bool, max_prompt_len: int) -> None:
-        self.tokenizer, self.use_chat_template, self.max_len = tokenizer, use_chat_template, max_prompt_len
+        self.tokenizer, self.use_chat_template, self.max_len = (
+            tokenizer,
+            use_chat_template,
+            max_prompt_len,
+        )
         self._cache: dict[tuple[str, int], list[int]] = {}
+
+    def _render(self, prompt) -> list[int]:
+        return render_prompt(self.tokenizer, prompt, self.use_chat_template)
+
+    def check(self, **splits: list) -> None:
+        """Render every prompt of each split (``train=records, val=…``) now, at setup: a prompt
+        over ``data.max_prompt_len`` tokens is a ``DataError`` naming its file and row."""
+        for tag, data in splits.items():
+            ids = tokenize_prompts(data, self._render, self.max_len, f"data.{tag}")
+            self._cache.update({(tag, i): x for i, x in enumerate(ids)})
 
     def ids_of(self, data: list, tag: str):
         """A function: row index of ``data`` -> its prompt's token ids (``tag`` names the split)."""
         def ids(idx: int) -> list[int]:
             if (tag, idx) not in self._cache:
-                out = render_prompt(self.tokenizer, data[idx].prompt, self.use_chat_template)
-                if len(out) > self.max_len:
-                    raise ExplorlError(f"{tag} prompt {idx} has {len(out)} tokens > data.max_prompt_len="
-                                       f"{self.max_len}")
-                self._cache[(tag, idx)] = out
+                (self._cache[(tag, idx)],) = tokenize_prompts(
+                    [data[idx]], self._render, self.max_len, f"data.{tag}"
+                )
             return self._cache[(tag, idx)]
         return ids

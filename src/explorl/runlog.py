@@ -9,7 +9,16 @@ import signal
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from explorl.errors import CheckpointError
 
 
 def _clean(v):
@@ -18,31 +27,61 @@ def _clean(v):
     return v
 
 
+def _rows(path: Path) -> list[tuple[str, dict]]:
+    """``(line, row)`` of every line of a metrics file. A last line that is not valid JSON was
+    being written when the run died (a kill, a full disk) and is dropped; an invalid line
+    before it is a ``CheckpointError``."""
+    # errors="replace": a multi-byte character cut in half at the end must not stop the read.
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    lines = [ln for ln in text.split("\n") if ln.strip()]
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break
+            raise CheckpointError(f"{path}: line {i + 1} is not valid JSON (the file was edited "
+                                  "or corrupted); remove that line to use the file") from None
+        rows.append((line, row))
+    return rows
+
+
 class MetricsLog:
     """``metrics.jsonl``: one JSON object per step, appended and flushed as the step ends."""
 
     def __init__(self, path: Path, *, truncate_after: int | None = None):
         self.path = Path(path)
         if truncate_after is not None and self.path.exists():
-            # Resuming from step N: lines of steps after N came from the interrupted tail.
-            keep = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= truncate_after]
+            # Resuming from step N: lines of steps after N came from the interrupted tail, and
+            # a partly written last line is dropped.
+            keep = [line for line, row in _rows(self.path) if row.get("step", 0) <= truncate_after]
             self.path.write_text("".join(line + "\n" for line in keep))
         self._fh = open(self.path, "a")
 
     def write(self, metrics: dict) -> None:
-        self._fh.write(json.dumps({k: _clean(v) for k, v in metrics.items()}) + "\n")
-        self._fh.flush()
+        try:
+            self._fh.write(json.dumps({k: _clean(v) for k, v in metrics.items()}) + "\n")
+            self._fh.flush()
+        except OSError as e:
+            raise CheckpointError(f"cannot write {self.path}: {e.strerror or e}; the lines "
+                                  "before stay, and a resume drops a partial last one") from e
 
     def close(self) -> None:
         self._fh.close()
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
+def read_metrics(run: str | Path) -> list[dict]:
+    """The one reader of ``metrics.jsonl`` (``run``: a run directory or the file): rows sorted by
+    ``step``, the last row of a step winning (a resumed run rewrites its tail), a partly written
+    last line dropped. Step 0 is the validation of the initial policy (no training keys)."""
+    path = Path(run)
+    path = path / "metrics.jsonl" if path.is_dir() else path
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    by_step = {row["step"]: row for _, row in _rows(path) if isinstance(row, dict)
+               and isinstance(row.get("step"), int)}
+    return [by_step[s] for s in sorted(by_step)]
 
 
 class ProgressBar:
@@ -54,10 +93,17 @@ class ProgressBar:
         if not enabled:
             return
         self.progress = Progress(
-            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("reward {task.fields[reward]}  entropy {task.fields[entropy]}  {task.fields[extra]}"),
-            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-            console=self.console, transient=False,
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn(
+                "reward {task.fields[reward]}  entropy {task.fields[entropy]}  {task.fields[extra]}"
+            ),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=False,
         )
         self.task = self.progress.add_task("train", total=total, completed=start,
                                            reward="-", entropy="-", extra="")
@@ -72,8 +118,13 @@ class ProgressBar:
         def fmt(key: str) -> str:  # the step-0 validation row has no training metrics
             return f"{metrics[key]:.3f}" if isinstance(metrics.get(key), (int, float)) else "–"
 
-        self.progress.update(self.task, completed=step, reward=fmt("reward/mean"), entropy=fmt("entropy/mean"),
-                             extra=extra)
+        self.progress.update(
+            self.task,
+            completed=step,
+            reward=fmt("reward/mean"),
+            entropy=fmt("entropy/mean"),
+            extra=extra,
+        )
 
     def log(self, text: str) -> None:
         (self.progress.console if self.enabled else self.console).print(text)
@@ -98,7 +149,10 @@ def graceful_interrupt(stop, bar: ProgressBar):
     def on_sigint(signum, frame):
         if stop():
             raise KeyboardInterrupt
-        bar.log("[yellow]interrupt: finishing this step, then writing a checkpoint (Ctrl-C again to abort)")
+        bar.log(
+            "[yellow]interrupt: finishing this step, then writing a checkpoint "
+            "(Ctrl-C again to abort)"
+        )
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:

@@ -25,7 +25,8 @@ class StepBatch:
     ``group`` (the prompt's position among the step's sampled prompts), ``reward``, ``score``,
     ``length`` (valid tokens), ``entropy_sum`` and ``logp_sum`` (sums over the response's tokens
     at the sampling temperature), ``truncated``, ``stage`` (EEPO; 0 otherwise), ``own`` (sampled
-    by the policy itself, not EEPO's unlearned copy) and ``rank`` (the rank holding the response). ``local`` (n,) maps this rank's kept rollouts to their rows.
+    by the policy itself, not EEPO's unlearned copy) and ``rank`` (the rank holding the
+    response). ``local`` (n,) maps this rank's kept rollouts to their rows.
     """
 
     rows: dict[str, torch.Tensor]
@@ -51,7 +52,9 @@ def response_stats(ro: Rollouts, scores: torch.Tensor, rewards: torch.Tensor, ra
         "length": mask.sum(-1).long(),
         "entropy_sum": (ro.entropy.cpu() * mask).sum(-1).double(),
         "logp_sum": (ro.old_logp.cpu() * mask).sum(-1).double(),
-        "truncated": ro.truncated.cpu().bool() if ro.truncated is not None else torch.zeros(n, dtype=torch.bool),
+        "truncated": ro.truncated.cpu().bool()
+        if ro.truncated is not None
+        else torch.zeros(n, dtype=torch.bool),
         "stage": stage,
         "own": (stage != 2) | stage2_own,
         "rank": torch.full((n,), rank, dtype=torch.long),
@@ -75,11 +78,15 @@ def covariance_metrics(rows: dict[str, torch.Tensor], adv: torch.Tensor) -> dict
     n_tok = n.sum().clamp_min(1)
     l_bar = rows["logp_sum"].sum() / n_tok
     a_bar = (a * n).sum() / n_tok
-    cov = (a - a_bar) * (rows["logp_sum"] - n * l_bar)  # (N,) per-response sums of the token covariance
+    cov = (a - a_bar) * (
+        rows["logp_sum"] - n * l_bar
+    )  # (N,) per-response sums of the token covariance
     out = {"cov/mean": float(cov.sum() / n_tok)}
     group = rows["group"]
     size = torch.bincount(group).clamp_min(1) if len(group) else torch.ones(0)
-    acc = (torch.zeros(len(size), dtype=torch.float64).index_add_(0, group, rows["score"]) / size)[group]
+    acc = (torch.zeros(len(size), dtype=torch.float64).index_add_(0, group, rows["score"]) / size)[
+        group
+    ]
     width = int(n.max()) if len(n) else 0
     mask = torch.arange(width)[None, :] < rows["length"][:, None]  # (N, T)
     spread = (cov / n.clamp_min(1))[:, None].expand(-1, width)  # (N, T)
@@ -103,3 +110,12 @@ def policy_entropy(rows: dict[str, torch.Tensor]) -> float:
     own = rows["own"]
     n = rows["length"][own].sum()
     return float(rows["entropy_sum"][own].sum() / n) if n > 0 else 0.0
+
+
+def step_stats(step: int, max_steps: int, sb: StepBatch):
+    """The controllers' view of a finished step (``control.StepStats``), from its global batch."""
+    from explorl.control.base import StepStats
+
+    return StepStats(step=step, max_steps=max_steps, entropy=policy_entropy(sb.rows),
+                     prompt_indices=sb.prompt_indices, prompt_correct=sb.prompt_correct,
+                     prompt_samples=sb.prompt_samples, epoch=sb.epoch, epoch_end=sb.epoch_end)

@@ -18,9 +18,10 @@ KNOB_METRICS = ("temperature", "eps_high", "entropy_coef", "kl_coef")
 TIME_KEYS = ("time/", "perf/")  # wall-clock metrics: excluded from resume-equality checks
 
 
-def batch_metrics(step: int, sb: StepBatch, entropy: float, used: Knobs) -> dict[str, float]:
+def batch_metrics(step: int, sb: StepBatch, used: Knobs) -> dict[str, float]:
     """Reward, entropy, length and rollout-size metrics of the step's global batch."""
     rows = sb.rows
+    entropy = float(rows["entropy_sum"].sum() / rows["length"].sum().clamp_min(1))
     n = len(rows["reward"])
     lengths = rows["length"].double()
     out = {

@@ -1,9 +1,10 @@
-"""The training loop: setup, one step in numbered sections (CleanRL's shape), the loop, checkpoints.
+"""The training loop: setup, one step in numbered sections (CleanRL's shape), the loop, saving.
 
 Each phase lives in its own module: 0. knobs (``control``), 1–2. sample and score
-(``rollout.collect``, ``rollout.two_stage``), 3. advantages (``algorithms``), 4. update
+(``rollout.collect``, ``rollout.two_stage``), 3. advantages (``advantage_step``), 4. update
 (``update``), 5. controllers, 6. log (``step_metrics``, ``eval.validate``). Data parallelism is
-a few explicit ``dist`` calls. docs/architecture.md has the data flow and where each concept lives.
+a few explicit ``dist`` calls. docs/architecture.md has the data flow and where each concept
+lives.
 """
 
 from __future__ import annotations
@@ -17,107 +18,115 @@ import numpy as np
 import torch
 
 from explorl import config as C
-from explorl.algorithms import compute_advantages
-from explorl.checkpoint import (
-    NoCheckpoint,
-    latest_checkpoint,
-    load_state,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
-from explorl.control import ControlBank, ControlContext, Knobs, StepStats, build_controllers
+from explorl import models, run_state
+from explorl.advantage_step import step_advantages
+from explorl.checkpoint import NoCheckpoint, latest_checkpoint
+from explorl.completions import training_completions
+from explorl.control import Knobs, bank_from_config
 from explorl.data.order import DataOrder
-from explorl.data.sources import default_verifier, load_split
+from explorl.data.sources import in_memory, load_split
 from explorl.dist import LogProbModule, make_dist
 from explorl.eval.validate import validate
-from explorl.models import PromptTokens, autocast, load_model, load_tokenizer, resolve_model_path
+from explorl.outputs import RunOutputs
 from explorl.plots import plot_run_safely
 from explorl.rewards.pool import VerifierPool
+from explorl.rewards.rewarder import Rewarder
+from explorl.rollout.base import build_engine, pop_metrics
 from explorl.rollout.collect import collect
-from explorl.rollout.hf import HFEngine
 from explorl.rollout.two_stage import make_sampler
-from explorl.runlog import MetricsLog, ProgressBar, graceful_interrupt, json_default
-from explorl.step_batch import covariance_metrics, policy_entropy
+from explorl.runlog import ProgressBar, graceful_interrupt, json_default
+from explorl.step_batch import step_stats
 from explorl.step_metrics import TIME_KEYS, batch_metrics, ordered, timed
 from explorl.update import (
     NonFiniteGuard,
     PolicyUpdate,
-    TrainingDiverged,
     loss_metrics,
     make_optimizer,
     needs_recompute,
 )
 
-__all__ = ["TIME_KEYS", "Trainer", "TrainingDiverged"]
+__all__ = ["TIME_KEYS", "Trainer"]
 
 
 class Trainer:
     """GRPO-family trainer for a local HF causal LM, with pluggable exploration controllers."""
 
-    def __init__(self, cfg: C.RunConfig, out_dir: str | Path, *, resume: bool = False, engine=None):
+    def __init__(self, cfg: C.RunConfig, out_dir: str | Path, *, resume: bool = False,
+                 engine=None, train_data=None, val_data=None):
         self.cfg = cfg = C.validate(cfg)
         # First: under a launcher this joins the process group, so no rank writes into the run
         # directory while another one is still checking or clearing it (``--force``).
         self.dist = make_dist(cfg.dist.strategy, cfg.model.device)
         if cfg.data.prompts_per_step < self.dist.world_size:
-            raise C.ConfigError(f"data.prompts_per_step={cfg.data.prompts_per_step} < {self.dist.world_size} "
-                                "processes: every rank needs at least one prompt per step")
+            raise C.ConfigError(f"data.prompts_per_step={cfg.data.prompts_per_step} < "
+                                f"{self.dist.world_size} processes: every rank needs a prompt")
         self.out = Path(out_dir)
         ckpt = latest_checkpoint(self.out) if resume else None
         if resume and ckpt is None:
-            raise NoCheckpoint(f"--resume {self.out}: no complete checkpoint under {self.out / 'checkpoints'}")
+            raise NoCheckpoint(f"--resume {self.out}: no complete checkpoint in its checkpoints/")
         self.out.mkdir(parents=True, exist_ok=True)
         for seed in (random.seed, np.random.seed, torch.manual_seed):
             seed(cfg.seed)
         self.device = self.dist.device
-        self._setup_data()
+        self._setup_data(train_data, val_data)
         self._setup_model(ckpt)
         self._setup_optimizer()
         self._setup_rollout(engine)
-        self._setup_control()
+        self.control = bank_from_config(cfg, vocab_size=self.vocab_size,
+                                        dataset_size=len(self.train_data))
         self.step, self.guard = 0, NonFiniteGuard(cfg.optim.max_bad_steps)
         if ckpt is not None:
-            self._load(ckpt)
+            run_state.restore(self, ckpt)
         if self.dist.is_main:
             (self.out / "plots").mkdir(exist_ok=True)
             C.save(cfg, self.out / "config.yaml")
-        self.pool = VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s)
-        # metrics.jsonl holds global values: only rank 0 writes it.
-        self.metrics_log = (MetricsLog(self.out / "metrics.jsonl", truncate_after=self.step if resume else 0)
-                            if self.dist.is_main else None)
+        self.pool = VerifierPool.from_config(cfg.reward)
+        # metrics.jsonl, completions.jsonl and the trackers hold global values: rank 0 writes.
+        main = self.dist.is_main
+        self.outputs = RunOutputs(cfg, self.out, resume=resume, step=self.step) if main else None
         self._stop = False
 
-    def _setup_data(self) -> None:
+    def _setup_data(self, train_data=None, val_data=None) -> None:
+        """Rows in memory (a ``datasets.Dataset``, dicts, records) replace data.train / data.val."""
         cfg, d = self.cfg, self.cfg.data
-        self.train_data = load_split(d.train, cfg.lab, "train")[: d.max_train_prompts]
-        self.val_data = load_split(d.val or d.train, cfg.lab, "val" if not d.val else "train")
-        self.anneal_data = load_split(d.anneal, cfg.lab, "train") if d.anneal else None
-        self.verifier = cfg.reward.verifier if cfg.reward.verifier != "auto" else default_verifier(d.train)
+        train = (load_split(d.train, cfg, "train") if train_data is None
+                 else in_memory(train_data, cfg))
+        self.train_data = train[: d.max_train_prompts]
+        self.val_data = (load_split(d.val or d.train, cfg, "train" if d.val else "val")
+                         if val_data is None else in_memory(val_data, cfg))
+        self.anneal_data = load_split(d.anneal, cfg, "train") if d.anneal else None
+        mem = ["<in-memory rows>"]  # not a lab spec: ``auto`` verifies them with ``math``
+        specs = (d.train if train_data is None else mem) + (d.val if val_data is None else mem)
+        self.rewarder = Rewarder(cfg.reward, specs + d.anneal)
         self.order = DataOrder(len(self.train_data), d.prompts_per_step, cfg.seed, d.shuffle)
-        self.anneal_order = (DataOrder(len(self.anneal_data), d.prompts_per_step, cfg.seed + 7, d.shuffle)
-                             if self.anneal_data else None)
+        self.anneal_order = (DataOrder(len(self.anneal_data), d.prompts_per_step, cfg.seed + 7,
+                                       d.shuffle) if self.anneal_data else None)
 
     def _setup_model(self, ckpt: Path | None) -> None:
         cfg = self.cfg
-        base_path = resolve_model_path(cfg.model.path, cfg.lab)
+        base_path = models.resolve_model_path(cfg.model.path, cfg.lab)
         policy_path = ckpt if (ckpt is not None and (ckpt / "config.json").exists()) else base_path
-        self.tokenizer = load_tokenizer(base_path, cfg.model)
-        self.prompts = PromptTokens(self.tokenizer, cfg.model.use_chat_template, cfg.data.max_prompt_len)
-        self.policy = load_model(policy_path, cfg.model, self.device)
+        self.tokenizer = models.load_tokenizer(base_path, cfg.model)
+        self.prompts = models.PromptTokens(self.tokenizer, cfg.model.use_chat_template,
+                                    cfg.data.max_prompt_len)
+        self.prompts.check(train=self.train_data, val=self.val_data[: cfg.eval.max_problems],
+                           anneal=self.anneal_data or [])  # every prompt fits, before the model
+        self.policy = models.load_model(policy_path, cfg.model, self.device)
         self.vocab_size = self.policy.get_output_embeddings().weight.shape[0]
         self.n_params = sum(p.numel() for p in self.policy.parameters())
         # The loss's forward as a module, wrapped by DDP/FSDP under a launcher (itself at N = 1).
-        self.amp = lambda: autocast(cfg.model, self.device)  # forward passes in the compute dtype
+        self.amp = lambda: models.autocast(cfg.model, self.device)  # forwards in the compute dtype
         self.scorer = self.dist.wrap(LogProbModule(self.policy, amp=self.amp))
         a = cfg.control.adaptive
         # The reference model costs a full copy of the weights: load it only when a loss needs it.
         needs_ref = cfg.algorithm.kl_coef > 0 or (a.enabled and a.actuator == "kl_coef")
-        self.ref = load_model(base_path, cfg.model, self.device, frozen=True) if needs_ref else None
+        self.ref = (models.load_model(base_path, cfg.model, self.device, frozen=True)
+                    if needs_ref else None)
 
     def _setup_optimizer(self) -> None:
         cfg = self.cfg
-        self.optimizer, self.scheduler = make_optimizer(cfg.optim, self.scorer, self.device, self.dist.strategy)
+        self.optimizer, self.scheduler = make_optimizer(cfg.optim, self.scorer, self.device,
+                                                        self.dist.strategy)
         gen_device = self.device if self.device.type == "cuda" else torch.device("cpu")
         # Sampling needs no generator: its draws are seeded per prompt (rollout/seeding.py).
         self.generators = {"loss": torch.Generator(gen_device).manual_seed(cfg.seed + 1),
@@ -125,55 +134,24 @@ class Trainer:
 
     def _setup_rollout(self, engine) -> None:
         cfg = self.cfg
-        engine = engine or HFEngine(self.tokenizer, batch_size=cfg.rollout.batch_size)
+        engine = engine or build_engine(cfg, self.tokenizer,
+                                        models.resolve_model_path(cfg.model.path, cfg.lab),
+                                        models.resolve_dtype(cfg.model.dtype, self.device))
         pad = getattr(engine, "pad_id", 0)
-        self.sampler = make_sampler(engine, cfg.control.eepo, micro_batch_size=cfg.optim.micro_batch_size,
-                                    chunk_size=cfg.algorithm.logprob_chunk, pad_id=pad)
-        self.update = PolicyUpdate(cfg, self.scorer, self.optimizer, self.scheduler, self.ref, self.dist,
-                                   self.generators["loss"], self.generators["shuffle"], pad, amp=self.amp)
+        self.sampler = make_sampler(engine, cfg.control.eepo, pad_id=pad,
+                                    micro_batch_size=cfg.optim.micro_batch_size,
+                                    chunk_size=cfg.algorithm.logprob_chunk)
+        self.update = PolicyUpdate(cfg, self.scorer, self.optimizer, self.scheduler, self.ref,
+                                   self.dist, self.generators["loss"], self.generators["shuffle"],
+                                   pad, amp=self.amp)
         self.recompute = needs_recompute(cfg, engine, self.device)
 
-    def _setup_control(self) -> None:
-        cfg, a = self.cfg, self.cfg.algorithm
-        knobs = Knobs(temperature=cfg.rollout.temperature, eps_high=a.eps_high, entropy_coef=a.entropy_coef,
-                      kl_coef=a.kl_coef, n_samples=cfg.rollout.n_samples,
-                      max_response_len=cfg.rollout.max_response_len)
-        ctx = ControlContext(vocab_size=self.vocab_size, dataset_size=len(self.train_data), max_steps=cfg.max_steps,
-                             prompts_per_step=cfg.data.prompts_per_step, n_samples=cfg.rollout.n_samples)
-        controllers = build_controllers(cfg.control, ctx, knobs, anneal_dataset=bool(cfg.data.anneal))
-        self.control = ControlBank(controllers, knobs)
-
     def state_dict(self) -> dict:
-        return {"step": self.step, "optimizer": self.dist.optimizer_state(self.scorer, self.optimizer),
-                "scheduler": self.scheduler.state_dict(), "rng": rng_state(self.generators),
-                "data": self.order.state_dict(),
-                "anneal_data": self.anneal_order.state_dict() if self.anneal_order else None,
-                "guard": self.guard.state_dict(), **self.control.state_dict()}
-
-    def _load(self, ckpt: Path) -> None:
-        state = load_state(ckpt)
-        self.step = state["step"]
-        self.guard.load_state_dict(state.get("guard", {}))
-        self.dist.load_optimizer_state(self.scorer, self.optimizer, state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.order.load_state_dict(state["data"])
-        if self.anneal_order and state.get("anneal_data"):
-            self.anneal_order.load_state_dict(state["anneal_data"])
-        self.control.load_state_dict(state, where=f"checkpoint {ckpt}")
-        set_rng_state(state["rng"], self.generators)
+        return run_state.state_of(self)
 
     def save(self) -> Path:
-        """Rank 0 writes the checkpoint (weights and state are the same on every rank); the others
-        wait. Non-finite weights are never written: the last good checkpoint stays the latest."""
-        state, policy = self.state_dict(), self._policy_now()
-        if not all(bool(torch.isfinite(p).all()) for p in policy.parameters()):
-            raise TrainingDiverged(f"step {self.step}: the weights are not finite; no checkpoint written")
-        path = self.out / "checkpoints" / f"step-{self.step}"
-        if self.dist.is_main:
-            path = save_checkpoint(self.out, self.step, policy, self.tokenizer, state,
-                                   save_model=self.cfg.log.save_model, keep=self.cfg.log.keep_checkpoints)
-        self.dist.barrier()
-        return path
+        """Write ``checkpoints/step-N`` (rank 0; never from non-finite weights)."""
+        return run_state.save(self)
 
     @property
     def knobs(self) -> Knobs:
@@ -199,11 +177,16 @@ class Trainer:
         e = self.cfg.eval
         data = self.val_data[: e.max_problems]
         T = e.temperature if e.temperature is not None else self.knobs.temperature
+        samples: list = []  # this rank's responses, for completions.jsonl
         with self.amp():
-            return validate(engine=self.engine, policy=self._policy_now(), pool=self.pool, verifier=self.verifier,
-                            data=data, prompt_ids=self._prompt_ids(self.val_data, "val"), n_samples=e.n_samples,
-                            ks=e.k, temperature=T, max_new_tokens=self.knobs.max_response_len,
-                            seed=self.cfg.seed, step=self.step, greedy=e.greedy, dist=self.dist)
+            out = validate(engine=self.engine, policy=self._policy_now(), pool=self.pool,
+                           rewarder=self.rewarder, data=data, n_samples=e.n_samples, ks=e.k,
+                           prompt_ids=self._prompt_ids(self.val_data, "val"), temperature=T,
+                           max_new_tokens=self.knobs.max_response_len, seed=self.cfg.seed,
+                           step=self.step, greedy=e.greedy, dist=self.dist, samples=samples)
+        if self.outputs is not None:
+            self.outputs.log_completions(samples, self.step, "val")
+        return out
 
     def train_step(self) -> dict:
         cfg, step, metrics = self.cfg, self.step + 1, {}
@@ -221,46 +204,48 @@ class Trainer:
         # 1. sample  2. score (this rank's share; ``sb`` holds the whole batch's statistics)
         with self.amp():
             got = collect(cfg=cfg, step=step, knobs=knobs, batch=batch, order=order, data=data,
-                          prompt_ids=self._prompt_ids(data, tag), sampler=self.sampler, policy=self._policy_now(),
-                          version=self.scheduler.last_epoch, pool=self.pool, verifier=self.verifier, dist=self.dist)
+                          prompt_ids=self._prompt_ids(data, tag), sampler=self.sampler,
+                          policy=self._policy_now(), version=self.scheduler.last_epoch,
+                          pool=self.pool, rewarder=self.rewarder, dist=self.dist)
         sb, rows = got.batch, got.batch.rows
         metrics.update(got.metrics)
+        if self.outputs is not None and self.outputs.completions_due(step):
+            self.outputs.log_completions(training_completions(step, got, data), step, "train")
         if self.recompute:  # old log-probs and entropy from the trainer's own forward
             with timed(metrics, "time/old_logp_s"):
                 got.rollouts, rm = self.update.recompute(got.rollouts, sb, knobs.temperature)
             metrics.update(rm)
 
-        # 3. advantages over the global batch (groups = prompts, never split across ranks)
-        adv_all, am = compute_advantages(cfg.algorithm.advantage, rows["reward"].float(), rows["group"],
-                                         eps=cfg.algorithm.adv_eps)
-        metrics.update({k: float(v) for k, v in am.items()})
-        # Covariance diagnostics on the sampling pass's log-probs (= the policy's, before the update).
-        metrics.update(covariance_metrics(rows, adv_all))
+        # 3. advantages over the global batch (groups = prompts, never split across ranks), shaping
+        adv, am = step_advantages(cfg.algorithm, sb, got.rollouts, self.dist)
+        metrics.update(am)
 
-        # 4. update (skipped, weights untouched, when the loss or a gradient is not finite)
+        # 4. update (skipped, weights untouched, when the loss or a gradient is not finite), with
+        # loss-side knobs set from the step's global statistics (the policy's own entropy)
+        stats = step_stats(step, cfg.max_steps, sb)
+        with timed(metrics, "time/control_s"):
+            metrics.update(self.control.before_update(stats))
+        knobs = self.knobs
         with timed(metrics, "time/train_s"):
-            upd, sums = self.update.run(got.rollouts, adv_all[sb.local], knobs, sb)
-        # The step's one reduction: loss and token sums, and the Ctrl-C flag (all ranks stop together).
+            upd, sums = self.update.run(got.rollouts, adv, knobs, sb)
+        # The step's one reduction: loss and token sums, and the Ctrl-C flag (ranks stop together).
         total = self.dist.sum_dict({**sums, "stop": float(self._stop)})
         self._stop = total.pop("stop") > 0
-        metrics.update({**upd, **loss_metrics(total, len(rows["reward"]), cfg.optim.ppo_epochs, upd)})
+        metrics.update({**upd, **loss_metrics(total, len(rows["reward"]), cfg.optim.ppo_epochs,
+                                              upd)})
         self.guard.check(step, metrics, rows["reward"])
         self.step = step
 
-        # 5. controllers read the step's global statistics (the policy's own entropy)
-        entropy = policy_entropy(rows)
-        stats = StepStats(step=step, max_steps=cfg.max_steps, entropy=entropy, prompt_indices=sb.prompt_indices,
-                          prompt_correct=sb.prompt_correct, prompt_samples=sb.prompt_samples, epoch=sb.epoch,
-                          epoch_end=sb.epoch_end)
+        # 5. controllers read the step's global statistics
         with timed(metrics, "time/control_s"):
             metrics.update(self.control.after_step(stats))
 
         # 6. log (global values, the same on every rank)
-        metrics.update(batch_metrics(step, sb, float(rows["entropy_sum"].sum() / rows["length"].sum().clamp_min(1)),
-                                     knobs))
+        metrics.update(batch_metrics(step, sb, knobs))
         if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.max_steps):
             with timed(metrics, "time/val_s"):
                 metrics.update(self.validate())
+        metrics.update(pop_metrics(self.engine))  # vllm: weight pushes, vLLM-vs-forward logp gap
         metrics["time/step_s"] = time.perf_counter() - t_start
         return ordered(metrics)
 
@@ -276,7 +261,7 @@ class Trainer:
         t_run, last, ckpt = time.perf_counter(), {}, None
         try:
             with graceful_interrupt(stop, bar):
-                if self.step == 0 and cfg.eval.every and cfg.eval.before_training:  # the pre-RL point
+                if self.step == 0 and cfg.eval.every and cfg.eval.before_training:  # pre-RL point
                     self._log({"step": 0, **self.validate()}, bar)
                 while self.step < cfg.max_steps and not self._stop:
                     last = self._log(self.train_step(), bar)
@@ -284,24 +269,26 @@ class Trainer:
                         self.plot()
                     if cfg.log.checkpoint_every and self.step % cfg.log.checkpoint_every == 0:
                         ckpt = self.save()
-                if ckpt is None or int(ckpt.name.split("-")[-1]) != self.step:  # the final step, saved once
+                if ckpt is None or ckpt.name != f"step-{self.step}":  # the last step, saved once
                     ckpt = self.save()
         finally:
             bar.close()
-            if self.metrics_log is not None:
-                self.metrics_log.close()
+            if self.outputs is not None:
+                self.outputs.close()
             self.pool.close()
         self.plot()
-        summary = {"steps": self.step, "max_steps": cfg.max_steps, "interrupted": self._stop and self.step < cfg.max_steps,
+        summary = {"steps": self.step, "max_steps": cfg.max_steps,
+                   "interrupted": self._stop and self.step < cfg.max_steps,
                    "seconds": time.perf_counter() - t_run, "checkpoint": str(ckpt), "final": last,
                    "n_params": self.n_params, "processes": self.dist.world_size}
         if main:
-            (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=json_default))
+            text = json.dumps(summary, indent=2, default=json_default)
+            (self.out / "summary.json").write_text(text)
         return summary
 
     def _log(self, metrics: dict, bar: ProgressBar) -> dict:
-        if self.metrics_log is not None:
-            self.metrics_log.write(metrics)
+        if self.outputs is not None:
+            self.outputs.log(metrics)
         bar.update(self.step, metrics)
         return metrics
 

@@ -5,6 +5,16 @@ One shared generator permutes the global batch, so every rank cuts the same mini
 takes the rows it holds. Every micro-batch's loss is divided by its mini-batch's *global* token
 and sequence counts, so the ranks' gradients sum to the one-process gradient (DDP averages,
 hence the loss × N).
+
+Token masks and terms that act on any loss: the forking-token mask (``algorithm.
+entropy_mask_ratio``, §6c) keeps the policy loss of the mini-batch's top-ρ entropy tokens, its
+threshold taken over every rank's valid tokens (one gather per mini-batch, every rank joins);
+the entropies are the rollouts' (the policy's at the sampling temperature from the pass that
+gave old_logp: recomputed by the trainer with ``algorithm.old_logp``; EEPO's stage-2 rows after
+an unlearning step carry the unlearned copy's, the model that sampled them). EntroPIC's term
+(``control.entropic``, §6f) adds α · mean over confident tokens of −ratio·|A|; confident =
+π_old > p_min (ours: the sampling policy's probability, so the global count — its denominator —
+is known before the update; on the on-policy pass it is the current policy's, as in the code).
 """
 
 from __future__ import annotations
@@ -16,7 +26,13 @@ from types import SimpleNamespace
 
 import torch
 
-from explorl.algorithms import LOSSES, aggregate, kl_estimate
+from explorl.algorithms import (
+    LOSSES,
+    aggregate,
+    entropic_confident_term,
+    forking_token_mask,
+    kl_estimate,
+)
 from explorl.algorithms.losses import SELECTORS
 from explorl.config import RunConfig
 from explorl.control import Knobs
@@ -33,7 +49,8 @@ def make_optimizer(o, params_module: torch.nn.Module, device: torch.device, stra
     Fused AdamW (one kernel for every parameter) on CUDA with replicated parameters, and on CPU
     when ``optim.fused`` is true; torch's default path elsewhere (CPU, FSDP's flattened shards).
     """
-    on = device.type == "cuda" if o.fused is None else o.fused and device.type in ("cuda", "cpu")
+    cuda = device.type == "cuda"
+    on = cuda if o.fused is None else o.fused and device.type in ("cuda", "cpu")
     fused = True if on and strategy != "fsdp" else None
     optimizer = torch.optim.AdamW(params_module.parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
                                   weight_decay=o.weight_decay, fused=fused)
@@ -46,7 +63,10 @@ def needs_recompute(cfg: RunConfig, engine, device: torch.device) -> bool:
     """``algorithm.old_logp``: recompute unless told ``sampler``, or ``auto`` with an engine whose
     float32 log-probs are the trainer's own (the HF engine in float32)."""
     mode = cfg.algorithm.old_logp
-    exact = getattr(engine, "logprobs_match_trainer", False) and resolve_dtype(cfg.model.dtype, device) == torch.float32
+    exact = (
+        getattr(engine, "logprobs_match_trainer", False)
+        and resolve_dtype(cfg.model.dtype, device) == torch.float32
+    )
     return mode == "recompute" or (mode == "auto" and not exact)
 
 
@@ -55,21 +75,33 @@ def _add(sums: dict, key: str, value: torch.Tensor) -> None:
 
 
 class PolicyUpdate:
-    """The optimizer side of a step: the wrapped policy forward, AdamW, its schedule, the reference."""
+    """The optimizer side of a step: the wrapped policy forward, AdamW, its schedule, the
+    reference."""
 
     def __init__(self, cfg: RunConfig, scorer: torch.nn.Module, optimizer, scheduler, ref, dist,
                  loss_generator: torch.Generator, shuffle_generator: torch.Generator, pad_id: int,
                  amp=contextlib.nullcontext) -> None:
-        self.cfg, self.scorer, self.optimizer, self.scheduler, self.ref = cfg, scorer, optimizer, scheduler, ref
+        self.cfg, self.scorer, self.optimizer, self.scheduler, self.ref = (
+            cfg,
+            scorer,
+            optimizer,
+            scheduler,
+            ref,
+        )
         self.dist, self.pad_id, self.amp = dist, pad_id, amp
         self.loss_gen, self.shuffle_gen = loss_generator, shuffle_generator
         self.device = dist.device
         # float16 compute over float32 master weights needs loss scaling (bf16 does not).
-        fp16 = resolve_dtype(cfg.model.dtype, self.device) == torch.float16 and not cfg.model.pure_low_precision
+        fp16 = (
+            resolve_dtype(cfg.model.dtype, self.device) == torch.float16
+            and not cfg.model.pure_low_precision
+        )
         self.scaler = torch.amp.GradScaler(self.device.type) if fp16 else None
 
     @torch.no_grad()
-    def recompute(self, ro: Rollouts, sb: StepBatch, temperature: float) -> tuple[Rollouts, dict[str, float]]:
+    def recompute(
+        self, ro: Rollouts, sb: StepBatch, temperature: float
+    ) -> tuple[Rollouts, dict[str, float]]:
         """Old log-probs and entropy from the trainer's own forward (``algorithm.old_logp``).
 
         One no-grad pass of the policy over this rank's rows, in micro-batches (every rank runs as
@@ -87,8 +119,15 @@ class PolicyUpdate:
         for k in range(n_micro):
             if k < len(chunks):
                 sub = ro.select(chunks[k])
-                lp, ent = self.scorer(sub.prompt_ids, sub.prompt_mask, sub.response_ids, sub.response_mask,
-                                      temperature, chunk_size=a.logprob_chunk, with_entropy=True)
+                lp, ent = self.scorer(
+                    sub.prompt_ids,
+                    sub.prompt_mask,
+                    sub.response_ids,
+                    sub.response_mask,
+                    temperature,
+                    chunk_size=a.logprob_chunk,
+                    with_entropy=True,
+                )
                 logps.append(lp.float())
                 ents.append(ent.float())
             else:
@@ -102,10 +141,16 @@ class PolicyUpdate:
         diff = ((new_logp - ro.old_logp).abs() * mask)[own]
         out = dataclasses.replace(ro, old_logp=new_logp, entropy=new_ent)
         m = mask.float()
-        parts = self.dist.gather({"local": sb.local.cpu(), "ent": (new_ent.cpu() * m.cpu()).sum(-1).double(),
-                                  "logp": (new_logp.cpu() * m.cpu()).sum(-1).double(),
-                                  "diff_sum": float(diff.sum()), "diff_n": float(mask[own].sum()),
-                                  "diff_max": float(diff.max()) if diff.numel() else 0.0})
+        parts = self.dist.gather(
+            {
+                "local": sb.local.cpu(),
+                "ent": (new_ent.cpu() * m.cpu()).sum(-1).double(),
+                "logp": (new_logp.cpu() * m.cpu()).sum(-1).double(),
+                "diff_sum": float(diff.sum()),
+                "diff_n": float(mask[own].sum()),
+                "diff_max": float(diff.max()) if diff.numel() else 0.0,
+            }
+        )
         for p in parts:
             sb.rows["entropy_sum"][p["local"]] = p["ent"]
             sb.rows["logp_sum"][p["local"]] = p["logp"]
@@ -113,14 +158,22 @@ class PolicyUpdate:
         return out, {"rollout/logp_diff_max": max(p["diff_max"] for p in parts),
                      "rollout/logp_diff_mean": sum(p["diff_sum"] for p in parts) / n if n else 0.0}
 
-    def run(self, ro: Rollouts, adv: torch.Tensor, knobs: Knobs, sb: StepBatch) -> tuple[dict, dict]:
-        """Returns metrics that are the same on every rank, and this rank's sums for ``loss_metrics``
+    def run(
+        self, ro: Rollouts, adv: torch.Tensor, knobs: Knobs, sb: StepBatch
+    ) -> tuple[dict, dict]:
+        """Returns metrics that are the same on every rank, and this rank's sums for
+        ``loss_metrics``
         (added over ranks by the caller)."""
         cfg, a, o = self.cfg, self.cfg.algorithm, self.cfg.optim
         rows, W = sb.rows, self.dist.world_size
         N = len(rows["reward"])  # global
         if N == 0:
-            return {"loss/policy": 0.0, "loss/clip_frac": 0.0, "grad/norm": 0.0, "train/optimizer_steps": 0.0}, {}
+            return {
+                "loss/policy": 0.0,
+                "loss/clip_frac": 0.0,
+                "grad/norm": 0.0,
+                "train/optimizer_steps": 0.0,
+            }, {}
         loss_fn = LOSSES[a.loss]
         lcfg = SimpleNamespace(**{**dataclasses.asdict(a), "eps_high": knobs.eps_high})
         max_len = a.agg_max_len or cfg.rollout.max_response_len
@@ -130,12 +183,19 @@ class PolicyUpdate:
         sums: dict[str, torch.Tensor] = {}
         n_opt, n_bad, grad_norm_sum = 0, 0, torch.zeros((), device=self.device)
         adv = adv.to(self.device)
+        confident = self._confident_counts(ro, sb, N) if cfg.control.entropic.enabled else None
+        mask_sums: dict[str, float] = {}  # forking-mask metrics (global), summed over mini-batches
+        n_masks = 0
         self.scorer.train()
         for _ in range(o.ppo_epochs):
             order = (torch.randperm(N, generator=self.shuffle_gen) if n_mb > 1 or o.ppo_epochs > 1
                      else torch.arange(N))
             for mb in order.tensor_split(n_mb):
-                agg = dict(token_denom=rows["length"][mb].sum().clamp_min(1), seq_denom=len(mb), max_len=max_len)
+                agg = dict(
+                    token_denom=rows["length"][mb].sum().clamp_min(1),
+                    seq_denom=len(mb),
+                    max_len=max_len,
+                )
                 mine = local_row[mb]
                 micros = mine[mine >= 0].split(o.micro_batch_size)
                 # Every rank runs as many forward/backward passes as the busiest one: only the last
@@ -143,13 +203,28 @@ class PolicyUpdate:
                 per_rank = torch.bincount(rows["rank"][mb], minlength=W)
                 n_micro = int(max(math.ceil(int(c) / o.micro_batch_size) for c in per_rank))
                 selections = self._select_tokens(ro, adv, micros, n_micro, knobs, lcfg)
+                weights = [None] * len(micros)
+                if a.entropy_mask_ratio:
+                    weights = self._forking_weights(ro, micros, mask_sums)
+                    n_masks += 1
+                if confident is not None:  # EntroPIC's denominator: its confident tokens
+                    agg["confident_denom"] = confident[mb].sum().clamp_min(1)
                 self.optimizer.zero_grad(set_to_none=True)
                 for k in range(n_micro):
                     sync = k == n_micro - 1
                     with contextlib.nullcontext() if sync else self.dist.no_sync(self.scorer):
                         if k < len(micros):
-                            loss = self._micro_loss(ro.select(micros[k]), adv[micros[k]], knobs, loss_fn, lcfg,
-                                                    agg, sums, selection=selections[k])
+                            loss = self._micro_loss(
+                                ro.select(micros[k]),
+                                adv[micros[k]],
+                                knobs,
+                                loss_fn,
+                                lcfg,
+                                agg,
+                                sums,
+                                selection=selections[k],
+                                weight=weights[k],
+                            )
                         else:
                             loss = self._idle_loss()
                         loss = loss * W
@@ -176,11 +251,44 @@ class PolicyUpdate:
         out = {"grad/norm": float(grad_norm_sum) / max(1, n_opt) if n_opt else float("nan"),
                "train/optimizer_steps": float(n_opt), "train/nonfinite_updates": float(n_bad),
                "train/lr": float(self.scheduler.get_last_lr()[0])}
+        out.update({k: v / n_masks for k, v in mask_sums.items()})  # means over the mini-batches
         return out, {k: float(v) for k, v in sums.items()}
 
+    def _confident_counts(self, ro: Rollouts, sb: StepBatch, N: int) -> torch.Tensor:
+        """(N,) per global row: valid tokens with π_old > p_min (EntroPIC's confident tokens); one
+        gather, so every rank can form each mini-batch's global count."""
+        p_min = self.cfg.control.entropic.p_min
+        n = (ro.response_mask & (ro.old_logp.exp() > p_min)).sum(-1).float().cpu()  # (n,)
+        out = torch.zeros(N)
+        for part in self.dist.gather({"local": sb.local.cpu(), "n": n}):
+            out[part["local"]] = part["n"]
+        return out
+
     @torch.no_grad()
-    def _select_tokens(self, ro: Rollouts, adv: torch.Tensor, micros: list[torch.Tensor], n_micro: int,
-                       knobs: Knobs, lcfg) -> list:
+    def _forking_weights(self, ro: Rollouts, micros: list[torch.Tensor], mask_sums: dict) -> list:
+        """The forking-token mask over this mini-batch's valid tokens on every rank (§6c): one
+        per-token weight (n_micro_rows, T) per micro-batch. Every rank calls the gather, also one
+        holding no rows of the mini-batch. Adds the mask's (global) metrics to ``mask_sums``."""
+        a = self.cfg.algorithm
+        rows = torch.cat(micros) if micros else torch.zeros(0, dtype=torch.long)
+        rows = rows.to(ro.entropy.device)
+        tm = forking_token_mask(ro.entropy[rows], ro.response_mask[rows], a.entropy_mask_ratio,
+                                renorm_kept=a.entropy_mask_renorm, gather=self.dist.gather,
+                                rank=self.dist.rank)
+        for k, v in tm.metrics.items():
+            mask_sums[k] = mask_sums.get(k, 0.0) + float(v)
+        return list(tm.weight.split([len(m) for m in micros])) if micros else []
+
+    @torch.no_grad()
+    def _select_tokens(
+        self,
+        ro: Rollouts,
+        adv: torch.Tensor,
+        micros: list[torch.Tensor],
+        n_micro: int,
+        knobs: Knobs,
+        lcfg,
+    ) -> list:
         """Clip-Cov/KL-Cov token selection over this rank's whole mini-batch (ALGORITHMS §2d: per
         mini-batch, not per micro-batch). A mini-batch in one micro-batch selects inside its loss;
         split into several, each costs one extra no-grad forward, whose detached logp is what the
@@ -192,37 +300,77 @@ class PolicyUpdate:
             return [None] * len(micros)
         a = self.cfg.algorithm
         parts = [ro.select(idx) for idx in micros]
-        logps = [self.scorer(p.prompt_ids, p.prompt_mask, p.response_ids, p.response_mask, knobs.temperature,
-                             chunk_size=a.logprob_chunk, with_entropy=False)[0] for p in parts]
+        logps = [
+            self.scorer(
+                p.prompt_ids,
+                p.prompt_mask,
+                p.response_ids,
+                p.response_mask,
+                knobs.temperature,
+                chunk_size=a.logprob_chunk,
+                with_entropy=False,
+            )[0]
+            for p in parts
+        ]
         for _ in range(n_micro - len(parts)):
             self._idle_loss()
         if not parts:
             return []
         mask = torch.cat([p.response_mask for p in parts])
         old = torch.cat([p.old_logp for p in parts])
-        selected, cov = select(torch.cat(logps), old, adv[torch.cat(micros)], mask, lcfg, generator=self.loss_gen)
+        selected, cov = select(
+            torch.cat(logps), old, adv[torch.cat(micros)], mask, lcfg, generator=self.loss_gen
+        )
         sizes = [len(idx) for idx in micros]
         return list(zip(selected.split(sizes), cov.split(sizes)))
 
     def _micro_loss(self, sub: Rollouts, adv: torch.Tensor, knobs: Knobs, loss_fn, lcfg, agg: dict,
-                    sums: dict, selection=None) -> torch.Tensor:
-        """This micro-batch's share of the mini-batch loss; adds its metric sums to ``sums``."""
+                    sums: dict, selection=None, weight: torch.Tensor | None = None) -> torch.Tensor:
+        """This micro-batch's share of the mini-batch loss; adds its metric sums to ``sums``.
+        ``weight`` (n, T): the forking mask's per-token weight of the policy loss."""
         a = self.cfg.algorithm
+        agg = dict(agg)
+        confident_denom = agg.pop("confident_denom", None)
         mask = sub.response_mask
         need_entropy = knobs.entropy_coef > 0
-        logp, ent = self.scorer(sub.prompt_ids, sub.prompt_mask, sub.response_ids, mask, knobs.temperature,
-                                chunk_size=a.logprob_chunk, with_entropy=need_entropy)
-        per_tok, m = loss_fn(logp, sub.old_logp, adv, mask, lcfg, generator=self.loss_gen, selection=selection)
+        logp, ent = self.scorer(
+            sub.prompt_ids,
+            sub.prompt_mask,
+            sub.response_ids,
+            mask,
+            knobs.temperature,
+            chunk_size=a.logprob_chunk,
+            with_entropy=need_entropy,
+        )
+        per_tok, m = loss_fn(
+            logp, sub.old_logp, adv, mask, lcfg, generator=self.loss_gen, selection=selection
+        )
+        if weight is not None:
+            per_tok = per_tok * weight.to(per_tok.device)
         pg = aggregate(per_tok, mask, a.agg, **agg)
         loss = pg
+        if confident_denom is not None:  # EntroPIC: α · token-mean of −ratio·|A| on confident ones
+            confident = sub.old_logp.exp() > self.cfg.control.entropic.p_min
+            term, em = entropic_confident_term(logp, sub.old_logp, adv, mask,
+                                               token_denom=confident_denom, confident=confident)
+            loss = loss + knobs.pos_neg_weight * term
+            m = {**m, **em}
         if need_entropy:
             bonus = aggregate(ent, mask, a.agg, **agg)
             loss = loss - knobs.entropy_coef * bonus
             _add(sums, "loss/entropy_bonus", bonus.detach() * agg["seq_denom"])
         if knobs.kl_coef > 0 and self.ref is not None:
             with torch.no_grad(), self.amp():
-                ref_logp, _ = response_logprobs(self.ref, sub.prompt_ids, sub.prompt_mask, sub.response_ids, mask,
-                                                knobs.temperature, chunk_size=a.logprob_chunk, with_entropy=False)
+                ref_logp, _ = response_logprobs(
+                    self.ref,
+                    sub.prompt_ids,
+                    sub.prompt_mask,
+                    sub.response_ids,
+                    mask,
+                    knobs.temperature,
+                    chunk_size=a.logprob_chunk,
+                    with_entropy=False,
+                )
             kl = kl_estimate(logp, ref_logp, a.kl_estimator) * mask
             loss = loss + knobs.kl_coef * aggregate(kl, mask, a.agg, **agg)
             _add(sums, "kl/ref_mean", kl.detach().sum())
@@ -247,14 +395,21 @@ class PolicyUpdate:
         return logp.sum() * 0.0
 
 
-def loss_metrics(total: dict[str, float], n_rows: int, ppo_epochs: int, upd: dict) -> dict[str, float]:
-    """Metrics from the update's sums over all ranks: token-weighted means, except the three below."""
+def loss_metrics(
+    total: dict[str, float], n_rows: int, ppo_epochs: int, upd: dict
+) -> dict[str, float]:
+    """Metrics from the update's sums over all ranks: token-weighted means, except the three
+    below."""
     tokens = max(total.pop("tokens", 0.0), 1.0)
     if "cov/selected_n" in total:  # mean covariance over every selected token of the update
         n_sel, sel_sum = total.pop("cov/selected_n"), total.pop("cov/selected_sum")
         total["cov/selected_mean"] = sel_sum / n_sel * tokens if n_sel > 0 else 0.0
-    out = {k: v / tokens for k, v in total.items() if k not in ("loss/entropy_bonus", "loss/policy")}
-    if "loss/entropy_bonus" in total:  # seq-weighted sum of per-mini-batch aggregates → mean aggregate
+    out = {
+        k: v / tokens for k, v in total.items() if k not in ("loss/entropy_bonus", "loss/policy")
+    }
+    if (
+        "loss/entropy_bonus" in total
+    ):  # seq-weighted sum of per-mini-batch aggregates → mean aggregate
         out["loss/entropy_bonus"] = total["loss/entropy_bonus"] / (n_rows * ppo_epochs)
     if "loss/policy" in total:  # sum over optimizer steps of the mini-batch losses → mean
         out["loss/policy"] = total["loss/policy"] / max(1.0, upd["train/optimizer_steps"])
@@ -273,16 +428,20 @@ class NonFiniteGuard:
         self.max_bad, self.in_a_row, self.skipped = max_bad, 0, 0
 
     def check(self, step: int, metrics: dict, rewards: torch.Tensor) -> None:
-        bad = metrics.get("train/nonfinite_updates", 0.0) > 0 or not bool(torch.isfinite(rewards).all())
+        bad = metrics.get("train/nonfinite_updates", 0.0) > 0 or not bool(
+            torch.isfinite(rewards).all()
+        )
         self.in_a_row = self.in_a_row + 1 if bad else 0
         self.skipped += int(bad)
         metrics["train/skipped_steps"] = float(self.skipped)
         if bad and self.in_a_row >= self.max_bad:
             raise TrainingDiverged(
-                f"step {step}: {self.in_a_row} consecutive steps with a non-finite loss, gradient or reward "
-                f"(grad/norm={metrics.get('grad/norm')}, reward/mean={float(rewards.mean())}); the weights "
-                "were not updated by them and the last checkpoint is intact. Lower optim.lr or check the "
-                "reward function")
+                f"step {step}: {self.in_a_row} consecutive steps with a non-finite loss, "
+                f"gradient or reward (grad/norm={metrics.get('grad/norm')}, "
+                f"reward/mean={float(rewards.mean())}); the weights were not updated by them "
+                "and the last checkpoint is intact. Lower optim.lr or check the "
+                "reward function"
+            )
 
     def state_dict(self) -> dict:
         return {"in_a_row": self.in_a_row, "skipped": self.skipped}

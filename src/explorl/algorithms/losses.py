@@ -2,7 +2,8 @@
 
 One signature, as in verl's ``core_algos``::
 
-    fn(logp, old_logp, advantages, mask, cfg, generator=None, selection=None) -> (per_token_loss, metrics)
+    fn(logp, old_logp, advantages, mask, cfg, generator=None, selection=None)
+        -> (per_token_loss, metrics)
 
 logp, old_logp (N, T); advantages (N,) or (N, T); mask (N, T) bool. ``cfg`` is any object
 with ``eps_low, eps_high, clip_c, clip_cov_ratio, clip_cov_lb, clip_cov_ub, kl_cov_ratio,

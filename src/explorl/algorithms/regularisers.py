@@ -52,6 +52,7 @@ def entropic_confident_term(
     mask: torch.Tensor,
     token_denom: Denom = None,
     p_min: float = ENTROPIC_P_MIN,
+    confident: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """EntroPIC's actuator term (arXiv 2511.15248; ``compute_policy_loss_entropic``;
     ALGORITHMS.md §6f): the scalar token-mean of −ratio·|A| over *confident* tokens.
@@ -63,13 +64,17 @@ def entropic_confident_term(
     under token-mean), so α > 0 sharpens (entropy too high) and α < 0 flattens.
     The denominator is the confident-token count: ``token_denom`` passes the global count with
     several micro-batches or ranks; default this batch's count (0 tokens -> 0, not NaN).
+    ``confident`` (N, T) bool replaces the test (the trainer passes valid ∧ π_old > p_min, from
+    the sampling pass, so the global count is known before the update starts).
 
     Metric: ``loss/entropic_confident_frac`` (confident / valid tokens).
     """
     mask = mask.bool()
     adv = per_token_advantages(advantages.detach(), logp)  # (N, T)
     ratio = torch.exp(_log_ratio(logp, old_logp, mask))  # (N, T)
-    confident = mask & (logp.detach().exp() > p_min)
+    if confident is None:
+        confident = logp.detach().exp() > p_min
+    confident = mask & confident.bool()
     total = torch.where(confident, -ratio * adv.abs(), torch.zeros_like(ratio)).sum()
     term = _safe_div(total, confident.sum() if token_denom is None else token_denom)
     return term, {"loss/entropic_confident_frac": masked_mean(confident.float(), mask)}

@@ -17,13 +17,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from explorl.analysis.runs import Run, load_run, new_figure, save_figure
+from explorl.errors import ExplorlError
 
 MIN_POINTS = 3  # two coefficients: two points always fit exactly, so r2 would mean nothing
 ENTROPY_KEY = "entropy/mean"
 ACCURACY_KEY = "val/accuracy"
 
 
-class FitError(ValueError):
+class FitError(ExplorlError, ValueError):
     """The entropy–performance law cannot be fitted (too few points, no entropy spread)."""
 
 
@@ -144,7 +145,8 @@ def law_points(run: Run) -> tuple[list[int], list[float], list[float]]:
 
 
 def fit_run(run_dir: str | Path, fit_fraction: float = 1.0) -> EntropyLawFit:
-    """Fit the entropy–performance law (Eq. 6) on a run's (``entropy/mean``, ``val/accuracy``) pairs."""
+    """Fit the entropy–performance law (Eq. 6) on a run's (``entropy/mean``,
+    ``val/accuracy``) pairs."""
     run = load_run(run_dir)
     steps, H, R = law_points(run)
     return fit_entropy_law(H, R, fit_fraction, steps=steps, run=run.label)
@@ -179,6 +181,7 @@ def plot_fit(fit: EntropyLawFit, path: str | Path) -> Path:
     ax.set_title(f"Entropy–performance law{f': {fit.run}' if fit.run else ''}")
     ax.legend(fontsize="small")
     ax.grid(alpha=0.3)
+    ax.ticklabel_format(axis="both", useOffset=False)  # entropies read as they are, not "+0.35"
     return save_figure(fig, path)
 
 

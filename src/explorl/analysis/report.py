@@ -14,7 +14,17 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from explorl.analysis.runs import PASSK_KEY, Run, load_run, new_figure, save_figure
+from explorl.analysis.runs import (
+    PASSK_KEY,
+    Run,
+    changes,
+    clip_band,
+    load_run,
+    metric_range,
+    new_figure,
+    save_figure,
+    step_axes,
+)
 
 FINAL_FRACTION = 0.1  # "final" reward/entropy = mean over the last 10% of logged steps
 
@@ -35,7 +45,9 @@ class Group:
             return f"{self.name} (seeds {', '.join(map(str, seeds))})"
         return f"{self.name} ({len(self.runs)} runs)"
 
-    def band(self, key: str, window: int = 1) -> tuple[list[int], list[float], list[float], list[float]]:
+    def band(
+        self, key: str, window: int = 1
+    ) -> tuple[list[int], list[float], list[float], list[float]]:
         """(steps, mean, min, max) of ``key`` across the group's runs that logged each step; each
         run's series is first smoothed by a trailing mean over ``window`` logged points."""
         by_step: dict[int, list[float]] = {}
@@ -45,7 +57,12 @@ class Group:
                 by_step.setdefault(s, []).append(v)
         steps = sorted(by_step)
         vals = [by_step[s] for s in steps]
-        return steps, [statistics.fmean(v) for v in vals], [min(v) for v in vals], [max(v) for v in vals]
+        return (
+            steps,
+            [statistics.fmean(v) for v in vals],
+            [min(v) for v in vals],
+            [max(v) for v in vals],
+        )
 
 
 def trailing_mean(values: list[float], window: int) -> list[float]:
@@ -65,6 +82,20 @@ def smoothing_window(groups: list[Group]) -> int:
     """Trailing-mean window of the per-step curves: about 1% of the longest run (1 = none)."""
     longest = max((len(r.records) for g in groups for r in g.runs), default=0)
     return max(1, round(longest / 100))
+
+
+FEW_GROUPS = 3
+"""Up to this many recipes a panel has room for each one's raw per-step values, drawn faintly
+under a curve smoothed over about 5% of the run (TensorBoard's view); more recipes get the 1%
+smoothing of ``smoothing_window`` and no raw lines."""
+
+
+def display_window(groups: list[Group]) -> int:
+    """The trailing-mean window of the drawn curves (``FEW_GROUPS`` explains the two cases)."""
+    if len(groups) > FEW_GROUPS:
+        return smoothing_window(groups)
+    longest = max((len(r.records) for g in groups for r in g.runs), default=0)
+    return max(smoothing_window(groups), round(longest / 20))
 
 
 def group_colors(n: int) -> list:
@@ -92,38 +123,68 @@ def place_legend(ax, fig, n_entries: int) -> None:
 
 @dataclass
 class Panel:
-    """One overlay figure: ``lines`` are (metric key, line style, label suffix)."""
+    """One overlay figure: ``lines`` are (metric key, line style, label suffix); ``section`` is
+    the report heading it appears under."""
 
     file: str
     title: str
     ylabel: str
     lines: list[tuple[str, str, str]]
+    section: str = ""
 
 
-def _panels(passk_keys: list[str]) -> list[Panel]:
+SECTIONS = ("Reward and accuracy", "Entropy and exploration", "Policy update", "Responses")
+
+
+KNOBS = {
+    "temperature": ("control/temperature", "Sampling temperature", "temperature T"),
+    "eps_high": ("control/eps_high", "Clip-higher eps_high", "eps_high"),
+    "entropy_coef": ("control/entropy_coef", "Entropy-bonus coefficient", "entropy_coef"),
+    "kl_coef": ("control/kl_coef", "Reference-KL coefficient", "kl_coef"),
+}
+"""Knob panels: drawn only when the knob moved in a run or differs between runs."""
+
+
+def _panels(passk_keys: list[str], runs: list[Run]) -> list[Panel]:
     styles = ["-", "--", ":", "-."]
     passk = [(k, styles[i % 4], f" {k.removeprefix('val/')}") for i, k in enumerate(passk_keys)]
     H = "mean token entropy (nats)"
-    return [
-        Panel("reward", "Training reward", "mean reward", [("reward/mean", "-", "")]),
-        Panel("entropy", "Policy entropy (EEPO: dashed = stage 1, dotted = stage 2)", H,
+    eepo = any(r.series("entropy/stage1")[0] for r in runs)
+    entropy_title = "Policy entropy" + (" (EEPO runs: dashed = stage 1, dotted = stage 2)"
+                                        if eepo else "")
+    knobs = [Panel(name, title, ylabel, [(key, "-", "")]) for name, (key, title, ylabel)
+             in KNOBS.items() if changes([v for r in runs for v in r.series(key)[1]])]
+    acc, ent, upd, resp = SECTIONS
+    panels = [
+        Panel("reward", "Training reward", "mean reward", [("reward/mean", "-", "")], acc),
+        Panel("val_accuracy", "Validation accuracy (sampled)", "validation accuracy",
+              [("val/accuracy", "-", "")], acc),
+        Panel("val_passk", "Validation pass@k", "pass@k", passk, acc),
+        Panel("all_wrong", "Prompts with all responses wrong", "fraction of prompts",
+              [("rollout/all_wrong_frac", "-", "")], acc),
+        Panel("entropy", entropy_title, H,
               [("entropy/mean", "-", ""), ("entropy/stage1", "--", " stage 1"),
-               ("entropy/stage2", ":", " stage 2")]),
-        Panel("val_accuracy", "Validation accuracy", "validation accuracy",
-              [("val/accuracy", "-", "")]),
-        Panel("val_passk", "Validation pass@k", "pass@k", passk),
-        Panel("temperature", "Sampling temperature", "temperature T",
-              [("control/temperature", "-", "")]),
-        Panel("eps_high", "Clip-higher eps_high", "eps_high", [("control/eps_high", "-", "")]),
+               ("entropy/stage2", ":", " stage 2")], ent),
+        *knobs,
         Panel("target_entropy", "Target entropy", H, [("control/target_entropy", "-", "")]),
         Panel("budgets", "Rollout budget per prompt (dashed = min, solid = max)",
               "samples per prompt",
               [("rollout/budget_min", "--", " min"), ("rollout/budget_max", "-", " max")]),
         Panel("covariance", "Covariance of log-prob and advantage", "mean Cov(logp, A)",
               [("cov/mean", "-", "")]),
-        Panel("all_wrong", "Prompts with all responses wrong", "fraction of prompts",
-              [("rollout/all_wrong_frac", "-", "")]),
+        Panel("grad_norm", "Gradient norm (before clipping)", "global L2 norm",
+              [("grad/norm", "-", "")], upd),
+        Panel("clip_frac", "PPO clip fraction", "fraction of tokens",
+              [("loss/clip_frac", "-", "")], upd),
+        Panel("response_length", "Response length (solid = mean, dashed = max)", "tokens",
+              [("response/length_mean", "-", " mean"), ("response/length_max", "--", " max")],
+              resp),
+        Panel("truncated", "Truncated responses (no EOS before the length limit)",
+              "fraction of responses", [("response/truncated_frac", "-", "")], resp),
     ]
+    for p in panels:
+        p.section = p.section or ent
+    return panels
 
 
 def _draw(panel: Panel, groups: list[Group], path: Path, window: int) -> Path | None:
@@ -138,21 +199,28 @@ def _draw(panel: Panel, groups: list[Group], path: Path, window: int) -> Path | 
             if not steps:
                 continue
             smoothed |= not sparse and window > 1
+            raw = not sparse and window > 1 and len(groups) <= FEW_GROUPS
+            if raw:  # the values behind the smoothed curve, faintly
+                ax.plot(*group.band(key, 1)[:2], color=color, linestyle=style, linewidth=0.8,
+                        alpha=0.3)
             marker = "o" if len(steps) == 1 or sparse else None
             ax.plot(steps, mean, color=color, linestyle=style, marker=marker, markersize=3,
                     linewidth=1.2, label=group.label + suffix)
             if len(group.runs) > 1:
+                lo, hi = clip_band(lo, hi, metric_range(key, group.runs[0].config))
                 ax.fill_between(steps, lo, hi, color=color, alpha=0.12, linewidth=0)
             entries += 1
     if not entries:
         return None
     ax.set_title(panel.title)
-    notes = [f"{window}-step trailing mean"] if smoothed else []
+    notes = [f"{window}-step trailing mean"
+             + (", faint: raw" if len(groups) <= FEW_GROUPS else "")] if smoothed else []
     if any(len(g.runs) > 1 for g in groups):
         notes.append("band = min–max over seeds")
     ax.set_xlabel("training step" + (f" ({'; '.join(notes)})" if notes else ""))
     ax.set_ylabel(panel.ylabel)
     ax.grid(alpha=0.3)
+    step_axes(ax)
     place_legend(ax, fig, entries)
     return save_figure(fig, path)
 
@@ -193,7 +261,9 @@ def _columns(passk_keys: list[str]) -> list[tuple[str, str]]:
         ("final_entropy", "final entropy (nats)"),
         ("entropy_ratio", "H final / H initial"),
         ("last_val_accuracy", "last val accuracy"),
-        *[(f"last_{k}", f"last val {k.removeprefix('val/')}") for k in passk_keys],
+        # val/pass@1 is val/accuracy (the same number): one column
+        *[(f"last_{k}", f"last val {k.removeprefix('val/')}") for k in passk_keys
+          if k != "val/pass@1"],
         ("all_wrong_frac", "mean all-wrong frac"),
         ("step_s", "s / step"),
     ]
@@ -249,17 +319,32 @@ NOTES = (
     "All-wrong fraction and s / step: means over all steps. "
     "± is the sample standard deviation across the runs (seeds) of a recipe; shaded bands in "
     "the plots are the min–max range across them. Per-step curves are smoothed by a trailing "
-    "mean over about 1% of the run's steps (the x-axis label gives the window); the table "
-    "uses the raw values."
+    "mean (the x-axis label gives the window: about 5% of the run's steps with the raw values "
+    "drawn faintly beneath for up to three recipes, about 1% for more); the table uses the raw "
+    "values."
 )
 
 
-def make_report(run_dirs: list[Path], out_dir: Path) -> Path:
-    """Overlay the runs' curves and tabulate final figures per recipe; returns ``report.md``.
+@dataclass
+class Report:
+    """The files ``write_report`` made: ``figures`` are (title, section, PNG path)."""
 
-    Also writes ``report.html`` (self-contained: plots embedded as base64 PNG), ``report.json``
-    (the table's raw numbers) and one PNG per metric that any run logged.
-    """
+    markdown: Path
+    html: Path
+    json: Path
+    figures: list[tuple[str, str, Path]]
+
+
+def make_report(run_dirs: list[Path], out_dir: Path) -> Path:
+    """Overlay the runs' curves and tabulate final figures per recipe; returns ``report.md``
+    (``write_report`` returns every file it wrote)."""
+    return write_report(run_dirs, out_dir).markdown
+
+
+def write_report(run_dirs: list[Path], out_dir: Path) -> Report:
+    """Write ``report.md``, ``report.html`` (self-contained: plots embedded as base64 PNG, each
+    linking to its file), ``report.json`` (the table's raw numbers) and one PNG per panel that
+    any run logged into ``out_dir``. PNGs of panels that no longer apply are removed."""
     if not run_dirs:
         raise ValueError("make_report needs at least one run directory")
     out_dir = Path(out_dir)
@@ -272,22 +357,31 @@ def make_report(run_dirs: list[Path], out_dir: Path) -> Path:
 
     passk_keys = sorted({k for r in runs for k in r.passk_keys()},
                         key=lambda k: int(PASSK_KEY.match(k).group(1)))
-    figures = []
-    window = smoothing_window(group_list)
-    for panel in _panels(passk_keys):
+    figures: list[tuple[str, str, Path]] = []
+    window = display_window(group_list)
+    panels = _panels(passk_keys, runs)
+    for panel in sorted(panels, key=lambda p: SECTIONS.index(p.section)):
         path = _draw(panel, group_list, out_dir / f"{panel.file}.png", window)
         if path is not None:
-            figures.append((panel.title, path))
+            figures.append((panel.title, panel.section, path))
+    drawn = {p.name for _, _, p in figures}
+    for stale in out_dir.glob("*.png"):  # a panel of an earlier report into this directory
+        if stale.name not in drawn and stale.stem in _ALL_PANEL_FILES:
+            stale.unlink()
 
     columns = _columns(passk_keys)
     rows = recipe_table(group_list, columns)
-    (out_dir / "report.json").write_text(json.dumps({"columns": columns, "rows": rows}, indent=2) + "\n")
+    json_path = out_dir / "report.json"
+    json_path.write_text(json.dumps({"columns": columns, "rows": rows,
+                                     "figures": [p.name for _, _, p in figures]}, indent=2) + "\n")
 
     run_lines = [(str(r.path), r.name, "—" if r.seed is None else str(r.seed),
                   str(r.records[-1]["step"]) if r.records else "0") for r in runs]
     header = ["recipe", "runs", *[title for _, title in columns]]
     body = [[row["recipe"], str(len(row["runs"])), *[_fmt(row["metrics"][c]) for c, _ in columns]]
             for row in rows]
+    sections = [(sec, [(t, p) for t, s, p in figures if s == sec]) for sec in SECTIONS]
+    sections = [(sec, figs) for sec, figs in sections if figs]
 
     md = ["# explorl run report", "", "## Runs", "",
           "| run directory | recipe | seed | last step |", "|---|---|---|---|"]
@@ -296,29 +390,64 @@ def make_report(run_dirs: list[Path], out_dir: Path) -> Path:
            "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     md += ["| " + " | ".join(_md(c) for c in cells) + " |" for cells in body]
     md += ["", NOTES, "", "## Curves", ""]
-    for title, path in figures:
-        md += [f"### {title}", "", f"![{title}]({path.name})", ""]
+    for sec, figs in sections:
+        md += [f"### {sec}", ""]
+        md += [f"![{title}]({path.name})" for title, path in figs]
+        md += [""]
     md_path = out_dir / "report.md"
     md_path.write_text("\n".join(md))
 
+    html_path = out_dir / "report.html"
+    html_path.write_text(_html(run_lines, header, body, sections))
+    return Report(markdown=md_path, html=html_path, json=json_path, figures=figures)
+
+
+_ALL_PANEL_FILES = {p.file for p in _panels([], [])} | set(KNOBS)
+
+CSS = """
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;max-width:1280px;margin:0 auto;
+     padding:24px 32px;color:#1f2328;line-height:1.45}
+h1{margin-bottom:4px} h2{border-bottom:1px solid #d0d7de;padding-bottom:4px;margin-top:32px}
+.sub{color:#59636e;margin-top:0}
+table{border-collapse:collapse;font-size:14px;margin:8px 0}
+td,th{border:1px solid #d0d7de;padding:4px 10px} th{background:#f6f8fa}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+.notes{color:#59636e;font-size:13px;max-width:980px}
+.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(560px,1fr));gap:16px}
+figure{margin:0;border:1px solid #d0d7de;border-radius:6px;padding:8px;background:#fff}
+figure img{width:100%;display:block} figcaption{font-size:12px;color:#59636e;text-align:right}
+"""
+
+
+def _html(run_lines, header, body, sections) -> str:
     esc = html.escape
+    n_runs, n_recipes = len(run_lines), len(body)
     parts = [
-        "<!DOCTYPE html>", "<html><head><meta charset='utf-8'><title>explorl run report</title>",
-        ("<style>body{font-family:sans-serif;max-width:1100px;margin:auto}"
-         "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px}"
-         "img{max-width:100%}</style></head><body>"),
-        "<h1>explorl run report</h1>", "<h2>Runs</h2>", "<table>",
+        "<!DOCTYPE html>", "<html lang='en'><head><meta charset='utf-8'>",
+        "<title>explorl run report</title>", f"<style>{CSS}</style></head><body>",
+        "<h1>explorl run report</h1>",
+        (f"<p class='sub'>{n_runs} run{'s' * (n_runs != 1)} of {n_recipes} "
+        f"recipe{'s' * (n_recipes != 1)}. Made by <code>explorl report</code>; the same content "
+        "as <a href='report.md'>report.md</a>, the table's numbers in "
+        "<a href='report.json'>report.json</a>.</p>"),
+        "<h2>Runs</h2>", "<table>",
         "<tr><th>run directory</th><th>recipe</th><th>seed</th><th>last step</th></tr>",
-        *[f"<tr><td><code>{esc(p)}</code></td><td>{esc(n)}</td><td>{s}</td><td>{t}</td></tr>"
-          for p, n, s, t in run_lines],
+        *[f"<tr><td><code>{esc(p)}</code></td><td>{esc(n)}</td><td class='num'>{s}</td>"
+          f"<td class='num'>{t}</td></tr>" for p, n, s, t in run_lines],
         "</table>", "<h2>Final figures per recipe</h2>", "<table>",
         "<tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>",
-        *["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>" for cells in body],
-        "</table>", f"<p>{esc(NOTES).replace('`', '')}</p>", "<h2>Curves</h2>",
+        *["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells[:1])
+          + "".join(f"<td class='num'>{esc(c)}</td>" for c in cells[1:]) + "</tr>"
+          for cells in body],
+        "</table>", f"<p class='notes'>{esc(NOTES).replace('`', '')}</p>",
     ]
-    for title, path in figures:
-        data = base64.b64encode(path.read_bytes()).decode("ascii")
-        parts += [f"<h3>{esc(title)}</h3>", f"<img alt='{esc(title)}' src='data:image/png;base64,{data}'>"]
+    for sec, figs in sections:
+        parts += [f"<h2>{esc(sec)}</h2>", "<div class='grid'>"]
+        for title, path in figs:
+            data = base64.b64encode(path.read_bytes()).decode("ascii")
+            parts += [(f"<figure><a href='{esc(path.name)}'><img alt='{esc(title)}' "
+                      f"src='data:image/png;base64,{data}'></a>"
+                      f"<figcaption>{esc(path.name)}</figcaption></figure>")]
+        parts.append("</div>")
     parts.append("</body></html>")
-    (out_dir / "report.html").write_text("\n".join(parts))
-    return md_path
+    return "\n".join(parts)

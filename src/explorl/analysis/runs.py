@@ -7,7 +7,6 @@ steps after its last checkpoint) keeps its last record.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -15,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from explorl.runlog import read_metrics
 
 PASSK_KEY = re.compile(r"^val/pass@(\d+)$")
 
@@ -27,6 +28,7 @@ class Run:
     name: str
     seed: int | None
     records: list[dict[str, Any]] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)  # the resolved config.yaml ({} if absent)
 
     @property
     def label(self) -> str:
@@ -42,6 +44,10 @@ class Run:
                 values.append(float(v))
         return steps, values
 
+    def moved(self, key: str) -> bool:
+        """Whether ``key`` took more than one value (a knob a controller actually changed)."""
+        return changes(self.series(key)[1])
+
     def keys(self) -> set[str]:
         return {k for rec in self.records for k in rec}
 
@@ -49,26 +55,6 @@ class Run:
         """``val/pass@k`` keys present in the run, sorted by k."""
         found = [k for k in self.keys() if PASSK_KEY.match(k)]
         return sorted(found, key=lambda k: int(PASSK_KEY.match(k).group(1)))
-
-
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Records of a ``metrics.jsonl`` sorted by ``step``; the last record of a step wins."""
-    by_step: dict[int, dict[str, Any]] = {}
-    path = Path(path)
-    if not path.exists():
-        return []
-    with path.open() as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:  # a line the trainer was writing when it died
-                continue
-            if isinstance(rec, dict) and isinstance(rec.get("step"), int):
-                by_step[rec["step"]] = rec
-    return [by_step[s] for s in sorted(by_step)]
 
 
 def load_run(run_dir: str | Path) -> Run:
@@ -88,7 +74,53 @@ def load_run(run_dir: str | Path) -> Run:
         name=str(name),
         seed=seed if isinstance(seed, int) else None,
         records=read_metrics(run_dir / "metrics.jsonl"),
+        config=cfg,
     )
+
+
+def changes(values: list[float], rel: float = 1e-9) -> bool:
+    """True when the values are not all equal (up to ``rel`` of their magnitude)."""
+    if not values:
+        return False
+    lo, hi = min(values), max(values)
+    return hi - lo > rel * max(1.0, abs(hi), abs(lo))
+
+
+UNIT_INTERVAL = re.compile(r"(_frac$|accuracy$|^val/pass@\d+$|^eepo/active$)")
+"""Metrics that are fractions or probabilities: their values and bands live in [0, 1]."""
+
+
+def metric_range(key: str, config: dict[str, Any] | None = None) -> tuple[float, float] | None:
+    """The values ``key`` can take, or None when unbounded: [0, 1] for fractions and
+    accuracies; for ``reward/mean`` the reward convention's ({0, 1} or {−1, 1}), widened below
+    by DAPO's overlong penalty when the run shapes rewards."""
+    if UNIT_INTERVAL.search(key):
+        return 0.0, 1.0
+    if key == "reward/mean":
+        reward = (config or {}).get("reward") or {}
+        lo = -1.0 if reward.get("convention") == "signed" else 0.0
+        if reward.get("overlong_buffer"):
+            lo -= float(reward.get("overlong_penalty", 1.0))
+        return lo, 1.0
+    return None
+
+
+def clip_band(lo: list[float], hi: list[float], bounds: tuple[float, float] | None
+              ) -> tuple[list[float], list[float]]:
+    """A band's lower and upper edges clipped to ``bounds`` (unchanged when None)."""
+    if bounds is None:
+        return lo, hi
+    a, b = bounds
+    return [min(max(v, a), b) for v in lo], [min(max(v, a), b) for v in hi]
+
+
+def step_axes(ax) -> None:
+    """Axes over training steps: integer step ticks (no 2.5), and plain y tick labels (no
+    matplotlib offset such as "+6.917" above the axis, which hides the values read off it)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
+    ax.ticklabel_format(axis="both", useOffset=False)
 
 
 def new_figure(nrows: int = 1, ncols: int = 1, width: float = 6.4, height: float = 4.0,

@@ -4,15 +4,18 @@
 ``ControlBank`` runs them for the trainer. For each step t and each controller in order::
 
     knobs <- c.before_batch(t, knobs)                  # then draw prompts from knobs.dataset
-    knobs <- c.before_step(t, knobs, prompt_indices)   # then sample, score, update
+    knobs <- c.before_step(t, knobs, prompt_indices)   # then sample and score
+    knobs <- c.before_update(stats, knobs)             # loss-side knobs; then update
     c.after_step(stats, knobs)                         # metrics only
 
 Hooks return a ``Decision``; the bank applies its knob changes, rejecting a knob the controller
 did not claim, so "one owner per knob" is enforced, not declared.
 
-Order (``CONTROLLER_ORDER``): curriculum, temperature, budget, adaptive, eepo. The curriculum
-comes first because it sets ``n_samples``, which the budget reads as n_default in the same
-``before_step``; the others own disjoint knobs, so their order fixes the metric order only.
+Order (``CONTROLLER_ORDER``): curriculum, temperature, budget, adaptive, entropic, entropy_coef,
+eepo. The curriculum comes first because it sets ``n_samples``, which the budget reads as
+n_default in the same ``before_step``; the others own disjoint knobs, so their order fixes the
+metric order only. ``before_update`` may change only the knobs the update alone reads
+(``UPDATE_KNOBS``): the step is sampled by then.
 
 The knobs are part of the trainer's checkpoint (``ControlBank.state_dict``), beside each
 controller's own state: a knob no controller owns keeps its configured value, and one a
@@ -22,6 +25,7 @@ controller owns is rewritten from that controller's state every step.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any
 
 from explorl.config import ControlConfig
@@ -40,6 +44,8 @@ from explorl.control.base import (
 from explorl.control.budget import BudgetAllocator, allocate_budgets
 from explorl.control.curriculum import Curriculum
 from explorl.control.eepo import EEPOGate
+from explorl.control.entropic import EntroPICController
+from explorl.control.entropy_coef import EntropyCoefController
 from explorl.control.laws import EntroPICLaw, EntropyCoefLaw, PIGains, PILaw, pi_step
 from explorl.control.schedules import SCHEDULES, Schedule, make_schedule
 from explorl.control.temperature import TemperatureScheduler
@@ -49,14 +55,20 @@ CONTROLLERS: dict[str, type[Controller]] = {
     "temperature": TemperatureScheduler,
     "budget": BudgetAllocator,
     "adaptive": AdaptiveController,
+    "entropic": EntroPICController,
+    "entropy_coef": EntropyCoefController,
     "eepo": EEPOGate,
 }
 
 CONTROLLER_ORDER = tuple(CONTROLLERS)
 
-# Pairs that each steer entropy towards their own target. Run together they fight over the
-# same quantity (and both log control/target_entropy), so a recipe may enable only one.
-EXCLUSIVE = (("temperature", "adaptive"),)
+# Knobs only the update reads: the ones ``before_update`` may still change.
+UPDATE_KNOBS = ("eps_high", "entropy_coef", "kl_coef", "pos_neg_weight")
+
+# Controllers that each steer entropy towards their own target. Run together they fight over the
+# same quantity (and each logs control/target_entropy), so a recipe may enable only one.
+ENTROPY_TRACKERS = ("temperature", "adaptive", "entropic", "entropy_coef")
+EXCLUSIVE = tuple(itertools.combinations(ENTROPY_TRACKERS, 2))
 
 
 def enabled_controllers(cfg: ControlConfig) -> list[str]:
@@ -70,8 +82,8 @@ def check_control_config(cfg: ControlConfig) -> None:
     for a, b in EXCLUSIVE:
         if a in on and b in on:
             raise ControlError(
-                f"control.{a} and control.{b} both steer entropy towards their own target and would "
-                "fight each other; enable one of them"
+                f"control.{a} and control.{b} both steer entropy towards their own target "
+                "and would fight each other; enable one of them"
             )
     owners: dict[str, str] = {}
     for name in on:
@@ -100,6 +112,29 @@ def build_controllers(cfg: ControlConfig, ctx: ControlContext, knobs: Knobs, *,
     return controllers
 
 
+def bank_from_config(cfg, *, vocab_size: int, dataset_size: int) -> ControlBank:
+    """A run's controllers and its initial knobs, from a ``RunConfig``: the knobs start at the
+    configured values (``rollout``, ``algorithm``) and the enabled controllers own some of them."""
+    a = cfg.algorithm
+    knobs = Knobs(
+        temperature=cfg.rollout.temperature,
+        eps_high=a.eps_high,
+        entropy_coef=a.entropy_coef,
+        kl_coef=a.kl_coef,
+        n_samples=cfg.rollout.n_samples,
+        max_response_len=cfg.rollout.max_response_len,
+    )
+    ctx = ControlContext(
+        vocab_size=vocab_size,
+        dataset_size=dataset_size,
+        max_steps=cfg.max_steps,
+        prompts_per_step=cfg.data.prompts_per_step,
+        n_samples=cfg.rollout.n_samples,
+    )
+    controllers = build_controllers(cfg.control, ctx, knobs, anneal_dataset=bool(cfg.data.anneal))
+    return ControlBank(controllers, knobs)
+
+
 class ControlBank:
     """The run's controllers and the knobs they decide, applied in order with ownership checked."""
 
@@ -121,12 +156,26 @@ class ControlBank:
     def before_step(self, step: int, prompt_indices: list[int]) -> dict[str, float]:
         return self._run("before_step", step, prompt_indices)
 
+    def before_update(self, stats: StepStats) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        for c in self.controllers:
+            d = c.before_update(stats, self.knobs)
+            late = sorted(set(d.knobs) - set(UPDATE_KNOBS))
+            if late:
+                raise ControlError(f"controller {c.name!r} changed {late} in before_update, "
+                                   "after the step was sampled; use before_step")
+            self.knobs = apply_decision(self.knobs, d, c)
+            metrics.update(d.metrics)
+        return metrics
+
     def after_step(self, stats: StepStats) -> dict[str, float]:
         metrics: dict[str, float] = {}
         for c in self.controllers:
             d = c.after_step(stats, self.knobs)
             if d.knobs:
-                raise ControlError(f"controller {c.name!r} changed knobs in after_step; use before_step")
+                raise ControlError(
+                    f"controller {c.name!r} changed knobs in after_step; use before_step"
+                )
             metrics.update(d.metrics)
         return metrics
 
@@ -147,11 +196,39 @@ class ControlBank:
 
 
 __all__ = [
-    "ACTUATORS", "ACTUATOR_DEFAULTS", "CONTROLLERS", "CONTROLLER_ORDER", "SCHEDULES", "ActuatorSpec",
-    "AdaptiveController", "BudgetAllocator", "ControlBank", "ControlContext", "ControlError", "Controller",
-    "Curriculum", "Decision", "EEPOGate", "Knobs", "Schedule", "StepStats", "TemperatureScheduler",
-    "allocate_budgets", "apply_decision", "build_controllers", "check_actuators", "check_control_config",
-    "enabled_controllers", "make_schedule",
+    "ACTUATORS",
+    "ACTUATOR_DEFAULTS",
+    "CONTROLLERS",
+    "CONTROLLER_ORDER",
+    "SCHEDULES",
+    "ActuatorSpec",
+    "AdaptiveController",
+    "BudgetAllocator",
+    "ControlBank",
+    "ControlContext",
+    "ControlError",
+    "Controller",
+    "Curriculum",
+    "Decision",
+    "EEPOGate",
+    "EntroPICController",
+    "EntropyCoefController",
+    "Knobs",
+    "Schedule",
+    "StepStats",
+    "TemperatureScheduler",
+    "allocate_budgets",
+    "apply_decision",
+    "bank_from_config",
+    "build_controllers",
+    "check_actuators",
+    "check_control_config",
+    "enabled_controllers",
+    "make_schedule",
     # pure control laws (§6f, §6g) for controllers to wrap
-    "EntroPICLaw", "EntropyCoefLaw", "PIGains", "PILaw", "pi_step",
+    "EntroPICLaw",
+    "EntropyCoefLaw",
+    "PIGains",
+    "PILaw",
+    "pi_step",
 ]

@@ -1,4 +1,5 @@
-"""Adaptive controller tracking a target-entropy schedule (Entropy Scheduling Alg. 1; ALGORITHMS 4a).
+"""Adaptive controller tracking a target-entropy schedule (Entropy Scheduling Alg. 1;
+ALGORITHMS 4a).
 
 The paper's adaptive clip-higher: after ``warmup`` steps at c_0, every step compares the mean
 entropy of the last ``window`` steps (H_curr) with the mean scheduled target over the same
@@ -34,6 +35,13 @@ at c_0; the first update is computed after step ``warmup`` and used at step warm
 
 Release (WSD with ``release=True``): during the annealing phase the knob is held at c_min and
 the loop stops, so entropy anneals naturally (eps_high back to 0.2, no bonus, no KL penalty).
+
+PI law (``law: pi``, ALGORITHMS §6f's generic law; bang-bang stays the paper's default): with
+e = sign·(H_sched − H_curr) over the same window, c = clip(c_0 + kp·e + ki·I, c_min, c_max) and
+then I += e (``control.laws.pi_step``; conditional-integration anti-windup on by default, ours).
+No dead-band: the proportional term is already small near the target. Defaults (ours): kp =
+10·δ (a 0.1-nat error moves the knob by δ), ki = δ. Warm-up and release as above; while
+released, I is frozen.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from typing import Any
 
 from explorl.config import AdaptiveControlConfig
 from explorl.control.base import ControlContext, Controller, Decision, Knobs, StepStats
+from explorl.control.laws import PIGains, PILaw
 from explorl.control.schedules import Schedule, make_schedule
 
 
@@ -72,7 +81,8 @@ class AdaptiveController(Controller):
 
     Settings: ``control.adaptive`` (``AdaptiveControlConfig``): actuator (``eps_high`` is the
     paper's), schedule, warmup T (ours: 5), window w (ours: 3), delta/init/min/max (δ, c_0 and
-    the clamp; ``None`` = the actuator's row of ``ACTUATOR_DEFAULTS``), deadband (ours: 0.02).
+    the clamp; ``None`` = the actuator's row of ``ACTUATOR_DEFAULTS``), deadband (ours: 0.02),
+    law (``bang_bang`` or ``pi``) with kp, ki, anti_windup (see the module note on the PI law).
     ``schedule=`` overrides the configured schedule with any ``(step, max_steps) -> float``;
     ``sign=`` overrides the actuator's sign (see the module note on kl_coef).
 
@@ -92,7 +102,9 @@ class AdaptiveController(Controller):
         spec = ACTUATOR_DEFAULTS[cfg.actuator]
         self.actuator = cfg.actuator
         self.actuators = (cfg.actuator,)
-        self.schedule = schedule if schedule is not None else make_schedule(**dataclasses.asdict(cfg.schedule))
+        self.schedule = (
+            schedule if schedule is not None else make_schedule(**dataclasses.asdict(cfg.schedule))
+        )
         self.warmup, self.window, self.deadband = cfg.warmup, cfg.window, cfg.deadband
         self.delta = spec.delta if cfg.delta is None else cfg.delta
         self.c0 = spec.c0 if cfg.init is None else cfg.init
@@ -101,6 +113,12 @@ class AdaptiveController(Controller):
         self.sign = spec.sign if sign is None else sign
         if self.sign not in (1, -1):  # a code-level argument: the config never sets it
             raise ValueError(f"adaptive: sign must be +1 or -1, got {self.sign}")
+        self.law = cfg.law
+        kp = 10 * self.delta if cfg.kp is None else cfg.kp
+        ki = self.delta if cfg.ki is None else cfg.ki
+        self.gains = PIGains(kp, ki, self.c_min, self.c_max, bias=self.c0,
+                             anti_windup=cfg.anti_windup)
+        self.pi = PILaw(self.gains)
         # state
         self.c = self.c0  # knob value of the coming step
         self.history: list[tuple[int, float]] = []  # (step, H_step) of the last `window` steps
@@ -109,6 +127,7 @@ class AdaptiveController(Controller):
         self.max_steps = ctx.max_steps
         self.c = self.c0
         self.history = []
+        self.pi = PILaw(self.gains)
 
     def _released(self, step: int) -> bool:
         released = getattr(self.schedule, "released", None)
@@ -128,14 +147,17 @@ class AdaptiveController(Controller):
         h_curr = sum(h for _, h in self.history) / len(self.history)
         h_sched = sum(self.schedule(s, self.max_steps) for s, _ in self.history) / len(self.history)
         control = stats.step >= self.warmup and not self._released(stats.step + 1)
-        if control and abs(h_sched - h_curr) > self.deadband * abs(h_sched):
+        if control and self.law == "pi":
+            self.c = self.pi.step(self.sign * (h_sched - h_curr))
+        elif control and abs(h_sched - h_curr) > self.deadband * abs(h_sched):
             direction = 1 if h_sched > h_curr else -1  # +1: entropy must rise
             self.c = min(self.c_max, max(self.c_min, self.c + self.sign * direction * self.delta))
         return Decision(metrics={"control/tracking_error": h_curr - h_sched})
 
     def state_dict(self) -> dict[str, Any]:
-        return {"c": self.c, "history": [[s, h] for s, h in self.history]}
+        return {"c": self.c, "history": [[s, h] for s, h in self.history], **self.pi.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.c = float(state["c"])
         self.history = [(int(s), float(h)) for s, h in state["history"]]
+        self.pi.load_state_dict({"integral": state.get("integral", 0.0)})  # bang-bang runs: none

@@ -1,7 +1,9 @@
 """The controller protocol: explicit state in, knob changes out.
 
 A controller reads the statistics of the step that just finished (``after_step``) and decides
-knobs for the next one (``before_batch``/``before_step``). Hooks never write the knobs: they
+knobs for the next one (``before_batch``/``before_step``), or, from the statistics of the step's
+own rollouts, knobs of that step's update (``before_update``: the loss-side coefficients).
+Hooks never write the knobs: they
 return a ``Decision`` (the knob values they want and the metrics to log), and ``ControlBank``
 applies it, rejecting a write to a knob the controller did not claim. Each knob — an
 *actuator* — has at most one owner; ``check_actuators`` rejects a configuration where two
@@ -14,22 +16,21 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from explorl.errors import ExplorlError
+from explorl.errors import ControlError
 
 # Every knob a controller may own. "budgets" = per-prompt sample counts; "unlearn" = the EEPO
-# gate; "curriculum" = (dataset, n_samples, max_response_len) switched together.
-ACTUATORS = ("temperature", "eps_high", "entropy_coef", "kl_coef", "budgets", "unlearn", "curriculum")
+# gate; "curriculum" = (dataset, n_samples, max_response_len) switched together;
+# "pos_neg_weight" = EntroPIC's α, the weight of positive vs negative confident tokens (§6f).
+ACTUATORS = ("temperature", "eps_high", "entropy_coef", "kl_coef", "budgets", "unlearn",
+             "curriculum", "pos_neg_weight")
 
 # The actuator that owns each field of ``Knobs``.
 KNOB_ACTUATOR = {
     "temperature": "temperature", "eps_high": "eps_high", "entropy_coef": "entropy_coef",
     "kl_coef": "kl_coef", "budgets": "budgets", "unlearn": "unlearn",
     "dataset": "curriculum", "n_samples": "curriculum", "max_response_len": "curriculum",
+    "pos_neg_weight": "pos_neg_weight",
 }
-
-
-class ControlError(ExplorlError, ValueError):
-    """A controller configuration that cannot work (e.g. two owners of one actuator)."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class Knobs:
     budgets: tuple[int, ...] | None = None  # per-prompt sample counts; None = n_samples each
     dataset: str = "train"  # "train", or "anneal" once a curriculum switches datasets
     unlearn: bool = False  # EEPO: take the unlearning step between the two sampling stages
+    pos_neg_weight: float = 0.0  # EntroPIC α: loss += α·mean over confident tokens of −ratio·|A|
 
     def budgets_for(self, n_prompts: int) -> list[int]:
         return list(self.budgets) if self.budgets is not None else [self.n_samples] * n_prompts
@@ -64,8 +66,10 @@ def apply_decision(knobs: Knobs, decision: Decision, controller: Controller) -> 
         if k not in KNOB_ACTUATOR:
             raise ControlError(f"controller {controller.name!r} set unknown knob {k!r}")
         if KNOB_ACTUATOR[k] not in controller.actuators:
-            raise ControlError(f"controller {controller.name!r} set knob {k!r}, owned by actuator "
-                               f"{KNOB_ACTUATOR[k]!r}, which it did not claim ({controller.actuators})")
+            raise ControlError(
+                f"controller {controller.name!r} set knob {k!r}, owned by actuator "
+                f"{KNOB_ACTUATOR[k]!r}, which it did not claim ({controller.actuators})"
+            )
     changes = dict(decision.knobs)
     if changes.get("budgets") is not None:
         changes["budgets"] = tuple(int(n) for n in changes["budgets"])
@@ -117,6 +121,12 @@ class Controller:
 
     def before_step(self, step: int, knobs: Knobs, prompt_indices: list[int]) -> Decision:
         """Knobs for ``step`` (1-based), whose batch holds ``prompt_indices``."""
+        return Decision()
+
+    def before_update(self, stats: StepStats, knobs: Knobs) -> Decision:
+        """Knobs of the update of ``stats.step``, from the statistics of its own rollouts (sampled
+        and scored, not yet trained on: ``stats.entropy`` is the pre-update policy's). Only the
+        loss-side knobs can still change here (entropy_coef, kl_coef, eps_high, pos_neg_weight)."""
         return Decision()
 
     def after_step(self, stats: StepStats, knobs: Knobs) -> Decision:

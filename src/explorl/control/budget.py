@@ -19,6 +19,11 @@ always), which keeps N_tot feasible: n_min·B ≤ N_tot ≤ n_max·B.
 Once a curriculum switches ``knobs.dataset`` away from ``"train"``, prompt indices refer to
 another dataset: the allocator then samples ``n_samples`` per prompt and stops accumulating
 (the per-prompt statistics describe the training set only).
+
+Knapsack RL (``allocator: knapsack``; arXiv 2509.25849, ALGORITHMS §6h) replaces step 2's linear
+allocation with ``algorithms.knapsack_budgets``: the counts that maximise the expected value of
+non-zero-gradient groups given each prompt's *last* observed success rate (kept per dataset
+index; an unseen prompt gets n_default), within the same [n_min, n_max] and at the same N_tot.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from explorl.algorithms.knapsack import knapsack_budgets
 from explorl.config import BudgetControlConfig
 from explorl.control.base import (
     ControlContext,
@@ -85,7 +91,8 @@ class BudgetAllocator(Controller):
     """Allocate each batch's rollouts by prompt difficulty at a constant batch total (E3 §4.1).
 
     Settings: ``control.budget`` (``BudgetControlConfig``): n_min_limit (E3: 4), n_max_limit
-    (E3: 12), widen (E3: 2), how far each bound moves per completed epoch.
+    (E3: 12), widen (E3: 2), how far each bound moves per completed epoch; allocator (``e3`` or
+    ``knapsack``) and knapsack_alpha (the Knapsack RL code's fallback, 0.9).
 
     Metrics (before_step, for the step's batch):
         ``rollout/budget_min``, ``rollout/budget_max``: smallest and largest count allocated.
@@ -97,10 +104,12 @@ class BudgetAllocator(Controller):
 
     def __init__(self, cfg: BudgetControlConfig) -> None:
         self.n_min_limit, self.n_max_limit, self.widen = cfg.n_min_limit, cfg.n_max_limit, cfg.widen
+        self.allocator, self.knapsack_alpha = cfg.allocator, cfg.knapsack_alpha
         # state (arrays indexed by dataset index)
         self.cum_samples: list[int] = []
         self.cum_reward: list[float] = []
         self.rank: list[float] = []
+        self.last_rate: list[float | None] = []  # success rate at the prompt's last sighting
         self.widenings = 0  # epoch ends seen so far
 
     def setup(self, ctx: ControlContext, knobs: Knobs) -> None:
@@ -108,6 +117,7 @@ class BudgetAllocator(Controller):
         self.cum_samples = [0] * n
         self.cum_reward = [0.0] * n
         self.rank = [0.0] * n
+        self.last_rate = [None] * n
         self.widenings = 0
 
     def bounds(self, n_default: int) -> tuple[int, int]:
@@ -133,9 +143,13 @@ class BudgetAllocator(Controller):
         else:
             self._check_indices(prompt_indices)
             n_min, n_max = self.bounds(n_default)
-            budgets = allocate_budgets(
-                [self.rank[i] for i in prompt_indices], n_default, n_min, n_max
-            )
+            if self.allocator == "knapsack":
+                rates = [self.last_rate[i] for i in prompt_indices]
+                budgets = knapsack_budgets(rates, n_default, n_min, n_max, self.knapsack_alpha)
+            else:
+                budgets = allocate_budgets(
+                    [self.rank[i] for i in prompt_indices], n_default, n_min, n_max
+                )
             chosen = budgets
         return Decision(knobs={"budgets": chosen}, metrics={
             "rollout/budget_min": float(min(budgets, default=n_default)),
@@ -153,6 +167,8 @@ class BudgetAllocator(Controller):
         ):
             self.cum_samples[i] += int(n)
             self.cum_reward[i] += float(c)
+            if n > 0:
+                self.last_rate[i] = min(1.0, max(0.0, float(c) / int(n)))
         if stats.epoch_end:
             self._rerank()
             self.widenings += 1
@@ -171,15 +187,19 @@ class BudgetAllocator(Controller):
             "cum_samples": list(self.cum_samples),
             "cum_reward": list(self.cum_reward),
             "rank": list(self.rank),
+            "last_rate": list(self.last_rate),
             "widenings": self.widenings,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if len(state["rank"]) != len(self.rank):
             raise ControlError(
-                f"budget: checkpoint covers {len(state['rank'])} prompts, the dataset has {len(self.rank)}"
+                f"budget: checkpoint covers {len(state['rank'])} prompts, "
+                f"the dataset has {len(self.rank)}"
             )
         self.cum_samples = [int(x) for x in state["cum_samples"]]
         self.cum_reward = [float(x) for x in state["cum_reward"]]
         self.rank = [float(x) for x in state["rank"]]
+        rates = state.get("last_rate", [None] * len(self.rank))  # absent in older checkpoints
+        self.last_rate = [None if x is None else float(x) for x in rates]
         self.widenings = int(state["widenings"])

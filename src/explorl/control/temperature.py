@@ -72,7 +72,8 @@ class TemperatureScheduler(Controller):
         t0 = knobs.temperature
         if not self.t_min <= t0 <= self.t_max:
             raise ControlError(
-                f"temperature: initial T={t0} is outside [t_min, t_max] = [{self.t_min}, {self.t_max}]"
+                f"temperature: initial T={t0} is outside [t_min, t_max] = "
+                f"[{self.t_min}, {self.t_max}]"
             )
         self.T = float(t0)
         self.H0 = None

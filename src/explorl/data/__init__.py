@@ -1,8 +1,8 @@
-"""Prompt data: the record type and loaders for local files."""
+"""Prompt data: the record type and loaders for local files and rows in memory."""
 
 from __future__ import annotations
 
-from explorl.data.files import DataError, load_many, load_prompts
+from explorl.data.files import DataError, load_many, load_prompts, records_from_rows
 from explorl.data.records import PromptRecord
 
-__all__ = ["DataError", "PromptRecord", "load_many", "load_prompts"]
+__all__ = ["DataError", "PromptRecord", "load_many", "load_prompts", "records_from_rows"]

@@ -1,4 +1,10 @@
-"""Prompt records from local ``.jsonl``/``.json``/``.parquet`` files (verl or plain/TRL schema).
+"""Prompt records from local ``.jsonl``/``.json``/``.parquet`` files (verl or plain/TRL schema),
+or from rows in memory (a ``datasets.Dataset``, a list of dicts).
+
+``prompt_key`` / ``answer_key`` (``data.prompt_key`` / ``data.answer_key``) name the columns
+when they are not the schemas' own; an answer key may be a dotted path into an object
+(``reward_model.ground_truth``). Every other column goes to the record's ``extra``, verl's
+``extra_info`` included, and so reaches verl- and TRL-style reward functions.
 
 Files are read with the standard ``json`` module and ``pyarrow.parquet`` rather than
 ``datasets.load_dataset``: errors can then name the exact line, nothing is written to the HF
@@ -8,18 +14,19 @@ pyarrow, so the rows are identical.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from explorl.data.records import PromptRecord
+from explorl.errors import DataError
 
 EXTENSIONS = (".jsonl", ".json", ".parquet")
 
 
-class DataError(ValueError):
-    """A data file that cannot be loaded; the message names the file, the row and the field."""
 
 
 def _read_rows(path: str) -> list[tuple[str, Any]]:
@@ -30,6 +37,9 @@ def _read_rows(path: str) -> list[tuple[str, Any]]:
             f"{path}: unsupported file type {suffix or '(none)'!r} "
             f"(expected {', '.join(EXTENSIONS)})"
         )
+    if not Path(path).is_file():
+        what = "a directory, not a file" if Path(path).is_dir() else "file not found"
+        raise DataError(f"{path}: {what}")
     if suffix == ".parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -37,15 +47,16 @@ def _read_rows(path: str) -> list[tuple[str, Any]]:
         try:
             rows = pq.read_table(path).to_pylist()
         except (OSError, pa.ArrowException) as e:
-            if not Path(path).exists():
-                raise
             raise DataError(f"{path}: not a readable parquet file ({e})") from e
         return [(f"row {i}", r) for i, r in enumerate(rows)]
 
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        # utf-8-sig: a byte-order mark (as Windows editors write) is read, not a JSON error.
+        text = Path(path).read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from e
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({e.strerror or e})") from e
     if suffix == ".json":
         if not text.strip():
             return []
@@ -53,6 +64,8 @@ def _read_rows(path: str) -> list[tuple[str, Any]]:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise DataError(f"{path} line {e.lineno}: invalid JSON ({e.msg})") from e
+        except (RecursionError, ValueError) as e:
+            raise DataError(f"{path}: invalid JSON ({_json_problem(e)})") from None
         if not isinstance(data, list):
             raise DataError(
                 f"{path}: expected a JSON list of row objects, got {type(data).__name__}"
@@ -70,8 +83,17 @@ def _read_rows(path: str) -> list[tuple[str, Any]]:
             raise DataError(
                 f"{path} line {lineno}: invalid JSON ({e.msg} at column {e.colno})"
             ) from e
+        except (RecursionError, ValueError) as e:
+            raise DataError(f"{path} line {lineno}: invalid JSON ({_json_problem(e)})") from None
         out.append((f"row {len(out)} (line {lineno})", row))
     return out
+
+
+def _json_problem(e: Exception) -> str:
+    """What json.loads choked on beyond syntax: nesting (RecursionError) or a huge integer."""
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    return " ".join(str(e).split())
 
 
 def _ground_truth(value: Any) -> str | None:
@@ -93,11 +115,26 @@ def _ground_truth(value: Any) -> str | None:
 
 def _first_present(row: dict, keys: tuple[str, ...]) -> str | None:
     """The first of ``keys`` with a non-null value (parquet stores absent fields as null)."""
-    return next((k for k in keys if row.get(k) is not None), None)
+    return next((k for k in keys if _get(row, k) is not None), None)
+
+
+def _get(row: dict, dotted: str) -> Any:
+    """``row["a"]["b"]`` for ``"a.b"``; None where a step is missing."""
+    value: Any = row
+    for part in dotted.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
 
 
 def _row_to_record(
-    row: Any, where: str, index: int, data_source_default: str | None
+    row: Any,
+    where: str,
+    index: int,
+    data_source_default: str | None,
+    prompt_key: str | None = None,
+    answer_key: str | None = None,
 ) -> PromptRecord:
     if not isinstance(row, dict):
         raise DataError(f"{where}: expected an object, got {type(row).__name__}")
@@ -112,9 +149,13 @@ def _row_to_record(
         )
 
     # Prompt: verl's chat messages or plain text (`prompt`, else TRL/MATH's `problem`).
-    prompt_key = _first_present(row, ("prompt", "problem"))
-    if prompt_key is None:
-        raise missing("'prompt'")
+    if prompt_key is not None:
+        if row.get(prompt_key) is None:
+            raise missing(f"{prompt_key!r} (data.prompt_key)")
+    else:
+        prompt_key = _first_present(row, ("prompt", "problem"))
+        if prompt_key is None:
+            raise missing("'prompt'")
     prompt = row[prompt_key]
     if isinstance(prompt, list):
         if not prompt:
@@ -132,12 +173,20 @@ def _row_to_record(
                 )
             messages.append({"role": m["role"], "content": m["content"]})
         prompt = messages
+        if not any(m["content"].strip() for m in messages):
+            raise DataError(f"{where}: field {prompt_key!r} has no message with any text")
     elif not isinstance(prompt, str):
         raise wrong(prompt_key, "a string or a list of {role, content} messages", prompt)
+    elif not prompt.strip():
+        raise DataError(f"{where}: field {prompt_key!r} is empty")
 
     # Ground truth: verl's reward_model.ground_truth, else `answer`, else `solution` (kept whole:
     # the math verifier extracts its \boxed{} answer).
-    if row.get("reward_model") is not None:
+    if answer_key is not None:
+        if _get(row, answer_key) is None:
+            raise missing(f"{answer_key!r} (data.answer_key)")
+        gt_key, gt_value = answer_key, _get(row, answer_key)
+    elif row.get("reward_model") is not None:
         rm = row["reward_model"]
         if not isinstance(rm, dict):
             raise wrong("reward_model", "an object", rm)
@@ -157,6 +206,8 @@ def _row_to_record(
     ground_truth = _ground_truth(gt_value)
     if ground_truth is None:
         raise wrong(gt_key, "a string, number or object", gt_value)
+    if not ground_truth.strip() or gt_value == {}:
+        raise DataError(f"{where}: field {gt_key!r} is empty (every response would score 0)")
 
     data_source = row.get("data_source")
     if data_source is None:
@@ -164,33 +215,87 @@ def _row_to_record(
     elif not isinstance(data_source, str):
         raise wrong("data_source", "a string", data_source)
 
-    used = {prompt_key, gt_key.split(".")[0], "data_source"}
+    # A column nested under a user's answer_key stays: the rest of that object may matter.
+    top = gt_key if "." not in gt_key or gt_key == "reward_model.ground_truth" else None
+    used = {prompt_key, "data_source", (top or "").split(".")[0]}
     extra = {k: v for k, v in row.items() if k not in used}
-    return PromptRecord(prompt, ground_truth, data_source, index, extra)
+    return PromptRecord(prompt, ground_truth, data_source, index, extra, origin=where)
 
 
-def load_prompts(path: str, *, data_source_default: str | None = None) -> list[PromptRecord]:
+def load_prompts(
+    path: str,
+    *,
+    data_source_default: str | None = None,
+    prompt_key: str | None = None,
+    answer_key: str | None = None,
+) -> list[PromptRecord]:
     """All rows of a ``.jsonl``/``.json``/``.parquet`` file as records, ``index`` = row number.
 
     Schemas: verl (``prompt`` = chat messages, ``reward_model.ground_truth``, ``data_source``)
-    and plain/TRL (``prompt`` or ``problem`` text, ``answer`` or ``solution``). Rows without a
-    ``data_source`` get ``data_source_default`` (else ``"unknown"``); unused columns go to
-    ``extra``. Raises ``DataError`` at the first bad row.
+    and plain/TRL (``prompt`` or ``problem`` text, ``answer`` or ``solution``); ``prompt_key`` /
+    ``answer_key`` name other columns. Rows without a ``data_source`` get
+    ``data_source_default`` (else ``"unknown"``); unused columns go to ``extra``. Raises
+    ``DataError`` at the first bad row.
     """
     path = str(path)
     rows = _read_rows(path)
     if not rows:
         raise DataError(f"{path}: file is empty (no rows)")
     return [
-        _row_to_record(row, f"{path} {loc}", i, data_source_default)
+        _row_to_record(row, f"{path} {loc}", i, data_source_default, prompt_key, answer_key)
         for i, (loc, row) in enumerate(rows)
     ]
 
 
-def load_many(paths: list[str], *, data_source_default: str | None = None) -> list[PromptRecord]:
-    """Records of several files concatenated in order, re-indexed 0..N-1."""
-    records = [r for p in paths for r in load_prompts(p, data_source_default=data_source_default)]
-    return [
-        PromptRecord(r.prompt, r.ground_truth, r.data_source, i, r.extra)
-        for i, r in enumerate(records)
+def records_from_rows(
+    rows,
+    *,
+    name: str = "dataset",
+    data_source_default: str | None = None,
+    prompt_key: str | None = None,
+    answer_key: str | None = None,
+) -> list[PromptRecord]:
+    """Records from rows in memory: a ``datasets.Dataset``, or any sequence of dicts, in the
+    same schemas and with the same checks as ``load_prompts`` (errors name ``name`` and the
+    row)."""
+    records = [
+        _row_to_record(row, f"{name} row {i}", i, data_source_default, prompt_key, answer_key)
+        for i, row in enumerate(rows)
     ]
+    if not records:
+        raise DataError(f"{name}: no rows")
+    return records
+
+
+def load_many(
+    paths: list[str],
+    *,
+    data_source_default: str | None = None,
+    prompt_key: str | None = None,
+    answer_key: str | None = None,
+) -> list[PromptRecord]:
+    """Records of several files concatenated in order, re-indexed 0..N-1."""
+    records = [r for p in paths
+               for r in load_prompts(p, data_source_default=data_source_default,
+                                     prompt_key=prompt_key, answer_key=answer_key)]
+    return [dataclasses.replace(r, index=i) for i, r in enumerate(records)]
+
+
+def tokenize_prompts(
+    records: list[PromptRecord], tokenize: Callable[[Any], list[int]], max_len: int, what: str
+) -> list[list[int]]:
+    """Token ids of every record's prompt; a ``DataError`` naming the first prompt longer than
+    ``max_len`` tokens (``data.max_prompt_len``), its file and row (``what`` = the recipe key).
+
+    The trainer calls it once the tokenizer is loaded and before the model is, with
+    ``tokenize(prompt)`` = the rendered prompt's ids (chat template included).
+    """
+    out = []
+    for r in records:
+        ids = tokenize(r.prompt)
+        if len(ids) > max_len:
+            where = r.origin or f"{r.data_source} problem {r.index}"
+            raise DataError(f"{what}: {where}: the prompt has {len(ids)} tokens, more than "
+                            f"data.max_prompt_len={max_len}")
+        out.append(ids)
+    return out

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from explorl.errors import DataError
+
 
 class DataOrder:
     """Batches of ``batch_size`` dataset indices, reshuffled each epoch.
@@ -15,7 +17,9 @@ class DataOrder:
 
     def __init__(self, n: int, batch_size: int, seed: int, shuffle: bool = True):
         if n < batch_size:
-            raise ValueError(f"the training set has {n} prompts, fewer than data.prompts_per_step={batch_size}")
+            raise DataError(
+                f"the training set has {n} prompts, fewer than data.prompts_per_step={batch_size}"
+            )
         self.n, self.batch_size, self.seed, self.shuffle = n, batch_size, seed, shuffle
         self.epoch, self.offset = 0, 0
 

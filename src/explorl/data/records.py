@@ -21,3 +21,6 @@ class PromptRecord:
     data_source: str = "unknown"
     index: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    origin: str = field(default="", compare=False)
+    """Where the record was read (``"train.jsonl row 3 (line 4)"``), for error messages; empty
+    for generated (lab) problems."""

@@ -3,4 +3,11 @@
 from explorl.eval.evaluate import plot_passk, summarize, write_eval_json
 from explorl.eval.passk import mean_at_n, pass_at_k, pass_at_k_batch
 
-__all__ = ["mean_at_n", "pass_at_k", "pass_at_k_batch", "plot_passk", "summarize", "write_eval_json"]
+__all__ = [
+    "mean_at_n",
+    "pass_at_k",
+    "pass_at_k_batch",
+    "plot_passk",
+    "summarize",
+    "write_eval_json",
+]

@@ -96,3 +96,54 @@ def plot_passk(summary: dict, path: str | Path) -> Path:
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize="small")
     return save_figure(fig, path)
+
+
+def read_eval(path: str | Path) -> dict:
+    """An ``explorl eval`` summary from its output directory or its ``eval.json``."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "eval.json"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path}: no eval.json (write one with `explorl eval ... --out DIR`)"
+        )
+    return json.loads(path.read_text())
+
+
+def plot_passk_compare(curves: Sequence[tuple[str, dict]], path: str | Path,
+                       title: str = "pass@k") -> Path:
+    """Overall pass@k versus k of several evaluations in one figure (e.g. a model before and
+    after RL); ``curves`` are (label, ``summarize`` result). The legend gives each one's sample
+    count and temperature, so curves from different settings are not mistaken for comparable."""
+    from explorl.analysis.runs import new_figure, save_figure
+
+    fig, axes = new_figure()
+    ax = axes[0][0]
+    all_ks: set[int] = set()
+    top = {}  # k -> the highest value there: its label goes above the point, the others below
+    for _, summary in curves:
+        for k, v in zip(*_curve(summary["overall"])):
+            top[k] = max(top.get(k, v), v)
+    for i, (label, summary) in enumerate(curves):
+        ks, vals = _curve(summary["overall"])
+        all_ks.update(ks)
+        settings = summary.get("settings", {})
+        detail = ", ".join(x for x in (
+            f"n={settings['n']}" if "n" in settings else "",
+            f"T={settings['temperature']:g}" if "temperature" in settings else "",
+            f"{summary['overall']['n_problems']} problems") if x)
+        ax.plot(ks, vals, marker="o", color=f"C{i % 10}", label=f"{label} ({detail})")
+        for k, v in zip(ks, vals):
+            ax.annotate(f"{v:.2f}", (k, v), textcoords="offset points",
+                        xytext=(0, 6 if v >= top[k] else -13), ha="center", fontsize=7,
+                        color=f"C{i % 10}")
+    ks = sorted(all_ks)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.set_xlabel("k (samples per problem)")
+    ax.set_ylabel("pass@k (unbiased)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize="small", loc="lower right")
+    return save_figure(fig, path)

@@ -7,74 +7,134 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from explorl import config as C
 from explorl.checkpoint import latest_checkpoint
-from explorl.data.sources import default_verifier, load_split
-from explorl.models import load_model, load_tokenizer, render_prompt, resolve_device, resolve_model_path
+from explorl.data.sources import load_split
+from explorl.errors import ModelPathError
+from explorl.eval.validate import EVAL_STREAM, answer
+from explorl.models import (
+    load_model,
+    load_tokenizer,
+    render_prompt,
+    resolve_device,
+    resolve_dtype,
+    resolve_model_path,
+)
+from explorl.refs import DEFAULT_RESPONSE_LEN
+from explorl.rewards.functions import check_reward
 from explorl.rewards.pool import VerifierPool
-from explorl.rollout.hf import HFEngine
+from explorl.rewards.rewarder import Rewarder
+from explorl.rollout.base import build_engine
+from explorl.rollout.seeding import mix_seed
 
 
 def _resolve_model(model: str, overrides: list[str] | None) -> tuple[Path, Path, C.RunConfig]:
     """``(weights dir, tokenizer dir, config)`` for a model dir, ``lab:<task>`` or a run dir."""
     run_dir = Path(model)
     if (run_dir / "config.yaml").is_file() and (run_dir / "checkpoints").is_dir():
-        data = yaml.safe_load((run_dir / "config.yaml").read_text())
+        what = f"{run_dir / 'config.yaml'}"
+        data = C.load_yaml(C.read_utf8((run_dir / "config.yaml").read_bytes(), what), what)
         for text in overrides or []:
             k, v = C.parse_override(text)
             C.set_path(data, k, v)
         cfg = C.from_dict(data)
         ckpt = latest_checkpoint(run_dir)
         if ckpt is None or not (ckpt / "config.json").exists():
-            raise FileNotFoundError(f"{run_dir} has no checkpoint with model weights")
+            raise ModelPathError(f"{run_dir} has no checkpoint with model weights")
         return ckpt, ckpt, cfg
-    cfg = C.load(None, overrides)
-    cfg.model.path = model
-    path = resolve_model_path(model)
+    # `explorl eval` samples up to 256 new tokens unless told otherwise (--max-new-tokens, or
+    # --set rollout.max_response_len), whatever the model: the numbers it reported before lab
+    # tasks had their own response lengths stay the same.
+    data: dict = {"model": {"path": model}, "rollout": {"max_response_len": DEFAULT_RESPONSE_LEN}}
+    for text in overrides or []:
+        k, v = C.parse_override(text)
+        C.set_path(data, k, v)
+    cfg = C.from_dict(data)
+    path = resolve_model_path(model, cfg.lab)
     return path, path, cfg
 
 
-def run_eval(*, model: str, data: list[str], out_dir: Path, n: int = 16, k_list: list[int] = (1, 16),
-             temperature: float = 1.0, max_problems: int | None = None, max_new_tokens: int | None = None,
-             verifier: str = "auto", split: str = "test", seed: int = 0, overrides: list[str] | None = None,
-             batch_problems: int = 64, progress: bool = True) -> dict:
-    """Evaluate ``model`` on ``data``; write ``eval.json`` and ``passk.png`` into ``out_dir``."""
+def run_eval(
+    *,
+    model: str,
+    data: list[str],
+    out_dir: Path,
+    n: int = 16,
+    k_list: list[int] = (1, 16),
+    temperature: float = 1.0,
+    max_problems: int | None = None,
+    max_new_tokens: int | None = None,
+    verifier: str = "auto",
+    split: str = "test",
+    seed: int = 0,
+    overrides: list[str] | None = None,
+    batch_problems: int = 64,
+    progress: bool = True,
+) -> dict:
+    """Evaluate ``model`` on ``data``; write ``eval.json`` (the totals), ``problems.jsonl`` (each
+    problem's responses and scores, docs/completions.md) and ``passk.png`` into ``out_dir``."""
     from explorl.eval.evaluate import plot_passk, summarize, write_eval_json
 
+    counts = [("--n", n), ("--max-problems", max_problems), ("--max-new-tokens", max_new_tokens),
+              *(("--k", k) for k in k_list)]
+    for flag, value in counts:
+        if value is not None and value < 1:
+            raise C.ConfigError(f"{flag}: must be ≥ 1, got {value}")
+    if not 0 <= temperature <= 100:  # also NaN
+        raise C.ConfigError(f"--temperature: must be in [0, 100], got {temperature}")
     k_list = sorted({k for k in k_list if k <= n})
     if not k_list:
-        raise ValueError(f"every k exceeds n={n}")
+        raise C.ConfigError(f"--k: every k exceeds --n {n}")
     weights, tok_dir, cfg = _resolve_model(model, overrides)
+    # Data and verifier before the model: a bad file or name fails in seconds.
+    records = load_split(data, cfg, split)[: max_problems or None]
+    if verifier != "auto":
+        try:
+            check_reward(verifier)
+        except (ValueError, ImportError) as e:
+            raise C.ConfigError(f"--verifier: {e}") from None
+    rewarder = Rewarder(cfg.reward, list(data), verifier=verifier)
+    name = verifier if verifier != "auto" else cfg.reward.verifier
     torch.manual_seed(seed)
     device = resolve_device(cfg.model.device)
     tokenizer = load_tokenizer(tok_dir, cfg.model)
     policy = load_model(weights, cfg.model, device, frozen=True)
     max_new = max_new_tokens or cfg.rollout.max_response_len
-    engine = HFEngine(tokenizer, batch_size=cfg.rollout.batch_size)
-    records = load_split(data, cfg.lab, split)[: max_problems or None]
-    name = verifier if verifier != "auto" else (
-        cfg.reward.verifier if cfg.reward.verifier != "auto" else default_verifier(data))
-    gen = torch.Generator(device if device.type == "cuda" else "cpu").manual_seed(seed)
+    engine = build_engine(
+        cfg, tokenizer, weights, resolve_dtype(cfg.model.dtype, device)
+    )  # rollout.engine
     correct: list[list[bool]] = []
     greedy: list[bool] = []
+    problems: list[dict] = []  # one row of problems.jsonl per problem
     t0 = time.perf_counter()
     columns = (TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("eta"), TimeRemainingColumn())
-    with VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s) as pool, \
+    with VerifierPool.from_config(cfg.reward) as pool, \
             Progress(*columns, disable=not progress) as bar:
         task = bar.add_task("eval", total=len(records))
         for start in range(0, len(records), batch_problems):
             chunk = records[start: start + batch_problems]
             ids = [render_prompt(tokenizer, r.prompt, cfg.model.use_chat_template) for r in chunk]
-            ro = engine.generate(policy, ids, [n] * len(ids), temperature, max_new, gen)
-            scores = pool.score(name, ro.texts, [chunk[i].ground_truth for i in ro.prompt_index.tolist()]).scores
-            for i in range(len(chunk)):
-                correct.append([s > 0 for s, p in zip(scores, ro.prompt_index.tolist()) if p == i])
-            g = engine.generate(policy, ids, [1] * len(ids), 0.0, max_new)
-            greedy += [s > 0 for s in pool.score(name, g.texts, [r.ground_truth for r in chunk]).scores]
+            seeds = [mix_seed(seed, EVAL_STREAM, start + i) for i in range(len(chunk))]
+            got = answer(engine=engine, policy=policy, pool=pool, rewarder=rewarder,
+                         records=chunk, ids=ids, n=n, temperature=temperature,
+                         max_new_tokens=max_new, seeds=seeds, greedy=True)
+            pidx, scores = got.ro.prompt_index.tolist(), got.correct
+            g_texts, g_scores = got.greedy_texts, got.greedy_correct
+            for i, rec in enumerate(chunk):
+                mine = [(t, sc) for t, sc, p in zip(got.ro.texts, scores, pidx) if p == i]
+                correct.append([sc > 0 for _, sc in mine])
+                problems.append(problem_row(start + i, rec, mine, g_texts[i], g_scores[i]))
+            greedy += [s > 0 for s in g_scores]
             bar.update(task, advance=len(chunk))
     summary = summarize(correct, [r.data_source for r in records], k_list)
     summary["overall"]["greedy_accuracy"] = sum(greedy) / max(1, len(greedy))
@@ -87,9 +147,23 @@ def run_eval(*, model: str, data: list[str], out_dir: Path, n: int = 16, k_list:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_eval_json(summary, out_dir / "eval.json")
+    with open(out_dir / "problems.jsonl", "w") as fh:
+        fh.writelines(json.dumps(row) + "\n" for row in problems)
     plot_passk(summary, out_dir / "passk.png")
     _print_table(summary)
     return summary
+
+
+def problem_row(index: int, rec, samples: list[tuple[str, float]], greedy_text: str,
+                greedy_score: float) -> dict:
+    """One row of ``problems.jsonl``: the problem, its n sampled responses with their verifier
+    scores, and the greedy response (fields in docs/completions.md)."""
+    from explorl.completions import prompt_text
+
+    return {"index": index, "data_source": str(rec.data_source), "prompt": prompt_text(rec.prompt),
+            "ground_truth": str(rec.ground_truth), "n_correct": sum(sc > 0 for _, sc in samples),
+            "responses": [t for t, _ in samples], "scores": [float(sc) for _, sc in samples],
+            "greedy_response": greedy_text, "greedy_score": float(greedy_score)}
 
 
 def _print_table(summary: dict) -> None:
@@ -97,7 +171,9 @@ def _print_table(summary: dict) -> None:
     from rich.table import Table
 
     ks = summary["settings"]["k"]
-    table = Table(title=f"pass@k (n={summary['settings']['n']}, T={summary['settings']['temperature']})")
+    table = Table(
+        title=f"pass@k (n={summary['settings']['n']}, T={summary['settings']['temperature']})"
+    )
     for col in ["source", "problems", *[f"pass@{k}" for k in ks], "mean@n", "greedy"]:
         table.add_column(col, justify="right")
     rows = [("overall", summary["overall"])] + list(summary["by_source"].items())

@@ -30,10 +30,19 @@ from typing import Any
 
 import torch
 
-from explorl.data.records import PromptRecord
 from explorl.config import SPLIT_SIZES
-from explorl.lab.tasks import get_task, make_splits, task_params
-from explorl.lab.tokenizer import CHARS, EOS, PAD, SPECIALS, lab_tokenizer, save_lab_tokenizer
+from explorl.data.records import PromptRecord
+from explorl.lab.tasks import LabTask, get_task, make_splits, task_params
+from explorl.lab.tokenizer import (
+    CHARS,
+    EOS,
+    PAD,
+    SPECIALS,
+    check_alphabet,
+    lab_tokenizer,
+    outside,
+    save_lab_tokenizer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -95,30 +104,30 @@ SIZES: dict[str, dict[str, Any]] = {
     },
 }
 
-# Countdown stalls near 20% sampled val accuracy from about step 500 on, long before 0.35; more
-# steps only memorise the train split (62% sampled train accuracy at step 1200), which leaves
-# RL less to learn on it. So it stops at 600 steps.
-TASK_DEFAULTS: dict[str, dict[str, Any]] = {"addition": {}, "countdown": {"max_steps": 600}}
-
 _FIELDS = {f.name for f in dataclasses.fields(BuildConfig)}
 
 
 def resolve(
-    task: str, *, size: str = "default", **overrides: Any
+    task: str | LabTask, *, size: str = "default", **overrides: Any
 ) -> tuple[dict[str, Any], BuildConfig]:
-    """Split ``overrides`` into (task parameters, BuildConfig), layering task < size < overrides."""
+    """Split ``overrides`` into (task parameters, BuildConfig), layering the task's build
+    settings < size < overrides."""
     t = get_task(task)
     if size not in SIZES:
         raise ValueError(f"unknown lab model size {size!r}; valid sizes: {sorted(SIZES)}")
-    unknown = set(overrides) - _FIELDS - set(t.defaults)
+    unknown = set(overrides) - _FIELDS - set(t.params)
     if unknown:
         raise ValueError(
             f"unknown lab build setting(s) {sorted(unknown)}; valid: task parameters "
-            f"{sorted(t.defaults)} and build settings {sorted(_FIELDS)}"
+            f"{sorted(t.params)} and build settings {sorted(_FIELDS)}"
         )
-    params = task_params(task, **{k: v for k, v in overrides.items() if k in t.defaults})
+    bad = set(t.build) - _FIELDS
+    if bad:
+        raise ValueError(f"lab task {t.name!r}: build settings {sorted(bad)} are not "
+                         f"BuildConfig fields (valid: {sorted(_FIELDS)})")
+    params = task_params(t, **{k: v for k, v in overrides.items() if k in t.params})
     build = {
-        **TASK_DEFAULTS.get(task, {}),
+        **t.build,
         **SIZES[size],
         **{k: v for k, v in overrides.items() if k in _FIELDS},
     }
@@ -134,22 +143,24 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     return Path(xdg) / "explorl" / "lab"
 
 
-def build_key(task: str, params: dict[str, Any], cfg: BuildConfig) -> str:
+def build_key(task: str | LabTask, params: dict[str, Any], cfg: BuildConfig) -> str:
     """``<task>-<10 hex digits>``: the cache directory name of these build settings."""
-    blob = json.dumps(
-        {
-            "version": BUILD_VERSION,
-            "task": task,
-            "params": params,
-            "build": dataclasses.asdict(cfg),
-        },
-        sort_keys=True,
-    )
-    return f"{task}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
+    t = get_task(task)
+    key = {"version": BUILD_VERSION, "task": t.name, "params": params,
+           "build": dataclasses.asdict(cfg)}
+    # Only where they differ from the built-in tasks', so addition's and countdown's keys (and
+    # every cached build of them) stay what they were before tasks became plugins.
+    if t.alphabet != CHARS:
+        key["alphabet"] = t.alphabet
+    if t.version is not None:
+        key["task_version"] = t.version
+    blob = json.dumps(key, sort_keys=True, default=str)
+    name = "".join(c if c.isalnum() or c in "_.-" else "-" for c in t.name)
+    return f"{name}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
 
 
 def lab_model_path(
-    task: str,
+    task: str | LabTask,
     *,
     cache_dir: str | os.PathLike | None = None,
     size: str = "default",
@@ -169,6 +180,7 @@ def lab_model_path(
     other when cores are oversubscribed), and a fixed count makes the weights independent of
     the caller's setting (float sums may round differently with more threads).
     """
+    task = get_task(task)
     params, cfg = resolve(task, size=size, **overrides)
     root = cache_root(cache_dir)
     name = build_key(task, params, cfg)
@@ -186,7 +198,8 @@ def lab_model_path(
             tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
             tmp.chmod(0o755)  # mkdtemp makes it owner-only; a shared cache should be readable
             try:
-                log.info("building lab model %s in %s", name, root)
+                log.info("building the lab model for %r (once; about a minute on a CPU), "
+                         "cached in %s", getattr(task, "name", task), final)
                 threads = torch.get_num_threads()
                 try:
                     if num_threads:
@@ -208,20 +221,42 @@ def lab_model_path(
 # ----------------------------------------------------------------------------- the build
 
 
-def _build(task: str, params: dict[str, Any], cfg: BuildConfig, out: Path) -> None:
+def task_alphabet(task: LabTask, splits: dict[str, list[PromptRecord]]) -> str:
+    """The task's alphabet (or, when it has none, the characters its problems use), checked to
+    hold every character of every prompt and solution."""
+    texts = [t for recs in splits.values() for r in recs for t in (r.prompt, r.extra["solution"])]
+    if task.alphabet is None:
+        return "".join(sorted(set("".join(texts))))
+    check_alphabet(task.alphabet)
+    for text in texts:
+        if outside(text, task.alphabet):
+            raise ValueError(
+                f"lab task {task.name!r}: {text!r} has {outside(text, task.alphabet)!r}, outside "
+                f"its alphabet {task.alphabet!r} (the lab tokenizer knows only those characters)")
+    return task.alphabet
+
+
+def _build(task: LabTask, params: dict[str, Any], cfg: BuildConfig, out: Path) -> None:
     """Initialise, warm-start by SFT, measure, and save the model into ``out``."""
     import transformers
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from explorl.rewards.functions import as_scorer
+
     t0 = time.perf_counter()
-    check = get_task(task).check
+    scorer = as_scorer(task.check)
+
+    def check(text: str, r: PromptRecord) -> bool:
+        return scorer(text, r.ground_truth, (r.prompt, r.data_source, r.extra)) >= 1.0
+
     splits = make_splits(
         task, seed=cfg.split_seed, n_train=cfg.n_train, n_val=cfg.n_val, n_test=cfg.n_test, **params
     )
-    tok = lab_tokenizer(model_max_length=cfg.max_positions)
+    alphabet = task_alphabet(task, splits)
+    tok = lab_tokenizer(model_max_length=cfg.max_positions, alphabet=alphabet)
     pad_id, eos_id = tok.convert_tokens_to_ids(PAD), tok.convert_tokens_to_ids(EOS)
     config = LlamaConfig(
-        vocab_size=len(SPECIALS) + len(CHARS),
+        vocab_size=len(SPECIALS) + len(alphabet),
         hidden_size=cfg.hidden_size,
         intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.num_layers,
@@ -246,7 +281,7 @@ def _build(task: str, params: dict[str, Any], cfg: BuildConfig, out: Path) -> No
     too_long = max(len(p) + len(s) for p, s in train)
     if too_long > cfg.max_positions:
         raise ValueError(
-            f"a {task} example has {too_long} tokens > max_positions={cfg.max_positions}"
+            f"a {task.name} example has {too_long} tokens > max_positions={cfg.max_positions}"
         )
     max_new = max(len(s) for _, s in train) + 4  # room for a longer (wrong) answer
 
@@ -267,7 +302,7 @@ def _build(task: str, params: dict[str, Any], cfg: BuildConfig, out: Path) -> No
         )
         by_diff = defaultdict(list)
         for text, r in zip(texts, recs):
-            by_diff[r.extra["difficulty"]].append(check(text, r.ground_truth))
+            by_diff[r.extra["difficulty"]].append(check(text, r))
         hits = [h for v in by_diff.values() for h in v]
         return sum(hits) / len(hits), {
             str(k): round(sum(v) / len(v), 4) for k, v in sorted(by_diff.items())
@@ -313,7 +348,16 @@ def _build(task: str, params: dict[str, Any], cfg: BuildConfig, out: Path) -> No
             history.append(
                 {"step": step, "loss": round(loss, 4), "val_sampled_accuracy": round(acc, 4)}
             )
-            log.info("lab %s: step %d loss %.3f sampled val acc %.3f", task, step, loss, acc)
+            log.info(
+                "  lab model %s: SFT step %d/%d  loss %.3f  sampled val accuracy %.3f "
+                "(stops at %.2f)",
+                task.name,
+                step,
+                cfg.max_steps,
+                loss,
+                acc,
+                cfg.target_accuracy,
+            )
             if acc >= cfg.target_accuracy:
                 break
     model.eval()
@@ -331,9 +375,10 @@ def _build(task: str, params: dict[str, Any], cfg: BuildConfig, out: Path) -> No
     model.save_pretrained(out)  # config.json, generation_config.json, model.safetensors
     save_lab_tokenizer(tok, out)
     meta = {
-        "task": task,
-        "verifier": get_task(task).verifier,
+        "task": task.name,
         "params": params,
+        "alphabet": alphabet,
+        "max_response_len": task.max_response_len,
         "build": dataclasses.asdict(cfg),
         "build_version": BUILD_VERSION,
         "seed": cfg.seed,
@@ -355,6 +400,14 @@ def _build(task: str, params: dict[str, Any], cfg: BuildConfig, out: Path) -> No
         "transformers_version": transformers.__version__,
     }
     (out / "lab.json").write_text(json.dumps(meta, indent=2) + "\n")
+    log.info(
+        "  lab model %s ready in %.0f s: %d parameters, sampled val accuracy %.3f, greedy %.3f",
+        getattr(task, "name", task),
+        meta["build_seconds"],
+        n_params,
+        sampled,
+        greedy,
+    )
 
 
 @torch.no_grad()

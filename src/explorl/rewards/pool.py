@@ -1,18 +1,22 @@
-"""Verification in worker processes with a wall-clock limit per response."""
+"""Verification in worker processes with a wall-clock limit per response and per call."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import multiprocessing as mp
 import signal
 import sys
 import time
+import types
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
-from explorl.rewards.verifiers import resolve_verifier
+from explorl.errors import RewardError
+from explorl.rewards.functions import Context, RewardSpec, resolve_scorer
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +26,58 @@ _MAX_CHUNK = 64
 _CHUNKS_PER_WORKER = 4
 # Raise after this many workers failed to start/warm up within one call.
 _MAX_START_FAILURES = 3
+
+SCORE_RANGE = (0.0, 1.0)
+"""Every verifier score must be a finite number in this range; anything else (NaN, inf, 1e30,
+the string "1.0", None) counts as an error of that response and scores 0.0. A weighted sum of
+reward functions (``RewardSpec(bounded=False)``) only has to be finite."""
+
+IN_WORKER = False
+"""True inside a pool worker process: scorers that must never run in the trainer's own process
+(reasoning-gym's ``eval()`` scorers, when allowed at all) check it."""
+
+
+def check_score(value: object, bounded: bool = True) -> float:
+    """``value`` as a float score, or ``RewardError`` saying why it is not one."""
+    if isinstance(value, (str, bytes)) or not hasattr(type(value), "__float__"):
+        raise RewardError(f"score {value!r:.60} is a {type(value).__name__}, not a number")
+    score = float(value)
+    lo, hi = SCORE_RANGE if bounded else (-math.inf, math.inf)
+    if not lo <= score <= hi or not math.isfinite(score):  # also NaN
+        raise RewardError(f"score {score!r} is outside [{lo:g}, {hi:g}]"
+                          if bounded else f"reward {score!r} is not finite")
+    return score
+
+
+def _bounded(spec) -> bool:
+    """Whether ``spec``'s scores must lie in ``SCORE_RANGE`` (a verifier) or only be finite."""
+    return not isinstance(spec, RewardSpec) or spec.bounded
+
+
+def call_budget(timeout_s: float, n: int, num_workers: int) -> float:
+    """Default wall-clock budget of one ``score`` call of ``n`` responses
+    (``reward.step_timeout_s: null``): room for four full per-response time limits plus a
+    quarter of one for each response a worker has to verify."""
+    return timeout_s * (4 + n / max(1, num_workers) / 4)
+
+
+@contextlib.contextmanager
+def _main_hidden() -> Iterator[None]:
+    """Start processes without making them re-import the caller's ``__main__`` script.
+
+    forkserver and spawn children normally re-run the main script (as ``__mp_main__``) so
+    that objects defined there can be unpickled; our workers need nothing from it, and a
+    script that builds a trainer at top level (no ``if __name__ == "__main__"`` guard) would
+    build one again in every worker. multiprocessing decides what to re-import from
+    ``sys.modules["__main__"]`` when a process (or the forkserver) starts, so a module with no
+    file or spec stands in for it during ``start()``.
+    """
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
 
 
 @dataclass(frozen=True)
@@ -36,11 +92,16 @@ class ScoreResult:
 
 
 def _worker_main(conn: Connection, memory_limit_mb: int | None) -> None:
-    """Worker loop: receive ``(spec, [(i, response, gt), ...])``, send ``(i, score, ok)`` per item.
+    """Worker loop: receive ``(spec, [(i, response, gt, ctx), ...])``, send ``(i, score,
+    problem)`` per item (``ctx``: the record's ``(prompt, data_source, extra)``, see
+    ``rewards.functions``; ``problem`` is None, or why the item failed: an exception or a bad
+    score).
 
     When a spec is new to this worker it first resolves and warms the verifier and sends
     ``"ready"``, so imports do not eat into the first response's time limit.
     """
+    global IN_WORKER
+    IN_WORKER = True
     # Ctrl-C goes to the whole process group; the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Die with our parent (the forkserver, which exits with the pool's process), so a worker
@@ -71,24 +132,25 @@ def _worker_main(conn: Connection, memory_limit_mb: int | None) -> None:
         spec, items = msg
         if spec not in verifiers:
             try:
-                verifiers[spec], problem = resolve_verifier(spec, warm=True), None
+                verifiers[spec], problem = resolve_scorer(spec, warm=True), None
             except BaseException as e:  # every item of this spec then counts as an error
                 verifiers[spec], problem = None, f"{type(e).__name__}: {e}"
             conn.send(("ready", problem))
         fn = verifiers[spec]
-        for i, response, ground_truth in items:
+        bounded = _bounded(spec)
+        for i, response, ground_truth, ctx in items:
             try:
-                score, ok = float(fn(response, ground_truth)), True
-            except BaseException:  # includes SystemExit and MemoryError from the verifier
-                score, ok = 0.0, False
-            conn.send((i, score, ok))
+                score, problem = check_score(fn(response, ground_truth, ctx), bounded), None
+            except BaseException as e:  # includes SystemExit and MemoryError from the verifier
+                score, problem = 0.0, f"{type(e).__name__}: {e}"[:200]
+            conn.send((i, score, problem))
 
 
 @dataclass
 class _Worker:
     proc: mp.process.BaseProcess
     conn: Connection
-    specs: set[str] = field(default_factory=set)
+    specs: set = field(default_factory=set)
     """Verifier specs this worker has resolved and warmed."""
     items: deque[int] = field(default_factory=deque)
     """Indices sent and not yet answered, in the order the worker processes them."""
@@ -100,12 +162,16 @@ class _Worker:
 class VerifierPool:
     """Scores responses in ``num_workers`` persistent processes, ``timeout_s`` per response.
 
-    A verification that hangs, raises or kills its worker (``os._exit``, segfault, the
-    ``memory_limit_mb`` address-space cap) scores 0.0 and is counted in ``ScoreResult``; a stuck
-    or dead worker is killed and replaced, and ``score`` neither stalls nor raises for it. Work is
-    sent in chunks and answered per response, so the deadline is enforced here, in the parent,
-    per response. ``num_workers=0`` verifies in-process with no time limit: for trusted
-    debugging only. Not thread-safe: one caller at a time.
+    A verification that hangs, raises, returns something other than a finite score in
+    ``SCORE_RANGE``, or kills its worker (``os._exit``, segfault, the ``memory_limit_mb``
+    address-space cap) scores 0.0 and is counted in ``ScoreResult``; a stuck or dead worker is
+    killed and replaced, and ``score`` neither stalls nor raises for it. Work is sent in chunks
+    and answered per response, so the deadline is enforced here, in the parent, per response.
+    One call also has a budget (``step_timeout_s``, default ``call_budget``), counted from the
+    moment a worker is ready: when it runs out, the responses not yet verified score 0.0 and
+    count as timeouts. ``num_workers=0`` verifies in-process with no time limit: for trusted
+    debugging only. Workers never re-import the caller's ``__main__`` script, so a plain
+    script without a main guard may create a pool. Not thread-safe: one caller at a time.
     """
 
     def __init__(
@@ -113,14 +179,18 @@ class VerifierPool:
         num_workers: int,
         timeout_s: float,
         *,
+        step_timeout_s: float | None = None,
         memory_limit_mb: int | None = 4096,
         startup_timeout_s: float = 60.0,
     ):
         if num_workers < 0:
             raise ValueError(f"num_workers must be ≥ 0, got {num_workers}")
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if not 0 < timeout_s < math.inf:
+            raise ValueError(f"timeout_s must be a finite number > 0, got {timeout_s}")
+        if step_timeout_s is not None and not 0 < step_timeout_s < math.inf:
+            raise ValueError(f"step_timeout_s must be a finite number > 0, got {step_timeout_s}")
         self.num_workers, self.timeout_s = num_workers, timeout_s
+        self.step_timeout_s = step_timeout_s
         self.memory_limit_mb, self.startup_timeout_s = memory_limit_mb, startup_timeout_s
         # forkserver/spawn, never fork: forking a process that runs torch threads can deadlock.
         # forkserver makes replacing a killed worker cost milliseconds.
@@ -128,6 +198,11 @@ class VerifierPool:
         self._ctx = mp.get_context(method)
         self._workers = [self._start_worker() for _ in range(num_workers)]
         self._closed = False
+
+    @classmethod
+    def from_config(cls, reward) -> VerifierPool:
+        """The pool a recipe's ``reward`` section asks for (workers and both time limits)."""
+        return cls(reward.num_workers, reward.timeout_s, step_timeout_s=reward.step_timeout_s)
 
     def _start_worker(self) -> _Worker:
         parent, child = self._ctx.Pipe(duplex=True)
@@ -137,7 +212,8 @@ class VerifierPool:
             daemon=True,
             name="explorl-verifier",
         )
-        proc.start()
+        with _main_hidden():
+            proc.start()
         child.close()  # so the parent sees EOF when the worker dies
         return _Worker(proc, parent)
 
@@ -148,22 +224,34 @@ class VerifierPool:
         self._workers[self._workers.index(w)] = self._start_worker()
 
     def score(
-        self, verifier_name: str, responses: list[str], ground_truths: list[str]
+        self,
+        verifier_name: str | RewardSpec,
+        responses: list[str],
+        ground_truths: list[str],
+        contexts: list[Context] | None = None,
     ) -> ScoreResult:
-        """Score each response against its ground truth with the verifier ``verifier_name``
-        (a ``VERIFIERS`` key or ``"module:function"``)."""
+        """Score each response against its ground truth with ``verifier_name``: a reward
+        function's name or reference (``VERIFIERS`` key, ``"module:function"``,
+        ``"file.py:function"``, ``lab:<task>``) or a ``RewardSpec``. ``contexts``: each response's
+        ``(prompt, data_source, extra)``, which verl- and TRL-style functions receive."""
         if self._closed:
             raise RuntimeError("VerifierPool is closed")
         if len(responses) != len(ground_truths):
             raise ValueError(f"{len(responses)} responses but {len(ground_truths)} ground truths")
-        fn = resolve_verifier(verifier_name)  # unknown names fail here, in the caller
+        if contexts is None:
+            contexts = [None] * len(responses)
+        elif len(contexts) != len(responses):
+            raise ValueError(f"{len(responses)} responses but {len(contexts)} contexts")
+        # Unknown names fail here, in the caller. Resolving imports the reward modules but runs
+        # none of them on a response.
+        fn = resolve_scorer(verifier_name)
         if self.num_workers == 0:
-            return _score_inline(fn, responses, ground_truths)
-        return self._score_workers(verifier_name, responses, ground_truths)
+            return _score_inline(fn, responses, ground_truths, contexts, _bounded(verifier_name))
+        return self._score_workers(verifier_name, responses, ground_truths, contexts)
 
-    def _score_workers(self, spec: str, responses: list[str], gts: list[str]) -> ScoreResult:
+    def _score_workers(self, spec, responses: list[str], gts: list[str], ctxs: list) -> ScoreResult:
         try:
-            return self._run(spec, responses, gts)
+            return self._run(spec, responses, gts, ctxs)
         except BaseException:
             # Interrupted (Ctrl-C, or workers that cannot start): answers still in flight would
             # be read as the next call's, so replace every worker that owes some.
@@ -172,12 +260,17 @@ class VerifierPool:
                     self._replace(w)
             raise
 
-    def _run(self, spec: str, responses: list[str], gts: list[str]) -> ScoreResult:
+    def _run(self, spec, responses: list[str], gts: list[str], ctxs: list) -> ScoreResult:
         n = len(responses)
         scores, timeouts, errors = [0.0] * n, 0, 0
         size = max(1, min(_MAX_CHUNK, math.ceil(n / (self.num_workers * _CHUNKS_PER_WORKER))))
         pending = deque(list(range(s, min(s + size, n))) for s in range(0, n, size))
         left, start_failures = n, 0
+        budget = self.step_timeout_s or call_budget(self.timeout_s, n, self.num_workers)
+        # The budget runs from the moment a worker can verify (a cold pool first imports).
+        warm = any(spec in w.specs for w in self._workers)
+        call_deadline = time.monotonic() + budget if warm else math.inf
+        problem = None  # the first failed response's reason, for the log
 
         while left:
             # 1. Hand a chunk to every idle worker. Only idle workers: a busy one is not reading
@@ -187,7 +280,7 @@ class VerifierPool:
                     continue
                 chunk = pending.popleft()
                 try:
-                    w.conn.send((spec, [(i, responses[i], gts[i]) for i in chunk]))
+                    w.conn.send((spec, [(i, responses[i], gts[i], ctxs[i]) for i in chunk]))
                 except (OSError, ValueError):  # died while idle
                     pending.appendleft(chunk)
                     self._replace(w)
@@ -202,7 +295,7 @@ class VerifierPool:
             busy = [w for w in self._workers if w.items]
             if not busy:  # unreachable: pending work always finds an idle worker
                 break
-            timeout = max(0.0, min(w.deadline for w in busy) - time.monotonic())
+            timeout = max(0.0, min(min(w.deadline for w in busy), call_deadline) - time.monotonic())
             wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout)
 
             # 3. Collect answers; kill and replace workers that died or overran.
@@ -214,14 +307,16 @@ class VerifierPool:
                         if msg[0] == "ready":
                             w.warming = False
                             w.specs.add(spec)
+                            call_deadline = min(call_deadline, time.monotonic() + budget)
                             if msg[1] is not None:
                                 log.error(
                                     "verifier %r failed to load in a worker: %s", spec, msg[1]
                                 )
                         else:
-                            i, s, ok = msg
+                            i, s, why = msg
                             w.items.popleft()
-                            scores[i], errors, left = s, errors + (not ok), left - 1
+                            scores[i], errors, left = s, errors + (why is not None), left - 1
+                            problem = problem or why
                         # The worker starts its next item the moment it answers this one.
                         w.deadline = time.monotonic() + self.timeout_s
                 except (EOFError, OSError):
@@ -249,15 +344,32 @@ class VerifierPool:
                 w.items.clear()
                 self._replace(w)
 
+            if left and time.monotonic() >= call_deadline:
+                # Out of budget: what is still queued or in a worker scores 0 as a timeout.
+                cut = sum(len(c) for c in pending) + sum(len(w.items) for w in self._workers)
+                log.warning(
+                    "verifier %r: the call's budget of %.1f s ran out with %d of %d responses "
+                    "unverified (scored 0, counted as timeouts); raise reward.step_timeout_s or "
+                    "reward.num_workers", spec, budget, cut, n,
+                )
+                for w in list(self._workers):
+                    if w.items:
+                        w.items.clear()
+                        self._replace(w)
+                pending.clear()
+                timeouts, left = timeouts + cut, 0
+
             if start_failures >= _MAX_START_FAILURES:
                 # Not a bad response but a broken environment: training on all-zero rewards
                 # would hide it.
                 raise RuntimeError(
-                    f"verifier workers failed to start {start_failures} times for {spec!r}. A "
-                    "script that creates a VerifierPool needs an `if __name__ == '__main__':` "
-                    "guard (workers are started with forkserver/spawn)"
+                    f"verifier workers failed to start {start_failures} times for {spec!r} "
+                    f"(a worker must import and warm the verifier within "
+                    f"{self.startup_timeout_s} s)"
                 )
 
+        if problem is not None:
+            log.warning("verifier %r: %d of %d responses failed, e.g. %s", spec, errors, n, problem)
         return ScoreResult(scores, timeouts, errors)
 
     def close(self) -> None:
@@ -285,12 +397,13 @@ class VerifierPool:
             pass
 
 
-def _score_inline(fn, responses: list[str], gts: list[str]) -> ScoreResult:
+def _score_inline(fn, responses: list[str], gts: list[str], ctxs: list,
+                  bounded: bool = True) -> ScoreResult:
     """In-process scoring with the pool's failure accounting but no time limit."""
     scores, errors = [], 0
-    for response, gt in zip(responses, gts):
+    for response, gt, ctx in zip(responses, gts, ctxs):
         try:
-            scores.append(float(fn(response, gt)))
+            scores.append(check_score(fn(response, gt, ctx), bounded))
         except Exception:
             log.debug("verifier raised", exc_info=True)
             scores.append(0.0)

@@ -49,3 +49,23 @@ def _echo(response: str, ground_truth: str) -> float:
     elif response == "raise":
         _raise(response, ground_truth)
     return float(response == ground_truth)
+
+
+def _trl_one(prompts, completions, **columns) -> list[float]:
+    """A TRL-style reward function: 1.0 for every completion."""
+    return [1.0 for _ in completions]
+
+
+def _bad_signature(a, b, c) -> float:
+    """Three required parameters: no reward signature fits."""
+    return 0.0
+
+
+_ODD_SCORES = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf"), "huge": 1e30,
+               "negative": -0.5, "two": 2.0, "string": "1.0", "none": None, "list": [1.0]}
+
+
+def _returns(response: str, ground_truth: str) -> object:
+    """Returns what the response names (``"nan"``, ``"string"`` → ``"1.0"``, ``"none"``, …, see
+    ``_ODD_SCORES``), else 1.0 — every odd value must count as an error, not a score."""
+    return _ODD_SCORES.get(response, 1.0)

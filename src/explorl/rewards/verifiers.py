@@ -7,13 +7,15 @@ it as an error rather than silently rewarding nothing).
 
 from __future__ import annotations
 
+import difflib
 import functools
-import importlib
 import json
 import re
 from collections import Counter
 from collections.abc import Callable
 from fractions import Fraction
+
+from explorl.errors import RewardError
 
 Verifier = Callable[[str, str], float]
 
@@ -206,21 +208,70 @@ def _parse_gold(ground_truth: str) -> list:
     return mv.parse(text, parsing_timeout=None) or mv.parse(gt, parsing_timeout=None) or [gt]
 
 
+# An explicit final-answer line: "#### 42" (GSM8K), "Answer: 42", "The final answer is 42.",
+# "**Final Answer:** $x=2$". The answer is the rest of that line.
+_ANSWER_LINE = re.compile(
+    r"(?:^\s*#{4}|\banswer\b[\s*]*(?:is\b[\s*]*:?|:|=))[\s*]*(.*)$", re.IGNORECASE
+)
+# A bare answer: the whole response is one number or one math-delimited expression.
+_BARE = re.compile(
+    r"\s*(?:[-+]?[0-9][0-9,]*(?:\.[0-9]+)?(?:\s*/\s*[0-9]+)?%?"
+    r"|\$\$?[^$]+\$\$?|\\\([^\n]+?\\\)|\\\[.+?\\\])\s*\.?\s*",
+    re.DOTALL,
+)
+MAX_BARE_CHARS = 1000
+
+
+def final_answer(response: str) -> tuple[str, bool] | None:
+    """The answer a response commits to, as ``(text, boxed)``; None when it commits to none.
+
+    In order: the last complete ``\\boxed{...}`` (or ``\\fbox``); else the last line with an
+    explicit final-answer marker (``#### …``, ``Answer: …``, ``The (final) answer is …``),
+    whose answer is the rest of that line; else the whole response when it is nothing but a bare
+    answer (one number such as ``42``, ``-1.5`` or ``3/4``, or one ``$…$``/``\\(…\\)``/
+    ``\\[…\\]`` expression). Text in the middle of a response is never taken as its answer:
+    ``"so x =42 and then"`` commits to nothing.
+    """
+    boxed = last_boxed(response)
+    if boxed is not None:
+        return boxed, True
+    for line in reversed(response.splitlines()):
+        m = _ANSWER_LINE.search(line)
+        if m:
+            text = m.group(1).strip().rstrip(".").strip().strip("*").strip()
+            return (text, False) if text else None
+    if len(response) <= MAX_BARE_CHARS and _BARE.fullmatch(response):
+        return response.strip().rstrip(".").strip(), False
+    return None
+
+
+def _parse_answer(text: str) -> list:
+    """math-verify's parse of an answer written bare or in math delimiters."""
+    mv = _math_verify()
+    delimited = "$" in text or "\\(" in text or "\\[" in text
+    return (mv.parse(text if delimited else f"${text}$", parsing_timeout=None)
+            or mv.parse(text, parsing_timeout=None) or [text])
+
+
 def math_verifier(response: str, ground_truth: str) -> float:
     """1.0 iff the response's final answer is mathematically equivalent to the ground truth.
 
-    The final answer is the last ``\\boxed{...}`` if there is one, else what math-verify
-    (HuggingFace, 0.9) extracts from the whole response ("final answer is ...", the last
-    expression). Equivalence is math-verify's ``verify`` (numeric, symbolic, sets, intervals).
+    The final answer is what ``final_answer`` finds (the last ``\\boxed{}``, else an explicit
+    final-answer line, else a response that is only an answer); a response without one scores
+    0. Equivalence is math-verify's ``verify`` (HuggingFace, 0.9: numeric, symbolic, sets,
+    intervals).
     """
     mv = _math_verify()
-    boxed = last_boxed(response)
-    if boxed is not None:
+    found = final_answer(response)
+    if found is None:
+        return 0.0
+    text, boxed = found
+    if boxed:
         latex = mv.LatexExtractionConfig(boxed_match_priority=0)
-        pred = mv.parse(f"\\boxed{{{boxed}}}", extraction_config=[latex], parsing_timeout=None)
-        pred = pred or [boxed.strip()]  # unparseable (e.g. plain words): still compare as text
+        pred = mv.parse(f"\\boxed{{{text}}}", extraction_config=[latex], parsing_timeout=None)
+        pred = pred or [text.strip()]  # unparseable (e.g. plain words): still compare as text
     else:
-        pred = mv.parse(response, parsing_timeout=None)
+        pred = _parse_answer(text)
     return float(bool(pred) and mv.verify(_parse_gold(ground_truth), pred, timeout_seconds=None))
 
 
@@ -240,21 +291,31 @@ _WARMUPS: dict[str, Callable[[], object]] = {
 }
 
 
-def resolve_verifier(spec: str, *, warm: bool = False) -> Verifier:
-    """The verifier ``spec``: a ``VERIFIERS`` key or an importable ``"module:function"``."""
-    if ":" in spec:
-        module, _, name = spec.partition(":")
-        try:
-            fn = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as e:
-            raise ValueError(f"cannot load verifier {spec!r}: {e}") from e
-        if not callable(fn):
-            raise ValueError(f"verifier {spec!r} is not callable")
-        return fn
-    if spec not in VERIFIERS:
-        raise ValueError(
-            f"unknown verifier {spec!r}; valid: {', '.join(VERIFIERS)} (or 'module:function')"
-        )
-    if warm and spec in _WARMUPS:
+def warm_up(spec: str) -> None:
+    """Do ``spec``'s once-per-process work (imports, parser warm-up) now, if it has any."""
+    if spec in _WARMUPS:
         _WARMUPS[spec]()
-    return VERIFIERS[spec]
+
+
+def resolve_verifier(spec: str, *, warm: bool = False) -> Verifier:
+    """The verifier ``spec``: a ``VERIFIERS`` key, ``"module:function"`` or
+    ``"path/to/file.py:function"`` (``explorl.refs``), as the user wrote it."""
+    from explorl.refs import is_ref, load_ref
+
+    if spec in VERIFIERS:
+        if warm:
+            warm_up(spec)
+        return VERIFIERS[spec]
+    if is_ref(spec):
+        try:
+            fn = load_ref(spec)
+        except (ImportError, ValueError) as e:
+            raise RewardError(f"cannot load verifier {spec!r}: {e}") from e
+        if not callable(fn):
+            raise RewardError(f"verifier {spec!r} is not callable")
+        return fn
+    close = difflib.get_close_matches(spec, list(VERIFIERS), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise RewardError(
+        f"unknown verifier {spec!r}{hint}; valid: {', '.join(VERIFIERS)} (or 'module:function')"
+    )

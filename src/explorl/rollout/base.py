@@ -1,8 +1,9 @@
-"""The rollout-engine interface (HF today; a vLLM engine can implement the same call)."""
+"""The rollout-engine interface, its optional methods, and the engine named by the config."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
@@ -10,6 +11,20 @@ from explorl.rollout.types import Rollouts
 
 
 class RolloutEngine(Protocol):
+    """What the trainer calls. Besides ``generate``, an engine may define:
+
+    - ``sync_weights(model, version) -> float``: make the engine sample from ``model``'s current
+      weights; ``version`` identifies them (the trainer passes its optimizer step count before
+      every sampling call; EEPO's unlearned copy another value), and an engine that keeps its
+      own copy of the weights skips the push when ``version`` equals the last pushed one.
+      Returns the seconds spent. Engines that sample with ``model`` itself (``hf``) need none.
+    - ``pop_metrics() -> dict[str, float]``: metrics gathered since the last call (docs/metrics.md).
+    - ``logprobs_match_trainer``: True when old_logp/entropy are the trainer's forward's values
+      (``algorithm.old_logp: auto`` then skips its own recompute in float32).
+
+    Call them through ``sync_weights`` and ``pop_metrics`` below, which accept any engine.
+    """
+
     def generate(
         self,
         model: torch.nn.Module,
@@ -29,3 +44,54 @@ class RolloutEngine(Protocol):
         data-parallel ranks sample the same responses as one process would.
         """
         ...
+
+
+def sync_weights(engine: Any, model: torch.nn.Module, version: Any) -> float:
+    """``engine.sync_weights(model, version)`` where the engine has it, else 0.0 seconds."""
+    sync = getattr(engine, "sync_weights", None)
+    return float(sync(model, version)) if sync is not None else 0.0
+
+
+def pop_metrics(engine: Any) -> dict[str, float]:
+    """``engine.pop_metrics()`` where the engine has it, else no metrics."""
+    pop = getattr(engine, "pop_metrics", None)
+    return pop() if pop is not None else {}
+
+
+def build_engine(cfg, tokenizer, model_path: str | Path, dtype: torch.dtype):
+    """The engine ``cfg.rollout.engine`` names (``cfg``: a ``RunConfig``).
+
+    ``model_path``: the model the engine starts from (``vllm`` loads it itself; later weights
+    come from ``sync_weights``); ``dtype``: the training model's, for ``rollout.vllm.dtype: auto``.
+    """
+    r = cfg.rollout
+    if r.engine == "hf":
+        from explorl.rollout.hf import HFEngine
+
+        return HFEngine(tokenizer, batch_size=r.batch_size)
+    if r.engine == "vllm":
+        try:
+            import vllm  # noqa: F401
+
+            from explorl.rollout.vllm import VLLMEngine
+        except ImportError as e:
+            raise ImportError(
+                "rollout.engine=vllm needs vLLM: `make setup-vllm` (CPU, its own venv) or "
+                "`pip install -e '.[vllm]'` (CUDA); README \"Rollout engines\""
+            ) from e
+        v = r.vllm
+        name = str(dtype).removeprefix("torch.") if v.dtype == "auto" else v.dtype
+        return VLLMEngine(
+            model_path,
+            tokenizer,
+            dtype=name,
+            kv_cache_gib=v.kv_cache_gib,
+            max_model_len=v.max_model_len,
+            in_process=v.in_process,
+            recompute=v.recompute,
+            sync_check_tol=v.sync_check_tol,
+            llm_kwargs=v.llm_kwargs,
+            seed=cfg.seed,
+            score_batch_size=r.batch_size,
+        )
+    raise ValueError(f"unknown rollout.engine {r.engine!r}")

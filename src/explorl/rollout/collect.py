@@ -18,13 +18,14 @@ import torch
 from explorl.algorithms import informative_groups, overlong_penalty
 from explorl.config import RunConfig
 from explorl.control import Knobs
-from explorl.rewards import to_reward
 from explorl.rollout.seeding import mix_seed
 from explorl.rollout.two_stage import OneStage
 from explorl.rollout.types import Rollouts
 from explorl.step_batch import StepBatch, concat_rows, response_stats, stage_entropy
 
-TRAIN_STREAM = 0  # first component of the training sampling seeds after the run seed (validation: 1)
+TRAIN_STREAM = (
+    0  # first component of the training sampling seeds after the run seed (validation: 1)
+)
 
 
 @dataclass
@@ -32,19 +33,20 @@ class Collected:
     """This rank's kept responses and the step's global statistics."""
 
     rollouts: Rollouts  # this rank's kept rows (prompt_index = position among the step's prompts)
-    scores: torch.Tensor  # (n,) verifier scores of those rows
+    scores: torch.Tensor  # (n,) correctness (0/1) of those rows (``rewards.rewarder``)
     rewards: torch.Tensor  # (n,) shaped rewards of those rows
     batch: StepBatch  # every rank's rows, as one process sees them
     metrics: dict[str, float]
 
 
-def score_rollouts(pool, verifier: str, cfg: RunConfig, ro: Rollouts, truths: list[str],
+def score_rollouts(pool, rewarder, cfg: RunConfig, ro: Rollouts, records: list,
                    max_response_len: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-    """Verifier scores and shaped rewards (N,), with the pool's timeout/error counts."""
-    res = pool.score(verifier, ro.texts, truths)
-    scores = torch.tensor(res.scores, dtype=torch.float32)
+    """Correctness and shaped rewards (N,) of the responses to ``records``, with the pool's
+    timeout/error counts."""
+    res = rewarder.score(pool, ro.texts, records)
+    scores = torch.tensor(res.correct, dtype=torch.float32)
     rc = cfg.reward
-    rewards = torch.tensor([to_reward(s, rc.convention) for s in res.scores])
+    rewards = torch.tensor(res.rewards, dtype=torch.float32)
     if rc.overlong_buffer > 0:
         rewards = rewards + overlong_penalty(ro.lengths.cpu(), max_response_len, rc.overlong_buffer,
                                              rc.overlong_penalty)
@@ -52,8 +54,22 @@ def score_rollouts(pool, verifier: str, cfg: RunConfig, ro: Rollouts, truths: li
                              "reward/verify_errors": float(res.errors)}
 
 
-def collect(*, cfg: RunConfig, step: int, knobs: Knobs, batch: tuple[list[int], int, bool], order, data,
-            prompt_ids, sampler: OneStage, policy, version, pool, verifier: str, dist) -> Collected:
+def collect(
+    *,
+    cfg: RunConfig,
+    step: int,
+    knobs: Knobs,
+    batch: tuple[list[int], int, bool],
+    order,
+    data,
+    prompt_ids,
+    sampler: OneStage,
+    policy,
+    version,
+    pool,
+    rewarder,
+    dist,
+) -> Collected:
     """Sample and score this rank's share of ``batch`` (more rounds under dynamic sampling).
 
     ``order`` draws the extra rounds' prompts; ``prompt_ids(i)`` gives dataset row i's token
@@ -80,18 +96,30 @@ def collect(*, cfg: RunConfig, step: int, knobs: Knobs, batch: tuple[list[int], 
         seeds = [mix_seed(cfg.seed, TRAIN_STREAM, step, rounds, p) for p in range(len(idx))]
         unlearn = knobs.unlearn and any(n // 2 > 0 for n in budgets)  # decided for the global batch
         t0 = time.perf_counter()
-        ro, m = sampler.sample(policy, version, [prompt_ids(i) for i in idx[mine]], budgets[mine],
-                               knobs.temperature, knobs.max_response_len, seeds[mine], unlearn=unlearn,
-                               reduce=dist.all_reduce_ if dist.world_size > 1 else None)
+        ro, m = sampler.sample(
+            policy,
+            version,
+            [prompt_ids(i) for i in idx[mine]],
+            budgets[mine],
+            knobs.temperature,
+            knobs.max_response_len,
+            seeds[mine],
+            unlearn=unlearn,
+            reduce=dist.all_reduce_ if dist.world_size > 1 else None,
+        )
         ro.prompt_index = ro.prompt_index + mine.start  # position in this round's global batch
         t_gen += time.perf_counter() - t0
         t0 = time.perf_counter()
-        truths = [data[idx[i]].ground_truth for i in ro.prompt_index.cpu().tolist()]
-        scores, rewards, sm = score_rollouts(pool, verifier, cfg, ro, truths, knobs.max_response_len)
+        answered = [data[idx[i]] for i in ro.prompt_index.cpu().tolist()]
+        scores, rewards, sm = score_rollouts(
+            pool, rewarder, cfg, ro, answered, knobs.max_response_len
+        )
         t_score += time.perf_counter() - t0
         # The round's one collective: every rank's per-response statistics and verifier counters.
         own = not m.get("eepo/active")  # stage 2 came from the policy itself unless it unlearned
-        parts = dist.gather({"rows": response_stats(ro, scores, rewards, rank, stage2_own=own), **sm})
+        parts = dist.gather(
+            {"rows": response_stats(ro, scores, rewards, rank, stage2_own=own), **sm}
+        )
         rows = concat_rows([p["rows"] for p in parts])
         offset = sum(len(p["rows"]["group"]) for p in parts[:rank])  # this rank's first row
         for k in sm:
@@ -127,14 +155,21 @@ def collect(*, cfg: RunConfig, step: int, knobs: Knobs, batch: tuple[list[int], 
     counts = torch.cat([c for c, _ in all_counts])
     correct = torch.cat([c for _, c in all_counts])
     metrics.update({k: v / rounds for k, v in round_sums.items()})
-    metrics.update({
-        "rollout/gen_rounds": float(rounds),
-        "rollout/filtered_frac": 1.0 - n_kept_groups / max(1, n_groups_total) if a.dynamic_sampling else 0.0,
-        "rollout/all_wrong_frac": float((correct == 0).float().mean()),
-        "rollout/all_correct_frac": float((correct == counts).float().mean()),
-        "time/generate_s": t_gen, "time/score_s": t_score,
-    })
+    metrics.update(
+        {
+            "rollout/gen_rounds": float(rounds),
+            "rollout/filtered_frac": 1.0 - n_kept_groups / max(1, n_groups_total)
+            if a.dynamic_sampling
+            else 0.0,
+            "rollout/all_wrong_frac": float((correct == 0).float().mean()),
+            "rollout/all_correct_frac": float((correct == counts).float().mean()),
+            "time/generate_s": t_gen,
+            "time/score_s": t_score,
+        }
+    )
     sb = StepBatch(rows=concat_rows(kept_rows), local=torch.cat(kept_local), prompt_indices=all_idx,
                    prompt_correct=correct.tolist(), prompt_samples=counts.tolist(), epoch=epoch,
                    epoch_end=epoch_end)
-    return Collected(ro, torch.cat([k[1] for k in kept]), torch.cat([k[2] for k in kept]), sb, metrics)
+    return Collected(
+        ro, torch.cat([k[1] for k in kept]), torch.cat([k[2] for k in kept]), sb, metrics
+    )

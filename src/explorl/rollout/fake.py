@@ -11,8 +11,8 @@ from typing import Callable
 
 import torch
 
-from explorl.rollout.hf import left_pad
 from explorl.forward import response_logprobs
+from explorl.rollout.hf import left_pad
 from explorl.rollout.types import Rollouts
 
 
@@ -25,19 +25,25 @@ class FakeEngine:
         """``respond(prompt_ids, j)`` returns the text of the j-th sample for a prompt."""
         self.tokenizer = tokenizer
         self.respond = respond
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        )
         self.calls: list[dict] = []
 
     @torch.no_grad()
     def generate(self, model, prompt_ids, n_samples, temperature, max_new_tokens, generator=None,
                  seeds=None) -> Rollouts:
-        self.calls.append({"n_samples": list(n_samples), "temperature": temperature, "model": model})
+        self.calls.append(
+            {"n_samples": list(n_samples), "temperature": temperature, "model": model}
+        )
         device = next(model.parameters()).device
         rows, texts, resp = [], [], []
         for i, (p, n) in enumerate(zip(prompt_ids, n_samples)):
             for j in range(n):
                 text = self.respond(p, j)
-                ids = self.tokenizer(text, add_special_tokens=False)["input_ids"][: max_new_tokens - 1]
+                ids = self.tokenizer(text, add_special_tokens=False)["input_ids"][
+                    : max_new_tokens - 1
+                ]
                 ids = ids + [self.tokenizer.eos_token_id]
                 rows.append(i)
                 texts.append(self.tokenizer.decode(ids, skip_special_tokens=True))
@@ -50,7 +56,15 @@ class FakeEngine:
             rids[k, : len(r)] = torch.as_tensor(r)
             rmask[k, : len(r)] = True
         logp, ent = response_logprobs(model, pids, pmask, rids, rmask, temperature or 1.0)
-        return Rollouts(prompt_ids=pids, prompt_mask=pmask, response_ids=rids, response_mask=rmask,
-                        old_logp=logp, entropy=ent, prompt_index=torch.as_tensor(rows, device=device),
-                        texts=texts, temperature=temperature,
-                        truncated=torch.zeros(len(resp), dtype=torch.bool, device=device))
+        return Rollouts(
+            prompt_ids=pids,
+            prompt_mask=pmask,
+            response_ids=rids,
+            response_mask=rmask,
+            old_logp=logp,
+            entropy=ent,
+            prompt_index=torch.as_tensor(rows, device=device),
+            texts=texts,
+            temperature=temperature,
+            truncated=torch.zeros(len(resp), dtype=torch.bool, device=device),
+        )

@@ -37,7 +37,9 @@ from explorl.rollout.seeding import NoiseStream, row_keys
 from explorl.rollout.types import Rollouts
 
 
-def left_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(
+    seqs: list[list[int]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad token lists to one width: ``(ids (N, P), mask (N, P) bool)``."""
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
@@ -126,7 +128,9 @@ class HFEngine:
         self.batch_size = batch_size
         self.compact_ratio = compact_ratio
         self.sync_every = sync_every
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        )
         eos = eos_ids if eos_ids is not None else [tokenizer.eos_token_id]
         self.eos_ids = torch.as_tensor([e for e in eos if e is not None], dtype=torch.long)
 
@@ -150,12 +154,22 @@ class HFEngine:
         parts = []
         for start in range(0, len(rows), self.batch_size):
             chunk = rows[start: start + self.batch_size]
-            parts.append(self._generate_rows(model, prompt_ids, chunk, temperature, max_new_tokens, generator,
-                                             None if keys is None else keys[start: start + self.batch_size]))
+            parts.append(
+                self._generate_rows(
+                    model,
+                    prompt_ids,
+                    chunk,
+                    temperature,
+                    max_new_tokens,
+                    generator,
+                    None if keys is None else keys[start : start + self.batch_size],
+                )
+            )
         return Rollouts.concat(parts, self.pad_id) if len(parts) > 1 else parts[0]
 
-    def _generate_rows(self, model, prompt_ids, prompt_index, temperature, max_new_tokens, generator,
-                       keys=None) -> Rollouts:
+    def _generate_rows(
+        self, model, prompt_ids, prompt_index, temperature, max_new_tokens, generator, keys=None
+    ) -> Rollouts:
         """Sample one response per entry of ``prompt_index`` (rows of one prompt are adjacent)."""
         device = next(model.parameters()).device
         was_training = model.training
@@ -164,7 +178,9 @@ class HFEngine:
         # Distinct prompts of this batch; ``inv`` maps each row to its prompt's row in the prefill.
         uniq = list(dict.fromkeys(prompt_index))
         slot = {p: k for k, p in enumerate(uniq)}
-        inv = torch.as_tensor([slot[p] for p in prompt_index], dtype=torch.long, device=device)  # (N,)
+        inv = torch.as_tensor(
+            [slot[p] for p in prompt_index], dtype=torch.long, device=device
+        )  # (N,)
         ids_u, mask_u = left_pad([prompt_ids[p] for p in uniq], self.pad_id, device)  # (U, P)
         P = ids_u.shape[1]
         single_eos = self.eos_ids.numel() == 1
@@ -180,10 +196,17 @@ class HFEngine:
         out_mask = torch.zeros((N, max_new_tokens), dtype=torch.bool, device=device)
         finished = torch.zeros(N, dtype=torch.bool, device=device)
 
-        # Prefill: the distinct prompts once, then fan the cache and the last logits out to the rows.
+        # Prefill: the distinct prompts once, then fan the cache and the last logits out to the
+        # rows.
         cache = decode_cache(model.config, P + max_new_tokens)
-        out = model(input_ids=ids_u, attention_mask=mask_u.long(), position_ids=position_ids(mask_u),
-                    past_key_values=cache, use_cache=True, logits_to_keep=1)
+        out = model(
+            input_ids=ids_u,
+            attention_mask=mask_u.long(),
+            position_ids=position_ids(mask_u),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         logits = out.logits[:, -1, :]  # (U, V)
         if len(uniq) < N:
             cache.reorder_cache(inv)
@@ -191,10 +214,16 @@ class HFEngine:
         del out
 
         # The rows' attention masks over every position they can reach, sliced per step.
-        attn = torch.cat([mask_u[inv], torch.ones((N, max_new_tokens), dtype=torch.bool, device=device)], 1)
+        attn = torch.cat(
+            [mask_u[inv], torch.ones((N, max_new_tokens), dtype=torch.bool, device=device)], 1
+        )
         pos = position_ids(mask_u)[inv, -1:] + 1  # (N, 1): position of the first response token
         idx = torch.arange(N, device=device)  # batch row -> output row
-        noise = NoiseStream(keys.to(device), logits.shape[-1], max_new_tokens) if keys is not None else None
+        noise = (
+            NoiseStream(keys.to(device), logits.shape[-1], max_new_tokens)
+            if keys is not None
+            else None
+        )
         alive = torch.ones(N, dtype=torch.bool, device=device)  # per batch row
         n_steps = 0
         for t in range(max_new_tokens):
@@ -227,11 +256,23 @@ class HFEngine:
                 if n_alive <= self.compact_ratio * len(alive) and n_alive < len(alive):
                     keep = alive.nonzero().squeeze(-1)  # (n_alive,)
                     cache.reorder_cache(keep)
-                    idx, tok, alive, attn, pos = idx[keep], tok[keep], alive[keep], attn[keep], pos[keep]
+                    idx, tok, alive, attn, pos = (
+                        idx[keep],
+                        tok[keep],
+                        alive[keep],
+                        attn[keep],
+                        pos[keep],
+                    )
                     if noise is not None:
                         noise.keep(keep)
-            logits = model(input_ids=tok[:, None], attention_mask=attn[:, : P + t + 1], position_ids=pos,
-                           past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
+            logits = model(
+                input_ids=tok[:, None],
+                attention_mask=attn[:, : P + t + 1],
+                position_ids=pos,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            ).logits[:, -1, :]
             pos = pos + 1
         if was_training:
             model.train()
@@ -239,11 +280,18 @@ class HFEngine:
         out_tokens, out_logp = out_tokens[:, :n_steps], out_logp[:, :n_steps]
         out_ent, out_mask = out_ent[:, :n_steps], out_mask[:, :n_steps]
         lengths = out_mask.sum(-1).tolist()
-        texts = self.tokenizer.batch_decode([row[:n] for row, n in zip(out_tokens.tolist(), lengths)],
-                                            skip_special_tokens=True)
+        texts = self.tokenizer.batch_decode(
+            [row[:n] for row, n in zip(out_tokens.tolist(), lengths)], skip_special_tokens=True
+        )
         return Rollouts(
-            prompt_ids=ids_u[inv], prompt_mask=mask_u[inv], response_ids=out_tokens, response_mask=out_mask,
-            old_logp=out_logp, entropy=out_ent,
+            prompt_ids=ids_u[inv],
+            prompt_mask=mask_u[inv],
+            response_ids=out_tokens,
+            response_mask=out_mask,
+            old_logp=out_logp,
+            entropy=out_ent,
             prompt_index=torch.as_tensor(prompt_index, dtype=torch.long, device=device),
-            texts=texts, temperature=temperature, truncated=~finished,
+            texts=texts,
+            temperature=temperature,
+            truncated=~finished,
         )

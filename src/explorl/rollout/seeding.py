@@ -42,7 +42,9 @@ def mix_seed(*parts: int) -> int:
 
 def row_keys(seeds: list[int], n_samples: list[int]) -> torch.Tensor:
     """Per-response keys (N,) int64: response j of prompt i gets ``mix_seed(seeds[i], j)``."""
-    return torch.tensor([mix_seed(s, j) for s, n in zip(seeds, n_samples) for j in range(n)], dtype=torch.long)
+    return torch.tensor(
+        [mix_seed(s, j) for s, n in zip(seeds, n_samples) for j in range(n)], dtype=torch.long
+    )
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -59,7 +61,9 @@ def _hashed_uniform(keys: torch.Tensor, t: int, vocab_size: int) -> torch.Tensor
     lo, hi = keys & _M32, keys >> 32  # (N,)
     row = _mix32(_mix32(lo ^ ((t * 0x61C88647 + 1) & _M32)) ^ hi)  # (N,)
     row2 = _mix32(row ^ 0x5BD1E995)
-    tok = _mix32(torch.arange(vocab_size, device=keys.device, dtype=torch.long) * 0x2545F491 & _M32)  # (V,)
+    tok = _mix32(
+        torch.arange(vocab_size, device=keys.device, dtype=torch.long) * 0x2545F491 & _M32
+    )  # (V,)
     bits = _mix32(_mix32(row[:, None] ^ tok[None, :]) ^ row2[:, None])  # (N, V)
     return ((bits >> 8).float() + 0.5) / float(1 << 24)
 
@@ -105,7 +109,8 @@ _NOISE_BLOCK_ELEMENTS = 1 << 21  # floats per block of precomputed noise (8 MB)
 
 
 def _splitmix64_np(x: np.ndarray) -> np.ndarray:
-    """``_splitmix64`` on uint64 arrays (numpy's uint64 arithmetic wraps mod 2^64, as the mask does)."""
+    """``_splitmix64`` on uint64 arrays (numpy's uint64 arithmetic wraps mod 2^64, as the mask
+    does)."""
     x = x + np.uint64(0x9E3779B97F4A7C15)
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -149,7 +154,11 @@ def mt_uniform(seeds: np.ndarray, vocab_size: int) -> torch.Tensor:
                 hi[j - 397] = x
     # The twist of words 0..V-1, then tempering.
     y = (lo[:-1] & np.uint32(0x80000000)) | (lo[1:] & np.uint32(0x7FFFFFFF))
-    w = hi ^ (y >> np.uint32(1)) ^ np.where(lo[1:] & np.uint32(1), np.uint32(0x9908B0DF), np.uint32(0))
+    w = (
+        hi
+        ^ (y >> np.uint32(1))
+        ^ np.where(lo[1:] & np.uint32(1), np.uint32(0x9908B0DF), np.uint32(0))
+    )
     w ^= w >> np.uint32(11)
     w ^= (w << np.uint32(7)) & np.uint32(0x9D2C5680)
     w ^= (w << np.uint32(15)) & np.uint32(0xEFC60000)

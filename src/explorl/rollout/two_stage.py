@@ -45,7 +45,9 @@ class OneStage:
                temperature: float, max_new_tokens: int, seeds: list[int], *, unlearn: bool = False,
                reduce: Reduce | None = None) -> tuple[Rollouts, dict[str, float]]:
         sync_s = _sync(self.engine, policy, version)
-        ro = self.engine.generate(policy, prompt_ids, budgets, temperature, max_new_tokens, seeds=seeds)
+        ro = self.engine.generate(
+            policy, prompt_ids, budgets, temperature, max_new_tokens, seeds=seeds
+        )
         return ro, {"time/weight_sync_s": sync_s} if sync_s else {}
 
 
@@ -77,14 +79,20 @@ def unlearn_step(
     ``reduce`` (an in-place sum over data-parallel ranks) makes the step global: each rank
     passes its share of the stage-1 sequences (possibly ``None``); every rank must call it.
     """
-    T = (rollouts_stage1.temperature if rollouts_stage1 is not None else 1.0) if temperature is None else temperature
+    T = (
+        (rollouts_stage1.temperature if rollouts_stage1 is not None else 1.0)
+        if temperature is None
+        else temperature
+    )
     if T <= 0:
         raise ValueError(f"unlearning needs a sampling temperature > 0, got {T}")
     params = [p for p in rollout_model.parameters() if p.requires_grad]
     device = params[0].device
     r = None
     if rollouts_stage1 is not None:
-        r = rollouts_stage1.select(torch.nonzero(rollouts_stage1.response_mask.sum(-1) > 0).flatten())
+        r = rollouts_stage1.select(
+            torch.nonzero(rollouts_stage1.response_mask.sum(-1) > 0).flatten()
+        )
     n_local = len(r) if r is not None else 0
     n_seq = n_local
     if reduce is not None:
@@ -102,8 +110,16 @@ def unlearn_step(
             for start in range(0, n_local, mb):
                 part = r.select(torch.arange(start, min(start + mb, n_local)))
                 mask = part.response_mask.float()  # (n, R)
-                logp, _ = response_logprobs(rollout_model, part.prompt_ids, part.prompt_mask, part.response_ids,
-                                            part.response_mask, T, chunk_size=chunk_size, with_entropy=False)
+                logp, _ = response_logprobs(
+                    rollout_model,
+                    part.prompt_ids,
+                    part.prompt_mask,
+                    part.response_ids,
+                    part.response_mask,
+                    T,
+                    chunk_size=chunk_size,
+                    with_entropy=False,
+                )
                 p_clip = logp.float().exp().clamp(eps_l, 1 - eps_r)  # (n, R)
                 per_seq = (torch.log1p(-p_clip) * mask).sum(-1) / mask.sum(-1)  # (n,) token mean
                 L_part = per_seq.sum() / n_seq  # this chunk's share of the mean over sequences
@@ -111,7 +127,9 @@ def unlearn_step(
                 L += L_part.item()
         if reduce is not None:  # one all-reduce of every gradient and L
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-            flat = reduce(torch.cat([g.flatten().float() for g in grads] + [torch.tensor([L], device=device)]))
+            flat = reduce(
+                torch.cat([g.flatten().float() for g in grads] + [torch.tensor([L], device=device)])
+            )
             L = float(flat[-1])
             for p, g in zip(params, flat[:-1].split([p.numel() for p in params])):
                 p.grad = g.view_as(p).to(p.dtype)
@@ -126,13 +144,21 @@ def unlearn_step(
     return L
 
 
-def _subset(engine, model, prompt_ids, counts, stage, temperature, max_new_tokens, seeds) -> Rollouts | None:
+def _subset(
+    engine, model, prompt_ids, counts, stage, temperature, max_new_tokens, seeds
+) -> Rollouts | None:
     """Sample ``counts[i]`` responses for prompt i (skipping 0s); prompt_index maps to the batch."""
     idx = [i for i, n in enumerate(counts) if n > 0]
     if not idx:
         return None
-    out = engine.generate(model, [prompt_ids[i] for i in idx], [counts[i] for i in idx], temperature,
-                          max_new_tokens, seeds=[seeds[i] for i in idx])
+    out = engine.generate(
+        model,
+        [prompt_ids[i] for i in idx],
+        [counts[i] for i in idx],
+        temperature,
+        max_new_tokens,
+        seeds=[seeds[i] for i in idx],
+    )
     to_batch = torch.as_tensor(idx, dtype=torch.long)
     return dataclasses.replace(out, prompt_index=to_batch[out.prompt_index],
                                stage=torch.full((len(out),), stage, dtype=torch.long))
@@ -157,10 +183,22 @@ class TwoStage(OneStage):
     ``eepo/active`` (1.0 when the unlearning step ran).
     """
 
-    def __init__(self, engine: RolloutEngine, cfg: EEPOControlConfig, *, micro_batch_size: int | None = None,
-                 chunk_size: int = 512, pad_id: int = 0) -> None:
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        cfg: EEPOControlConfig,
+        *,
+        micro_batch_size: int | None = None,
+        chunk_size: int = 512,
+        pad_id: int = 0,
+    ) -> None:
         super().__init__(engine)
-        self.cfg, self.micro_batch_size, self.chunk_size, self.pad_id = cfg, micro_batch_size, chunk_size, pad_id
+        self.cfg, self.micro_batch_size, self.chunk_size, self.pad_id = (
+            cfg,
+            micro_batch_size,
+            chunk_size,
+            pad_id,
+        )
         self._copy: torch.nn.Module | None = None  # θ′, allocated at the first open gate
 
     def rollout_copy(self, policy: torch.nn.Module) -> torch.nn.Module:
@@ -184,7 +222,9 @@ class TwoStage(OneStage):
         # A data-parallel caller decided `unlearn` for the global batch: every rank joins the
         # collective of the step, rows or not.
         if not (unlearn and (reduce is not None or sum(n2) > 0)):
-            out = _subset(self.engine, policy, prompt_ids, budgets, 1, temperature, max_new_tokens, seeds)
+            out = _subset(
+                self.engine, policy, prompt_ids, budgets, 1, temperature, max_new_tokens, seeds
+            )
             if out is None:
                 raise ValueError("no responses requested (all n_samples are 0)")
             first = torch.searchsorted(out.prompt_index, out.prompt_index, side="left")
@@ -192,7 +232,9 @@ class TwoStage(OneStage):
             stage = torch.where(within < torch.as_tensor(n1)[out.prompt_index], 1, 2)
             out = dataclasses.replace(out, stage=stage)
         else:
-            stage1 = _subset(self.engine, policy, prompt_ids, n1, 1, temperature, max_new_tokens, seeds)
+            stage1 = _subset(
+                self.engine, policy, prompt_ids, n1, 1, temperature, max_new_tokens, seeds
+            )
             sampler = self.rollout_copy(policy)
             metrics["eepo/unlearn_loss"] = unlearn_step(
                 sampler, stage1, lr=self.cfg.lr, eps_l=self.cfg.eps_l, eps_r=self.cfg.eps_r,
@@ -201,7 +243,9 @@ class TwoStage(OneStage):
             metrics["eepo/active"] = 1.0
             sync_s += _sync(self.engine, sampler, ("eepo", version))
             seeds2 = [mix_seed(s, 2) for s in seeds]
-            stage2 = _subset(self.engine, sampler, prompt_ids, n2, 2, temperature, max_new_tokens, seeds2)
+            stage2 = _subset(
+                self.engine, sampler, prompt_ids, n2, 2, temperature, max_new_tokens, seeds2
+            )
             parts = [p for p in (stage1, stage2) if p is not None]
             if not parts:
                 raise ValueError("no responses requested (all n_samples are 0)")
@@ -211,7 +255,9 @@ class TwoStage(OneStage):
         mask = out.response_mask.float()
         for k in (1, 2):
             rows = out.stage == k
-            metrics[f"entropy/stage{k}"] = _masked_mean(out.entropy[rows], mask[rows]) if bool(rows.any()) else 0.0
+            metrics[f"entropy/stage{k}"] = (
+                _masked_mean(out.entropy[rows], mask[rows]) if bool(rows.any()) else 0.0
+            )
         if sync_s:
             metrics["time/weight_sync_s"] = sync_s
         return out, metrics

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -65,7 +65,12 @@ class Rollouts:
 
         stage = None
         if any(p.stage is not None for p in parts):
-            stage = torch.cat([p.stage if p.stage is not None else torch.zeros(len(p), dtype=torch.long) for p in parts])
+            stage = torch.cat(
+                [
+                    p.stage if p.stage is not None else torch.zeros(len(p), dtype=torch.long)
+                    for p in parts
+                ]
+            )
         trunc = None
         if all(p.truncated is not None for p in parts):
             trunc = torch.cat([p.truncated for p in parts])

@@ -31,7 +31,7 @@ SMOOTH = 10  # figures show a trailing 10-step mean; the tables use the raw per-
 def draw_figures(groups: dict[str, list[Run]], out_dir: Path) -> list[tuple[str, str]]:
     """The claims' figures (only the recipes each claim compares); returns (title, file name)."""
     from explorl.analysis.report import Group
-    from explorl.analysis.runs import new_figure, save_figure
+    from explorl.analysis.runs import new_figure, save_figure, step_axes
 
     made = []
     for file, title, ylabel, names, lines in FIGURES:
@@ -54,6 +54,7 @@ def draw_figures(groups: dict[str, list[Run]], out_dir: Path) -> list[tuple[str,
         ax.set_xlabel(f"training step ({SMOOTH}-step trailing mean; band = min–max over seeds)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
+        step_axes(ax)
         ax.legend(fontsize="small")
         save_figure(fig, out_dir / f"{file}.png", dpi=80)
         made.append((title, f"{file}.png"))

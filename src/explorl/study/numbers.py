@@ -41,7 +41,7 @@ def run_numbers(run: Run, cfg: dict, eval_summary: dict | None,
     from explorl.analysis.entropy_law import FitError, fit_entropy_law, law_points
     from explorl.control.schedules import anneal_start
 
-    recs = run.records
+    recs = [r for r in run.records if r["step"] >= 1]  # step 0: the pre-RL validation only
     n = len(recs)
     w = _w(n)
     H = [float(r["entropy/mean"]) for r in recs]

@@ -1,0 +1,40 @@
+"""# 3. advantages: the estimator over the step's global batch, then entropy advantage shaping on
+this rank's tokens, and the step's advantage and covariance metrics.
+
+The estimator sees whole groups (a prompt's responses never split across ranks, and every rank
+holds ``StepBatch.rows``), so pass@k estimators and group statistics are those of one process.
+Shaping (Cheng et al. 2025, ALGORITHMS §6e) turns this rank's (n,) advantages into per-token
+(n, T) ones, A_t + min(α·H_t, |A_t|/κ), with H_t the rollouts' entropy (the policy's at the
+sampling temperature from the pass that gave old_logp). Every loss takes (n,) or (n, T).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from explorl.algorithms import compute_advantages, entropy_advantage_shaping
+from explorl.config import AlgorithmConfig
+from explorl.rollout.types import Rollouts
+from explorl.step_batch import StepBatch, covariance_metrics
+
+
+def step_advantages(a: AlgorithmConfig, sb: StepBatch, ro: Rollouts,
+                    dist) -> tuple[torch.Tensor, dict[str, float]]:
+    """This rank's advantages, (n,) or (n, T) with shaping, and the step's metrics (global):
+    ``adv/*`` of the estimator and of shaping, and the covariance diagnostics (``cov/*``, on the
+    estimator's per-response A and the sampling pass's log-probs, before the update)."""
+    rows = sb.rows
+    adv_all, am = compute_advantages(a.advantage, rows["reward"].float(), rows["group"],
+                                     eps=a.adv_eps, k=a.passk_k)
+    metrics = {k: float(v) for k, v in am.items()}
+    metrics.update(covariance_metrics(rows, adv_all))
+    adv = adv_all[sb.local]
+    if a.entropy_shaping_alpha > 0:
+        mask = ro.response_mask
+        adv, sm = entropy_advantage_shaping(adv.to(ro.entropy.device), ro.entropy, mask,
+                                            a.entropy_shaping_alpha, a.entropy_shaping_kappa)
+        n = float(mask.sum())  # the shaping means are over this rank's valid tokens: weight and add
+        total = dist.sum_dict({"n": n, **{k: float(v) * n for k, v in sm.items()}})
+        n_all = total.pop("n")
+        metrics.update({k: v / n_all if n_all else 0.0 for k, v in total.items()})
+    return adv, metrics

@@ -1,0 +1,262 @@
+"""``validate``: ranges, relations between fields, names against their registries, controller
+conflicts and (with ``env``) paths, devices and importable references, before any work starts."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from pathlib import Path
+
+from explorl.config.coerce import _fail, build, to_dict
+from explorl.config.ranges import ADAPTIVE_KNOB_FIELDS, RANGES, Interval, _check_ranges
+from explorl.config.sections import RunConfig
+
+
+def _smallest_group(c: RunConfig) -> int:
+    """The fewest responses a prompt can get: n_samples, a curriculum's, the budget's floor."""
+    ctl, n = c.control, c.rollout.n_samples
+    sizes = [n]
+    if ctl.curriculum.enabled and ctl.curriculum.n_samples is not None:
+        sizes.append(ctl.curriculum.n_samples)
+    if ctl.budget.enabled:  # the budget floor never goes below min(n_min_limit, n_default)
+        sizes += [min(ctl.budget.n_min_limit, s) for s in list(sizes)]
+    return min(sizes)
+
+
+# (path, predicate, message) checks of relations between fields, run after the ranges.
+def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
+    a, r, ctl = c.algorithm, c.rollout, c.control
+    t, b, e = ctl.temperature, ctl.budget, ctl.eepo
+    pk, n_group, ec = a.passk_k, _smallest_group(c), ctl.entropy_coef
+    return [
+        ("name", bool(c.name.strip()) and "/" not in c.name and "\\" not in c.name,
+         f"must be a non-empty name without '/' (it names the run directory), got {c.name!r}"),
+        ("data.train", len(c.data.train) >= 1, "needs at least one dataset"),
+        ("data.max_train_prompts",
+         c.data.max_train_prompts is None or c.data.max_train_prompts >= c.data.prompts_per_step,
+         "must be ≥ data.prompts_per_step"),
+        ("reward.overlong_buffer", c.reward.overlong_buffer < r.max_response_len,
+         "must be < rollout.max_response_len"),
+        ("reward.step_timeout_s",
+         c.reward.step_timeout_s is None or c.reward.step_timeout_s >= c.reward.timeout_s,
+         "must be ≥ reward.timeout_s (one response's limit)"),
+        ("rollout.vllm.recompute", r.engine != "vllm" or r.vllm.recompute
+         or (a.old_logp != "sampler" and not e.enabled),
+         "false leaves entropy unknown (vLLM reports none): it needs algorithm.old_logp auto or "
+         "recompute, and no EEPO (its stage-2 rows keep the engine's values)"),
+        ("algorithm.clip_c", a.clip_c is None or a.loss != "clip_cov",
+         ("Clip-Cov has no dual clip (neither the authors' code nor verl's has one, and a "
+          "dual-clipped token could not be a Clip-Cov candidate); set algorithm.clip_c: null "
+          "with loss clip_cov")),
+        ("algorithm.clip_cov_ub", a.clip_cov_ub > a.clip_cov_lb, "must be > algorithm.clip_cov_lb"),
+        ("control.temperature.t_min", t.t_min <= t.t_max, "must be ≤ control.temperature.t_max"),
+        ("rollout.temperature", not t.enabled or t.t_min <= r.temperature <= t.t_max,
+         (f"the temperature scheduler starts here, so it must be in control.temperature's "
+          f"[t_min, t_max] = [{t.t_min}, {t.t_max}]")),
+        ("control.budget.n_min_limit", not b.enabled or b.n_min_limit <= r.n_samples,
+         "must be ≤ rollout.n_samples"),
+        ("control.budget.n_max_limit", not b.enabled or b.n_max_limit >= r.n_samples,
+         "must be ≥ rollout.n_samples"),
+        ("control.eepo.eps_r", e.eps_l < 1 - e.eps_r, "need control.eepo.eps_l < 1 − eps_r"),
+        ("control.eepo.enabled", not e.enabled or r.n_samples >= 2,
+         "EEPO needs rollout.n_samples ≥ 2"),
+        ("eval.k", all(k <= c.eval.n_samples for k in c.eval.k),
+         "every k must be ≤ eval.n_samples"),
+        ("log.report_to", len(set(c.log.report_to)) == len(c.log.report_to),
+         "names a tracker twice"),
+        ("algorithm.passk_k", pk is None or pk <= n_group,
+         f"must be ≤ {n_group}: k ≤ n in every group (the smallest has {n_group} responses)"),
+        ("algorithm.passk_k", pk is None or a.advantage != "pkpo_loo" or pk < n_group,
+         f"pkpo_loo needs k < n in every group (the smallest group has {n_group} responses)"),
+        ("algorithm.advantage", a.advantage != "grpo_passk" or n_group >= 2,
+         "grpo_passk needs at least 2 responses in every group"),
+        ("control.entropy_coef.init", ec.min <= ec.init <= ec.max,
+         "need control.entropy_coef.min ≤ init ≤ max"),
+    ]
+
+
+def _check_adaptive(cfg: RunConfig) -> None:
+    """The adaptive controller's knob values, with the actuator's defaults filled in, must
+    satisfy min ≤ init ≤ max inside the knob's own range (e.g. temperature > 0)."""
+    ad = cfg.control.adaptive
+    if not ad.enabled:
+        return
+    from explorl.control.adaptive import ACTUATOR_DEFAULTS
+
+    spec = ACTUATOR_DEFAULTS[ad.actuator]
+    lo = spec.c_min if ad.min is None else ad.min
+    hi = spec.c_max if ad.max is None else ad.max
+    init = spec.c0 if ad.init is None else ad.init
+    knob = ADAPTIVE_KNOB_FIELDS[ad.actuator]
+    interval = Interval.parse(RANGES[knob])
+    for key, v in (("min", lo), ("max", hi), ("init", init)):
+        if v not in interval:
+            _fail(f"control.adaptive.{key}", f"{ad.actuator} must be {interval.describe()} "
+                  f"(the range of {knob}), got {v!r}")
+    if not lo <= hi:
+        _fail("control.adaptive.max", f"must be ≥ control.adaptive.min ({lo}), got {hi}")
+    if not lo <= init <= hi:
+        _fail("control.adaptive.init", f"must be in [min, max] = [{lo}, {hi}], got {init}")
+
+
+def _check_controllers(cfg: RunConfig) -> None:
+    """Each knob has one owner, and two entropy trackers never run together."""
+    if sum(getattr(cfg.control, f.name).enabled for f in dataclasses.fields(cfg.control)) < 2:
+        return
+    from explorl.control import check_control_config
+
+    check_control_config(cfg.control)  # a ControlError, printed like a ConfigError
+
+
+def _closest(value: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(value, choices, n=1, cutoff=0.5)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _check_names(cfg: RunConfig) -> None:
+    """Plug-point names are checked against the dicts that define them (no copied lists)."""
+    from explorl.algorithms import ADVANTAGES, AGG_MODES, KL_ESTIMATORS, LOSSES
+    from explorl.algorithms.advantages import TAKES_K
+    from explorl.algorithms.losses import REQUIRED_AGG
+    from explorl.control import ACTUATOR_DEFAULTS, SCHEDULES
+    from explorl.trackers import TRACKERS
+
+    a, ad = cfg.algorithm, cfg.control.adaptive
+    if a.advantage in TAKES_K and a.passk_k is None:
+        _fail("algorithm.passk_k",
+              f"advantage {a.advantage!r} optimises pass@k: set k (≤ rollout.n_samples)")
+    if a.loss in REQUIRED_AGG and a.agg != REQUIRED_AGG[a.loss]:
+        _fail("algorithm.agg", f"loss {a.loss!r} needs agg {REQUIRED_AGG[a.loss]!r}, got {a.agg!r} "
+              "(only then is the GSPO-token loss the sequence-level GSPO objective)")
+    for path, value, table, kind in [
+        ("algorithm.loss", a.loss, LOSSES, "loss"),
+        ("algorithm.advantage", a.advantage, ADVANTAGES, "advantage estimator"),
+        ("algorithm.agg", a.agg, AGG_MODES, "aggregation mode"),
+        ("algorithm.kl_estimator", a.kl_estimator, KL_ESTIMATORS, "KL estimator"),
+        ("control.adaptive.actuator", ad.actuator, ACTUATOR_DEFAULTS, "actuator"),
+        ("control.adaptive.schedule.kind", ad.schedule.kind, SCHEDULES, "schedule"),
+        *[
+            (f"log.report_to[{i}]", name, TRACKERS, "tracker")
+            for i, name in enumerate(cfg.log.report_to)
+        ],
+    ]:
+        if value not in table:
+            close = difflib.get_close_matches(value, list(table), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            _fail(path, f"{value!r} is not a known {kind}{hint} (choices: {', '.join(table)})")
+
+
+def _check_sources(cfg: RunConfig, env: bool) -> None:
+    """With ``env``, that model and data paths exist. Task specs (``lab:<task>``,
+    ``rg:<task>``) are checked by ``explorl.refs.check_references``."""
+    from explorl.data.files import EXTENSIONS
+
+    def lab_task(path: str, spec: str) -> bool:
+        return spec.startswith(("lab:", "rg:"))
+
+    if not cfg.model.path.strip():
+        _fail("model.path", "is empty; give a local model directory or lab:<task>")
+    if not lab_task("model.path", cfg.model.path) and env:
+        p = Path(cfg.model.path).expanduser()
+        if not p.is_dir():
+            _fail("model.path", f"{cfg.model.path!r} is not a local directory; explorl loads "
+                  "models with from_pretrained(local_path) (download them beforehand) or use "
+                  "lab:<task>")
+        if not (p / "config.json").is_file():
+            _fail("model.path", f"{cfg.model.path!r} holds no config.json: not a Hugging Face "
+                  "model directory")
+    for key in ("train", "val", "anneal"):
+        for i, spec in enumerate(getattr(cfg.data, key)):
+            path = f"data.{key}[{i}]"
+            if lab_task(path, spec) or not env:
+                continue
+            p = Path(spec).expanduser()
+            if not p.is_file():
+                _fail(path, f"data file {spec!r} not found" + _if_dir(p))
+            if p.suffix.lower() not in EXTENSIONS:
+                _fail(path, f"{spec!r}: unsupported file type {p.suffix or '(none)'!r} "
+                      f"(expected {', '.join(EXTENSIONS)})")
+
+
+def _if_dir(p: Path) -> str:
+    return " (it is a directory)" if p.is_dir() else ""
+
+
+def _check_device(device: str) -> None:
+    """``model.device`` names a device this machine has."""
+    if device in ("auto", "cpu"):
+        return
+    import torch
+
+    try:
+        d = torch.device(device)
+    except (RuntimeError, ValueError):
+        _fail("model.device", f"{device!r} is not a torch device (e.g. auto, cpu, cuda, cuda:1)")
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            _fail("model.device", f"{device!r}: CUDA is not available here (torch "
+                  f"{torch.__version__}, CUDA build {torch.version.cuda}); use auto or cpu")
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            _fail("model.device", f"{device!r}: this machine has {torch.cuda.device_count()} "
+                  "CUDA device(s)")
+    elif d.type == "mps" and not torch.backends.mps.is_available():
+        _fail("model.device", f"{device!r}: MPS is not available here; use auto or cpu")
+
+
+def validate(cfg: RunConfig, *, env: bool = True) -> RunConfig:
+    """Check a config before any work starts; return it (types re-checked after edits).
+
+    Always: types, the range of every number (``RANGES``: finite, inside its interval),
+    relations between fields, controller conflicts, plug-point names, lab task names and
+    built-in verifier names. With ``env`` (the default) also what depends on this machine:
+    the model directory and data files exist, ``model.device`` is present, and a
+    ``module:function`` verifier imports. ``explorl config`` and recipe templates whose
+    paths are placeholders pass ``env=False``.
+    """
+    from explorl.refs import check_references, fill_defaults
+
+    cfg = build(RunConfig, to_dict(cfg))
+    fill_defaults(cfg, env)
+    _check_ranges(cfg)
+    for path, ok, msg in _cross_checks(cfg):
+        if not ok:
+            _fail(path, msg)
+    _check_sources(cfg, env)  # these import no torch: a typo fails in about a second
+    # Lab and reasoning-gym tasks, reward functions and verifiers: loaded (with env) and checked.
+    check_references(cfg, env)
+    _check_names(cfg)
+    _check_adaptive(cfg)
+    _check_controllers(cfg)
+    if env:
+        _check_device(cfg.model.device)
+    return cfg
+
+
+def from_dict(data: dict | None, *, env: bool = True) -> RunConfig:
+    """Build and validate a config from nested plain data (a parsed recipe)."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        _fail("", f"a recipe must be a mapping of keys, got {type(data).__name__}")
+    _migrate(data)
+    return validate(build(RunConfig, data), env=env)
+
+
+# lab keys of configs written before lab tasks became plugins (run directories' config.yaml),
+# as the lab.params entry each became, with the old default that meant "not set".
+_OLD_LAB_KEYS = {"min_digits": ("min_digits", 1), "max_digits": ("max_digits", 2),
+                 "countdown_numbers": ("n_numbers", 3)}
+
+
+def _migrate(data: dict) -> None:
+    """Move old lab keys into ``lab.params`` (in place), so old runs still resume."""
+    lab = data.get("lab")
+    if not isinstance(lab, dict):
+        return
+    for old, (new, default) in _OLD_LAB_KEYS.items():
+        if old in lab:
+            value = lab.pop(old)
+            if value != default:
+                lab.setdefault("params", {})[new] = value
+
+

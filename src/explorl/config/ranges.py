@@ -1,0 +1,187 @@
+"""Every number's allowed interval (``RANGES``), in one table, and the check that reads it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from explorl.config.coerce import _fail
+from explorl.config.sections import RunConfig
+
+# ----------------------------------------------------------------------------- validation
+
+
+_SEED = "[0, 4294967295]"  # numpy's seed range (2**32 - 1)
+_STEPS = "[1, 100000000]"
+_TOKENS = "[1, 1048576]"  # lengths in tokens; 2**20 is beyond any model's context
+_SAMPLES = "[1, 4096]"  # responses per prompt
+_TEMPERATURE = "(0, 100]"
+
+RANGES: dict[str, str] = {
+    "seed": _SEED,
+    "max_steps": _STEPS,
+    "lab.split_seed": _SEED,
+    "lab.n_train": "[1, 10000000]",
+    "lab.n_val": "[0, 10000000]",
+    "lab.n_test": "[0, 10000000]",
+    "data.max_train_prompts": "[1, 1000000000]",
+    "data.prompts_per_step": "[1, 1048576]",
+    "data.max_prompt_len": _TOKENS,
+    "rollout.n_samples": _SAMPLES,
+    "rollout.temperature": _TEMPERATURE,
+    "rollout.max_response_len": _TOKENS,
+    "rollout.batch_size": "[1, 1048576]",
+    "rollout.vllm.kv_cache_gib": "(0, 1048576]",
+    "rollout.vllm.max_model_len": "[2, 1048576]",
+    "rollout.vllm.sync_check_tol": "(0, inf)",
+    "reward.num_workers": "[0, 1024]",
+    "reward.timeout_s": "(0, 86400]",
+    "reward.step_timeout_s": "(0, 604800]",
+    "reward.overlong_buffer": "[0, 1048576]",
+    "reward.overlong_penalty": "[0, inf)",
+    "reward.accuracy_threshold": "(-inf, inf)",
+    "algorithm.adv_eps": "(0, 1]",  # 0 divides 0 by 0 for a group of equal rewards
+    "algorithm.eps_low": "[0, 1]",
+    "algorithm.eps_high": "[0, 100]",
+    "algorithm.clip_c": "(1, inf)",
+    "algorithm.clip_cov_ratio": "(0, 1]",
+    "algorithm.clip_cov_lb": "(-inf, inf)",
+    "algorithm.clip_cov_ub": "(-inf, inf)",
+    "algorithm.kl_cov_ratio": "(0, 1]",
+    "algorithm.kl_cov_coef": "[0, inf)",
+    "algorithm.kl_cov_tol": "[0, inf)",
+    "algorithm.agg_max_len": _TOKENS,
+    "algorithm.entropy_coef": "[0, inf)",
+    "algorithm.kl_coef": "[0, inf)",
+    "algorithm.max_gen_rounds": "[1, 1000]",
+    "algorithm.logprob_chunk": _TOKENS,
+    "algorithm.passk_k": _SAMPLES,
+    "algorithm.cispo_w_max": "(0, inf)",
+    "algorithm.entropy_mask_ratio": "[0, 1]",  # 0 = off
+    "algorithm.entropy_shaping_alpha": "[0, inf)",  # 0 = off
+    "algorithm.entropy_shaping_kappa": "[1, inf)",  # κ ≥ 1 keeps the sign of A
+    "optim.lr": "(0, inf)",
+    "optim.weight_decay": "[0, inf)",
+    "optim.beta1": "[0, 1)",
+    "optim.beta2": "[0, 1)",
+    "optim.warmup_steps": "[0, 100000000]",
+    "optim.max_grad_norm": "[0, inf)",
+    "optim.ppo_epochs": "[1, 1000]",
+    "optim.mini_batches": "[1, 1048576]",
+    "optim.micro_batch_size": "[1, 1048576]",
+    "optim.max_bad_steps": "[1, 1000000]",
+    "control.temperature.t_min": _TEMPERATURE,
+    "control.temperature.t_max": _TEMPERATURE,
+    "control.temperature.annealing_ratio": "[0, 1)",
+    "control.temperature.beta": "(0, 1]",
+    "control.budget.n_min_limit": _SAMPLES,
+    "control.budget.n_max_limit": _SAMPLES,
+    "control.budget.widen": "[0, 4096]",
+    "control.budget.knapsack_alpha": "(0, 1)",
+    "control.eepo.window": "[1, 100000]",
+    "control.eepo.alpha": "[0, inf)",
+    "control.eepo.lr": "(0, inf)",
+    "control.eepo.eps_l": "[0, 1)",
+    "control.eepo.eps_r": "(0, 1)",  # 0 lets p reach 1: log(1 − p) = −inf
+    "control.adaptive.schedule.target": "[0, inf)",
+    "control.adaptive.schedule.start": "[0, inf)",
+    "control.adaptive.schedule.end": "[0, inf)",
+    "control.adaptive.schedule.anneal_ratio": "[0, 1)",
+    "control.adaptive.warmup": "[0, 100000000]",
+    "control.adaptive.window": "[1, 100000]",
+    "control.adaptive.delta": "[0, inf)",
+    "control.adaptive.init": "(-inf, inf)",  # and inside the actuator's own range, see below
+    "control.adaptive.min": "(-inf, inf)",
+    "control.adaptive.max": "(-inf, inf)",
+    "control.adaptive.deadband": "[0, inf)",
+    "control.adaptive.kp": "[0, inf)",
+    "control.adaptive.ki": "[0, inf)",
+    "control.entropic.target": "(-inf, inf)",  # < 0 = off
+    "control.entropic.kp": "[0, inf)",
+    "control.entropic.ki": "[0, inf)",
+    "control.entropic.p_min": "(0, 1)",
+    "control.entropy_coef.target": "(-inf, inf)",
+    "control.entropy_coef.delta": "[0, inf)",
+    "control.entropy_coef.init": "[0, inf)",
+    "control.entropy_coef.min": "[0, inf)",
+    "control.entropy_coef.max": "[0, inf)",
+    "control.curriculum.start_ratio": "(0, 1)",
+    "control.curriculum.n_samples": _SAMPLES,
+    "control.curriculum.max_response_len": _TOKENS,
+    "eval.every": "[0, 100000000]",
+    "eval.n_samples": _SAMPLES,
+    "eval.k": _SAMPLES,
+    "eval.max_problems": "[1, 1000000000]",
+    "eval.temperature": "[0, 100]",  # 0 = greedy
+    "log.checkpoint_every": "[0, 100000000]",
+    "log.keep_checkpoints": "[1, 1000000]",
+    "log.completions_every": "[0, 100000000]",
+    "log.completions_per_step": "[1, 1000000]",
+}
+"""Allowed interval of every numeric field (of each item for a list); ``None`` always passes.
+Every number must also be finite. Relations between fields are ``_cross_checks``."""
+
+# The field holding each knob the adaptive controller can drive: its range bounds the
+# controller's init/min/max.
+ADAPTIVE_KNOB_FIELDS = {
+    "eps_high": "algorithm.eps_high",
+    "entropy_coef": "algorithm.entropy_coef",
+    "kl_coef": "algorithm.kl_coef",
+    "temperature": "rollout.temperature",
+}
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A closed, open or half-open interval written as in mathematics: ``"(0, 1]"``."""
+
+    lo: float
+    hi: float
+    lo_closed: bool
+    hi_closed: bool
+
+    @classmethod
+    def parse(cls, text: str) -> Interval:
+        left, lo, hi, right = text[0], *text[1:-1].split(","), text[-1]
+        return cls(float(lo), float(hi), left == "[", right == "]")
+
+    def __contains__(self, x: float) -> bool:
+        above = x >= self.lo if self.lo_closed else x > self.lo
+        below = x <= self.hi if self.hi_closed else x < self.hi
+        return above and below
+
+    def describe(self) -> str:
+        lo, hi = _num(self.lo), _num(self.hi)
+        if math.isinf(self.lo) and math.isinf(self.hi):
+            return "a finite number"
+        if math.isinf(self.hi):
+            return f"{'≥' if self.lo_closed else '>'} {lo}"
+        return f"in {'[' if self.lo_closed else '('}{lo}, {hi}{']' if self.hi_closed else ')'}"
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if math.isfinite(x) and x.is_integer() else repr(x)
+
+
+def _get(cfg: Any, path: str) -> Any:
+    for part in path.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _check_ranges(cfg: RunConfig) -> None:
+    for path, text in RANGES.items():
+        value = _get(cfg, path)
+        items = list(enumerate(value)) if isinstance(value, list) else [(None, value)]
+        interval = Interval.parse(text)
+        for i, v in items:
+            where = path if i is None else f"{path}[{i}]"
+            if v is None:
+                continue
+            if not math.isfinite(v):
+                _fail(where, f"must be a finite number, got {v}")
+            if v not in interval:
+                _fail(where, f"must be {interval.describe()}, got {v!r}")
+
+

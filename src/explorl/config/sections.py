@@ -1,0 +1,387 @@
+"""The config tree's sections: one dataclass per recipe section, a docstring per field, the
+only home of every default (``control_sections`` holds the controllers')."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+from explorl.config.control_sections import ControlConfig
+
+# Sizes of the lab's train/val/test splits (the lab model is built on the same split).
+SPLIT_SIZES = {"n_train": 2000, "n_val": 128, "n_test": 256}
+
+
+# ----------------------------------------------------------------------------- sections
+
+
+@dataclass
+class ModelConfig:
+    path: str = "lab:addition"
+    """Local HF model directory (``from_pretrained``), or ``lab:<task>`` for the built-in lab
+    model."""
+    trust_remote_code: bool = False
+    """Allow custom modelling code shipped with the model. Off unless the recipe says so."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Compute dtype of forward passes (sampling, the loss, validation). ``auto``: bfloat16 on CUDA
+    devices that support it, else float32. Below float32 the weights and optimizer state stay in
+    float32 (master weights) and the forward runs under autocast, so small updates are not rounded
+    away; float16 adds a gradient scaler."""
+    pure_low_precision: bool = False
+    """Opt-in: hold the weights themselves in ``dtype`` (no float32 master copy; half the memory).
+    At lr 1e-6 bfloat16 weights keep ~2% of AdamW's updates: only for users who know they want
+    it."""
+    device: str = "auto"
+    """``auto`` (CUDA if available, else CPU), or a torch device string such as
+    ``cpu``/``cuda:1``."""
+    use_chat_template: bool = True
+    """Render prompts with the tokenizer's chat template when it has one."""
+
+
+@dataclass
+class LabConfig:
+    split_seed: int = 0
+    """Seed of the deterministic train/val/test split of lab and reasoning-gym tasks."""
+    n_train: int = SPLIT_SIZES["n_train"]
+    """Number of training problems generated for a lab task. The split depends on all three sizes:
+    keep them equal to the lab model's build (the defaults) so validation problems stay unseen;
+    use ``data.max_train_prompts`` for a smaller epoch."""
+    n_val: int = SPLIT_SIZES["n_val"]
+    """Number of validation problems."""
+    n_test: int = SPLIT_SIZES["n_test"]
+    """Number of test problems."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """Parameters of the run's lab tasks (their model and their data), over the task's own
+    defaults: e.g. ``{max_digits: 3}`` for addition, ``{n_numbers: 4}`` for countdown,
+    ``{max_terms: 3}`` for rg:chain_sum. Each task takes the ones it declares; a name none of
+    the run's lab tasks declares is an error (ignored in a run without lab tasks)."""
+
+
+@dataclass
+class DataConfig:
+    train: list[str] = field(default_factory=lambda: ["lab:addition"])
+    """Training data: ``lab:<task>`` or local jsonl/json/parquet files (verl or plain schema)."""
+    val: list[str] = field(default_factory=list)
+    """Validation data. Empty: the lab task's validation split (lab tasks only)."""
+    anneal: list[str] = field(default_factory=list)
+    """Second ("high-quality") dataset the curriculum switches to in the annealing phase."""
+    max_train_prompts: Optional[int] = None
+    """Use only the first N training prompts (a smaller epoch); None = all."""
+    prompts_per_step: int = 8
+    """Prompts per training step (B). The rollout batch holds about B × n_samples responses."""
+    shuffle: bool = True
+    """Reshuffle the training prompts every epoch (seeded)."""
+    max_prompt_len: int = 1024
+    """Prompts longer than this many tokens are rejected when the data is loaded."""
+    prompt_key: Optional[str] = None
+    """Column of a data file that holds the prompt (text or chat messages), e.g. ``question``.
+    None: ``prompt``, else ``problem``."""
+    answer_key: Optional[str] = None
+    """Column that holds the ground truth; a dotted path reads inside an object. None:
+    ``reward_model.ground_truth``, else ``answer``, else ``solution``."""
+
+
+@dataclass
+class VLLMConfig:
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Engine weights and compute dtype. ``auto``: the training compute dtype (``model.dtype``)."""
+    kv_cache_gib: float = 1.0
+    """KV-cache size in GiB (vLLM ``kv_cache_memory_bytes``; host memory on CPU, GPU memory on
+    CUDA, where it replaces ``gpu_memory_utilization``'s profiling)."""
+    max_model_len: Optional[int] = None
+    """Longest prompt + response the engine serves. None: the model's own limit."""
+    in_process: bool = True
+    """Run vLLM's engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): weights are
+    pushed as tensors. False: in a child process; each push goes through a safetensors file in
+    /dev/shm."""
+    recompute: bool = True
+    """After sampling, one no-grad forward of the model that sampled (policy or EEPO's copy) over
+    the responses gives old_logp and entropy (vLLM reports no entropy) and the logged gap to
+    vLLM's log-probs; ``algorithm.old_logp: auto`` then needs no second pass in float32. False:
+    old_logp is vLLM's and entropy NaN until the trainer recomputes them (not with EEPO)."""
+    sync_check_tol: Optional[float] = None
+    """Largest allowed log-prob gap between engine and training model on a fixed probe sequence,
+    checked at every sampling call; a larger one (stale or broken weights) discards the samples,
+    rebuilds the engine and pushes again, twice: an error. None: 1e-3 when both run in float32,
+    else 0.1."""
+    llm_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for ``vllm.LLM`` (e.g. ``enforce_eager: false``,
+    ``tensor_parallel_size``); they override explorl's own choices."""
+
+
+@dataclass
+class RolloutConfig:
+    n_samples: int = 8
+    """Responses per prompt (G, E3's n_default)."""
+    temperature: float = 1.0
+    """Sampling temperature (the initial one when a controller owns the temperature)."""
+    max_response_len: Optional[int] = None
+    """Maximum number of generated tokens per response. None: the lab task's response length
+    on a lab model, else 256."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """Rollout engine. ``hf``: batched sampling with a KV cache on the training model. ``vllm``:
+    a vLLM engine (``rollout.vllm``; install: README "Rollout engines"), weights pushed after
+    every update."""
+    batch_size: int = 256
+    """Most responses generated in one forward batch (``vllm``: scored in one recompute batch)."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """Settings of the ``vllm`` engine."""
+
+
+@dataclass
+class RewardFunctionConfig:
+    name: str = ""
+    """A built-in verifier, ``lab:<task>``, ``rg:<task>``, ``module:function`` or
+    ``path/to/file.py:function`` (relative to the recipe, else the working directory)."""
+    weight: float = 1.0
+    """Its weight in the reward Σ weight · f."""
+    data_source: list[str] = field(default_factory=list)
+    """Apply it only to records of these data sources (``fnmatch`` patterns such as ``rg/*``);
+    empty = every record."""
+
+
+@dataclass
+class RewardConfig:
+    verifier: str = "auto"
+    """The verifier: decides which responses are correct (``reward.accuracy``) and, when
+    ``reward.functions`` is empty, gives the reward. ``auto``: each data source's own checker
+    (a lab or reasoning-gym task's), ``math`` for files; or ``math``, ``exact``, ``countdown``,
+    ``addition``, ``lab:<task>``, ``rg:<task>``, ``module:function``, ``path/to/file.py:function``.
+    A function may be ``f(response, ground_truth)``, verl's ``compute_score(data_source,
+    solution_str, ground_truth, extra_info)`` or TRL's ``f(prompts, completions, **columns)``."""
+    functions: list[RewardFunctionConfig] = field(default_factory=list)
+    """Reward functions with weights (``[{name: my_rewards.py:fmt, weight: 0.2}, ...]``): the
+    reward is Σ weight · f, continuous values allowed. Empty: the reward is the verifier's
+    score."""
+    accuracy: Literal["verifier", "reward"] = "verifier"
+    """What decides that a response is correct, for ``reward/accuracy``, ``val/*`` and pass@k,
+    dynamic sampling and rollout budgets: the verifier's score or the reward, ≥
+    ``reward.accuracy_threshold``."""
+    accuracy_threshold: float = 1.0
+    """A response is correct when its verifier score (or reward) is at least this."""
+    allow_eval_scorers: bool = False
+    """UNSAFE. Allow reasoning-gym tasks whose scorer runs the model's answer as Python code
+    (``eval``, ``sympy.parse_expr``: string_insertion, spiral_matrix, binary_matrix, n_queens,
+    puzzle24, countdown, ...). They are then scored only in the verifier workers, which bound
+    time and memory but are no security sandbox: the answer runs with your user's rights."""
+    convention: Literal["binary", "signed"] = "binary"
+    """Reward values: ``binary`` = {0, 1}; ``signed`` = {−1, 1} (DAPO, Entropy Scheduling).
+    Applies to the verifier's score when ``reward.functions`` is empty."""
+    num_workers: int = 2
+    """Verifier worker processes. 0 verifies in-process without time limits (trusted debugging
+    only)."""
+    timeout_s: float = 5.0
+    """Wall-clock limit per response; a verification over it scores as wrong."""
+    step_timeout_s: Optional[float] = None
+    """Wall-clock budget of one scoring call (a step's batch): responses not verified by then
+    score as wrong and count as timeouts. None = timeout_s × (4 + responses / num_workers / 4)."""
+    overlong_buffer: int = 0
+    """DAPO overlong shaping: penalise responses longer than max_response_len − buffer (0 = off)."""
+    overlong_penalty: float = 1.0
+    """DAPO overlong shaping: penalty reached at the length limit."""
+
+
+@dataclass
+class AlgorithmConfig:
+    advantage: str = "grpo"
+    """Advantage estimator: ``grpo``, ``dr_grpo``, ``rloo``, ``reinforce_pp``; pass@k objectives
+    (ALGORITHMS §6d) ``passk_training`` (Pass@k Training), ``pkpo``, ``pkpo_loo``,
+    ``pkpo_loo_minus_one`` (PKPO; the paper recommends the last), ``grpo_passk`` (verl)."""
+    passk_k: int | None = None
+    """k of the pass@k estimators that take one (``passk_training``, ``pkpo``, ``pkpo_loo``,
+    ``pkpo_loo_minus_one``; required there, unused otherwise). Must be ≤ every group's size
+    (rollout.n_samples, and the smallest budget or curriculum count when those change it);
+    ``pkpo_loo`` needs k < n. No shared default: pick k below n (e.g. 4 of 8)."""
+    adv_eps: float = 1e-6
+    """Added to the group std in GRPO normalisation."""
+    loss: str = "ppo"
+    """Policy loss: ``ppo``, ``clip_cov`` (Clip-Cov), ``kl_cov`` (KL-Cov), ``gspo`` (GSPO; needs
+    ``agg: seq-mean-token-mean``), ``cispo`` (CISPO)."""
+    eps_low: float = 0.2
+    """PPO lower clip: ratio ≥ 1 − eps_low."""
+    eps_high: float = 0.2
+    """PPO upper clip: ratio ≤ 1 + eps_high. DAPO's clip-higher uses 0.28."""
+    clip_c: Optional[float] = None
+    """Dual-clip constant c for negative advantages (3.0 in the dual-clip paper); None = off. Not
+    with ``loss: clip_cov`` (rejected: Clip-Cov as published has no dual clip)."""
+    clip_cov_ratio: float = 2e-4
+    """Clip-Cov: fraction of a mini-batch's valid tokens whose gradient is detached (selected over
+    the whole mini-batch, however it is split into micro-batches)."""
+    clip_cov_lb: float = 1.0
+    """Clip-Cov: lower covariance bound of candidate tokens."""
+    clip_cov_ub: float = 5.0
+    """Clip-Cov: upper covariance bound of candidate tokens."""
+    kl_cov_ratio: float = 2e-3
+    """KL-Cov: fraction of a mini-batch's valid tokens (top covariance) that get the KL penalty."""
+    kl_cov_coef: float = 1.0
+    """KL-Cov: coefficient λ of |logp − old_logp| on the selected tokens."""
+    kl_cov_tol: float = 1e-4
+    """KL-Cov: |logp − old_logp| up to this counts as 0. The sampler's and the trainer's log-probs
+    of one policy differ by float noise (~1e-6 in float32, up to ~1e-2 in bf16), and the gradient
+    ±λ of |·| would turn that noise into a push on the first, on-policy update. Raise it for
+    bf16."""
+    cispo_w_max: float = 1.2
+    """CISPO: absolute cap of the stop-gradient importance weight, w = sg(min(ratio, w_max)) (verl's
+    example: clip_ratio_high 0.2 → 1.2; TRL recommends 5.0). eps_high is never used by CISPO."""
+    cispo_mask: bool = False
+    """CISPO: MiniMax-M1 Eq. 6 token mask (drop A > 0 ∧ ratio > w_max and A < 0 ∧ ratio <
+    1 − eps_low). Off, as in the paper's main runs."""
+    entropy_mask_ratio: float | None = None
+    """Forking-token mask (Beyond the 80/20 Rule, §6c): keep the policy gradient only on the top ρ
+    of a mini-batch's valid tokens by entropy (paper: 0.2), threshold global over every rank; the
+    entropy bonus and KL stay unmasked. Entropy: the policy's at the sampling temperature from
+    the pass that gave old_logp. None or 0 = off."""
+    entropy_mask_renorm: bool = False
+    """Forking-token mask: divide by the kept tokens instead of all valid ones (the official code's
+    token-mean over kept tokens, ≈ 1/ρ larger steps). Off: denominators unchanged (TRL)."""
+    entropy_shaping_alpha: float = 0.0
+    """Entropy advantage shaping (Cheng et al. 2025, §6e): A_t += min(α·H_t, |A_t|/κ) after the
+    estimator; quoted α = 0.4 with GRPO (0.1 with PPO). 0 = off."""
+    entropy_shaping_kappa: float = 2.0
+    """Entropy advantage shaping: κ, the cap |A_t|/κ (κ ≥ 1 keeps the sign of A)."""
+    agg: str = "token-mean"
+    """Loss aggregation over tokens and sequences: ``token-mean``, ``seq-mean-token-mean`` or
+    ``seq-mean-token-sum-norm`` (``algorithms.AGG_MODES``)."""
+    agg_max_len: Optional[int] = None
+    """Constant length for ``seq-mean-token-sum-norm`` (Dr.GRPO). None =
+    rollout.max_response_len."""
+    entropy_coef: float = 0.0
+    """Entropy bonus coefficient α: loss −= α · agg(H)."""
+    kl_coef: float = 0.0
+    """Coefficient β of the KL to a frozen reference policy (loaded only when > 0 or controlled)."""
+    kl_estimator: str = "k3"
+    """KL estimator for the reference penalty."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop groups with identical rewards, regenerate to refill the batch."""
+    dynamic_sampling_metric: Literal["score", "reward"] = "score"
+    """DAPO dynamic sampling: what must vary within a kept group. ``score`` (the verifier's
+    accuracy, as DAPO and verl's ``filter_groups.metric: acc``) or ``reward`` (the shaped reward:
+    with an overlong penalty an all-wrong group then survives on length alone)."""
+    max_gen_rounds: int = 3
+    """DAPO dynamic sampling: most generation rounds per step."""
+    old_logp: Literal["auto", "sampler", "recompute"] = "auto"
+    """Where the PPO ratio's old log-probs (and the step's entropy) come from. ``sampler``: the
+    rollout engine's own values. ``recompute``: one no-grad forward of the policy before the
+    update, in the trainer's precision and layout (verl's way), so the on-policy ratio is exactly
+    1. ``auto``: sampler for the HF engine in float32, recompute otherwise (bf16/fp16, other
+    engines)."""
+    logprob_chunk: int = 512
+    """Tokens per chunk when computing log-probs and entropy (bounds the logits memory)."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    beta1: float = 0.9
+    """AdamW β1."""
+    beta2: float = 0.999
+    """AdamW β2."""
+    fused: bool | None = None
+    """Fused AdamW (one kernel for every parameter). None: on CUDA with replicated parameters,
+    off on CPU, where the per-parameter path reproduces the committed lab figures bit for bit
+    (fused rounds differently in the last bit: ~1 parameter in 10⁵ per step). true: also on CPU
+    (~2 ms less per optimizer step on the lab model). false: never. Never with FSDP's shards."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up steps (then constant)."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm (0 = off)."""
+    ppo_epochs: int = 1
+    """Passes over each rollout batch."""
+    mini_batches: int = 1
+    """Optimizer steps per pass (the rollout batch is split into this many mini-batches)."""
+    micro_batch_size: int = 64
+    """Most responses per forward/backward (gradient accumulation inside a mini-batch)."""
+    max_bad_steps: int = 3
+    """Stop the run after this many consecutive steps whose loss, gradient or rewards were not
+    finite (each such step leaves the weights untouched and counts in ``train/skipped_steps``)."""
+
+
+@dataclass
+class EvalConfig:
+    every: int = 10
+    """Validate every this many steps (and at the last step). 0 = never."""
+    before_training: bool = True
+    """Also validate the initial policy, logged as step 0 (the pre-RL point of every curve)."""
+    n_samples: int = 4
+    """Samples per validation problem (at the training temperature)."""
+    k: list[int] = field(default_factory=lambda: [1])
+    """k values for ``val/pass@k`` (each ≤ n_samples)."""
+    max_problems: int = 128
+    """Most validation problems used."""
+    greedy: bool = True
+    """Also report greedy accuracy (``val/greedy_accuracy``)."""
+    temperature: Optional[float] = None
+    """Validation sampling temperature. None = the current training temperature."""
+
+
+@dataclass
+class LogConfig:
+    progress: bool = True
+    """Show a rich progress bar."""
+    plots: bool = True
+    """Draw PNG curves under plots/ at each validation and at the end."""
+    checkpoint_every: int = 0
+    """Write a checkpoint every this many steps (0 = only at the end and on interrupt)."""
+    keep_checkpoints: int = 2
+    """Most recent checkpoints kept."""
+    save_model: bool = True
+    """Include the model weights (save_pretrained) in checkpoints."""
+    report_to: list[str] = field(default_factory=list)
+    """Experiment trackers that receive every metric of metrics.jsonl with its step, the resolved
+    config as hyperparameters and the logged completions: any of ``tensorboard``, ``wandb``,
+    ``trackio``, ``mlflow`` (each an optional extra, e.g. ``pip install 'explorl[wandb]'``). All
+    write locally by default and a resume continues the same tracker run (docs/trackers.md)."""
+    project: str = "explorl"
+    """Project (wandb, trackio) or experiment (MLflow) name the trackers file the run under."""
+    completions_every: int = 10
+    """Append a sample of training completions (prompt, response, score, reward) to
+    completions.jsonl every this many steps; every validation adds a sample too. 0 = never."""
+    completions_per_step: int = 8
+    """Completions sampled for completions.jsonl (and the trackers' tables) per logged step and
+    per validation."""
+
+
+@dataclass
+class DistConfig:
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    """Data-parallel engine when a launcher starts several processes (``accelerate launch``,
+    ``torchrun``): ``ddp`` replicates the model; ``fsdp`` shards parameters, gradients and
+    optimizer state (an accelerate config file with ``distributed_type: FSDP`` selects it too).
+    Ignored in a single process."""
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"
+    """Run/recipe name, used in report legends."""
+    seed: int = 0
+    """Seed of every random choice of the run (data order, sampling, Clip-Cov)."""
+    max_steps: int = 100
+    """Training steps."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Policy model."""
+    lab: LabConfig = field(default_factory=LabConfig)
+    """Built-in lab task parameters."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Prompts and ground truths."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Sampling."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Verification and reward."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantages, policy loss, aggregation, regularisers."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimiser and update schedule."""
+    control: ControlConfig = field(default_factory=ControlConfig)
+    """Exploration controllers."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Validation during training."""
+    log: LogConfig = field(default_factory=LogConfig)
+    """Logging, plots and checkpoints."""
+    dist: DistConfig = field(default_factory=DistConfig)
+    """Data-parallel training on several processes (README "Scaling out")."""
+
+

@@ -1,0 +1,87 @@
+"""A run's reward and accuracy: the recipe's ``reward`` section applied to responses.
+
+Two numbers per response. The **reward** trains the policy: Σ weight · f over
+``reward.functions`` (continuous values allowed), or, when there are none, the verifier's score
+mapped by ``reward.convention``. **Correct** (1.0 or 0.0) is what ``reward/accuracy``,
+validation accuracy and pass@k, dynamic sampling and the rollout budgets count: the verifier's
+score (or the reward, ``reward.accuracy: reward``) ≥ ``reward.accuracy_threshold``. Both are
+computed in the verifier pool's workers, with its time limit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from explorl.data.records import PromptRecord
+from explorl.refs import search_dirs
+from explorl.rewards.functions import RewardSpec, Term
+from explorl.rewards.pool import VerifierPool
+
+
+@dataclass(frozen=True)
+class Scored:
+    """Reward and correctness of each response of one ``Rewarder.score`` call."""
+
+    correct: list[float]
+    rewards: list[float]
+    timeouts: int = 0
+    """Verifications cut off at the pool's time limit (scored 0), over both passes."""
+    errors: int = 0
+    """Verifications that raised or killed their worker (scored 0), over both passes."""
+
+
+def verifier_spec(verifier: str, data_specs: list[str]) -> RewardSpec:
+    """The verifier as a per-``data_source`` dispatch. ``auto``: each lab or reasoning-gym
+    task's own checker for its records, ``math`` for every other record (files)."""
+    from explorl.lab.tasks import get_task, parse_lab_spec
+
+    dirs = search_dirs()
+    if verifier != "auto":
+        return RewardSpec((Term(verifier),), "first", dirs)
+    terms, files = {}, False
+    for spec in data_specs:
+        ref = parse_lab_spec(spec)
+        if ref is None:
+            files = True
+            continue
+        task = get_task(ref)
+        terms.setdefault(task.source, Term(f"lab:{ref}", 1.0, (task.source,)))
+    fallback = (Term("math"),) if files or not terms else ()
+    return RewardSpec((*terms.values(), *fallback), "first", dirs)
+
+
+class Rewarder:
+    """Scores responses with a config's ``reward`` section (module docstring)."""
+
+    def __init__(self, reward_cfg, data_specs: list[str], *, verifier: str | None = None):
+        """``data_specs``: every data spec the responses can come from (for ``auto``);
+        ``verifier``: overrides ``reward.verifier`` (``explorl eval --verifier``)."""
+        from explorl.rewards import to_reward
+
+        self.cfg = reward_cfg
+        self._to_reward = to_reward
+        name = verifier if verifier not in (None, "auto") else reward_cfg.verifier
+        self.functions = (
+            RewardSpec(tuple(Term(f.name, f.weight, tuple(f.data_source))
+                             for f in reward_cfg.functions), "sum", search_dirs(), bounded=False)
+            if reward_cfg.functions else None)
+        needs_verifier = self.functions is None or reward_cfg.accuracy == "verifier"
+        self.verifier = verifier_spec(name, data_specs) if needs_verifier else None
+
+    def score(self, pool: VerifierPool, texts: list[str], records: list[PromptRecord]) -> Scored:
+        """Reward and correctness of ``texts[i]`` as an answer to ``records[i]``."""
+        gts = [r.ground_truth for r in records]
+        ctxs = [(r.prompt, r.data_source, r.extra) for r in records]
+        timeouts = errors = 0
+        verified = None
+        if self.verifier is not None:
+            res = pool.score(self.verifier, texts, gts, ctxs)
+            verified, timeouts, errors = res.scores, res.timeouts, res.errors
+        if self.functions is not None:
+            res = pool.score(self.functions, texts, gts, ctxs)
+            rewards, timeouts, errors = res.scores, timeouts + res.timeouts, errors + res.errors
+        else:
+            rewards = [self._to_reward(s, self.cfg.convention) for s in verified]
+        basis = verified if self.cfg.accuracy == "verifier" else rewards
+        threshold = self.cfg.accuracy_threshold
+        return Scored([float(s >= threshold) for s in basis], rewards, timeouts, errors)
