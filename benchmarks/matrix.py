@@ -243,6 +243,11 @@ def worker(spec: dict) -> None:
     import explorl  # noqa: F401
 
     sys.path.insert(0, str(Path(__file__).parent))
+    import _common  # noqa: F401  (it puts this tree's src/ first on sys.path)
+
+    # The verifier workers (forkserver) import explorl through sys.path: the side's tree first
+    # again, or an older tree's pool would run this tree's worker code (and fail, and restart).
+    sys.path.insert(0, spec["src"])
     res = (run_trl if spec["side"] == "trl" else run_explorl)(spec)
     print("RESULT " + json.dumps(res), flush=True)
 
@@ -254,6 +259,7 @@ def measure(spec: dict) -> dict:
         "MKL_NUM_THREADS": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "TRANSFORMERS_VERBOSITY": "error",
+        "PYTHONPATH": spec["src"],
     }
     proc = subprocess.run(
         [sys.executable, __file__, "--worker", json.dumps(spec)],
@@ -298,7 +304,12 @@ def main() -> None:
         action="store_true",
         help="recipes/quickstart.yaml (natural lengths) instead of the matrix, explorl only",
     )
-    p.add_argument("--ref-src", help="with --quickstart: also time explorl from this source tree")
+    p.add_argument(
+        "--ref-src",
+        nargs="+",
+        default=[],
+        help="with --quickstart: also time explorl from these source trees (explorl-ref1, …)",
+    )
     p.add_argument(
         "--variant",
         nargs="+",
@@ -369,11 +380,16 @@ def main() -> None:
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
 
 
+PINNED = ["rollout.max_response_len=8"]
+"""Settings every --quickstart side gets, so older trees run the same step: recipes before
+the lab task's own length limit (8 for addition) fall back to the 256-token default."""
+
+
 def quickstart(args, src: str) -> None:
     """The quickstart recipe's step in CPU time beside its floor; with --ref-src, before/after."""
     sides = {
         "explorl": (src, []),
-        **({"explorl-ref": (str(Path(args.ref_src).resolve()), [])} if args.ref_src else {}),
+        **{f"explorl-ref{i + 1}": (str(Path(r).resolve()), []) for i, r in enumerate(args.ref_src)},
         **({" ".join(args.variant): (src, args.variant)} if args.variant else {}),
     }
     steps = max(args.steps, 10)
@@ -386,7 +402,7 @@ def quickstart(args, src: str) -> None:
     for rep in range(args.reps):
         for side, (path, sets) in sides.items():
             r = measure({"side": side, "recipe": "recipes/quickstart.yaml", "steps": steps,
-                         "warmup": args.warmup, "src": path, "sets": sets})
+                         "warmup": args.warmup, "src": path, "sets": [*PINNED, *sets]})
             runs[side].append(r)
             print(
                 f"  rep {rep + 1} {side:17s} CPU ms/step {mmm(r['cpu_s'], 1e3)}  floor "
