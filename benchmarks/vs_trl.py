@@ -1,6 +1,6 @@
 """explorl's rollout-and-update loop vs TRL's GRPOTrainer, side by side (steps/s, figures only).
 
-    .venv/bin/pip install 'trl==1.16.*'          # the `bench` extra: never a runtime dependency
+    .venv/bin/pip install 'trl==1.16.0'          # the `bench` extra: never a runtime dependency
     .venv/bin/python benchmarks/vs_trl.py [--reps 5] [--steps 20] [--warmup 3] [--threads 1]
 
 Both sides train the same lab model (float32, CPU) on the lab's addition prompts with the same
