@@ -164,3 +164,10 @@ def test_env_checks_can_be_skipped_for_templates(tmp_path):
     assert cfg.reward.verifier == "nosuchmodule:fn"
     with pytest.raises(C.ConfigError, match="reward.verifier: unknown verifier 'mathh'"):
         C.from_dict({**data, "reward": {"verifier": "mathh"}}, env=False)  # built-in names always
+
+
+def test_optim_fused_first_spelling_still_loads():
+    # runs written while optim.fused was auto/on/off still resume and evaluate
+    assert C.from_dict({"optim": {"fused": "on"}}).optim.fused is True
+    assert C.from_dict({"optim": {"fused": "auto"}}).optim.fused is None
+    assert C.from_dict({"optim": {"fused": False}}).optim.fused is False

@@ -249,7 +249,11 @@ _OLD_LAB_KEYS = {"min_digits": ("min_digits", 1), "max_digits": ("max_digits", 2
 
 
 def _migrate(data: dict) -> None:
-    """Move old lab keys into ``lab.params`` (in place), so old runs still resume."""
+    """Move old lab keys into ``lab.params`` and read ``optim.fused``'s first spelling
+    (auto/on/off), in place, so old runs still resume."""
+    optim = data.get("optim")
+    if isinstance(optim, dict) and optim.get("fused") in ("auto", "on", "off"):
+        optim["fused"] = {"auto": None, "on": True, "off": False}[optim["fused"]]
     lab = data.get("lab")
     if not isinstance(lab, dict):
         return
