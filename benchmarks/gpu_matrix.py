@@ -169,8 +169,10 @@ def run_explorl(spec: dict) -> dict:
                 secs.append(time.perf_counter() - t0)
             rows.append({k: v for k, v in row.items() if isinstance(v, (int, float))})
         t.pool.close()
-    return {"s": secs, "peak_gb": peak_gb(), "last": rows[-1],
-            "first": rows[0]}
+    kept = rows[spec["warmup"]:]
+    parts = {k: statistics.median(r.get(k, 0.0) for r in kept)
+             for k in ("time/generate_s", "time/old_logp_s", "time/train_s")}
+    return {"s": secs, "peak_gb": peak_gb(), "gen_s": parts["time/generate_s"], "parts": parts}
 
 
 def run_trl(spec: dict) -> dict:
@@ -195,6 +197,19 @@ def run_trl(spec: dict) -> dict:
 
     tok = AutoTokenizer.from_pretrained(base / "model")
     model = AutoModelForCausalLM.from_pretrained(base / "model", dtype=torch.float32)
+    gen: list[float] = []
+    generate = model.generate
+
+    def timed_generate(*a, **k):
+        sync()
+        t0 = time.perf_counter()
+        try:
+            return generate(*a, **k)
+        finally:
+            sync()
+            gen.append(time.perf_counter() - t0)
+
+    model.generate = timed_generate
     with tempfile.TemporaryDirectory() as out:
         args = GRPOConfig(
             output_dir=out, max_steps=spec["warmup"] + spec["steps"], learning_rate=LR,
@@ -212,8 +227,8 @@ def run_trl(spec: dict) -> dict:
                               processing_class=tok, callbacks=[StepClock()])
         trainer.train()
     kept = stamps[max(spec["warmup"], 1) - 1:]
-    return {"s": [b - a for a, b in itertools.pairwise(kept)],
-            "peak_gb": peak_gb()}
+    return {"s": [b - a for a, b in itertools.pairwise(kept)], "peak_gb": peak_gb(),
+            "gen_s": statistics.median(gen[spec["warmup"]:]) if len(gen) > spec["warmup"] else 0}
 
 
 def precision_checks(base: Path) -> None:
@@ -306,8 +321,10 @@ def main() -> None:
         print(f"trl {trl.__version__}", flush=True)
     except ImportError:
         args.sides = [s for s in args.sides if s != "trl"]
-    print("\n| prompts × R | explorl s/step | TRL s/step | TRL / explorl | peak GB explorl / TRL |")
-    print("|---|---|---|---|---|", flush=True)
+    print("\n| prompts × R | explorl s/step | TRL s/step | TRL / explorl "
+          "| generate s explorl / TRL "
+          "| peak GB explorl / TRL |")
+    print("|---|---|---|---|---|---|", flush=True)
     for R in args.lengths:
         for P in args.prompts:
             runs: dict[str, list[dict]] = {s: [] for s in args.sides}
@@ -324,8 +341,10 @@ def main() -> None:
             ratio = mmm([b / a for a, b in zip(e, tr)]) if e and tr else "—"
             gb = " / ".join(f"{max(r['peak_gb'] for r in runs[s]):.1f}" if runs.get(s) else "—"
                             for s in ("explorl", "trl"))
+            gen = " / ".join(f"{statistics.median(r['gen_s'] for r in runs[s]):.2f}"
+                             if runs.get(s) else "—" for s in ("explorl", "trl"))
             print(f"| {P} × {R} | {mmm(e) if e else '—'} | {mmm(tr) if tr else '—'} | {ratio} "
-                  f"| {gb} |", flush=True)
+                  f"| {gen} | {gb} |", flush=True)
 
 
 if __name__ == "__main__":
