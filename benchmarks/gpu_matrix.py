@@ -322,9 +322,8 @@ def main() -> None:
     except ImportError:
         args.sides = [s for s in args.sides if s != "trl"]
     print("\n| prompts × R | explorl s/step | TRL s/step | TRL / explorl "
-          "| generate s explorl / TRL "
-          "| peak GB explorl / TRL |")
-    print("|---|---|---|---|---|---|", flush=True)
+          "| generate s explorl / TRL | explorl old-logp / update s | peak GB explorl / TRL |")
+    print("|---|---|---|---|---|---|---|", flush=True)
     for R in args.lengths:
         for P in args.prompts:
             runs: dict[str, list[dict]] = {s: [] for s in args.sides}
@@ -343,8 +342,11 @@ def main() -> None:
                             for s in ("explorl", "trl"))
             gen = " / ".join(f"{statistics.median(r['gen_s'] for r in runs[s]):.2f}"
                              if runs.get(s) else "—" for s in ("explorl", "trl"))
+            parts = " / ".join(
+                f"{statistics.median(r['parts'][k] for r in runs['explorl']):.2f}"
+                for k in ("time/old_logp_s", "time/train_s")) if runs.get("explorl") else "—"
             print(f"| {P} × {R} | {mmm(e) if e else '—'} | {mmm(tr) if tr else '—'} | {ratio} "
-                  f"| {gen} | {gb} |", flush=True)
+                  f"| {gen} | {parts} | {gb} |", flush=True)
 
 
 if __name__ == "__main__":
