@@ -113,6 +113,41 @@ def test_countdown_check():
         assert not TASKS["countdown"].check(wrong, gt), wrong
 
 
+def test_subset_sum_check_accepts_every_subset_and_nothing_else():
+    gt = json.dumps({"numbers": [1, 3, 4, 6, 8, 9], "target": 15})
+    check = TASKS["subset_sum"].check
+    # 15 = 6+9 = 1+6+8 = 3+4+8 (worked out by hand): each counts, in any order, padded or not
+    for right in ["6+9", "9+6", "1+6+8", "8+1+6", "3+4+8", " 8+4+3 "]:
+        assert check(right, gt) == 1.0, right
+    for wrong in ["15", "6+6+3", "1+1+13", "9+6+0", "6+9+", "+6+9", "6 + 9", "6-(-9)", "7+8",
+                  "__import__('os')", "", "9" * 70, "6+9\n1", "1+3+4+6"]:
+        assert check(wrong, gt) == 0.0, wrong
+    # a number given twice may be used twice, not three times
+    assert check("2+2", json.dumps({"numbers": [2, 2, 5], "target": 4})) == 1.0
+    assert check("2+2+2", json.dumps({"numbers": [2, 2, 5], "target": 6})) == 0.0
+    assert TASKS["subset_sum"].check is VERIFIERS["subset_sum"]
+
+
+def test_subset_sums_by_hand():
+    assert lab.tasks.subset_sums([1, 3, 4, 6, 8, 9], 15) == [(1, 6, 8), (3, 4, 8), (6, 9)]
+    assert lab.tasks.subset_sums([2, 2, 5], 4) == [(2, 2)]
+    assert lab.tasks.subset_sums([2, 2, 5], 1) == []
+
+
+def test_subset_sum_records_solutions_and_difficulty():
+    splits = make_splits("subset_sum", **SIZES)
+    for r in splits["train"] + splits["test"]:
+        gt = json.loads(r.ground_truth)
+        n = len(lab.tasks.subset_sums(gt["numbers"], gt["target"]))
+        assert r.extra["n_answers"] == n >= 1
+        assert r.extra["difficulty"] == (0 if n >= 6 else 1 if n >= 3 else 2 if n == 2 else 3)
+        assert TASKS["subset_sum"].check(r.extra["solution"], r.ground_truth) == 1.0
+        assert 3 <= len(r.extra["solution"].split("+")) <= 4  # min_terms..max_terms
+        assert r.prompt == " ".join(map(str, gt["numbers"])) + f">{gt['target']}:"
+    # several answers on most problems: what makes exploration matter on this task
+    assert sum(r.extra["n_answers"] >= 2 for r in splits["test"]) >= 0.6 * len(splits["test"])
+
+
 def test_bad_task_arguments():
     assert parse_lab_spec("lab:countdown") == "countdown"
     assert parse_lab_spec("data/train.jsonl") is None

@@ -16,8 +16,8 @@ from explorl.rewards.verifiers import (
 
 
 def test_registry_names_and_unknown_name():
-    assert set(VERIFIERS) == {"math", "exact", "countdown", "addition"}
-    with pytest.raises(ValueError, match="valid: math, exact, countdown, addition"):
+    assert set(VERIFIERS) == {"math", "exact", "countdown", "subset_sum", "addition"}
+    with pytest.raises(ValueError, match="valid: math, exact, countdown, subset_sum, addition"):
         resolve_verifier("maths")
 
 

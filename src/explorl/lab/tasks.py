@@ -20,6 +20,15 @@ Built-in tasks. Prompts are plain text for the lab's character tokenizer (no cha
   every problem has a solution; difficulty = number of operators other than ``+`` in it.
   ``n_numbers`` (3 or 4) numbers in 1..``max_number`` (12), targets in 1..``max_target`` (99).
 
+- ``subset_sum``: ``"1 3 4 6 8 9>15:"`` (numbers sorted, ``>``, target, ``:``) → any sum of
+  given numbers equal to the target, each used at most as often as given: ``"6+9"``,
+  ``"1+6+8"``, ``"3+4+8"`` … all count (the checker parses digits and ``+`` only). Targets are
+  the sum of ``min_terms``–``max_terms`` of the ``n_numbers`` numbers (1..``max_number``); the
+  warm start imitates one answer (ascending) drawn at random among those of
+  ``min_terms``–``max_terms`` terms, so the lab model starts with several modes per prompt.
+  Difficulty 0–3 from the number of distinct answers (≥ 6, 3–5, 2, 1); ``extra["n_answers"]``
+  holds it.
+
 Every record carries ``extra = {"difficulty": int, "solution": str}`` plus the problem's own
 ``extra``; ``solution`` is the reference answer the lab model is warm-started on (for addition
 it equals the ground truth).
@@ -37,7 +46,11 @@ from typing import Any, NamedTuple
 from explorl.config import SPLIT_SIZES
 from explorl.data.records import PromptRecord
 from explorl.lab.tokenizer import CHARS
-from explorl.rewards.verifiers import addition_verifier, countdown_verifier
+from explorl.rewards.verifiers import (
+    addition_verifier,
+    countdown_verifier,
+    subset_sum_verifier,
+)
 
 
 class Problem(NamedTuple):
@@ -163,6 +176,47 @@ def _validate_countdown(*, n_numbers: int, max_number: int, max_target: int) -> 
         )
 
 
+# ----------------------------------------------------------------------------- subset_sum
+
+
+def subset_sums(nums: list[int], target: int) -> list[tuple[int, ...]]:
+    """Every distinct multiset of ``nums`` (as a sorted tuple) whose sum is ``target``."""
+    found = set()
+    for mask in range(1, 1 << len(nums)):
+        pick = tuple(sorted(x for i, x in enumerate(nums) if mask >> i & 1))
+        if sum(pick) == target:
+            found.add(pick)
+    return sorted(found)
+
+
+def _sample_subset_sum(
+    rng: random.Random, *, n_numbers: int, max_number: int, min_terms: int, max_terms: int
+) -> Problem:
+    nums = sorted(rng.randint(1, max_number) for _ in range(n_numbers))
+    target = sum(rng.sample(nums, rng.randint(min_terms, max_terms)))
+    answers = subset_sums(nums, target)
+    # The warm start imitates one answer (in ascending order) drawn among those of
+    # min_terms–max_terms terms: the lab model learns several answers per prompt, not one.
+    pick = rng.choice([a for a in answers if min_terms <= len(a) <= max_terms])
+    prompt = " ".join(map(str, nums)) + f">{target}:"
+    truth = json.dumps({"numbers": nums, "target": target})
+    n = len(answers)
+    difficulty = 0 if n >= 6 else 1 if n >= 3 else 2 if n == 2 else 3
+    return Problem((tuple(nums), target), prompt, truth, "+".join(map(str, pick)), difficulty,
+                   {"n_answers": len(answers)})
+
+
+def _validate_subset_sum(*, n_numbers: int, max_number: int, min_terms: int, max_terms: int
+                         ) -> None:
+    if not 3 <= n_numbers <= 8:
+        raise ValueError(f"subset_sum needs 3 <= n_numbers <= 8, got {n_numbers}")
+    if not 1 <= min_terms <= max_terms <= n_numbers:
+        raise ValueError(f"subset_sum needs 1 <= min_terms <= max_terms <= n_numbers, got "
+                         f"{min_terms}, {max_terms}, {n_numbers}")
+    if not 2 <= max_number <= 99:
+        raise ValueError(f"subset_sum needs 2 <= max_number <= 99, got {max_number}")
+
+
 # ----------------------------------------------------------------------------- registry
 
 TASKS: dict[str, LabTask] = {
@@ -185,6 +239,14 @@ TASKS: dict[str, LabTask] = {
         # more steps only memorise the train split (62% sampled train accuracy at step 1200),
         # which leaves RL less to learn on it. So it stops at 600 steps.
         build={"max_steps": 600},
+    ),
+    "subset_sum": LabTask(
+        name="subset_sum",
+        sample=_sample_subset_sum,
+        check=subset_sum_verifier,
+        params={"n_numbers": 6, "max_number": 9, "min_terms": 3, "max_terms": 4},
+        validate=_validate_subset_sum,
+        max_response_len=16,  # warm-start answers are 5–7 characters + EOS
     ),
 }
 """The built-in lab tasks."""

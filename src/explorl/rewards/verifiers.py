@@ -166,6 +166,27 @@ def countdown_verifier(response: str, ground_truth: str) -> float:
     return float(Counter(parser.numbers) == Counter(numbers) and value == target)
 
 
+MAX_SUBSET_CHARS = 64
+"""Subset-sum responses longer than this are wrong before parsing."""
+_SUBSET_RE = re.compile(r"\d{1,3}(?:\+\d{1,3})*")
+
+
+def subset_sum_verifier(response: str, ground_truth: str) -> float:
+    """1.0 iff the response is a sum ``a+b+…`` of given numbers (each used at most as often as it
+    is given) that equals the target; any such subset is right.
+
+    The ground truth is the countdown JSON ``{"numbers": [..], "target": int}``. The response is
+    matched by a regular expression of digits and ``+`` only (no evaluation), after a length
+    check, so the cost is bounded.
+    """
+    numbers, target = parse_countdown_ground_truth(ground_truth)
+    text = response.strip()
+    if not text or len(text) > MAX_SUBSET_CHARS or not _SUBSET_RE.fullmatch(text):
+        return 0.0
+    terms = Counter(int(x) for x in text.split("+"))
+    return float(not terms - Counter(numbers) and sum(terms.elements()) == target)
+
+
 # ----------------------------------------------------------------------------- math
 
 
@@ -281,6 +302,7 @@ VERIFIERS: dict[str, Verifier] = {
     "math": math_verifier,
     "exact": exact_verifier,
     "countdown": countdown_verifier,
+    "subset_sum": subset_sum_verifier,
     "addition": addition_verifier,
 }
 
