@@ -59,8 +59,9 @@ def resolve_model_path(path: str, lab=None) -> Path:
         from explorl.data.sources import params_for
         from explorl.lab.tasks import get_task
 
-        return lab_model_path(ref, split_seed=lab.split_seed, n_train=lab.n_train, n_val=lab.n_val,
-                              n_test=lab.n_test, **params_for(get_task(ref), lab.params))
+        return lab_model_path(ref, size=lab.model_size, split_seed=lab.split_seed,
+                              n_train=lab.n_train, n_val=lab.n_val, n_test=lab.n_test,
+                              **params_for(get_task(ref), lab.params))
     p = Path(path).expanduser()
     if not p.is_dir():
         raise ModelPathError(

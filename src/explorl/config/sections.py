@@ -50,6 +50,10 @@ class LabConfig:
     """Number of validation problems."""
     n_test: int = SPLIT_SIZES["n_test"]
     """Number of test problems."""
+    model_size: Literal["default", "large"] = "default"
+    """Size of the lab model ``model.path: lab:<task>`` builds: ``default`` (~0.9M parameters:
+    4 layers, width 128) or ``large`` (~9.6M: 5 layers, width 384), for size effects such as the
+    entropy law's coefficients vs model size. Each is built and cached once per task."""
     params: dict[str, Any] = field(default_factory=dict)
     """Parameters of the run's lab tasks (their model and their data), over the task's own
     defaults: e.g. ``{max_digits: 3}`` for addition, ``{n_numbers: 4}`` for countdown,

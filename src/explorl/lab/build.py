@@ -88,6 +88,16 @@ class BuildConfig:
 
 SIZES: dict[str, dict[str, Any]] = {
     "default": {},
+    # ~9.6M parameters (10× the default): the size-effect runs. A lower SFT learning rate and
+    # a longer warm-up, as usual for a wider model.
+    "large": {
+        "hidden_size": 384,
+        "num_layers": 5,
+        "num_heads": 6,
+        "intermediate_size": 1152,
+        "lr": 5e-4,
+        "warmup_steps": 50,
+    },
     # Seconds to build: for tests that need a loadable model, not a useful one.
     "tiny": {
         "n_train": 64,
