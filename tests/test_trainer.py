@@ -28,6 +28,7 @@ REQUIRED = [
     "control/temperature",
     "control/eps_high",
     "time/step_s",
+    "time/cpu_s",
     "time/generate_s",
     "time/train_s",
     "cov/mean",
@@ -478,3 +479,15 @@ def test_eepo_metrics_with_dynamic_sampling_are_means_over_rounds(make_config, t
     assert any(
         r["rollout/gen_rounds"] > 1 for r in rows[1:]
     )  # the case a per-max_rounds mean got wrong
+
+
+def test_cpu_seconds_are_the_process_time_spent_in_the_step(make_config, tmp_path, monkeypatch):
+    """``time/cpu_s`` = process CPU time at the step's end − at its start (a fake clock that
+    advances 0.25 s per reading: the step reads it twice, at its start and its end)."""
+    import explorl.trainer as trainer_mod
+
+    t = Trainer(make_config(), tmp_path / "run")
+    clock = iter(10.0 + 0.25 * i for i in range(1000))
+    monkeypatch.setattr(trainer_mod.time, "process_time", lambda: next(clock))
+    m = t.train_step()
+    assert m["time/cpu_s"] == 0.25

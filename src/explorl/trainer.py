@@ -190,7 +190,7 @@ class Trainer:
 
     def train_step(self) -> dict:
         cfg, step, metrics = self.cfg, self.step + 1, {}
-        t_start = time.perf_counter()
+        t_start, cpu_start = time.perf_counter(), time.process_time()
         # 0. controllers decide the knobs (the dataset before the prompts are drawn)
         with timed(metrics, "time/control_s"):
             metrics.update(self.control.before_batch(step))
@@ -247,6 +247,7 @@ class Trainer:
                 metrics.update(self.validate())
         metrics.update(pop_metrics(self.engine))  # vllm: weight pushes, vLLM-vs-forward logp gap
         metrics["time/step_s"] = time.perf_counter() - t_start
+        metrics["time/cpu_s"] = time.process_time() - cpu_start
         return ordered(metrics)
 
     def train(self) -> dict:
