@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-from explorl.study.plan import RunPlan, eval_done, run_state
+from explorl.study.plan import RunPlan, eval_done, lab_ref, run_state
 from explorl.study.spec import StudySpec
 
 THEN = "--then"  # explorl.cli.THEN: separates commands run in turn in one process
@@ -39,7 +39,7 @@ def train_args(plan: RunPlan, state: str) -> list[str]:
 def eval_args(plan: RunPlan, spec: StudySpec) -> list[str]:
     """``explorl eval`` arguments that evaluate the run's final checkpoint into ``<run>/eval/``."""
     e = spec.eval
-    args = ["eval", str(plan.out), "--data", f"lab:{spec.task}", "--split", e.split,
+    args = ["eval", str(plan.out), "--data", lab_ref(spec.task), "--split", e.split,
             "--n", str(e.n), "--k", *map(str, e.k), "--temperature", str(e.temperature),
             "--seed", str(e.seed), "--out", str(plan.out / "eval")]
     return args + (["--max-problems", str(e.max_problems)] if e.max_problems else [])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,12 @@ class RunPlan:
         return f"{self.name}-seed{self.seed}"
 
 
+def lab_ref(task: str) -> str:
+    """The model/data spec of a study's task: ``lab:<task>`` (``lab:rg:<task>`` for
+    reasoning-gym's)."""
+    return f"lab:{task}"
+
+
 def plan_runs(spec: StudySpec, spec_path: Path, out: Path) -> list[RunPlan]:
     """Every (recipe, seed) run, seed-major (an interrupted study has whole seeds first).
 
@@ -36,14 +43,24 @@ def plan_runs(spec: StudySpec, spec_path: Path, out: Path) -> list[RunPlan]:
     """
     spec_path = Path(spec_path)
     rows: list[tuple[str, Path, list[str]]] = []
-    task_sets = [f"model.path=lab:{spec.task}", f"data.train=[lab:{spec.task}]"]
+    task_sets = [f"model.path={lab_ref(spec.task)}", f"data.train=[{lab_ref(spec.task)}]"]
+    own = spec.recipe_set
     for i, ref in enumerate(spec.recipes):
         path = resolve_recipe(ref, spec, f"recipes[{i}]", spec_path)
         name = C.load(path).name
-        rows.append((name, path, [*task_sets, *spec.set]))
+        rows.append((name, path, [*task_sets, *spec.set, *own.get(name, [])]))
     for i, v in enumerate(spec.variants):
         path = resolve_recipe(v.recipe, spec, f"variants[{i}].recipe", spec_path)
-        rows.append((v.name, path, [*task_sets, *spec.set, *v.set, f"name={v.name}"]))
+        parent = C.load(path).name
+        rows.append((v.name, path, [*task_sets, *spec.set, *own.get(parent, []), *v.set,
+                                    *own.get(v.name, []), f"name={v.name}"]))
+    names = [n for n, _, _ in rows]
+    for key in own:
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise spec_error(spec_path, f"recipe_set.{key}: no recipe or variant of that "
+                                        f"name{hint} (names: {', '.join(names)})")
     seen: dict[str, int] = {}
     for name, _, _ in rows:
         seen[name] = seen.get(name, 0) + 1

@@ -63,13 +63,17 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
         f"{len(plans) - todo} finished), {spec.max_steps} steps each, {spec.jobs} at a time "
         f"→ {out}")
 
-    # The lab model is built once (under a file lock) before the jobs start, not by all at once.
-    lab_paths = sorted({p.cfg.model.path for p in plans if p.cfg.model.path.startswith("lab:")})
-    if lab_paths:
-        from explorl.models import resolve_model_path
+    # Each lab model (task, parameters, size) is built once, under a file lock, before the jobs
+    # start, not by all of them at once; resolved with the run's lab section, as the runs do.
+    from explorl.models import resolve_model_path
 
-        for path in lab_paths:
-            resolve_model_path(path)
+    built = set()
+    for p in plans:
+        if p.cfg.model.path.startswith("lab:"):
+            key = (p.cfg.model.path, repr(p.cfg.lab))
+            if key not in built:
+                built.add(key)
+                resolve_model_path(p.cfg.model.path, p.cfg.lab)
 
     t0 = time.perf_counter()
     results = run_jobs(plans, spec, out / "logs", log)

@@ -61,6 +61,14 @@ class StudySpec:
     """Training steps of every run (the same rollout budget for every recipe)."""
     set: list[str] = field(default_factory=list)
     """``key=value`` overrides applied to every run (after the recipe, before a variant's own)."""
+    recipe_set: dict[str, list[str]] = field(default_factory=dict)
+    """Per-recipe ``key=value`` overrides, applied after ``set``: the task's own values of a
+    recipe's targets (e.g. ``{es_constant: [control.adaptive.schedule.target=0.19]}``). A
+    variant gets those of the recipe it modifies, then its own ``set``, then any under its own
+    name."""
+    base_eval: bool = True
+    """Evaluate the task's lab model before RL (the ``base`` row) with the final evaluation's
+    protocol: the reference of the pass@k comparisons."""
     eval: StudyEvalSpec = field(default_factory=StudyEvalSpec)
     """Final evaluation of each run's last checkpoint (``explorl eval``)."""
     jobs: int = 2
@@ -129,11 +137,16 @@ def load_spec(path: str | Path, quick: bool = False) -> StudySpec:
     for key, ok, msg in checks:
         if not ok:
             raise spec_error(path, f"{key}: {msg}")
-    from explorl.lab import TASKS
+    from explorl.lab import TASKS, parse_lab_spec
 
-    if spec.task not in TASKS:
-        raise spec_error(path, f"task: {spec.task!r} is not a lab task "
-                               f"(choices: {', '.join(TASKS)})")
+    try:
+        parse_lab_spec(f"lab:{spec.task}")
+    except (ValueError, ImportError) as e:
+        raise spec_error(path, f"task: {spec.task!r} is not a lab task ({e}; built-in: "
+                               f"{', '.join(TASKS)}, or rg:<task>)") from None
+    for key, sets in spec.recipe_set.items():
+        if not isinstance(sets, list) or not all(isinstance(x, str) for x in sets):
+            raise spec_error(path, f"recipe_set.{key}: expected a list of key=value strings")
     return spec
 
 
