@@ -8,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from conftest import TINY_LAB_CONFIG
@@ -221,47 +222,73 @@ def _run(**kw) -> dict:
     return base
 
 
-def _claims(per_run: dict[str, list[dict]]) -> dict[str, dict]:
-    table = S.build_table(list(per_run), per_run, [1, 16])
-    return {c["id"]: c for c in S.evaluate_claims(table, per_run)}
+def _claims(per_run: dict[str, list[dict]], **ev) -> dict[str, dict]:
+    for runs in per_run.values():
+        for seed, r in enumerate(runs):
+            r.setdefault("seed", seed)
+    return {c["id"]: c for c in S.evaluate_claims(S.Evidence(per_run, **ev))}
 
 
-def test_claim_rules_yes_partial_no_and_not_run():
-    fall = [
-        _run(entropy_ratio=0.7, initial_reward=0.4, final_reward=0.6, final_entropy=0.25)
-        for _ in range(3)
-    ]
-    flat = [
-        _run(entropy_ratio=0.95, initial_reward=0.4, final_reward=0.6, final_entropy=0.34)
-        for _ in range(3)
-    ]
-    assert _claims({"grpo": fall})["1"]["verdict"] == "yes"
-    assert _claims({"grpo": flat})["1"]["verdict"] == "partial"  # reward rose, entropy did not fall
-    assert _claims({"grpo": [_run(entropy_ratio=1.1, final_entropy=0.4)]})["1"]["verdict"] == "no"
+def test_claim_verdicts_come_from_intervals():
+    fall = [_run(entropy_ratio=h, initial_reward=0.4, final_reward=0.6, final_entropy=0.25)
+            for h in (0.6, 0.7, 0.65)]
+    c = _claims({"grpo": fall})["1"]
+    assert c["verdict"] == "shown" and [x["verdict"] for x in c["conditions"]] == ["shown"] * 2
+    # entropy fell on one seed and rose on another: the interval of the fall straddles 0
+    mixed = [_run(entropy_ratio=h, initial_reward=0.4, final_reward=0.6) for h in (0.8, 1.2)]
+    assert _claims({"grpo": mixed})["1"]["verdict"] == "partial"
+    rose = [_run(entropy_ratio=1.1, initial_reward=0.6, final_reward=0.4)]
+    assert _claims({"grpo": rose})["1"]["verdict"] == "opposite"
     assert _claims({"grpo": fall})["3a"]["verdict"] == "not run"
 
-    # "clearly above": the difference of means must exceed the combined seed std
+    # paired by seed: clip_cov above GRPO on every seed; kl_cov above on one, below on two
     cov = {"grpo": [_run(final_entropy=h) for h in (0.25, 0.26, 0.27)],
            "clip_cov": [_run(final_entropy=h) for h in (0.30, 0.31, 0.32)],
-           "kl_cov": [_run(final_entropy=h) for h in (0.20, 0.30, 0.40)]}
+           "kl_cov": [_run(final_entropy=h) for h in (0.20, 0.20, 0.40)]}
     c = _claims(cov)["3a"]
-    assert c["conditions"] == [True, False] and c["verdict"] == "partial"
+    assert [x["verdict"] for x in c["conditions"]] == ["shown", "not shown"]
+    assert c["verdict"] == "partial"
+    iv = c["conditions"][0]["interval"]
+    assert iv["estimate"] == pytest.approx(0.05) and iv["low"] == pytest.approx(0.05)
 
     eepo = [_run(eepo_active_frac=0.5, eepo_dH=0.02), _run(eepo_active_frac=0.4, eepo_dH=0.03)]
-    assert _claims({"eepo": eepo})["4"]["verdict"] == "yes"
+    assert _claims({"eepo": eepo})["4"]["verdict"] == "shown"
     never = [_run(eepo_active_frac=0.0, eepo_dH=None)]  # the gate never opened: nothing to test
     c = _claims({"eepo": never})["4"]
     assert c["verdict"] == "n/a" and "not testable" in c["numbers"]
     down = [_run(eepo_active_frac=0.5, eepo_dH=-0.01)]
-    assert _claims({"eepo": down})["4"]["verdict"] == "no"
+    assert _claims({"eepo": down})["4"]["verdict"] == "opposite"
+
+
+def test_narrowing_claims_compare_pass_at_k_with_the_base_model():
+    """GRPO better than base at k = 1 and worse at k = 4 on every problem: N1 and N2 shown;
+    a method equal to GRPO: its large-k claim is not shown (interval = the point 0)."""
+    base = {1: np.full((1, 20), 0.3), 4: np.full((1, 20), 0.9)}
+    grpo = {1: np.full((3, 20), 0.5), 4: np.full((3, 20), 0.7)}
+    runs = {"grpo": [_run() for _ in range(3)], "eepo": [_run() for _ in range(3)]}
+    c = _claims(runs, passk={"grpo": grpo, "eepo": grpo}, seeds={"grpo": [0, 1, 2],
+                "eepo": [0, 1, 2]}, base=base, k_list=[1, 4])
+    assert c["N1"]["verdict"] == "shown" and c["N2"]["verdict"] == "shown"
+    n2 = c["N2"]["conditions"][0]["interval"]
+    assert n2["estimate"] == pytest.approx(-0.2) and n2["high"] == pytest.approx(-0.2)
+    assert c["8b"]["verdict"] == "not shown" and c["9b"]["verdict"] == "not shown"
+    assert _claims(runs)["N1"]["verdict"] == "n/a"  # no per-problem numbers: cannot judge
+
+
+@pytest.mark.parametrize("verdicts, want", [
+    (["shown", "shown"], "shown"), (["shown", "not shown"], "partial"),
+    (["not shown"], "not shown"), (["opposite", "not shown"], "opposite"),
+    (["shown", "opposite"], "mixed"), (["shown", "n/a"], "n/a"), ([], "n/a")])
+def test_combined_verdict(verdicts, want):
+    assert S.combine(verdicts) == want
 
 
 def test_tracking_claim_compares_with_grpo_on_the_same_target():
     es = [_run(tracking_rel_bias=0.02, tracking_bias=0.006, target_mean=0.3, tracking_error=0.03)]
-    near = [_run(tracked_entropy_mean=0.301)]  # GRPO happens to sit on the target: nothing to show
+    near = [_run(tracked_entropy_mean=0.301)]  # GRPO happens to sit on the target
     far = [_run(tracked_entropy_mean=0.36)]
-    assert _claims({"grpo": far, "es_constant": es})["5a"]["verdict"] == "yes"
-    assert _claims({"grpo": near, "es_constant": es})["5a"]["verdict"] == "partial"
+    assert _claims({"grpo": far, "es_constant": es})["5a"]["verdict"] == "shown"
+    assert _claims({"grpo": near, "es_constant": es})["5a"]["verdict"] == "mixed"
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -322,7 +349,9 @@ def test_tiny_study_end_to_end_is_resumable_and_reproducible(tiny_model, tmp_pat
     assert first["table"]["es_constant"]["tracking_error"]["mean"] is not None
     assert first["table"]["grpo"]["tracking_error"]["mean"] is None  # no target, no tracking error
     assert [c["id"] for c in first["claims"]] == [c.id for c in S.CLAIMS]
-    assert {c["verdict"] for c in first["claims"]} <= {"yes", "partial", "no", "n/a", "not run"}
+    assert {c["verdict"] for c in first["claims"]} <= {"shown", "partial", "not shown", "opposite",
+                                                       "mixed", "n/a", "not run"}
+    assert first["passk"]["base"] and first["passk"]["grpo"]  # the base model was evaluated
     assert next(c for c in first["claims"] if c["id"] == "3a")["verdict"] == "not run"
     md = (out / "study.md").read_text()
     assert "## Claims" in md and "| grpo | 1 |" in md and first["fingerprint"] in md

@@ -18,7 +18,10 @@ Built-in tasks. Prompts are plain text for the lab's character tokenizer (no cha
   ground truth is the JSON string ``{"numbers": [2, 3, 7], "target": 17}``. Problems are
   generated from a random expression tree with integer, non-negative intermediate results, so
   every problem has a solution; difficulty = number of operators other than ``+`` in it.
-  ``n_numbers`` (3 or 4) numbers in 1..``max_number`` (12), targets in 1..``max_target`` (99).
+  ``n_numbers`` (3 or 4) numbers in 1..``max_number`` (12), targets in 1..``max_target`` (99);
+  the reference expressions use the operators in ``ops`` (default ``"+-*/"``; ``"+-"`` makes
+  the easier variant the 1M lab model learns, see docs/lab-study/regime.md). Answers may use any
+  operator whatever ``ops`` is.
 
 - ``subset_sum``: ``"1 3 4 6 8 9>15:"`` (numbers sorted, ``>``, target, ``:``) → any sum of
   given numbers equal to the target, each used at most as often as given: ``"6+9"``,
@@ -131,17 +134,19 @@ def _validate_addition(*, min_digits: int, max_digits: int) -> None:
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
 
 
-def _tree(rng: random.Random, nums: list[int]) -> tuple[int, str, int, int]:
-    """A random expression over ``nums`` (in order): (value, text, precedence, non-+ ops)."""
+def _tree(rng: random.Random, nums: list[int], allowed: str = "+-*/"
+          ) -> tuple[int, str, int, int]:
+    """A random expression over ``nums`` (in order) with operators from ``allowed`` (``+``
+    always among them): (value, text, precedence, non-+ ops)."""
     if len(nums) == 1:
         return nums[0], str(nums[0]), 3, 0
     k = rng.randint(1, len(nums) - 1)
-    lv, ls, lp, ln = _tree(rng, nums[:k])
-    rv, rs, rp, rn = _tree(rng, nums[k:])
+    lv, ls, lp, ln = _tree(rng, nums[:k], allowed)
+    rv, rs, rp, rn = _tree(rng, nums[k:], allowed)
     # Only integer, non-negative intermediates: a tiny model can imitate those, and any
     # verifier (float or exact) agrees on them.
     ops = ["+", "*"] + (["-"] if lv >= rv else []) + (["/"] if rv != 0 and lv % rv == 0 else [])
-    op = rng.choice(ops)
+    op = rng.choice([o for o in ops if o in allowed])
     value = {"+": lv + rv, "-": lv - rv, "*": lv * rv, "/": lv // rv if rv else 0}[op]
     p = _PREC[op]
     if lp < p:
@@ -152,13 +157,13 @@ def _tree(rng: random.Random, nums: list[int]) -> tuple[int, str, int, int]:
 
 
 def _sample_countdown(
-    rng: random.Random, *, n_numbers: int, max_number: int, max_target: int
+    rng: random.Random, *, n_numbers: int, max_number: int, max_target: int, ops: str = "+-*/"
 ) -> Problem:
     while True:
         nums = [rng.randint(1, max_number) for _ in range(n_numbers)]
         order = nums[:]
         rng.shuffle(order)
-        target, expr, _, n_hard = _tree(rng, order)
+        target, expr, _, n_hard = _tree(rng, order, ops)
         if 1 <= target <= max_target:
             break
     nums.sort()
@@ -167,7 +172,10 @@ def _sample_countdown(
     return Problem((tuple(nums), target), prompt, truth, expr, n_hard)
 
 
-def _validate_countdown(*, n_numbers: int, max_number: int, max_target: int) -> None:
+def _validate_countdown(*, n_numbers: int, max_number: int, max_target: int, ops: str = "+-*/"
+                        ) -> None:
+    if not isinstance(ops, str) or "+" not in ops or set(ops) - set("+-*/"):
+        raise ValueError(f"countdown needs ops: a string of + - * / that contains +, got {ops!r}")
     if n_numbers not in (3, 4):
         raise ValueError(f"countdown needs n_numbers in (3, 4), got {n_numbers}")
     if max_number < 1 or max_target < 1:
@@ -232,7 +240,7 @@ TASKS: dict[str, LabTask] = {
         name="countdown",
         sample=_sample_countdown,
         check=countdown_verifier,
-        params={"n_numbers": 3, "max_number": 12, "max_target": 99},
+        params={"n_numbers": 3, "max_number": 12, "max_target": 99, "ops": "+-*/"},
         validate=_validate_countdown,
         max_response_len=20,  # reference solutions are ≤ 15 characters + EOS
         # SFT stalls near 20% sampled val accuracy from about step 500 on, long before 0.35;

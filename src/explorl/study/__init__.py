@@ -27,7 +27,7 @@ The study runs the command line only as a child process (``python -m explorl``),
 ``explorl.cli`` imports this package, not the reverse.
 """
 
-from explorl.study.claims import CLAIMS, Claim, Precondition, evaluate_claims
+from explorl.study.claims import CLAIMS, Claim, Evidence, Precondition, combine, evaluate_claims
 from explorl.study.jobs import JobResult, eval_args, execute, job_command, train_args
 from explorl.study.numbers import Stat, build_table, columns, run_numbers
 from explorl.study.plan import RunPlan, eval_done, order_rows, plan_runs, run_state
@@ -35,6 +35,8 @@ from explorl.study.run import analyse, run_study
 from explorl.study.spec import StudyEvalSpec, StudySpec, VariantSpec, load_spec, resolve_recipe
 
 __all__ = [
+    "Evidence",
+    "combine",
     "CLAIMS", "Claim", "JobResult", "Precondition", "RunPlan", "Stat", "StudyEvalSpec",
     "StudySpec", "VariantSpec", "analyse", "build_table", "columns", "eval_args", "eval_done",
     "evaluate_claims", "execute", "job_command", "load_spec", "order_rows", "plan_runs",

@@ -1,259 +1,334 @@
-"""The papers' claims (``CLAIMS``) and every threshold of their rules: the one home of both.
+"""The papers' claims (``CLAIMS``), each judged by 95% bootstrap intervals (``study.stats``).
 
-The rules were fixed before the study's results were seen (``RULE_NOTES`` says which constant
-was set after a pilot). ``evaluate_claims`` applies them to the study table.
+A claim has one or more conditions; each condition is a quantity with its interval and the side
+of a null value the paper claims (``+1`` above, ``-1`` below; ``0``: within ±null of 0). A
+condition is **shown** when its interval lies wholly on the claimed side, **opposite** when it
+lies wholly on the other side, **not shown** otherwise. A claim is **shown** when every
+condition is, **opposite** when some condition is opposite and none is shown, **mixed** when
+both occur, **partial** when some but not all are shown, **not shown** when none is; **n/a** when
+the lab cannot test it (a precondition fails or a number could not be measured), **not run** when
+its recipes are not in the study.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from explorl.study.numbers import LAW_FIT_FRACTION, Stat, fmt_value
+import numpy as np
 
-# "A clearly above B": mean(A) − mean(B) exceeds √(sA² + sB²), the combined sample standard
-# deviation over seeds (0 with one seed), and ROUND_OFF. ENTROPY_FALL was set after one 300-step
-# GRPO pilot (see RULE_NOTES).
-ENTROPY_FALL = 0.85  # GRPO: H final / H initial at most this (a ≥ 15% fall)
-REWARD_RISE = 0.05  # GRPO: final − initial training reward at least this
-NEAR_H0 = 0.15  # E3 TS: |H final / H0 − 1| at most this
-ANNEAL_DROP = 0.95  # E3: H over the last 10% ÷ H over the 10% before annealing, at most this
-TRACK_BIAS = 0.10  # ES constant: |mean(H − target)| / target at most this after the first 10%
-EEPO_ACTIVE = 0.10  # EEPO: the gate open on at least this fraction of steps
-LAW_R2 = (0.3, 0.7)  # law fit: R² ≥ 0.3 partial, ≥ 0.7 yes
-LAW_MIN_POINTS = 5  # fewer validation points per run: the law claims are n/a (two coefficients)
-LAW_RMSE = 0.03  # early fit: held-out RMSE of val accuracy at most this (3 points)
+from explorl.study.stats import Interval, passk_diff, seed_interval, verdict
+
+EEPO_ACTIVE = 0.10  # EEPO's claim needs the gate open on at least this fraction of steps
+NEAR_H0 = 0.15  # E3 TS: H final / H0 − 1 within ±this
+TRACK_BIAS = 0.10  # ES constant: mean(H − target) / target within ±this
+LAW_R2 = 0.5  # the law "fits" when the interval of R² lies above this (a fit, not an effect)
 SAME_BUDGET = 0.01  # budgets: rollouts / step within 1% of the no-budget run's
-ROUND_OFF = 1e-6  # differences below this are float round-off, never "clearly above"
 
-RULE_NOTES = f"""\
-Rules are fixed in `explorl/study/claims.py` (`CLAIMS` and the constants above it) and were
-written before the study's results were seen, except `ENTROPY_FALL` = {ENTROPY_FALL}, set after
-one 300-step GRPO pilot (seed 0) showed the lab's entropy falls by about a fifth in 300 steps
-(the papers' falls are far steeper). A claim is **yes** when every condition of its rule holds
-on the means over seeds, **partial** when some hold, **no** when none hold, and **n/a** when
-the lab cannot test it (the rule's precondition fails, e.g. EEPO's gate never opened). "A
-clearly above B" means mean(A) − mean(B) > √(s_A² + s_B²), the combined sample standard
-deviation over seeds (0 with a single seed), and > {ROUND_OFF:g} (float round-off is not a
-difference). "Final" numbers are means over the last 10% of steps; the tracking numbers skip
-the first 10% of steps (the controllers' warm-up)."""
+RULE_NOTES = """\
+Each claim is judged by 95% percentile bootstrap intervals (4,000 resamples, fixed seed;
+`explorl/study/stats.py`), never by a threshold on means. pass@k comparisons resample the test
+problems (the same problems for both arms) and the seeds (jointly when both arms ran the same
+seeds; the base model is one evaluation); per-run quantities (entropy ratios, tracking bias) are
+paired by seed and resampled over seeds, which with 3 seeds is crude (10 distinct means). A
+condition is **shown** when its interval excludes the null on the claimed side, **opposite**
+when it excludes it on the other side; a claim is **shown** when all its conditions are,
+**partial** when some are, **opposite**/**mixed** when some interval points the other way. The
+law's R² conditions are goodness-of-fit thresholds (R² > 0.5), not effects."""
 
 
-def _clearly_above(a: Stat, b: Stat) -> bool | None:
-    if a.mean is None or b.mean is None:
-        return None
-    return a.mean - b.mean > max(math.hypot(a.std or 0.0, b.std or 0.0), ROUND_OFF)
+@dataclass
+class Cond:
+    """One condition of a claim: a quantity's interval and the side the paper claims."""
+
+    label: str
+    iv: Interval | None
+    direction: int  # +1: above null; -1: below null; 0: within ±null of 0
+    null: float = 0.0
+
+    @property
+    def verdict(self) -> str:
+        if self.iv is None:
+            return "n/a"
+        if self.direction == 0:
+            inside = -self.null < self.iv.low and self.iv.high < self.null
+            outside = self.iv.low > self.null or self.iv.high < -self.null
+            return "shown" if inside else "opposite" if outside else "not shown"
+        return verdict(self.iv, self.direction, self.null)
+
+    def text(self) -> str:
+        if self.iv is None:
+            return f"{self.label}: not measured"
+        side = {1: ">", -1: "<", 0: "within ±"}[self.direction]
+        return f"{self.label} = {self.iv.fmt()} ({side}{'' if self.direction == 0 else ' '}"\
+               f"{self.null:g}: {self.verdict})"
 
 
 @dataclass
 class Precondition:
-    """A claim's check returns this instead of conditions when the lab cannot test the claim."""
+    """A claim's check returns this when the lab cannot test the claim."""
 
     reason: str
 
 
-Table = dict[str, dict[str, Stat]]
-PerRun = dict[str, list[dict]]
+@dataclass
+class Evidence:
+    """Everything the claims read: per-run numbers, per-problem pass@k, the base model's."""
+
+    per_run: dict[str, list[dict]]
+    passk: dict[str, dict[int, np.ndarray]] = field(default_factory=dict)  # (seeds, problems)
+    seeds: dict[str, list[int]] = field(default_factory=dict)  # row order of passk[name]
+    base: dict[int, np.ndarray] | None = None  # k → (1, problems)
+    k_list: list[int] = field(default_factory=list)
+    law: dict = field(default_factory=dict)  # pooled fit (study.numbers.pooled_law)
+
+    @property
+    def k_max(self) -> int:
+        return max(self.k_list, default=1)
+
+    def pk(self, a: str, b: str, k: int) -> Interval | None:
+        """pass@k of ``a`` minus ``b`` (``b = "base"``: the model before RL)."""
+        if a not in self.passk or k not in self.passk[a]:
+            return None
+        if b == "base":
+            if self.base is None or k not in self.base:
+                return None
+            return passk_diff(self.passk[a][k], self.base[k], paired_seeds=False)
+        if b not in self.passk:
+            return None
+        common = [s for s in self.seeds[a] if s in self.seeds[b]]
+        if not common:
+            return passk_diff(self.passk[a][k], self.passk[b][k], paired_seeds=False)
+        ra = [self.seeds[a].index(s) for s in common]
+        rb = [self.seeds[b].index(s) for s in common]
+        return passk_diff(self.passk[a][k][ra], self.passk[b][k][rb], paired_seeds=True)
+
+    def runs(self, name: str) -> dict[int, dict]:
+        return {r["seed"]: r for r in self.per_run.get(name, [])}
+
+    def one(self, name: str, fn: Callable[[dict], float | None]) -> Interval | None:
+        """A per-run quantity of one recipe, over its seeds."""
+        return seed_interval([_safe(fn, r) for r in self.per_run.get(name, [])])
+
+    def pair(self, a: str, b: str, fn: Callable[[dict], float | None]) -> Interval | None:
+        """fn(a's run) − fn(b's run), paired by seed, over the seeds both ran."""
+        ra, rb = self.runs(a), self.runs(b)
+        diffs = []
+        for s in sorted(set(ra) & set(rb)):
+            x, y = _safe(fn, ra[s]), _safe(fn, rb[s])
+            diffs.append(None if x is None or y is None else x - y)
+        return seed_interval(diffs)
+
+
+def _safe(fn, r):
+    try:
+        v = fn(r)
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
+    return None if v is None else float(v)
+
+
+def _key(k: str) -> Callable[[dict], float | None]:
+    return lambda r: r.get(k)
+
+
+Check = Callable[[Evidence], "list[Cond] | Precondition"]
 
 
 @dataclass
 class Claim:
-    """A paper's claim, the recipes it needs, its fixed rule and the check that applies it."""
-
     id: str
     claim: str
     paper: str
-    rule: str
     needs: tuple[str, ...]
-    check: Callable[[Table, PerRun], tuple[str, list[bool | None] | Precondition]]
+    check: Check
 
 
-def _le(x: float | None, limit: float) -> bool | None:
-    return None if x is None else x <= limit
+def _narrow_up(ev):
+    return [Cond("GRPO − base, test pass@1", ev.pk("grpo", "base", 1), +1)]
 
 
-def _c_grpo(t, runs):
-    g = t["grpo"]
-    rise = Stat.of([r["final_reward"] - r["initial_reward"] for r in runs["grpo"]])
-    text = (f"GRPO H final/initial = {g['entropy_ratio'].fmt()}; training reward "
-            f"{Stat.of([r['initial_reward'] for r in runs['grpo']]).fmt()} → "
-            f"{g['final_reward'].fmt()} (rise {rise.fmt()})")
-    return text, [_le(g["entropy_ratio"].mean, ENTROPY_FALL),
-                  None if rise.mean is None else rise.mean >= REWARD_RISE]
+def _narrow_down(ev):
+    k = ev.k_max
+    return [Cond(f"GRPO − base, test pass@{k}", ev.pk("grpo", "base", k), -1)]
 
 
-def _c_ts(t, runs):
-    ts = runs["e3_ts"]
-    rel = Stat.of([r["final_entropy"] / r["H0"] if r.get("H0") else None for r in ts])
-    text = (f"e3_ts H final / H0 = {rel.fmt()} (H0 = {Stat.of([r['H0'] for r in ts]).fmt()}); "
-            f"H final: e3_ts {t['e3_ts']['final_entropy'].fmt()} vs GRPO "
-            f"{t['grpo']['final_entropy'].fmt()}")
-    return text, [None if rel.mean is None else abs(rel.mean - 1) <= NEAR_H0,
-                  _clearly_above(t["e3_ts"]["final_entropy"], t["grpo"]["final_entropy"])]
+def _c_grpo(ev):
+    return [Cond("GRPO entropy fall 1 − H final/H initial", ev.one("grpo", lambda r: 1 - r[
+                 "entropy_ratio"]), +1),
+            Cond("GRPO training reward final − initial",
+                 ev.one("grpo", lambda r: r["final_reward"] - r["initial_reward"]), +1)]
 
 
-def _c_anneal(t, runs):
-    a = Stat.of([r["anneal_entropy_ratio"] for r in runs["e3"]])
-    return (f"e3 H over the last 10% / H before annealing = {a.fmt()}",
-            [_le(a.mean, ANNEAL_DROP)])
+def _c_ts(ev):
+    return [Cond("e3_ts H final / H0 − 1", ev.one("e3_ts", lambda r: r["final_entropy"] / r["H0"]
+                                                   - 1), 0, NEAR_H0),
+            Cond("H final e3_ts − GRPO", ev.pair("e3_ts", "grpo", _key("final_entropy")), +1)]
 
 
-def _c_cov(t, runs):
-    g, cc = t["grpo"]["final_entropy"], t["clip_cov"]["final_entropy"]
-    kc = t["kl_cov"]["final_entropy"]
-    return (f"H final: GRPO {g.fmt()}, clip_cov {cc.fmt()}, kl_cov {kc.fmt()}",
-            [_clearly_above(cc, g), _clearly_above(kc, g)])
+def _c_anneal(ev):
+    return [Cond("e3 H last 10% / H before annealing − 1",
+                 ev.one("e3", lambda r: r["anneal_entropy_ratio"] - 1), -1)]
 
 
-def _c_cov_more(t, runs):
-    cc, ccm = t["clip_cov"]["final_entropy"], t["clip_cov_more"]["final_entropy"]
-    kc, kcs = t["kl_cov"]["final_entropy"], t["kl_cov_strong"]["final_entropy"]
-    text = (f"H final: clip_cov {cc.fmt()} → clip_cov_more {ccm.fmt()}; kl_cov {kc.fmt()} → "
-            f"kl_cov_strong {kcs.fmt()}")
-    return text, [_clearly_above(ccm, cc), _clearly_above(kcs, kc)]
+def _c_cov(ev):
+    return [Cond("H final clip_cov − GRPO", ev.pair("clip_cov", "grpo", _key("final_entropy")), +1),
+            Cond("H final kl_cov − GRPO", ev.pair("kl_cov", "grpo", _key("final_entropy")), +1)]
 
 
-def _c_eepo(t, runs):
-    act = Stat.of([r["eepo_active_frac"] for r in runs["eepo"]])
-    d = t["eepo"]["eepo_dH"]
-    text = (f"gate open on {act.fmt()} of steps; H stage 2 − stage 1 on those steps = "
-            f"{d.fmt()} nats")
-    if act.mean is None or act.mean < EEPO_ACTIVE:
-        return text, Precondition(f"the gate was open on fewer than {EEPO_ACTIVE:.0%} of steps")
-    return text, [_clearly_above(d, Stat(0.0, None, 1, [0.0]))]
+def _c_cov_more(ev):
+    return [Cond("H final clip_cov_more − clip_cov",
+                 ev.pair("clip_cov_more", "clip_cov", _key("final_entropy")), +1),
+            Cond("H final kl_cov_strong − kl_cov",
+                 ev.pair("kl_cov_strong", "kl_cov", _key("final_entropy")), +1)]
 
 
-def _c_track(t, runs):
-    es = runs["es_constant"]
-    rel = Stat.of([r["tracking_rel_bias"] for r in es])
-    target = Stat.of([r["target_mean"] for r in es]).mean
-    grpo_bias = (Stat.of([r["tracked_entropy_mean"] - target for r in runs["grpo"]])
-                 if target is not None else Stat.of([]))
-    es_bias = Stat.of([r["tracking_bias"] for r in es])
-    text = (f"es_constant target {fmt_value(target)}: mean(H − target) = {es_bias.fmt()} "
-            f"(relative {rel.fmt()}), mean |H − target| = "
-            f"{t['es_constant']['tracking_error'].fmt()}; "
-            f"GRPO's mean(H − target) over the same steps = {grpo_bias.fmt()}")
-    closer = _clearly_above(Stat.of([abs(v) for v in grpo_bias.values]),
-                            Stat.of([abs(v) for v in es_bias.values]))
-    return text, [None if rel.mean is None else abs(rel.mean) <= TRACK_BIAS, closer]
+def _c_eepo(ev):
+    active = ev.one("eepo", _key("eepo_active_frac"))
+    if active is None or active.estimate < EEPO_ACTIVE:
+        return Precondition(f"the gate was open on fewer than {EEPO_ACTIVE:.0%} of steps")
+    return [Cond("EEPO H stage 2 − stage 1 (gate open)", ev.one("eepo", _key("eepo_dH")), +1)]
 
 
-def _c_wsd(t, runs):
-    c, w = t["es_constant"], t["es_wsd"]
-    text = (f"H final: WSD {w['final_entropy'].fmt()} vs constant {c['final_entropy'].fmt()}; "
-            f"test pass@1: WSD {w['eval_pass@1'].fmt()} vs constant {c['eval_pass@1'].fmt()}")
-    return text, [_clearly_above(c["final_entropy"], w["final_entropy"]),
-                  _clearly_above(w["eval_pass@1"], c["eval_pass@1"])]
+def _c_track(ev):
+    es = ev.runs("es_constant")
+    target = {s: r.get("target_mean") for s, r in es.items()}
+
+    def grpo_bias(r):
+        t = target.get(r["seed"])
+        return None if t is None else abs(r["tracked_entropy_mean"] - t)
+
+    gap = ev.pair("es_constant", "grpo", lambda r: abs(r["tracking_bias"]) if "tracking_bias"
+                  in r and r["tracking_bias"] is not None else grpo_bias(r))
+    return [Cond("es_constant mean(H − target)/target", ev.one("es_constant",
+                 _key("tracking_rel_bias")), 0, TRACK_BIAS),
+            Cond("|mean(H − target)| es_constant − GRPO", gap, -1)]
 
 
-def _c_budget(t, runs):
-    e, nb = t["e3"], t["e3_no_budget"]
-    rps, nb_rps = e["rollouts_per_step"].mean, nb["rollouts_per_step"].mean
-    same = None if rps is None or not nb_rps else abs(rps / nb_rps - 1) <= SAME_BUDGET
-    text = (f"all-wrong groups: e3 {e['all_wrong_frac'].fmt()} vs e3_no_budget "
-            f"{nb['all_wrong_frac'].fmt()}; rollouts / step {e['rollouts_per_step'].fmt(1)} vs "
-            f"{nb['rollouts_per_step'].fmt(1)}")
-    if not same:
-        return text, Precondition(
-            f"the two recipes' rollouts / step differ by more than {SAME_BUDGET:.0%}")
-    return text, [_clearly_above(nb["all_wrong_frac"], e["all_wrong_frac"])]
+def _c_wsd(ev):
+    return [Cond("H final es_constant − es_wsd",
+                 ev.pair("es_constant", "es_wsd", _key("final_entropy")), +1),
+            Cond("es_wsd − es_constant, test pass@1", ev.pk("es_wsd", "es_constant", 1), +1)]
 
 
-def _c_law(t, runs):
-    r2 = Stat.of([r["law_r2"] for r in runs["grpo"]])
-    pts = Stat.of([r["law_points"] for r in runs["grpo"]])
-    if r2.mean is None or pts.mean < LAW_MIN_POINTS:
-        r2 = Stat.of([])
-    text = f"GRPO R² = {r2.fmt()} over {pts.fmt(0)} validation points per run"
-    return text, [None if r2.mean is None else r2.mean >= LAW_R2[0],
-                  None if r2.mean is None else r2.mean >= LAW_R2[1]]
+def _c_budget(ev):
+    rps = ev.pair("e3", "e3_no_budget", lambda r: r["rollouts_per_step"])
+    base = ev.one("e3_no_budget", _key("rollouts_per_step"))
+    if rps is None or base is None or abs(rps.estimate) > SAME_BUDGET * base.estimate:
+        return Precondition(f"the two recipes' rollouts / step differ by more than "
+                            f"{SAME_BUDGET:.0%}")
+    return [Cond("all-wrong groups e3_no_budget − e3",
+                 ev.pair("e3_no_budget", "e3", _key("all_wrong_frac")), +1)]
 
 
-def _c_predict(t, runs):
-    g = runs["grpo"]
-    rmse, naive = Stat.of([r["law_rmse"] for r in g]), Stat.of([r["law_naive_rmse"] for r in g])
-    final = Stat.of([r["law_final_error"] for r in g])
-    text = (f"fit on the first {LAW_FIT_FRACTION:.0%} of validation points: held-out RMSE "
-            f"{rmse.fmt()}, final-point error {final.fmt()}; persistence baseline RMSE "
-            f"{naive.fmt()}")
-    return text, [_le(rmse.mean, LAW_RMSE),
-                  None if rmse.mean is None or naive.mean is None else rmse.mean < naive.mean]
+def _c_law(ev):
+    pooled = ev.law.get("r2")
+    conds = [Cond("GRPO per-run R²", ev.one("grpo", _key("law_r2")), +1, LAW_R2)]
+    if pooled is not None:
+        conds.append(Cond("pooled R² (every run of the task)", pooled, +1, LAW_R2))
+    return conds
+
+
+def _c_predict(ev):
+    return [Cond("early-fit RMSE − persistence RMSE (GRPO)",
+                 ev.one("grpo", lambda r: r["law_rmse"] - r["law_naive_rmse"]), -1)]
+
+
+def _large_k(*names):
+    def check(ev):
+        k = ev.k_max
+        return [Cond(f"{n} − GRPO, test pass@{k}", ev.pk(n, "grpo", k), +1) for n in names]
+    return check
+
+
+def _pass1(*names):
+    def check(ev):
+        return [Cond(f"{n} − GRPO, test pass@1", ev.pk(n, "grpo", 1), +1) for n in names]
+    return check
 
 
 EM, E3, EEPO, ES = "Entropy Mechanism", "E3", "EEPO", "Entropy Scheduling"
 CLAIMS = [
-    Claim("1", "GRPO's entropy falls while reward rises", f"{EM} §2; {E3} Fig. 1",
-          f"GRPO H final / H initial ≤ {ENTROPY_FALL}; final − initial training reward ≥ "
-          f"{REWARD_RISE}", ("grpo",), _c_grpo),
+    Claim("N1", "GRPO raises pass@1 over the base model", f"{E3} §1; Yue et al. 2025",
+          ("grpo",), _narrow_up),
+    Claim("N2", "GRPO lowers pass@k at large k below the base model (narrowing)",
+          f"{E3} §1 (Fig. 1); Yue et al. 2025", ("grpo",), _narrow_down),
+    Claim("1", "GRPO's entropy falls while reward rises", f"{EM} §2; {E3} Fig. 1", ("grpo",),
+          _c_grpo),
     Claim("2a", "The temperature scheduler keeps entropy near H0", f"{E3} §4.2",
-          f"e3_ts |H final / H0 − 1| ≤ {NEAR_H0}; e3_ts H final clearly above GRPO's",
           ("grpo", "e3_ts"), _c_ts),
-    Claim("2b", "Annealing lowers entropy in the last phase", f"{E3} §4.2 (Eq. 5)",
-          f"e3: H over the last 10% of steps ÷ H over the 10% before the annealing phase ≤ "
-          f"{ANNEAL_DROP}", ("e3",), _c_anneal),
+    Claim("2b", "Annealing lowers entropy in the last phase", f"{E3} §4.2 (Eq. 5)", ("e3",),
+          _c_anneal),
     Claim("3a", "Clip-Cov and KL-Cov keep entropy higher than GRPO", f"{EM} §4.4",
-          "H final of clip_cov, and of kl_cov, clearly above GRPO's",
           ("grpo", "clip_cov", "kl_cov"), _c_cov),
-    Claim("3b", "More clipping / a larger coefficient gives higher entropy", f"{EM} §4.4 (Fig. 13)",
-          "H final: clip_cov_more clearly above clip_cov; kl_cov_strong clearly above kl_cov",
-          ("clip_cov", "clip_cov_more", "kl_cov", "kl_cov_strong"), _c_cov_more),
+    Claim("3b", "More clipping / a larger coefficient gives higher entropy",
+          f"{EM} §4.4 (Fig. 13)", ("clip_cov", "clip_cov_more", "kl_cov", "kl_cov_strong"),
+          _c_cov_more),
     Claim("4", "EEPO's stage-2 entropy exceeds stage-1 when the gate is active", f"{EEPO} §5",
-          f"mean H2 − H1 over the steps with the gate open clearly above 0 (n/a when the gate is "
-          f"open on < {EEPO_ACTIVE:.0%} of steps)", ("eepo",), _c_eepo),
+          ("eepo",), _c_eepo),
     Claim("5a", "The adaptive clip controller tracks a constant target", f"{ES} §4.1 (Fig. 5a)",
-          f"es_constant |mean(H − target)| / target ≤ {TRACK_BIAS} after the first 10% of steps; "
-          "and clearly smaller than GRPO's |mean(H − target)| over the same steps",
           ("grpo", "es_constant"), _c_track),
     Claim("5b", "WSD ends with lower entropy and higher pass@1 than constant", f"{ES} §4.2",
-          "es_wsd H final clearly below es_constant's; es_wsd test pass@1 clearly above "
-          "es_constant's", ("es_constant", "es_wsd"), _c_wsd),
+          ("es_constant", "es_wsd"), _c_wsd),
     Claim("6", "Dynamic budgets lower the all-wrong fraction at equal total rollouts",
-          f"{E3} Fig. 8",
-          f"all-wrong fraction over training: e3 clearly below e3_no_budget (n/a unless rollouts / "
-          f"step agree within {SAME_BUDGET:.0%})", ("e3", "e3_no_budget"), _c_budget),
-    Claim("7a", "The entropy–performance law R = −a·e^H + b fits GRPO runs", f"{EM} §2.4 (Eq. 6)",
-          f"mean R² over GRPO seeds ≥ {LAW_R2[0]} (partial), ≥ {LAW_R2[1]} (yes); needs ≥ "
-          f"{LAW_MIN_POINTS} validation points per run", ("grpo",), _c_law),
-    Claim("7b", "An early fit predicts the final accuracy", f"{EM} §2.4 (Fig. 5)",
-          f"fit on the first {LAW_FIT_FRACTION:.0%} of GRPO's validation points: held-out RMSE ≤ "
-          f"{LAW_RMSE}; and below the persistence baseline (last fitted accuracy held constant)",
-          ("grpo",), _c_predict),
+          f"{E3} Fig. 8", ("e3", "e3_no_budget"), _c_budget),
+    Claim("7a", "The entropy–performance law R = −a·e^H + b fits", f"{EM} §2.4 (Eq. 6)",
+          ("grpo",), _c_law),
+    Claim("7b", "An early fit predicts later accuracy better than persistence",
+          f"{EM} §2.4 (Fig. 5)", ("grpo",), _c_predict),
+    Claim("8a", "E3 raises pass@k at large k over GRPO", f"{E3} §5 (Table 2)", ("grpo", "e3"),
+          _large_k("e3")),
+    Claim("8b", "EEPO raises pass@k at large k over GRPO", f"{EEPO} §5 (Fig. 4)",
+          ("grpo", "eepo"), _large_k("eepo")),
+    Claim("8c", "Entropy Scheduling raises pass@k at large k over GRPO", f"{ES} §4 (Fig. 6)",
+          ("grpo", "es_constant", "es_wsd"), _large_k("es_constant", "es_wsd")),
+    Claim("8d", "Clip-Cov and KL-Cov raise pass@k at large k over GRPO", f"{EM} §4.4 (Fig. 11)",
+          ("grpo", "clip_cov", "kl_cov"), _large_k("clip_cov", "kl_cov")),
+    Claim("9a", "E3 raises pass@1 over GRPO", f"{E3} §5 (Table 1)", ("grpo", "e3"),
+          _pass1("e3")),
+    Claim("9b", "EEPO raises pass@1 over GRPO", f"{EEPO} §5 (Table 1)", ("grpo", "eepo"),
+          _pass1("eepo")),
+    Claim("9c", "Entropy Scheduling raises pass@1 over GRPO", f"{ES} §4 (Table 1)",
+          ("grpo", "es_constant", "es_wsd"), _pass1("es_constant", "es_wsd")),
+    Claim("9d", "Clip-Cov and KL-Cov raise pass@1 over GRPO", f"{EM} §4.4 (Table 2)",
+          ("grpo", "clip_cov", "kl_cov"), _pass1("clip_cov", "kl_cov")),
 ]
 
 
-def evaluate_claims(table: Table, per_run: PerRun) -> list[dict]:
-    """Apply each claim's rule: yes = every condition holds, no = none, partial = some.
+def combine(verdicts: list[str]) -> str:
+    """A claim's verdict from its conditions' (see the module docstring)."""
+    if not verdicts or "n/a" in verdicts:
+        return "n/a"
+    shown, opposite = verdicts.count("shown"), verdicts.count("opposite")
+    if shown == len(verdicts):
+        return "shown"
+    if opposite and shown:
+        return "mixed"
+    if opposite:
+        return "opposite"
+    return "partial" if shown else "not shown"
 
-    A claim whose recipes were not run is ``not run``; one the lab cannot test (a
-    ``Precondition`` failed, or a number could not be measured) is ``n/a``, with the reason.
-    """
+
+def evaluate_claims(ev: Evidence) -> list[dict]:
+    """Every claim's conditions, intervals and verdict."""
     out = []
     for c in CLAIMS:
-        row = {"id": c.id, "claim": c.claim, "paper": c.paper, "rule": c.rule,
-               "needs": list(c.needs)}
-        missing = [n for n in c.needs if not per_run.get(n)]
+        row = {"id": c.id, "claim": c.claim, "paper": c.paper, "needs": list(c.needs)}
+        missing = [n for n in c.needs if not ev.per_run.get(n)]
         if missing:
-            row.update(numbers=f"recipes not in this study: {', '.join(missing)}", conditions=[],
-                       verdict="not run")
+            row.update(numbers=f"recipes not in this study: {', '.join(missing)}",
+                       conditions=[], verdict="not run")
             out.append(row)
             continue
-        numbers, conds = c.check(table, per_run)
+        conds = c.check(ev)
         if isinstance(conds, Precondition):
-            row.update(numbers=f"{numbers} (not testable: {conds.reason})", conditions=[],
-                       verdict="n/a")
+            row.update(numbers=f"not testable: {conds.reason}", conditions=[], verdict="n/a")
             out.append(row)
             continue
-        if any(v is None for v in conds):
-            verdict = "n/a"
-            numbers += " (a number the rule needs could not be measured)"
-        elif all(conds):
-            verdict = "yes"
-        elif any(conds):
-            verdict = "partial"
-        else:
-            verdict = "no"
-        row.update(numbers=numbers, conditions=conds, verdict=verdict)
+        row.update(numbers="; ".join(x.text() for x in conds),
+                   conditions=[{"label": x.label, "direction": x.direction, "null": x.null,
+                                "interval": x.iv.to_json() if x.iv else None,
+                                "verdict": x.verdict} for x in conds],
+                   verdict=combine([x.verdict for x in conds]))
         out.append(row)
     return out

@@ -63,17 +63,66 @@ COLUMN_NOTES = """\
 
 
 def _claims_table(claims: list[dict]) -> list[str]:
-    lines = ["| # | claim | paper | lab numbers | rule | shown? |", "|---|---|---|---|---|---|"]
+    lines = ["| # | claim | paper | conditions: estimate [95% interval] (claimed side: verdict) "
+             "| verdict |", "|---|---|---|---|---|"]
     for c in claims:
         lines.append(f"| {c['id']} | {_md(c['claim'])} | {_md(c['paper'])} | {_md(c['numbers'])} "
-                     f"| {_md(c['rule'])} | **{c['verdict']}** |")
+                     f"| **{c['verdict']}** |")
     return lines
+
+
+def _passk_tables(ev) -> list[str]:
+    """pass@k of the base model and every method (mean over seeds), and each method's
+    difference to GRPO and to the base model at k = 1 and the largest k, with intervals."""
+    if ev is None or not ev.passk:
+        return []
+    ks, km = ev.k_list, ev.k_max
+    head = "| recipe | " + " | ".join(f"pass@{k}" for k in ks) + " |"
+    lines = [head, "|" + "---|" * (len(ks) + 1)]
+    if ev.base:
+        lines.append("| **base** | " + " | ".join(f"{ev.base[k].mean():.3f}" for k in ks) + " |")
+    for name, pk in ev.passk.items():
+        lines.append(f"| {name} | " + " | ".join(f"{pk[k].mean():.3f}" for k in ks) + " |")
+    diff = ["", "Differences with 95% intervals (bootstrap over the test problems and seeds; "
+                "**bold**: the interval excludes 0):", "",
+            f"| recipe | − base, pass@1 | − base, pass@{km} | − GRPO, pass@1 | − GRPO, pass@{km} |",
+            "|---|---|---|---|---|"]
+
+    def cell(iv):
+        if iv is None:
+            return "—"
+        text = iv.fmt()
+        return f"**{text}**" if iv.low > 0 or iv.high < 0 else text
+
+    for name in ev.passk:
+        cells = [cell(ev.pk(name, "base", 1)), cell(ev.pk(name, "base", km)),
+                 "—" if name == "grpo" else cell(ev.pk(name, "grpo", 1)),
+                 "—" if name == "grpo" else cell(ev.pk(name, "grpo", km))]
+        diff.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines + diff
+
+
+def _law_section(ev) -> list[str]:
+    law = (ev.law if ev is not None else {}) or {}
+    if law.get("a") is None:
+        return ["The law could not be fitted across the runs (too few validation points, or "
+                "the fit failed on most resamples).", ""]
+    out = [f"Fitted across every run of the study ({law['runs']} runs, {law['points']} "
+           "validation points of (training-batch entropy, validation accuracy)), with 95% "
+           "intervals from a bootstrap over runs: "
+           f"a = {law['a'].fmt_abs()}, b = {law['b'].fmt_abs()}, R² = {law['r2'].fmt_abs()}.",
+           ""]
+    for size, fit in (law.get("by_size") or {}).items():
+        if fit.get("a") is not None:
+            out += [f"- lab model size `{size}`: a = {fit['a'].fmt_abs()}, b = "
+                    f"{fit['b'].fmt_abs()}, R² = {fit['r2'].fmt_abs()} ({fit['runs']} runs)"]
+    return out + [""]
 
 
 def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, rows: list[str],
                     table: dict[str, dict[str, Stat]], claims: list[dict],
                     figures: list[tuple[str, str]], per_run: dict[str, list[dict]],
-                    failed: list[JobResult], wall_s: float, budget: str) -> dict:
+                    failed: list[JobResult], wall_s: float, budget: str, ev=None) -> dict:
     """Write study.md, claims.md and study.json into ``out``; returns the study.json payload."""
     cols = columns(spec.eval.k)
     timing = {k for k, _, _, t in cols if t}
@@ -108,7 +157,12 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
                + "; ".join(f"{j.plan.key} ({j.detail})" for j in failed), ""]
     md += ["## Summary (mean ± std over seeds)", "", *table_md, "", COLUMN_NOTES.format(
         n=spec.eval.n, T=spec.eval.temperature, split=spec.eval.split, maxp=maxp), ""]
+    passk_md = _passk_tables(ev)
+    if passk_md:
+        md += [f"## pass@k on the {spec.eval.split} split ({spec.eval.n} samples per problem, "
+               f"T = {spec.eval.temperature})", "", *passk_md, ""]
     md += ["## Claims", "", *claims_md, "", RULE_NOTES, ""]
+    md += ["## The entropy–performance law across runs", "", *_law_section(ev)]
     if variants:
         md += ["## Variants", "", *variants, ""]
     if figures:
@@ -128,6 +182,11 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
         "rows": rows,
         "table": table_json,
         "claims": claims,
+        "passk": ({name: {str(k): float(v[k].mean()) for k in v} for name, v in ev.passk.items()}
+                  | ({"base": {str(k): float(b.mean()) for k, b in ev.base.items()}}
+                     if ev.base else {}) if ev is not None else {}),
+        "law": {k: (v.to_json() if hasattr(v, "to_json") else v)
+                for k, v in ((ev.law if ev is not None else {}) or {}).items() if k != "by_size"},
         "runs": {f"{name}-seed{r['seed']}": dict(r) for name, rs in per_run.items() for r in rs},
         "failed": [j.plan.key for j in failed],
         "fingerprint": fp,

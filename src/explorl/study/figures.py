@@ -28,8 +28,10 @@ FIGURES = [
 SMOOTH = 10  # figures show a trailing 10-step mean; the tables use the raw per-step values
 
 
-def draw_figures(groups: dict[str, list[Run]], out_dir: Path) -> list[tuple[str, str]]:
-    """The claims' figures (only the recipes each claim compares); returns (title, file name)."""
+def draw_figures(groups: dict[str, list[Run]], out_dir: Path, ev=None) -> list[tuple[str, str]]:
+    """The claims' figures (only the recipes each claim compares) and, with the evidence
+    ``ev`` (``claims.Evidence``), the pass@k curves and the pooled law; returns (title, file
+    name)."""
     from explorl.analysis.report import Group
     from explorl.analysis.runs import new_figure, save_figure, step_axes
 
@@ -61,7 +63,93 @@ def draw_figures(groups: dict[str, list[Run]], out_dir: Path) -> list[tuple[str,
     law = [r for r in groups.get("grpo", []) if len(_law_points(r)[1]) >= 3]
     if law:
         made.append(("Claims 7a/7b: entropy–performance law on GRPO runs", _draw_law(law, out_dir)))
+    if ev is not None and ev.passk:
+        made.insert(0, ("Claims N1/N2, 8, 9: test pass@k against k", _draw_passk(ev, out_dir)))
+    if ev is not None and ev.law.get("a") is not None:
+        made.append(("Claim 7a: the law fitted across every run", _draw_pooled(groups, ev,
+                                                                              out_dir)))
     return made
+
+
+HIGHLIGHT = ["grpo", "eepo", "e3", "es_wsd", "kl_cov", "clip_cov"]
+"""Methods drawn in colour on the pass@k figure (the rest in grey): GRPO and one recipe of each
+paper."""
+
+
+def _draw_passk(ev, out_dir: Path) -> str:
+    """pass@k vs k (log₂ axis): the base model, GRPO with its 95% band (bootstrap over problems
+    and seeds), the papers' recipes in colour and every other method in grey."""
+    from explorl.analysis.runs import new_figure, save_figure
+
+    ks = ev.k_list
+    fig, axes = new_figure(width=10.0, height=4.6, ncols=2)
+    for ax, relative in zip(axes[0], (False, True)):
+        base = [float(ev.base[k].mean()) for k in ks] if ev.base else None
+        if base and not relative:
+            ax.plot(ks, base, color="black", linewidth=2.2, marker="o", label="base (before RL)")
+        names = [n for n in ev.passk if n not in HIGHLIGHT] + [n for n in HIGHLIGHT
+                                                                if n in ev.passk]
+        for name in names:
+            curve = [float(ev.passk[name][k].mean()) for k in ks]
+            if relative:
+                if not base:
+                    continue
+                curve = [c - b for c, b in zip(curve, base)]
+            if name in HIGHLIGHT:
+                i = HIGHLIGHT.index(name)
+                ax.plot(ks, curve, color=f"C{i}", marker=".", linewidth=1.6, label=name,
+                        zorder=3)
+            else:
+                ax.plot(ks, curve, color="0.72", linewidth=0.8, zorder=1,
+                        label="other methods" if name == names[0] else None)
+        if "grpo" in ev.passk:
+            lo, hi = [], []
+            for k in ks:
+                iv = ev.pk("grpo", "base", k) if relative else None
+                if relative and iv is not None:
+                    lo.append(iv.low)
+                    hi.append(iv.high)
+            if relative and lo:
+                ax.fill_between(ks, lo, hi, color="C0", alpha=0.18, linewidth=0,
+                                label="GRPO − base, 95% interval")
+        if relative:
+            ax.axhline(0, color="black", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ks, [str(k) for k in ks])
+        ax.set_xlabel("k (samples per problem)")
+        ax.set_ylabel("pass@k − base pass@k" if relative else "test pass@k (mean over seeds)")
+        ax.set_title("difference to the base model" if relative else "pass@k")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="x-small", loc="lower right" if not relative else "best")
+    save_figure(fig, out_dir / "passk_curves.png", dpi=80)
+    return "passk_curves.png"
+
+
+def _draw_pooled(groups: dict[str, list[Run]], ev, out_dir: Path) -> str:
+    from explorl.analysis.runs import new_figure, save_figure
+
+    fig, axes = new_figure(width=7.0, height=4.2)
+    ax = axes[0][0]
+    H, R = [], []
+    for runs in groups.values():
+        for run in runs:
+            _s, h, r = _law_points(run)
+            H += h
+            R += r
+    ax.scatter(H, R, s=8, color="C0", alpha=0.5, label=f"{len(H)} validation points")
+    a, b = ev.law["a"].estimate, ev.law["b"].estimate
+    grid = sorted(H)
+    import math
+
+    ax.plot(grid, [-a * math.exp(h) + b for h in grid], color="C3",
+            label=f"R = −{a:.3f}·e^H + {b:.3f} (R² = {ev.law['r2'].estimate:.2f})")
+    ax.set_title("Claim 7a: one law across every run of the study")
+    ax.set_xlabel("training-batch entropy H at the validation step (nats)")
+    ax.set_ylabel("validation accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="x-small")
+    save_figure(fig, out_dir / "law_pooled.png", dpi=80)
+    return "law_pooled.png"
 
 
 def _law_points(run: Run):

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-from explorl.study.plan import RunPlan, eval_done, lab_ref, run_state
+from explorl.study.plan import RunPlan, eval_done, eval_done_at, lab_ref, run_state
 from explorl.study.spec import StudySpec
 
 THEN = "--then"  # explorl.cli.THEN: separates commands run in turn in one process
@@ -123,3 +123,31 @@ def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
         return None
     pool.shutdown(wait=True)
     return results
+
+
+def base_eval_args(plan: RunPlan, spec: StudySpec, out: Path) -> list[str]:
+    """``explorl eval`` of the task's lab model before RL, with the runs' evaluation protocol,
+    lab section and response-length limit (taken from ``plan``, any run of the study)."""
+    from explorl.lab.tasks import get_task
+
+    e, cfg = spec.eval, plan.cfg
+    ref = lab_ref(spec.task)
+    length = cfg.rollout.max_response_len or get_task(ref[len("lab:"):]).max_response_len
+    args = ["eval", cfg.model.path, "--data", ref, "--split", e.split, "--n", str(e.n),
+            "--k", *map(str, e.k), "--temperature", str(e.temperature), "--seed", str(e.seed),
+            "--max-new-tokens", str(length), "--out", str(out)]
+    for s in plan.sets:
+        if s.startswith("lab."):
+            args += ["--set", s]
+    return args + (["--max-problems", str(e.max_problems)] if e.max_problems else [])
+
+
+def run_base_eval(plan: RunPlan, spec: StudySpec, out: Path, logs: Path) -> bool:
+    """Evaluate the base model into ``out`` unless done; True when its evaluation exists."""
+    if eval_done_at(out, spec):
+        return True
+    logs.mkdir(parents=True, exist_ok=True)
+    with (logs / "base.log").open("a") as f:
+        subprocess.call(job_command([base_eval_args(plan, spec, out)]), stdout=f,
+                        stderr=subprocess.STDOUT, env=_env())
+    return eval_done_at(out, spec)

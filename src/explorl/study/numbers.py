@@ -187,3 +187,76 @@ def build_table(rows: list[str], per_run: dict[str, list[dict]],
             r["overhead"] = r["step_s"] / base - 1 if base and r.get("step_s") is not None else None
         table[name] = {key: Stat.of([r.get(key) for r in runs]) for key, *_ in columns(k_list)}
     return table
+
+
+def collect_passk(done: list[RunPlan], rows: list[str], k_list: list[int]
+                  ) -> tuple[dict[str, dict[int, Any]], dict[str, list[int]]]:
+    """Per recipe: k → per-problem pass@k (seeds × problems, rows in seed order) from each
+    run's ``eval/problems.jsonl``; and the seed of each row."""
+    import numpy as np
+
+    from explorl.study.stats import problem_passk
+
+    by_name: dict[str, list[tuple[int, dict]]] = {n: [] for n in rows}
+    for p in done:
+        by_name[p.name].append((p.seed, problem_passk(p.out / "eval" / "problems.jsonl", k_list)))
+    passk, seeds = {}, {}
+    for name, got in by_name.items():
+        if got:
+            got.sort(key=lambda x: x[0])
+            seeds[name] = [s for s, _ in got]
+            passk[name] = {k: np.stack([g[k] for _, g in got]) for k in k_list}
+    return passk, seeds
+
+
+def pooled_law(groups: dict[str, list[Run]], n_boot: int = 1000) -> dict[str, Any]:
+    """The entropy–performance law fitted across every run of the study (each run's validation
+    points, pooled, as the paper fits across a model family's checkpoints), with a bootstrap
+    over runs for R², a and b; per model size when the study has runs of more than one."""
+    import numpy as np
+
+    from explorl.analysis.entropy_law import FitError, fit_entropy_law, law_points
+    from explorl.study.stats import Interval
+
+    def fit(runs: list[Run]) -> dict[str, Any]:
+        pts = [law_points(r)[1:] for r in runs]
+        pts = [(h, a) for h, a in pts if len(h) >= 2]
+        if len(pts) < 2:
+            return {}
+        H = [x for h, _ in pts for x in h]
+        A = [x for _, a in pts for x in a]
+        try:
+            f = fit_entropy_law(H, A, 1.0)
+        except FitError:
+            return {}
+        rng = np.random.default_rng(0)
+        boot = []
+        for _ in range(n_boot):
+            pick = [pts[i] for i in rng.integers(0, len(pts), len(pts))]
+            try:
+                g = fit_entropy_law([x for h, _ in pick for x in h],
+                                    [x for _, a in pick for x in a], 1.0)
+            except FitError:
+                continue
+            boot.append((g.r2, g.a, g.b))
+        if len(boot) < n_boot // 2:  # the fit fails on most resamples: no interval to report
+            return {}
+        arr = np.array(boot)
+        how = f"{len(pts)} runs resampled"
+
+        def iv(i: int, est: float) -> Interval:
+            lo, hi = np.percentile(arr[:, i], [2.5, 97.5])
+            return Interval(float(est), float(lo), float(hi), how)
+
+        return {"a": iv(1, f.a), "b": iv(2, f.b), "r2": iv(0, f.r2), "points": len(H),
+                "runs": len(pts)}
+
+    every = [r for runs in groups.values() for r in runs]
+    out = fit(every)
+    sizes: dict[str, list[Run]] = {}
+    for r in every:
+        size = (r.config or {}).get("lab", {}).get("model_size", "default")
+        sizes.setdefault(size, []).append(r)
+    if len(sizes) > 1:
+        out["by_size"] = {s: fit(rs) for s, rs in sizes.items()}
+    return out

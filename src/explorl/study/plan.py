@@ -132,7 +132,12 @@ def _dict_diff(a: dict, b: dict, prefix: str = "") -> list[tuple[str, Any, Any]]
 
 def eval_done(plan: RunPlan, spec: StudySpec) -> bool:
     """Whether the run's final evaluation exists with the spec's current settings."""
-    path = plan.out / "eval" / "eval.json"
+    return eval_done_at(plan.out / "eval", spec)
+
+
+def eval_done_at(folder: Path, spec: StudySpec) -> bool:
+    """Whether ``folder`` holds an evaluation with the spec's current settings."""
+    path = folder / "eval.json"
     if not path.exists():
         return False
     s = json.loads(path.read_text()).get("settings", {})

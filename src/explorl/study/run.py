@@ -9,13 +9,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from explorl import config as C
-from explorl.study.claims import evaluate_claims
+from explorl.study.claims import Evidence, evaluate_claims
 from explorl.study.documents import publish, write_documents
 from explorl.study.figures import draw_figures
-from explorl.study.jobs import JobResult, run_jobs
-from explorl.study.numbers import build_table, collect
-from explorl.study.plan import RunPlan, eval_done, order_rows, plan_runs, run_state
+from explorl.study.jobs import JobResult, run_base_eval, run_jobs
+from explorl.study.numbers import build_table, collect, collect_passk, pooled_law
+from explorl.study.plan import RunPlan, eval_done, eval_done_at, order_rows, plan_runs, run_state
 from explorl.study.spec import StudySpec, load_spec
+from explorl.study.stats import problem_passk
 
 
 def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: list[RunPlan],
@@ -31,12 +32,18 @@ def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: lis
     rows = [n for n in order_rows(spec, plans) if any(p.name == n for p in done)]
     per_run, groups = collect(done, rows, spec.eval.k)
     table = build_table(rows, per_run, spec.eval.k)
-    claims = evaluate_claims(table, per_run)
-    figures = draw_figures(groups, out / "report")
+    passk, seeds = collect_passk(done, rows, spec.eval.k)
+    base = None
+    if spec.base_eval and eval_done_at(out / "base" / "eval", spec):
+        got = problem_passk(out / "base" / "eval" / "problems.jsonl", spec.eval.k)
+        base = {k: v[None, :] for k, v in got.items()}
+    ev = Evidence(per_run, passk, seeds, base, sorted(set(spec.eval.k)), pooled_law(groups))
+    claims = evaluate_claims(ev)
+    figures = draw_figures(groups, out / "report", ev)
     cfg0 = done[0].cfg
     budget = f"{cfg0.data.prompts_per_step} prompts × {cfg0.rollout.n_samples} samples"
     return write_documents(out, spec, spec_path, quick, rows, table, claims, figures, per_run,
-                           failed, wall_s, budget)
+                           failed, wall_s, budget, ev)
 
 
 def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | None = None,
@@ -76,6 +83,10 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
                 resolve_model_path(p.cfg.model.path, p.cfg.lab)
 
     t0 = time.perf_counter()
+    if spec.base_eval:
+        log("evaluating the base model (the lab model before RL)")
+        if not run_base_eval(plans[0], spec, out / "base" / "eval", out / "logs"):
+            log(f"the base model's evaluation failed; see {out / 'logs' / 'base.log'}")
     results = run_jobs(plans, spec, out / "logs", log)
     if results is None:
         return 130
