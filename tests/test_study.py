@@ -375,3 +375,32 @@ def test_tiny_study_end_to_end_is_resumable_and_reproducible(tiny_model, tmp_pat
         for key, cell in first["table"][row].items():
             if key not in timing:
                 assert again["table"][row][key] == cell, (row, key)
+
+
+def test_exploration_specs_cover_every_claim_and_set_per_task_targets():
+    root = Path(__file__).resolve().parents[1]
+    path = root / "studies" / "subset_sum.yaml"
+    spec = S.load_spec(path)
+    plans = S.plan_runs(spec, path, Path("/tmp/unused"))
+    assert {n for c in S.CLAIMS for n in c.needs} <= set(S.order_rows(spec, plans))
+    by = {(p.name, p.seed): p.cfg for p in plans}
+    assert by["es_constant", 0].control.adaptive.schedule.target == 0.19
+    assert by["eepo", 1].control.eepo.alpha == 0.19
+    assert by["grpo", 2].optim.mini_batches == 4 and by["grpo", 2].optim.lr == 1e-4
+    # a variant gets its recipe's per-task overrides: e3_no_budget keeps e3's (none), and
+    # clip_cov_more keeps clip_cov's regime
+    assert by["clip_cov_more", 0].algorithm.clip_cov_ratio == 0.1
+    assert spec.eval.n == 64 and max(spec.eval.k) == 64 and spec.base_eval
+    cd = root / "studies" / "countdown.yaml"
+    cplans = S.plan_runs(S.load_spec(cd), cd, Path("/tmp/unused"))
+    assert {p.cfg.lab.params["ops"] for p in cplans} == {"+-"}
+
+
+def test_recipe_set_names_must_be_recipes_of_the_study(tmp_path):
+    path = _write(tmp_path, {"recipes": ["grpo", "es_constant"],
+                             "recipe_set": {"es_constnt": ["optim.lr=1e-4"]}})
+    with pytest.raises(C.ConfigError, match="recipe_set.es_constnt.*did you mean 'es_constant'"):
+        S.plan_runs(S.load_spec(path), path, tmp_path / "out")
+    path = _write(tmp_path, {"recipes": ["grpo"], "recipe_set": {"grpo": {"optim.lr": 1e-4}}})
+    with pytest.raises(C.ConfigError, match="recipe_set"):
+        S.load_spec(path)
