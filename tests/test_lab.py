@@ -120,7 +120,9 @@ def test_subset_sum_check_accepts_every_subset_and_nothing_else():
     for right in ["6+9", "9+6", "1+6+8", "8+1+6", "3+4+8", " 8+4+3 "]:
         assert check(right, gt) == 1.0, right
     for wrong in ["15", "6+6+3", "1+1+13", "9+6+0", "6+9+", "+6+9", "6 + 9", "6-(-9)", "7+8",
-                  "__import__('os')", "", "9" * 70, "6+9\n1", "1+3+4+6"]:
+                  "__import__('os')", "", "9" * 70, "6+9\n1", "1+3+4+6",
+                  # untrusted digits: Arabic-Indic and full-width 6 and 9, a leading zero
+                  "\u0666+\u0669", "\uff16+\uff19", "06+9", "6+09"]:
         assert check(wrong, gt) == 0.0, wrong
     # a number given twice may be used twice, not three times
     assert check("2+2", json.dumps({"numbers": [2, 2, 5], "target": 4})) == 1.0

@@ -168,7 +168,10 @@ def countdown_verifier(response: str, ground_truth: str) -> float:
 
 MAX_SUBSET_CHARS = 64
 """Subset-sum responses longer than this are wrong before parsing."""
-_SUBSET_RE = re.compile(r"\d{1,3}(?:\+\d{1,3})*")
+# ASCII digits only (``\d`` would also match "٦" or "６", which ``int`` reads as 6), written
+# as the prompt writes them: no leading zeros.
+_NUMBER = r"(?:0|[1-9][0-9]{0,2})"
+_SUBSET_RE = re.compile(rf"{_NUMBER}(?:\+{_NUMBER})*")
 
 
 def subset_sum_verifier(response: str, ground_truth: str) -> float:
