@@ -57,8 +57,10 @@ COLUMN_NOTES = """\
   lever of every method that moves `eps_high` (DAPO's clip-higher, the adaptive controller).
 - **s / step**: mean wall-clock seconds of a training step without validation (`time/step_s −
   time/val_s`), with `jobs` runs sharing the machine; **overhead vs GRPO**: s / step ÷ GRPO's − 1.
-  Timing columns vary between reruns and machines; every other column is reproduced exactly by
-  rerunning with the same seeds (see the fingerprint).
+  **CPU s / step**: mean `time/cpu_s` (CPU seconds of the training process, all threads) over
+  the steps without validation, steadier than wall-clock when jobs share the cores; **CPU
+  overhead vs GRPO** likewise. Timing columns vary between reruns and machines; every other
+  column is reproduced exactly by rerunning with the same seeds (see the fingerprint).
 - ± is the sample standard deviation over seeds; no ± with one seed."""
 
 

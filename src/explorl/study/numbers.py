@@ -97,6 +97,12 @@ def run_numbers(run: Run, cfg: dict, eval_summary: dict | None,
     out["step_s"] = _mean([float(r["time/step_s"]) - float(r.get("time/val_s", 0.0))
                            for r in recs if "time/step_s" in r])
 
+    # CPU seconds of the training process per step, on the steps without a validation (its
+    # CPU time is not separated), and over the whole run: the same-budget cost in CPU time.
+    out["cpu_step_s"] = _mean([float(r["time/cpu_s"]) for r in recs
+                               if "time/cpu_s" in r and "time/val_s" not in r])
+    out["cpu_run_s"] = (sum(float(r["time/cpu_s"]) for r in recs)
+                        if recs and all("time/cpu_s" in r for r in recs) else None)
     # Entropy–performance law on (training-batch entropy, val accuracy) at the validation steps.
     steps, Hv, Rv = law_points(run)
     out["law_points"] = len(Hv)
@@ -171,6 +177,8 @@ def columns(k_list: list[int]) -> list[tuple[str, str, int, bool]]:
         ("clip_frac", "PPO clip frac", 4, False),
         ("step_s", "s / step", 3, True),
         ("overhead", "overhead vs GRPO", 2, True),
+        ("cpu_step_s", "CPU s / step", 3, True),
+        ("cpu_overhead", "CPU overhead vs GRPO", 2, True),
     ]
 
 
@@ -180,11 +188,14 @@ def build_table(rows: list[str], per_run: dict[str, list[dict]],
 
     Overhead = s/step ÷ GRPO's mean s/step − 1."""
     base = Stat.of([r["step_s"] for r in per_run.get("grpo", [])]).mean
+    cpu = Stat.of([r.get("cpu_step_s") for r in per_run.get("grpo", [])]).mean
     table = {}
     for name in rows:
         runs = per_run.get(name, [])
         for r in runs:
             r["overhead"] = r["step_s"] / base - 1 if base and r.get("step_s") is not None else None
+            r["cpu_overhead"] = (r["cpu_step_s"] / cpu - 1
+                                 if cpu and r.get("cpu_step_s") is not None else None)
         table[name] = {key: Stat.of([r.get(key) for r in runs]) for key, *_ in columns(k_list)}
     return table
 
