@@ -169,7 +169,9 @@ def columns(k_list: list[int]) -> list[tuple[str, str, int, bool]]:
         ("entropy_ratio", "H final / H initial", 3, False),
         ("final_entropy", "H final (nats)", 3, False),
         ("final_reward", "final reward", 3, False),
-        *[(f"eval_pass@{k}", f"test pass@{k}", 3, False) for k in k_list],
+        # the smallest and largest k (the whole curve has its own table)
+        *[(f"eval_pass@{k}", f"test pass@{k}", 3, False) for k in sorted({min(k_list),
+                                                                           max(k_list)})],
         ("all_wrong_frac", "all-wrong groups", 3, False),
         ("tracking_error", "tracking error (nats)", 3, False),
         ("eepo_dH", "EEPO H2 − H1 (nats)", 3, False),
