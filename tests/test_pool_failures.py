@@ -40,9 +40,13 @@ def test_check_score():
         (float("nan"), "outside [0, 1]"),
         (1e30, "outside [0, 1]"),
         (-0.5, "outside"),
+        (1.001, "outside"),
     ]:
         with pytest.raises(ValueError, match=re.escape(why)):
             check_score(bad)
+    # float round-off just outside [0, 1] is clamped (8 × 1/8 as reasoning-gym sums it)
+    assert check_score(1.0000000000000002) == 1.0 and check_score(-1e-12) == 0.0
+    assert check_score(1.0000000000000002, bounded=False) == 1.0000000000000002
 
 
 def test_budget_bounds_a_call_and_scores_the_rest_as_timeouts():

@@ -32,6 +32,11 @@ SCORE_RANGE = (0.0, 1.0)
 the string "1.0", None) counts as an error of that response and scores 0.0. A weighted sum of
 reward functions (``RewardSpec(bounded=False)``) only has to be finite."""
 
+SCORE_TOLERANCE = 1e-9
+"""Scores this close outside ``SCORE_RANGE`` are float round-off and are clamped into it: e.g.
+reasoning-gym's spell_backward sums 1/len per matching letter, and 8 × (1/8) gives
+1.0000000000000002 for a fully right 8-letter answer."""
+
 IN_WORKER = False
 """True inside a pool worker process: scorers that must never run in the trainer's own process
 (reasoning-gym's ``eval()`` scorers, when allowed at all) check it."""
@@ -43,6 +48,8 @@ def check_score(value: object, bounded: bool = True) -> float:
         raise RewardError(f"score {value!r:.60} is a {type(value).__name__}, not a number")
     score = float(value)
     lo, hi = SCORE_RANGE if bounded else (-math.inf, math.inf)
+    if bounded and lo - SCORE_TOLERANCE <= score <= hi + SCORE_TOLERANCE:
+        return min(max(score, lo), hi)
     if not lo <= score <= hi or not math.isfinite(score):  # also NaN
         raise RewardError(f"score {score!r} is outside [{lo:g}, {hi:g}]"
                           if bounded else f"reward {score!r} is not finite")
