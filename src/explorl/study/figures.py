@@ -82,7 +82,7 @@ def _draw_passk(ev, out_dir: Path) -> str:
     from explorl.analysis.runs import new_figure, save_figure
 
     ks = ev.k_list
-    fig, axes = new_figure(width=10.0, height=4.6, ncols=2)
+    fig, axes = new_figure(width=6.2, height=4.8, ncols=2)
     for ax, relative in zip(axes[0], (False, True)):
         base = [float(ev.base[k].mean()) for k in ks] if ev.base else None
         if base and not relative:
