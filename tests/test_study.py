@@ -404,3 +404,49 @@ def test_recipe_set_names_must_be_recipes_of_the_study(tmp_path):
     path = _write(tmp_path, {"recipes": ["grpo"], "recipe_set": {"grpo": {"optim.lr": 1e-4}}})
     with pytest.raises(C.ConfigError, match="recipe_set"):
         S.load_spec(path)
+
+
+def test_pooled_law_recovers_a_known_law_per_size(tmp_path):
+    """Points exactly on R = −0.2·e^H + 0.9 (runs of the default size) and on
+    R = −0.1·e^H + 0.8 (large): the pooled fit over every run mixes the two; each size's fit
+    recovers its own a and b with R² = 1 and a point interval."""
+    import math
+
+    from explorl.analysis.entropy_law import ACCURACY_KEY, ENTROPY_KEY
+    from explorl.analysis.runs import Run
+    from explorl.study.numbers import pooled_law
+
+    def run(i, a, b, size):
+        recs = [{"step": s, ENTROPY_KEY: h, ACCURACY_KEY: -a * math.exp(h) + b}
+                for s, h in enumerate([0.1 + 0.05 * j + 0.01 * i for j in range(6)])]
+        return Run(tmp_path / f"r{i}", "grpo", i, recs, {"lab": {"model_size": size}})
+
+    groups = {"grpo": [run(i, 0.2, 0.9, "default") for i in range(3)],
+              "grpo_large": [run(i, 0.1, 0.8, "large") for i in range(3)]}
+    law = pooled_law(groups, n_boot=50)
+    assert law["runs"] == 6 and law["points"] == 36 and law["r2"].estimate < 0.99
+    for size, (a, b) in (("default", (0.2, 0.9)), ("large", (0.1, 0.8))):
+        fit = law["by_size"][size]
+        assert fit["a"].estimate == pytest.approx(a, abs=1e-6)
+        assert fit["b"].estimate == pytest.approx(b, abs=1e-6)
+        assert fit["r2"].low == pytest.approx(1.0) and fit["a"].high == pytest.approx(a, abs=1e-6)
+
+
+def test_cpu_overhead_is_cpu_seconds_per_step_over_grpos():
+    per_run = {"grpo": [_run(cpu_step_s=0.2), _run(cpu_step_s=0.2)],
+               "eepo": [_run(cpu_step_s=0.3), _run(cpu_step_s=0.25)]}
+    table = S.build_table(["grpo", "eepo"], per_run, [1, 16])
+    assert table["eepo"]["cpu_overhead"].mean == pytest.approx(0.375)  # (0.5 + 0.25) / 2
+    assert table["grpo"]["cpu_overhead"].mean == pytest.approx(0.0)
+    assert table["eepo"]["cpu_step_s"].mean == pytest.approx(0.275)
+
+
+def test_run_cpu_numbers_skip_validation_steps(tmp_path):
+    """cpu_step_s: mean time/cpu_s over steps without a validation; cpu_run_s: the sum over all."""
+    from explorl.analysis.runs import Run
+
+    recs = [{"step": s, "entropy/mean": 0.3, "reward/mean": 0.5, "time/step_s": 1.0,
+             "time/cpu_s": c, **({"time/val_s": 0.5} if s == 2 else {})}
+            for s, c in ((1, 0.2), (2, 0.9), (3, 0.4))]
+    nums = S.run_numbers(Run(tmp_path, "grpo", 0, recs), {}, None, [1])
+    assert nums["cpu_step_s"] == pytest.approx(0.3) and nums["cpu_run_s"] == pytest.approx(1.5)

@@ -188,7 +188,8 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
                   | ({"base": {str(k): float(b.mean()) for k, b in ev.base.items()}}
                      if ev.base else {}) if ev is not None else {}),
         "law": {k: (v.to_json() if hasattr(v, "to_json") else v)
-                for k, v in ((ev.law if ev is not None else {}) or {}).items() if k != "by_size"},
+                for k, v in ((ev.law if ev is not None else {}) or {}).items()
+                if k not in ("by_size", "fit")},
         "runs": {f"{name}-seed{r['seed']}": dict(r) for name, rs in per_run.items() for r in rs},
         "failed": [j.plan.key for j in failed],
         "fingerprint": fp,

@@ -137,12 +137,10 @@ def _draw_pooled(groups: dict[str, list[Run]], ev, out_dir: Path) -> str:
             H += h
             R += r
     ax.scatter(H, R, s=8, color="C0", alpha=0.5, label=f"{len(H)} validation points")
-    a, b = ev.law["a"].estimate, ev.law["b"].estimate
+    fit = ev.law["fit"]
     grid = sorted(H)
-    import math
-
-    ax.plot(grid, [-a * math.exp(h) + b for h in grid], color="C3",
-            label=f"R = −{a:.3f}·e^H + {b:.3f} (R² = {ev.law['r2'].estimate:.2f})")
+    ax.plot(grid, [fit.predict(h) for h in grid], color="C3",
+            label=f"R = −{fit.a:.3f}·e^H + {fit.b:.3f} (R² = {fit.r2:.2f})")
     ax.set_title("Claim 7a: one law across every run of the study")
     ax.set_xlabel("training-batch entropy H at the validation step (nats)")
     ax.set_ylabel("validation accuracy")
@@ -179,7 +177,7 @@ def _draw_law(runs: list[Run], out_dir: Path) -> str:
                 label=f"early fit, first {early.n_fit} pts (RMSE = {fmt_value(early.rmse)})")
     ax.set_title("Claims 7a/7b: R = −a·exp(H) + b on GRPO runs")
     ax.set_xlabel("training-batch entropy H at the validation step (nats)")
-    ax.set_ylabel("validation accuracy (mean@16)")
+    ax.set_ylabel("validation accuracy (mean over eval.n_samples)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="x-small")
     save_figure(fig, out_dir / "claim_law.png", dpi=80)

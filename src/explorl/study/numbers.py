@@ -262,7 +262,7 @@ def pooled_law(groups: dict[str, list[Run]], n_boot: int = 1000) -> dict[str, An
             return Interval(float(est), float(lo), float(hi), how)
 
         return {"a": iv(1, f.a), "b": iv(2, f.b), "r2": iv(0, f.r2), "points": len(H),
-                "runs": len(pts)}
+                "runs": len(pts), "fit": f}
 
     every = [r for runs in groups.values() for r in runs]
     out = fit(every)
