@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from explorl import config as C
 from explorl.rollout.fake import FakeEngine
 from explorl.runlog import read_metrics
 from explorl.trainer import TIME_KEYS, Trainer
@@ -491,3 +492,30 @@ def test_cpu_seconds_are_the_process_time_spent_in_the_step(make_config, tmp_pat
     monkeypatch.setattr(trainer_mod.time, "process_time", lambda: next(clock))
     m = t.train_step()
     assert m["time/cpu_s"] == 0.25
+
+
+def test_cpu_adamw_is_multi_tensor_and_bit_for_bit_torchs_default():
+    # The foreach path is the CPU default (faster); it must compute exactly what torch's
+    # one-tensor-at-a-time default does, or committed lab numbers would drift. Fused does not.
+    from explorl.update import make_optimizer
+
+    def run(opt_for):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 8))
+        opt = opt_for(net)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(5):
+            for p in net.parameters():
+                p.grad = torch.randn(p.shape, generator=g) * 0.1
+            opt.step()
+        return opt, torch.cat([p.detach().flatten() for p in net.parameters()])
+
+    o = C.from_dict({"optim": {"lr": 1e-2, "weight_decay": 0.1}}).optim
+    opt, ours = run(lambda net: make_optimizer(o, net, torch.device("cpu"), "single")[0])
+    assert opt.param_groups[0]["foreach"] is True and not opt.param_groups[0]["fused"]
+    _, single = run(lambda net: torch.optim.AdamW(net.parameters(), lr=1e-2, weight_decay=0.1,
+                                                  foreach=False))
+    assert torch.equal(ours, single)
+    fo = C.from_dict({"optim": {"lr": 1e-2, "weight_decay": 0.1, "fused": True}}).optim
+    opt, fused = run(lambda net: make_optimizer(fo, net, torch.device("cpu"), "single")[0])
+    assert opt.param_groups[0]["fused"] and torch.allclose(fused, single, atol=1e-6)

@@ -47,13 +47,16 @@ def make_optimizer(o, params_module: torch.nn.Module, device: torch.device, stra
     """AdamW over the (float32 master) parameters and its linear warm-up schedule (``optim``).
 
     Fused AdamW (one kernel for every parameter) on CUDA with replicated parameters, and on CPU
-    when ``optim.fused`` is true; torch's default path elsewhere (CPU, FSDP's flattened shards).
+    when ``optim.fused`` is true. Otherwise the multi-tensor (foreach) path with replicated
+    parameters: on CPU it computes what torch's CPU default (one tensor at a time) computes, bit
+    for bit, in ~15% less time (tests/test_trainer.py); FSDP's shards keep torch's default.
     """
     cuda = device.type == "cuda"
     on = cuda if o.fused is None else o.fused and device.type in ("cuda", "cpu")
     fused = True if on and strategy != "fsdp" else None
+    foreach = True if fused is None and strategy != "fsdp" else None
     optimizer = torch.optim.AdamW(params_module.parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
-                                  weight_decay=o.weight_decay, fused=fused)
+                                  weight_decay=o.weight_decay, fused=fused, foreach=foreach)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps > 0 else 1.0)
     return optimizer, scheduler

@@ -19,6 +19,8 @@ Where the time goes, and what the loop does about it (figures: benchmarks/README
   keys and values with the new token's (O(T²) copying over a response); ``_BufferedLayer``
   writes into buffers with room to grow and hands attention views of the filled part (the same
   numbers: the kernels read the same values through strides).
+- **A lean model call** (``rollout.lean``) for Llama-family models: the decoder's own ops on
+  the model's weights, without transformers' per-call machinery; the same logits bit for bit.
 - **Seeded noise in blocks.** On CPU the counter-based noise of all live rows is computed for a
   block of positions at once (``rollout.seeding.NoiseStream``), the same draws as per row.
 """
@@ -33,6 +35,7 @@ try:  # transformers >= 4.56: caches made of per-layer objects
 except ImportError:  # older: the plain DynamicCache
     DynamicLayer = None
 
+from explorl.rollout.lean import lean_logits, lean_supported
 from explorl.rollout.seeding import NoiseStream, row_keys
 from explorl.rollout.types import Rollouts
 
@@ -123,8 +126,9 @@ class HFEngine:
     logprobs_match_trainer = True
 
     def __init__(self, tokenizer, *, batch_size: int = 256, eos_ids: list[int] | None = None,
-                 compact_ratio: float = 0.5, sync_every: int = 4):
+                 compact_ratio: float = 0.5, sync_every: int = 4, lean: bool = True):
         self.tokenizer = tokenizer
+        self.lean = lean
         self.batch_size = batch_size
         self.compact_ratio = compact_ratio
         self.sync_every = sync_every
@@ -199,19 +203,11 @@ class HFEngine:
         # Prefill: the distinct prompts once, then fan the cache and the last logits out to the
         # rows.
         cache = decode_cache(model.config, P + max_new_tokens)
-        out = model(
-            input_ids=ids_u,
-            attention_mask=mask_u.long(),
-            position_ids=position_ids(mask_u),
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        logits = out.logits[:, -1, :]  # (U, V)
+        call = lean_logits if self.lean and lean_supported(model) else _model_logits
+        logits = call(model, ids_u, mask_u.long(), position_ids(mask_u), cache)  # (U, V)
         if len(uniq) < N:
             cache.reorder_cache(inv)
             logits = logits[inv]  # (N, V)
-        del out
 
         # The rows' attention masks over every position they can reach, sliced per step.
         attn = torch.cat(
@@ -265,14 +261,7 @@ class HFEngine:
                     )
                     if noise is not None:
                         noise.keep(keep)
-            logits = model(
-                input_ids=tok[:, None],
-                attention_mask=attn[:, : P + t + 1],
-                position_ids=pos,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            ).logits[:, -1, :]
+            logits = call(model, tok[:, None], attn[:, : P + t + 1], pos, cache)
             pos = pos + 1
         if was_training:
             model.train()
@@ -295,3 +284,15 @@ class HFEngine:
             temperature=temperature,
             truncated=~finished,
         )
+
+
+def _model_logits(model, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
+    """The plain model call: logits (N, V) of the last position, the cache extended."""
+    return model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits[:, -1, :]

@@ -1,0 +1,127 @@
+"""A lean forward for sampling with Llama-family models (Llama, Qwen2, Qwen3): the decoder's own
+ops, called directly on the model's weights, without transformers' per-call machinery.
+
+At a decode step every matrix is small (one token per row) and transformers' model call spends
+as much time around the ops as in them: building the 4-D mask, the rotary tables, output
+capturing, kwargs plumbing, the cache object's bookkeeping. This module runs the same
+arithmetic, in the same order and with the same kernels (``F.rms_norm`` is the same composite
+as ``LlamaRMSNorm``; sdpa's CPU kernel gives the same values with an additive mask, a boolean
+one or none), so its logits equal transformers' bit for bit on the models it accepts
+(tests/test_rollout_lean.py); benchmarks/README.md has what it saves.
+
+Used by the ``hf`` rollout engine when ``lean_supported(model)``; other architectures, remote
+code, sliding-window or non-default RoPE, quantised or sharded (FSDP) weights take the plain
+model call. The training forward does not use it (there the module overhead is a small part of
+a forward+backward, and wrappers such as DDP/FSDP must see the call).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+_ARCHS = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+_GQA_KWARG = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
+def lean_supported(model: torch.nn.Module) -> bool:
+    """Whether ``lean_logits`` computes exactly what ``model(...)`` does for this model."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or type(model).__name__ not in _ARCHS:
+        return False
+    if not type(model).__module__.startswith("transformers.models."):
+        return False
+    if getattr(cfg, "_attn_implementation", None) != "sdpa" or getattr(cfg, "hidden_act", "") != "silu":
+        return False
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        return False
+    if getattr(cfg, "use_sliding_window", False) or getattr(cfg, "pretraining_tp", 1) != 1:
+        return False
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types is not None and any(t != "full_attention" for t in layer_types):
+        return False
+    if getattr(model, "hf_quantizer", None) is not None or getattr(cfg, "quantization_config", None):
+        return False
+    body = getattr(model, "model", None)
+    if body is None or not hasattr(body, "layers") or not hasattr(body, "rotary_emb"):
+        return False
+    for p in model.parameters():  # sharded (DTensor) or offloaded weights: the module must run
+        if type(p) is not torch.nn.Parameter or p.device.type == "meta":
+            return False
+    return True
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where allowed, the dtype's minimum elsewhere (finite: a padding row stays finite)."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+        ~allowed, torch.finfo(dtype).min)
+
+
+def _norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """transformers' RMSNorm: in float32 ``F.rms_norm`` is the same composite, one call instead
+    of eight; in lower precision the module itself (it rounds before the weight multiply)."""
+    if x.dtype == torch.float32 and norm.weight.dtype == torch.float32:
+        return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
+    return norm(x)
+
+
+@torch.no_grad()
+def lean_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                position_ids: torch.Tensor, cache) -> torch.Tensor:
+    """Logits (N, V) of the last position of ``input_ids`` (N, L), appending the keys and values
+    to ``cache`` (a ``DynamicCache`` whose layers take ``update(k, v)``, as ``rollout.hf``'s).
+
+    ``attention_mask`` (N, past + L) bool or 0/1: the rows' padding over every cached position
+    and the new ones; causality among the new positions is added here.
+    """
+    body = model.model
+    cfg = model.config
+    N, L = input_ids.shape
+    h = body.embed_tokens(input_ids)
+    cos, sin = body.rotary_emb(h, position_ids)  # (N, L, D) each, in h's dtype
+    cos, sin = cos[:, None], sin[:, None]
+    past = cache.get_seq_length()
+    keep = attention_mask.bool()
+    if L > 1 or not bool(keep.all()):
+        allowed = keep[:, None, None, :].expand(N, 1, L, past + L)
+        if L > 1:
+            causal = torch.ones(L, past + L, dtype=torch.bool, device=h.device).tril_(past)
+            allowed = allowed & causal
+        mask = _additive(allowed, h.dtype)
+    else:
+        mask = None
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    for i, layer in enumerate(body.layers[: cfg.num_hidden_layers]):
+        attn = layer.self_attn
+        d = attn.head_dim
+        half = d // 2
+        x = _norm(layer.input_layernorm, h)
+        q = attn.q_proj(x).view(N, L, -1, d)
+        k = attn.k_proj(x).view(N, L, -1, d)
+        v = attn.v_proj(x).view(N, L, -1, d).transpose(1, 2)
+        if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm of queries and keys
+            q, k = _norm(attn.q_norm, q), _norm(attn.k_norm, k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        q = q * cos + torch.cat((-q[..., half:], q[..., :half]), dim=-1) * sin
+        k = k * cos + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * sin
+        k, v = cache.layers[i].update(k, v)
+        gqa, rep = {}, heads // kv_heads
+        if rep > 1:  # grouped keys/values, handled as transformers' sdpa path does
+            if _GQA_KWARG and mask is None:
+                gqa = {"enable_gqa": True}
+            elif L == 1:  # one query per row: the group's queries attend to their shared head
+                q = q.reshape(N, kv_heads, rep, d)
+            else:
+                k = k[:, :, None].expand(N, kv_heads, rep, *k.shape[2:]).reshape(N, heads, -1, d)
+                v = v[:, :, None].expand(N, kv_heads, rep, *v.shape[2:]).reshape(N, heads, -1, d)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, **gqa)
+        if o.shape[1] != heads:
+            o = o.reshape(N, heads, L, d)
+        h = h + attn.o_proj(o.transpose(1, 2).reshape(N, L, -1).contiguous())
+        x = _norm(layer.post_attention_layernorm, h)
+        mlp = layer.mlp
+        h = h + mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
+    h = _norm(body.norm, h[:, -1:])
+    return model.lm_head(h)[:, -1]

@@ -1,0 +1,121 @@
+"""The sampler's lean model call (``rollout.lean``) against transformers' own forward.
+
+It must be invisible: for every model it accepts, the engine samples the same tokens with the
+same log-probs and entropies bit for bit, through left padding, prompt fan-out, finished-row
+compaction, grouped keys/values, biases (Qwen2) and per-head norms (Qwen3); and it must refuse
+what it does not reproduce.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    MistralConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+from explorl.rollout import hf
+from explorl.rollout.hf import HFEngine
+from explorl.rollout.lean import lean_logits, lean_supported
+
+PROMPTS = ["3+4=", "12+7=", "5+5=", "987+10=", "1+2="]  # lengths differ: left padding
+
+
+@pytest.fixture(scope="module")
+def lab(tiny_model):
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    return tok, model, [tok(p)["input_ids"] for p in PROMPTS]
+
+
+def tiny(config_cls, seed=0, **kw):
+    torch.manual_seed(seed)
+    cfg = config_cls(vocab_size=24, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=kw.pop("kv", 2), head_dim=16,
+                     max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                     attn_implementation=kw.pop("attn", "sdpa"), **kw)
+    return AutoModelForCausalLM.from_config(cfg).eval()
+
+
+def both(tok, model, ids, n, T=1.0, max_new=8, **kw):
+    seeds = list(range(len(ids)))
+    return [HFEngine(tok, lean=lean, **kw).generate(model, ids, [n] * len(ids), T, max_new,
+                                                     seeds=seeds)
+            for lean in (False, True)]
+
+
+def assert_same(a, b):
+    for f in ("response_ids", "response_mask", "old_logp", "entropy", "truncated"):
+        assert torch.equal(getattr(a, f), getattr(b, f)), f
+    assert a.texts == b.texts
+
+
+@pytest.mark.parametrize("T", [1.0, 0.6, 0.0])
+def test_lab_model_samples_bit_for_bit_the_same(lab, T, monkeypatch):
+    tok, model, ids = lab
+    assert lean_supported(model)
+    calls = []
+    monkeypatch.setattr(hf, "lean_logits", lambda *a: calls.append(1) or lean_logits(*a))
+    a, b = both(tok, model, ids, 8, T=T)
+    assert len(calls) == b.response_mask.shape[1]  # the prefill and every decode step but the last
+    assert_same(a, b)
+    assert a.response_mask.sum(-1).min() < a.response_mask.shape[1]  # rows finished early
+
+
+def test_compaction_and_chunks_bit_for_bit(lab):
+    tok, model, ids = lab
+    for kw in ({"compact_ratio": 1.0, "batch_size": 7}, {"compact_ratio": 0.0}):
+        assert_same(*both(tok, model, ids, 6, **kw))
+
+
+@pytest.mark.parametrize("cfg,kv", [(LlamaConfig, 2), (LlamaConfig, 4), (Qwen2Config, 2),
+                                    (Qwen3Config, 1)])
+def test_llama_family_bit_for_bit(lab, cfg, kv):
+    # Random weights rarely say EOS: rows run to the limit, the cache grows past its first room.
+    tok, _, ids = lab
+    model = tiny(cfg, kv=kv)
+    assert lean_supported(model)
+    a, b = both(tok, model, ids, 3, max_new=12)
+    assert_same(a, b)
+
+
+def test_lower_precision_bit_for_bit(lab):
+    tok, _, ids = lab
+    model = tiny(Qwen2Config).to(torch.bfloat16)
+    assert_same(*both(tok, model, ids, 3))
+
+
+def test_refuses_what_it_does_not_reproduce(lab):
+    assert not lean_supported(tiny(LlamaConfig, attn="eager"))
+    assert not lean_supported(tiny(MistralConfig))  # another architecture
+    assert not lean_supported(tiny(Qwen2Config, use_sliding_window=True, sliding_window=4))
+    assert not lean_supported(
+        tiny(LlamaConfig, rope_parameters={"rope_type": "linear", "factor": 2.0,
+                                           "rope_theta": 10000.0}))
+    model = tiny(LlamaConfig)
+    model.model.embed_tokens.weight = torch.nn.Parameter(
+        model.model.embed_tokens.weight.detach().to("meta"))
+    assert not lean_supported(model)
+    # Refused models still sample (transformers' own call).
+    tok, _, ids = lab
+    plain = tiny(LlamaConfig, attn="eager")
+    ro = HFEngine(tok).generate(plain, ids, [2] * len(ids), 1.0, 4, seeds=list(range(len(ids))))
+    assert ro.response_ids.shape == (2 * len(ids), 4)
+
+
+def test_output_layer_hooks_still_apply(lab):
+    # Hooks on the output layer (the benchmarks forbid EOS this way) see the lean call too.
+    tok, model, ids = lab
+    eos = tok.eos_token_id
+    handle = model.get_output_embeddings().register_forward_hook(
+        lambda m, i, out: out.index_fill(-1, torch.tensor([eos]), -1e4))
+    try:
+        ro = HFEngine(tok).generate(model, ids, [4] * len(ids), 1.0, 5, seeds=[0] * len(ids))
+    finally:
+        handle.remove()
+    assert bool(ro.response_mask.all()) and eos not in ro.response_ids.tolist()
