@@ -31,7 +31,9 @@ def lean_supported(model: torch.nn.Module) -> bool:
         return False
     if not type(model).__module__.startswith("transformers.models."):
         return False
-    if getattr(cfg, "_attn_implementation", None) != "sdpa" or getattr(cfg, "hidden_act", "") != "silu":
+    if getattr(cfg, "_attn_implementation", None) != "sdpa":
+        return False
+    if getattr(cfg, "hidden_act", "") != "silu":
         return False
     rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
     if rope.get("rope_type", rope.get("type", "default")) != "default":
@@ -41,7 +43,9 @@ def lean_supported(model: torch.nn.Module) -> bool:
     layer_types = getattr(cfg, "layer_types", None)
     if layer_types is not None and any(t != "full_attention" for t in layer_types):
         return False
-    if getattr(model, "hf_quantizer", None) is not None or getattr(cfg, "quantization_config", None):
+    if getattr(model, "hf_quantizer", None) is not None:
+        return False
+    if getattr(cfg, "quantization_config", None):
         return False
     body = getattr(model, "model", None)
     if body is None or not hasattr(body, "layers") or not hasattr(body, "rotary_emb"):
