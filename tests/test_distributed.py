@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 
 from explorl import config as C
 from explorl.dist import Single
-from explorl.rollout.seeding import _hashed_uniform, gumbel_sample, row_keys, uniform_noise
+from explorl.rollout.seeding import NoiseStream, gumbel_sample, row_keys
 from explorl.runlog import read_metrics
 from explorl.trainer import TIME_KEYS, Trainer
 
@@ -188,25 +188,26 @@ def test_shards_are_contiguous_and_cover_the_batch():
         assert max(s.stop - s.start for s in parts) - min(s.stop - s.start for s in parts) <= 1
 
 
-def test_counter_based_sampling_ignores_the_batch_and_samples_p():
+@pytest.mark.parametrize("V", [4, 300])  # Gumbel-max with MT noise; inverse CDF beyond 227
+def test_counter_based_sampling_ignores_the_batch_and_samples_p(V):
     keys = row_keys([11, 22, 33], [2, 3, 1])  # 6 responses
-    logp = torch.randn(6, 50).log_softmax(-1)
-    whole = gumbel_sample(logp, keys, t=4)
-    assert torch.equal(
-        gumbel_sample(logp[2:5], keys[2:5], t=4), whole[2:5]
-    )  # another batch, same draws
-    assert not torch.equal(gumbel_sample(logp, keys, t=5), whole)  # the next position draws afresh
-    p = torch.tensor([0.5, 0.25, 0.125, 0.125])
+    logp = torch.randn(6, V).log_softmax(-1)
+
+    def draw(rows, t):
+        return NoiseStream(keys[rows], V, max_len=10).sample(logp[rows], t)
+
+    whole = draw(slice(None), 4)
+    assert torch.equal(draw(slice(2, 5), 4), whole[2:5])  # another batch, same draws
+    assert torch.equal(draw([5, 0, 3], 4), whole[[5, 0, 3]])
+    assert not torch.equal(torch.stack([draw(slice(None), t) for t in range(5, 9)]),
+                           whole.expand(4, -1))  # later positions draw afresh
+    p = torch.zeros(V)
+    p[:4] = torch.tensor([0.5, 0.25, 0.125, 0.125])
     many = row_keys([7], [20000])
-    freq = torch.bincount(gumbel_sample(p.log().expand(20000, 4), many, t=0), minlength=4) / 20000
-    assert torch.allclose(freq, p, atol=0.015)
-    for noise in (uniform_noise, _hashed_uniform):  # CPU path; the accelerators' hash, run on CPU
-        u = noise(many[:200], 3, 100)
-        assert 0 < float(u.min()) and float(u.max()) < 1 and abs(float(u.mean()) - 0.5) < 0.01
-        assert (
-            abs(float(torch.corrcoef(torch.stack([u[:-1].flatten(), u[1:].flatten()]))[0, 1]))
-            < 0.02
-        )
+    got = NoiseStream(many, V, max_len=1).sample(p.log().expand(20000, V), 0)
+    freq = torch.bincount(got, minlength=V) / 20000
+    assert torch.allclose(freq[:4], p[:4], atol=0.015) and freq[4:].sum() == 0
+    assert torch.equal(gumbel_sample(logp, keys, 4), whole) == (V <= 227)
 
 
 def test_cov_loss_selection_pre_pass_on_two_processes(tiny_model, tmp_path):

@@ -27,10 +27,13 @@ from explorl.rollout.seeding import (
     NoiseStream,
     _generator_uniform,
     gumbel_sample,
+    inverse_cdf_sample,
     mix_seed,
     mix_seed_grid,
     mt_uniform,
     row_keys,
+    row_uniform,
+    row_uniforms,
 )
 
 PROMPTS = [
@@ -149,6 +152,42 @@ def test_early_stopping_and_chunking_do_not_change_results(lab, engine_kw):
     assert torch.equal(ro.prompt_index, ref.prompt_index)
 
 
+def test_large_vocabulary_draws_ignore_batching_and_follow_a_one_row_reference():
+    # Beyond MT_VOCAB_MAX the engine draws by inverse CDF; a response must still depend only on
+    # its prompt and key: the same through chunking and compaction, and equal to a one-row loop.
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=400, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight[2] += 0.4  # EOS likely enough that rows finish at different lengths
+    tok = _FakeTokenizer()
+    prompts = [[1, 5, 9], [1, 7], [1, 3, 3, 8]]
+    budgets, seeds = [3, 2, 4], [21, 22, 23]
+    ref = HFEngine(tok).generate(model, prompts, budgets, 0.8, 7, seeds=seeds)
+    lengths = ref.response_mask.sum(-1)
+    assert lengths.min() < lengths.max()
+    for kw in ({"batch_size": 2, "compact_ratio": 1.0}, {"compact_ratio": 0.0}):
+        ro = HFEngine(tok, **kw).generate(model, prompts, budgets, 0.8, 7, seeds=seeds)
+        for r in range(len(ref)):
+            assert rows_of(ro, r)[0] == rows_of(ref, r)[0]
+    keys = row_keys(seeds, budgets)
+    rows = [i for i, n in enumerate(budgets) for _ in range(n)]
+    for r, i in enumerate(rows):
+        seq, toks = list(prompts[i]), []
+        with torch.no_grad():
+            for t in range(7):
+                z = model(input_ids=torch.tensor([seq])).logits[0, -1] / 0.8
+                logp = torch.log_softmax(z, -1)
+                u = torch.tensor([row_uniform(int(keys[r]), t)], dtype=torch.float64)
+                toks.append(int(inverse_cdf_sample(logp.exp()[None], u)[0]))
+                seq.append(toks[-1])
+                if toks[-1] == 2:
+                    break
+        assert rows_of(ref, r)[0] == toks
+
+
 def test_rows_grouped_by_prompt_with_their_prompt_and_masks(lab):
     tok, model, ids = lab
     budgets = [2, 0, 3, 1, 0]
@@ -217,22 +256,57 @@ def test_vectorised_mersenne_twister_draws_what_torch_draws():
         mt_uniform(grid[:, 0], MT_VOCAB_MAX + 1)
 
 
-@pytest.mark.parametrize(
-    "V", [24, MT_VOCAB_MAX + 1]
-)  # blocked noise, and per position beyond the limit
-def test_noise_stream_draws_as_gumbel_sample_while_rows_leave(V):
+@pytest.mark.parametrize("V", [24, MT_VOCAB_MAX + 1, 2000])  # blocked MT noise; inverse CDF
+def test_noise_stream_draws_what_its_reference_draws_while_rows_leave(V):
     keys = row_keys([7, 8], [3, 2])
     stream = NoiseStream(keys, V, max_len=6)
     assert stream.blocked == (V <= MT_VOCAB_MAX)
     live = torch.arange(5)
     g = torch.Generator().manual_seed(0)
     for t in range(6):
-        logp = torch.randn(len(live), V, generator=g).log_softmax(-1)
-        assert torch.equal(stream.sample(logp, t), gumbel_sample(logp, keys[live], t))
+        logp = torch.randn(len(live), V, generator=g).mul(3).log_softmax(-1)
+        if stream.blocked:
+            ref = gumbel_sample(logp, keys[live], t)
+        else:  # the token whose cumulative-probability interval holds u(key, t)
+            u = torch.tensor([row_uniform(int(k), t) for k in keys[live]], dtype=torch.float64)
+            cum = logp.exp().double().cumsum(-1)
+            ref = torch.searchsorted(cum, (u * cum[:, -1])[:, None], right=True).squeeze(-1)
+        assert torch.equal(stream.sample(logp, t), ref)
         if t in (1, 3):  # rows finish: keep every other one
             keep = torch.arange(0, len(live), 2)
             stream.keep(keep)
             live = live[keep]
+
+
+@pytest.mark.parametrize("V", [1, 7, 512, 513, 5000])
+def test_inverse_cdf_sample_is_the_brute_force_inverse_cdf(V):
+    # Two levels (block sums, then one block) must pick what one full cumulative sum picks, and
+    # never a token without mass, including u at the ends of [0, 1) and at interval boundaries.
+    g = torch.Generator().manual_seed(V)
+    p = torch.rand(64, V, generator=g) ** 6
+    if V > 2:
+        p[:, ::3] = 0
+    u = torch.rand(64, generator=g, dtype=torch.float64)
+    u[:3] = torch.tensor([0.0, 1 - 2**-53, 0.5], dtype=torch.float64)
+    cum = p.double().cumsum(-1)
+    ref = torch.searchsorted(cum, (u * cum[:, -1])[:, None], right=True).squeeze(-1)
+    got = inverse_cdf_sample(p, u)
+    assert torch.equal(got, ref)
+    assert bool((p.gather(1, got[:, None]) > 0).all())
+    edge = torch.tensor([[0.25, 0.0, 0.75, 0.0]])
+    for uu, tok in ((0.0, 0), (0.25, 2), (1 - 2**-53, 2)):
+        assert inverse_cdf_sample(edge, torch.tensor([uu], dtype=torch.float64)).item() == tok
+
+
+def test_row_uniforms_are_uniform_and_independent():
+    keys = row_keys([5], [4000])
+    u = row_uniforms(keys.numpy(), np.arange(3))  # (4000, 3)
+    assert u.dtype == np.float64 and 0 <= u.min() and u.max() < 1
+    assert abs(u.mean() - 0.5) < 0.01 and abs(np.corrcoef(u[:, 0], u[:, 1])[0, 1]) < 0.05
+    assert u[17, 2] == row_uniform(int(keys[17]), 2)
+    # not the Mersenne-Twister seed's bits: the two draws of a row are unrelated
+    mt = mt_uniform(mix_seed_grid(keys.numpy(), np.arange(1)).reshape(-1), 1)[:, 0].numpy()
+    assert abs(np.corrcoef(u[:, 0], mt)[0, 1]) < 0.05
 
 
 def test_buffered_cache_gives_the_dynamic_cache_numbers():

@@ -519,3 +519,23 @@ def test_cpu_adamw_is_multi_tensor_and_bit_for_bit_torchs_default():
     fo = C.from_dict({"optim": {"lr": 1e-2, "weight_decay": 0.1, "fused": True}}).optim
     opt, fused = run(lambda net: make_optimizer(fo, net, torch.device("cpu"), "single")[0])
     assert opt.param_groups[0]["fused"] and torch.allclose(fused, single, atol=1e-6)
+
+
+def test_resume_at_another_thread_count_warns(make_config, tmp_path, caplog):
+    # The checkpoint records torch's thread count; resuming with another one says that the
+    # run may not reproduce bit for bit (on some CPUs the count changes float rounding).
+    cfg = make_config({"max_steps": 2, "eval": {"every": 0}})
+    t = Trainer(cfg, tmp_path / "run")
+    _interrupt_after(t, 1)
+    t.train()
+    threads = torch.get_num_threads()
+    try:
+        with caplog.at_level("WARNING", logger="explorl.run_state"):
+            Trainer(cfg, tmp_path / "run", resume=True)
+            assert not [r for r in caplog.records if "torch threads" in r.getMessage()]
+            torch.set_num_threads(threads + 1)
+            Trainer(cfg, tmp_path / "run", resume=True)
+        msgs = [r.getMessage() for r in caplog.records if "torch threads" in r.getMessage()]
+        assert len(msgs) == 1 and f"OMP_NUM_THREADS={threads}" in msgs[0]
+    finally:
+        torch.set_num_threads(threads)

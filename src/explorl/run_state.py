@@ -5,17 +5,21 @@ A checkpoint has the policy's weights (``save_pretrained``) and ``trainer_state.
 the optimizer (complete on rank 0 under FSDP), the LR schedule, the loss/shuffle RNGs, the data
 order, the non-finite guard, the knobs and every controller's state. Sampling seeds depend on
 the step only and the state holds no per-rank stream, so a checkpoint resumes at any number of
-processes, and the resumed run reproduces the uninterrupted one.
+processes, and the resumed run reproduces the uninterrupted one (with the same torch thread
+count: on some CPUs one and two threads round differently; a resume at another count warns).
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
 
 from explorl.checkpoint import load_state, rng_state, save_checkpoint, set_rng_state
 from explorl.update import TrainingDiverged
+
+log = logging.getLogger(__name__)
 
 
 def state_of(t) -> dict:
@@ -24,7 +28,8 @@ def state_of(t) -> dict:
     return {"step": t.step, "optimizer": t.dist.optimizer_state(t.scorer, t.optimizer),
             "scheduler": t.scheduler.state_dict(), "rng": rng_state(t.generators),
             "data": t.order.state_dict(), "anneal_data": anneal,
-            "guard": t.guard.state_dict(), **t.control.state_dict()}
+            "guard": t.guard.state_dict(), "torch_threads": torch.get_num_threads(),
+            **t.control.state_dict()}
 
 
 def restore(t, ckpt: Path) -> None:
@@ -40,6 +45,13 @@ def restore(t, ckpt: Path) -> None:
         t.anneal_order.load_state_dict(state["anneal_data"])
     t.control.load_state_dict(state, where=f"checkpoint {ckpt}")
     set_rng_state(state["rng"], t.generators)
+    threads = state.get("torch_threads")
+    if threads is not None and threads != torch.get_num_threads():
+        log.warning(
+            "checkpoint %s was written with %d torch threads and this process has %d: on some "
+            "CPUs the thread count changes float rounding, so the resumed run may not reproduce "
+            "the uninterrupted one bit for bit (set OMP_NUM_THREADS=%d to match)",
+            ckpt, threads, torch.get_num_threads(), threads)
 
 
 def save(t) -> Path:

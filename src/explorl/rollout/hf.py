@@ -21,8 +21,10 @@ Where the time goes, and what the loop does about it (figures: benchmarks/README
   numbers: the kernels read the same values through strides).
 - **A lean model call** (``rollout.lean``) for Llama-family models: the decoder's own ops on
   the model's weights, without transformers' per-call machinery; the same logits bit for bit.
-- **Seeded noise in blocks.** On CPU the counter-based noise of all live rows is computed for a
-  block of positions at once (``rollout.seeding.NoiseStream``), the same draws as per row.
+- **Counter-based draws without per-token noise over the vocabulary** (``rollout.seeding``):
+  small vocabularies on CPU get their Gumbel noise for a block of positions at once; real
+  vocabularies and accelerators draw by inverse CDF from one uniform per row (one pass over the
+  probabilities instead of |V| random numbers and two logarithms per row and token).
 """
 
 from __future__ import annotations
@@ -231,7 +233,7 @@ class HFEngine:
             if greedy:
                 tok = z.argmax(-1)
             elif noise is not None:
-                tok = noise.sample(logp_all, t)
+                tok = noise.sample(logp_all, t, p_all)
             else:
                 tok = torch.multinomial(p_all, 1, generator=generator).squeeze(-1)
             tok = tok.masked_fill(~alive, self.pad_id)

@@ -1,19 +1,25 @@
-"""Counter-based sampling noise: a response's tokens depend on its own seed, not on its batch.
+"""Counter-based sampling: a response's tokens depend on its own seed, not on its batch.
 
 With several data-parallel ranks each rank generates its share of a step's prompts, in batches
 whose composition depends on the number of ranks. A shared random stream (``torch.multinomial``
 with one generator) would then give different responses at N=1 and N=2. Instead every response
 gets a 63-bit key derived from (run seed, step, prompt position, sample index), and token t is
-drawn by Gumbel-max with noise that is a hash of (key, t, token id):
-argmax(log p + G), G = −log(−log U), is an exact sample of p. The draw of a row never looks at
-the other rows, so a prompt's responses are the same whichever rank samples them, in whatever
+drawn from random numbers that are a function of (key, t) alone. The draw of a row never looks
+at the other rows, so a prompt's responses are the same whichever rank samples them, in whatever
 batch — and a run resumed at a different number of ranks continues the same sample stream.
 
-On CPU token t of a row uses ``torch.rand(|V|)`` from a generator seeded with
-``mix_seed(key, t)`` (torch's Mersenne Twister); on accelerators an integer hash over the whole
-(N, |V|) block (one kernel chain). For vocabularies of at most ``MT_VOCAB_MAX`` tokens (the lab
-models) ``NoiseStream`` computes the CPU draws of many rows and positions at once, bit for bit
-those of the per-row generators: seeding and one twist of MT19937, vectorised over the seeds.
+Two draws, both exact samples of the policy's distribution p:
+
+- **Small vocabularies on CPU** (|V| ≤ ``MT_VOCAB_MAX``: the lab models) use Gumbel-max,
+  argmax(log p + G) with G = −log(−log U), where the row's U (one per token) is ``torch.rand(|V|)``
+  from a generator seeded with ``mix_seed(key, t)``: the draws every committed lab run was
+  sampled with. ``NoiseStream`` computes them for many rows and positions at once, bit for bit
+  (seeding and one twist of MT19937, vectorised over the seeds).
+- **Everything else** (real vocabularies, accelerators) uses inverse-CDF sampling with one
+  uniform per row, ``row_uniform(key, t)``: the token whose cumulative probability interval
+  holds u·Σp. Gumbel-max needs |V| random numbers per row and token and two logarithms over the
+  (rows × |V|) block; this needs one pass over p (``inverse_cdf_sample``: block sums, then a
+  cumulative sum inside one block per row, in float64 where the device has it).
 """
 
 from __future__ import annotations
@@ -22,7 +28,6 @@ import numpy as np
 import torch
 
 _M64 = (1 << 64) - 1
-_M32 = 0xFFFFFFFF
 
 
 def _splitmix64(x: int) -> int:
@@ -47,46 +52,14 @@ def row_keys(seeds: list[int], n_samples: list[int]) -> torch.Tensor:
     )
 
 
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """An avalanche hash of 32-bit values held in int64 (multipliers < 2^31: no overflow)."""
-    x = x ^ (x >> 16)
-    x = (x * 0x7FEB352D) & _M32
-    x = x ^ (x >> 15)
-    x = (x * 0x1B873593) & _M32
-    return x ^ (x >> 16)
-
-
-def _hashed_uniform(keys: torch.Tensor, t: int, vocab_size: int) -> torch.Tensor:
-    """U (N, V) as a vectorised hash of (key, t, token id), 24 random bits (for accelerators)."""
-    lo, hi = keys & _M32, keys >> 32  # (N,)
-    row = _mix32(_mix32(lo ^ ((t * 0x61C88647 + 1) & _M32)) ^ hi)  # (N,)
-    row2 = _mix32(row ^ 0x5BD1E995)
-    tok = _mix32(
-        torch.arange(vocab_size, device=keys.device, dtype=torch.long) * 0x2545F491 & _M32
-    )  # (V,)
-    bits = _mix32(_mix32(row[:, None] ^ tok[None, :]) ^ row2[:, None])  # (N, V)
-    return ((bits >> 8).float() + 0.5) / float(1 << 24)
-
-
 def _generator_uniform(keys: torch.Tensor, t: int, vocab_size: int) -> torch.Tensor:
-    """U (N, V) from one freshly seeded generator per row (CPU: faster than int64 hashing)."""
+    """U (N, V) from one freshly seeded generator per row: the small-vocabulary CPU draws, as
+    ``mt_uniform`` computes them in bulk (kept as their reference)."""
     out = torch.empty(len(keys), vocab_size, device=keys.device)
     for i, k in enumerate(keys.tolist()):
         g = torch.Generator(keys.device).manual_seed(mix_seed(k, t))
         torch.rand(vocab_size, generator=g, device=keys.device, out=out[i])
     return out.clamp_(min=2.0**-60)  # rand may return exactly 0
-
-
-def uniform_noise(keys: torch.Tensor, t: int, vocab_size: int) -> torch.Tensor:
-    """U (N, V) float32 in (0, 1) that depends only on (row key, position t, token id).
-
-    On CPU one generator per row (N small launches are cheap there); on accelerators an
-    integer hash over the whole (N, V) block (one kernel chain instead of N launches). The
-    two give different (equally valid) draws, as CPU and GPU runs differ anyway.
-    """
-    if keys.device.type == "cpu":
-        return _generator_uniform(keys, t, vocab_size)
-    return _hashed_uniform(keys, t, vocab_size)
 
 
 def gumbel_argmax(logp: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -95,8 +68,60 @@ def gumbel_argmax(logp: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def gumbel_sample(logp: torch.Tensor, keys: torch.Tensor, t: int) -> torch.Tensor:
-    """One token per row (N,) from log-probs (N, V): argmax(logp + Gumbel noise of (key, t))."""
-    return gumbel_argmax(logp, uniform_noise(keys.to(logp.device), t, logp.shape[-1]))
+    """One token per row (N,) from log-probs (N, V): argmax(logp + Gumbel noise of (key, t)),
+    the noise from the rows' seeded generators (the small-vocabulary CPU draw)."""
+    return gumbel_argmax(logp, _generator_uniform(keys.cpu(), t, logp.shape[-1]).to(logp.device))
+
+
+# ------------------------------------------------------- one uniform per row: inverse CDF
+
+_BLOCK = 512
+"""Tokens per block of ``inverse_cdf_sample``'s first level."""
+
+
+def row_uniforms(keys: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """u in [0, 1) for every (key, position): (K,) × (T,) → (K, T) float64, 53 random bits each,
+    from ``mix_seed(key, t)`` mixed once more (so it is not the Mersenne-Twister seed)."""
+    with np.errstate(over="ignore"):
+        h = _splitmix64_np(mix_seed_grid(keys, positions))
+    return (h >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def row_uniform(key: int, t: int) -> float:
+    """``row_uniforms`` for one (key, position)."""
+    return (_splitmix64(mix_seed(key, t)) >> 11) * 2.0**-53
+
+
+def inverse_cdf_sample(p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One token per row (N,): the first token whose cumulative probability exceeds u·Σp.
+
+    ``p`` (N, V) non-negative (need not sum to 1; zeros are never drawn), ``u`` (N,) in [0, 1).
+    Two levels, so no (N, V) cumulative sum is materialised: the sums of blocks of ``_BLOCK``
+    tokens locate the block, a cumulative sum inside that block the token. Accumulated in
+    float64 (float32 on devices without it), so u·Σp is placed to ~1e-16 of the total mass.
+    """
+    N, V = p.shape
+    acc = torch.float32 if p.device.type == "mps" else torch.float64
+    B = min(_BLOCK, V)
+    nb, full = -(-V // B), V // B
+    sums = torch.empty(N, nb, dtype=acc, device=p.device)
+    sums[:, :full] = p[:, : full * B].reshape(N, full, B).sum(-1, dtype=acc)
+    if full < nb:
+        sums[:, full] = p[:, full * B:].sum(-1, dtype=acc)
+    cum = sums.cumsum(-1)  # (N, nb)
+    r = u.to(device=p.device, dtype=acc) * cum[:, -1]  # (N,) the mass to pass
+    blk = torch.searchsorted(cum, r[:, None], right=True).squeeze(-1).clamp_(max=nb - 1)
+    before = torch.where(blk > 0, cum.gather(1, (blk - 1).clamp(min=0)[:, None]).squeeze(-1),
+                         torch.zeros((), dtype=acc, device=p.device))
+    cols = blk[:, None] * B + torch.arange(B, device=p.device)  # (N, B)
+    inside = cols < V
+    pb = p.gather(1, cols.clamp(max=V - 1)).to(acc) * inside  # (N, B)
+    j = torch.searchsorted(before[:, None] + pb.cumsum(-1), r[:, None], right=True).squeeze(-1)
+    # Round-off can leave r at or past the block's end (the two sums add in different orders):
+    # then the block's last token with mass, never one without.
+    last = torch.where(pb > 0, torch.arange(B, device=p.device), -1).amax(-1)
+    j = torch.minimum(j, last)
+    return blk * B + j
 
 
 # --------------------------------------------------------------- the CPU draws, vectorised
@@ -168,33 +193,40 @@ def mt_uniform(seeds: np.ndarray, vocab_size: int) -> torch.Tensor:
 
 
 class NoiseStream:
-    """Gumbel-max sampling for a batch of rows over successive positions, rows dropping out.
+    """Counter-based sampling for a batch of rows over successive positions, rows dropping out.
 
-    Draws exactly what ``gumbel_sample(logp, keys, t)`` draws. On CPU with a small vocabulary
-    the noise of the live rows is computed for a block of positions at once (``mt_uniform``);
-    otherwise position by position (``uniform_noise``).
+    Small vocabularies on CPU: Gumbel-max with the rows' Mersenne-Twister noise, computed for a
+    block of positions at once (``mt_uniform``), exactly what ``gumbel_sample`` draws. Otherwise
+    inverse-CDF sampling with one ``row_uniform`` per row and position (``inverse_cdf_sample``).
     """
 
     def __init__(self, keys: torch.Tensor, vocab_size: int, max_len: int):
         self.keys, self.V, self.max_len = keys, vocab_size, max_len
         self.blocked = keys.device.type == "cpu" and vocab_size <= MT_VOCAB_MAX
-        self.block: torch.Tensor | None = None  # (positions, rows, V), position-major
+        self.block: torch.Tensor | None = None  # (positions, rows, V) or (positions, rows)
         self.t0 = 0
 
-    def sample(self, logp: torch.Tensor, t: int) -> torch.Tensor:
-        """One token per live row (n,) at position ``t`` from log-probs (n, V)."""
-        if not self.blocked:
-            return gumbel_sample(logp, self.keys, t)
+    def sample(self, logp: torch.Tensor, t: int, p: torch.Tensor | None = None) -> torch.Tensor:
+        """One token per live row (n,) at position ``t`` from log-probs (n, V); ``p``: their
+        exponentials when the caller has them (the inverse-CDF draw uses probabilities)."""
         if self.block is None or t - self.t0 >= len(self.block):
             n = len(self.keys)
-            width = max(1, min(self.max_len - t, _NOISE_BLOCK_ELEMENTS // max(1, n * self.V)))
-            seeds = mix_seed_grid(self.keys.numpy(), np.arange(t, t + width))  # (n, width)
-            u = mt_uniform(seeds.T.reshape(-1), self.V).view(width, n, self.V)
-            self.block, self.t0 = u.clamp_(min=2.0**-60), t  # as ``_generator_uniform``
-        return gumbel_argmax(logp, self.block[t - self.t0])
+            keys = self.keys.cpu().numpy()
+            if self.blocked:
+                width = max(1, min(self.max_len - t, _NOISE_BLOCK_ELEMENTS // max(1, n * self.V)))
+                seeds = mix_seed_grid(keys, np.arange(t, t + width))  # (n, width)
+                u = mt_uniform(seeds.T.reshape(-1), self.V).view(width, n, self.V)
+                self.block = u.clamp_(min=2.0**-60)  # as ``_generator_uniform``
+            else:
+                u = row_uniforms(keys, np.arange(t, self.max_len))  # (n, width)
+                self.block = torch.from_numpy(np.ascontiguousarray(u.T))
+            self.t0 = t
+        if self.blocked:
+            return gumbel_argmax(logp, self.block[t - self.t0])
+        return inverse_cdf_sample(logp.exp() if p is None else p, self.block[t - self.t0])
 
     def keep(self, rows: torch.Tensor) -> None:
         """Only ``rows`` (indices into the live rows) go on."""
         self.keys = self.keys[rows]
         if self.block is not None:
-            self.block = self.block[:, rows]
+            self.block = self.block[:, rows.cpu()]
