@@ -84,6 +84,17 @@ def test_llama_family_bit_for_bit(lab, cfg, kv):
     assert_same(a, b)
 
 
+@pytest.mark.parametrize("cfg,kv", [(LlamaConfig, 2), (Qwen3Config, 4)])
+def test_prompts_without_padding_bit_for_bit(lab, cfg, kv):
+    # No padding anywhere: transformers drops the mask (sdpa's own causal mask, grouped heads
+    # in the kernel); the lean call must take the same kernels, not an all-zero mask.
+    tok, lab_model, _ = lab
+    ids = [tok(p)["input_ids"] for p in ("3+4=", "5+5=", "1+2=")]
+    assert len({len(i) for i in ids}) == 1
+    assert_same(*both(tok, lab_model, ids, 4))
+    assert_same(*both(tok, tiny(cfg, kv=kv), ids, 3, max_new=10))
+
+
 def test_lower_precision_bit_for_bit(lab):
     tok, _, ids = lab
     model = tiny(Qwen2Config).to(torch.bfloat16)

@@ -205,7 +205,12 @@ class HFEngine:
         # Prefill: the distinct prompts once, then fan the cache and the last logits out to the
         # rows.
         cache = decode_cache(model.config, P + max_new_tokens)
-        call = lean_logits if self.lean and lean_supported(model) else _model_logits
+        call = _model_logits
+        if self.lean and lean_supported(model):
+            padded = not bool(mask_u.all())  # else no row has padding: the lean call needs no mask
+
+            def call(model, ids, mask, pos, cache):
+                return lean_logits(model, ids, mask if padded else None, pos, cache)
         logits = call(model, ids_u, mask_u.long(), position_ids(mask_u), cache)  # (U, V)
         if len(uniq) < N:
             cache.reorder_cache(inv)
@@ -218,7 +223,7 @@ class HFEngine:
         pos = position_ids(mask_u)[inv, -1:] + 1  # (N, 1): position of the first response token
         idx = torch.arange(N, device=device)  # batch row -> output row
         noise = (
-            NoiseStream(keys.to(device), logits.shape[-1], max_new_tokens)
+            NoiseStream(keys, logits.shape[-1], max_new_tokens, device=device)
             if keys is not None
             else None
         )

@@ -71,13 +71,14 @@ def _norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def lean_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+def lean_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                 position_ids: torch.Tensor, cache) -> torch.Tensor:
     """Logits (N, V) of the last position of ``input_ids`` (N, L), appending the keys and values
     to ``cache`` (a ``DynamicCache`` whose layers take ``update(k, v)``, as ``rollout.hf``'s).
 
     ``attention_mask`` (N, past + L) bool or 0/1: the rows' padding over every cached position
-    and the new ones; causality among the new positions is added here.
+    and the new ones, or None when no row has padding (the caller knows; checking here would
+    cost a device sync per token). Causality among the new positions is added here.
     """
     body = model.model
     cfg = model.config
@@ -86,12 +87,14 @@ def lean_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     cos, sin = body.rotary_emb(h, position_ids)  # (N, L, D) each, in h's dtype
     cos, sin = cos[:, None], sin[:, None]
     past = cache.get_seq_length()
-    keep = attention_mask.bool()
-    if L > 1 or not bool(keep.all()):
-        allowed = keep[:, None, None, :].expand(N, 1, L, past + L)
+    causal = L > 1 and attention_mask is None and past == 0  # sdpa's own causal mask
+    if attention_mask is not None or (L > 1 and not causal):
+        allowed = (attention_mask.bool() if attention_mask is not None
+                   else torch.ones(N, past + L, dtype=torch.bool, device=h.device))
+        allowed = allowed[:, None, None, :].expand(N, 1, L, past + L)
         if L > 1:
-            causal = torch.ones(L, past + L, dtype=torch.bool, device=h.device).tril_(past)
-            allowed = allowed & causal
+            allowed = allowed & torch.ones(L, past + L, dtype=torch.bool,
+                                           device=h.device).tril_(past)
         mask = _additive(allowed, h.dtype)
     else:
         mask = None
@@ -120,7 +123,8 @@ def lean_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
             else:
                 k = k[:, :, None].expand(N, kv_heads, rep, *k.shape[2:]).reshape(N, heads, -1, d)
                 v = v[:, :, None].expand(N, kv_heads, rep, *v.shape[2:]).reshape(N, heads, -1, d)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, **gqa)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling,
+                                           is_causal=causal, **gqa)
         if o.shape[1] != heads:
             o = o.reshape(N, heads, L, d)
         h = h + attn.o_proj(o.transpose(1, 2).reshape(N, L, -1).contiguous())

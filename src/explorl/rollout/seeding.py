@@ -200,33 +200,32 @@ class NoiseStream:
     inverse-CDF sampling with one ``row_uniform`` per row and position (``inverse_cdf_sample``).
     """
 
-    def __init__(self, keys: torch.Tensor, vocab_size: int, max_len: int):
-        self.keys, self.V, self.max_len = keys, vocab_size, max_len
-        self.blocked = keys.device.type == "cpu" and vocab_size <= MT_VOCAB_MAX
-        self.block: torch.Tensor | None = None  # (positions, rows, V) or (positions, rows)
+    def __init__(self, keys: torch.Tensor, vocab_size: int, max_len: int,
+                 device: torch.device | str | None = None):
+        device = torch.device(device) if device is not None else keys.device
+        self.keys, self.V, self.max_len = keys.cpu(), vocab_size, max_len
+        self.blocked = device.type == "cpu" and vocab_size <= MT_VOCAB_MAX
+        self.block: torch.Tensor | None = None  # (positions, rows, V) noise or (positions, rows) u
         self.t0 = 0
+        if not self.blocked:  # every position's uniforms at once, moved to the device once
+            u = row_uniforms(self.keys.numpy(), np.arange(max_len))  # (rows, max_len)
+            self.block = torch.from_numpy(np.ascontiguousarray(u.T)).to(device)
 
     def sample(self, logp: torch.Tensor, t: int, p: torch.Tensor | None = None) -> torch.Tensor:
         """One token per live row (n,) at position ``t`` from log-probs (n, V); ``p``: their
         exponentials when the caller has them (the inverse-CDF draw uses probabilities)."""
+        if not self.blocked:
+            return inverse_cdf_sample(logp.exp() if p is None else p, self.block[t])
         if self.block is None or t - self.t0 >= len(self.block):
             n = len(self.keys)
-            keys = self.keys.cpu().numpy()
-            if self.blocked:
-                width = max(1, min(self.max_len - t, _NOISE_BLOCK_ELEMENTS // max(1, n * self.V)))
-                seeds = mix_seed_grid(keys, np.arange(t, t + width))  # (n, width)
-                u = mt_uniform(seeds.T.reshape(-1), self.V).view(width, n, self.V)
-                self.block = u.clamp_(min=2.0**-60)  # as ``_generator_uniform``
-            else:
-                u = row_uniforms(keys, np.arange(t, self.max_len))  # (n, width)
-                self.block = torch.from_numpy(np.ascontiguousarray(u.T))
-            self.t0 = t
-        if self.blocked:
-            return gumbel_argmax(logp, self.block[t - self.t0])
-        return inverse_cdf_sample(logp.exp() if p is None else p, self.block[t - self.t0])
+            width = max(1, min(self.max_len - t, _NOISE_BLOCK_ELEMENTS // max(1, n * self.V)))
+            seeds = mix_seed_grid(self.keys.numpy(), np.arange(t, t + width))  # (n, width)
+            u = mt_uniform(seeds.T.reshape(-1), self.V).view(width, n, self.V)
+            self.block, self.t0 = u.clamp_(min=2.0**-60), t  # as ``_generator_uniform``
+        return gumbel_argmax(logp, self.block[t - self.t0])
 
     def keep(self, rows: torch.Tensor) -> None:
         """Only ``rows`` (indices into the live rows) go on."""
-        self.keys = self.keys[rows]
+        self.keys = self.keys[rows.cpu()]
         if self.block is not None:
-            self.block = self.block[:, rows.cpu()]
+            self.block = self.block[:, rows.to(self.block.device)]
