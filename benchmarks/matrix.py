@@ -158,7 +158,7 @@ def run_explorl(spec: dict) -> dict:
         cfg = explorl_config(
             spec["prompts"], SAMPLES, spec["warmup"] + spec["steps"], spec["length"]
         )
-    cpu, calls = [], []
+    cpu, calls, gen_cpu = [], [], []  # gen_cpu: this process's CPU s in sampling, per step
     with tempfile.TemporaryDirectory() as out:
         t = Trainer(cfg, out)
         if spec.get("length"):  # no EOS before the length limit: every response is R tokens
@@ -172,7 +172,9 @@ def run_explorl(spec: dict) -> dict:
         generate = t.engine.generate
 
         def recording(*a, **k):
+            c0 = time.process_time()
             ro = generate(*a, **k)
+            gen_cpu[-1] += time.process_time() - c0
             p_len, r_len = ro.prompt_mask.sum(-1).tolist(), ro.response_mask.sum(-1).tolist()
             groups: dict[int, tuple[int, list[int]]] = {}
             for i, g in enumerate(ro.prompt_index.tolist()):
@@ -183,6 +185,7 @@ def run_explorl(spec: dict) -> dict:
         t.engine.generate = recording
         for i in range(spec["warmup"] + spec["steps"]):
             calls.append([])
+            gen_cpu.append(0.0)
             c0 = cpu_seconds()
             t.train_step()
             if i >= spec["warmup"]:
@@ -196,11 +199,14 @@ def run_explorl(spec: dict) -> dict:
     tokens = statistics.median(sum(p + sum(r) for p, r in call) / mb for c in kept for call in c)
     rate_sample, rate_train = matmul_rate(dims, rows, False), matmul_rate(dims, tokens, True)
     floor = [s / rate_sample + tr / rate_train for s, tr in flops]
+    floor_sample = [s / rate_sample for s, _ in flops]
     resp = [r for c in kept for call in c for _, rs in call for r in rs]
     return {
         "cpu_s": cpu,
         "flops": [s + tr for s, tr in flops],
         "floor_s": floor,
+        "floor_sample_s": floor_sample,
+        "sample_cpu_s": gen_cpu[spec["warmup"]:],
         "rate_gflops": [rate_sample / 1e9, rate_train / 1e9],
         "mean_response": statistics.mean(resp),
         "peak_rss_mb": peak_rss_mb(),
@@ -412,18 +418,27 @@ def quickstart(args, src: str) -> None:
     print(
         "\n| side | CPU ms/step (min / median / max of rep medians) | floor ms | GFLOP/step "
         "| matmul GFLOP/s "
-        "(sample, train) | step / floor | peak RSS |"
+        "(sample, train) | step / floor | sampling ms / floor | rest ms / floor | peak RSS |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for side, rs in runs.items():
         med = [statistics.median(r["cpu_s"]) for r in rs]
         floor = [statistics.median(r["floor_s"]) for r in rs]
         rates = [statistics.median(r["rate_gflops"][k] for r in rs) for k in (0, 1)]
         gflop = statistics.median(f for r in rs for f in r["flops"]) / 1e9
+        if all("sample_cpu_s" in r for r in rs):  # the step split into sampling and the rest
+            samp = statistics.median(statistics.median(r["sample_cpu_s"]) for r in rs)
+            f_samp = statistics.median(statistics.median(r["floor_sample_s"]) for r in rs)
+            rest = statistics.median(med) - samp
+            split = (f"{samp * 1e3:.1f} / {f_samp * 1e3:.1f} ({samp / f_samp:.1f}×) | "
+                     f"{rest * 1e3:.1f} / {(statistics.median(floor) - f_samp) * 1e3:.1f} "
+                     f"({rest / (statistics.median(floor) - f_samp):.1f}×)")
+        else:
+            split = "— | —"
         print(
             f"| {side} | {mmm(med, 1e3)} | {statistics.median(floor) * 1e3:.1f} | {gflop:.2f} | "
             f"{rates[0]:.0f}, {rates[1]:.0f} | "
-            f"{mmm([m / f for m, f in zip(med, floor)], 1, '.1f')} | "
+            f"{mmm([m / f for m, f in zip(med, floor)], 1, '.1f')} | {split} | "
             f"{max(r['peak_rss_mb'] for r in rs):.0f} MB |"
         )
 

@@ -230,7 +230,9 @@ class HFEngine:
         alive = torch.ones(N, dtype=torch.bool, device=device)  # per batch row
         n_steps = 0
         for t in range(max_new_tokens):
-            z = logits.float() * scale  # (n, V) at the sampling temperature
+            z = logits.float()  # (n, V) at the sampling temperature (×1: a pass for nothing)
+            if scale != 1.0:
+                z = z * scale
             logp_all = torch.log_softmax(z, dim=-1)
             p_all = logp_all.exp()
             # Entropy at the sampling temperature: the quantity E3's scheduler and the metrics use.
