@@ -40,7 +40,8 @@ BASE = {
     "eval": {"every": 2},
     "log": {"checkpoint_every": 2},
 }
-# The E3 controllers with EEPO, DAPO dynamic sampling and uneven micro-batches: budgets over the
+# The E3 controllers with EEPO, DAPO dynamic sampling and uneven micro-batches (3 rows or 24
+# tokens, in the update and the old-log-prob recompute, over several rounds): budgets over the
 # global batch (n_min 2 so they differ per prompt after the first epoch), the temperature
 # scheduler on the global entropy, the EEPO gate and its unlearning step (alpha = 10 keeps it
 # open), ranks keeping different numbers of groups and running idle passes.
@@ -53,8 +54,8 @@ CONTROLLERS = {
         "budget": {"enabled": True, "n_min_limit": 2, "n_max_limit": 8},
         "eepo": {"enabled": True, "alpha": 10.0},
     },
-    "algorithm": {"dynamic_sampling": True},
-    "optim": {"mini_batches": 2, "micro_batch_size": 3},
+    "algorithm": {"dynamic_sampling": True, "old_logp": "recompute"},
+    "optim": {"mini_batches": 2, "micro_batch_size": 3, "micro_batch_tokens": 24},
 }
 
 
@@ -211,7 +212,8 @@ def test_counter_based_sampling_ignores_the_batch_and_samples_p(V):
 
 
 def test_cov_loss_selection_pre_pass_on_two_processes(tiny_model, tmp_path):
-    """KL-Cov over mini-batches split into uneven micro-batches (3 rows): the selection pre-pass
+    """KL-Cov over mini-batches split into uneven micro-batches (3 rows or 24 tokens): the
+    selection pre-pass
     runs as many forwards on every rank as the busiest one, so FSDP's collectives stay matched.
     Selecting every token (ratio 1) makes the selection independent of how rows are sharded, so
     2 processes must train exactly as 1 (with a partial ratio each rank selects over its share,
@@ -221,7 +223,8 @@ def test_cov_loss_selection_pre_pass_on_two_processes(tiny_model, tmp_path):
         {
             **BASE,
             "algorithm": {"loss": "kl_cov", "kl_cov_ratio": 1.0},
-            "optim": {"mini_batches": 2, "ppo_epochs": 2, "micro_batch_size": 3},
+            "optim": {"mini_batches": 2, "ppo_epochs": 2, "micro_batch_size": 3,
+                      "micro_batch_tokens": 24},
         },
     )
     _launch("torchrun", cfg, tmp_path / "two", "dist.strategy=fsdp")

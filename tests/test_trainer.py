@@ -539,3 +539,40 @@ def test_resume_at_another_thread_count_warns(make_config, tmp_path, caplog):
         assert len(msgs) == 1 and f"OMP_NUM_THREADS={threads}" in msgs[0]
     finally:
         torch.set_num_threads(threads)
+
+
+def test_micro_batch_sizes_by_rows_and_tokens():
+    from explorl.update import micro_batch_sizes
+
+    assert micro_batch_sizes([5] * 7, 3, None) == [3, 3, 1]
+    assert micro_batch_sizes([4, 4, 4, 9, 1, 1], 64, 10) == [2, 1, 2, 1]  # 4+4 | 4 | 9+1 | 1
+    assert micro_batch_sizes([12, 3, 3], 64, 10) == [1, 2]  # longer than the budget: its own
+    assert micro_batch_sizes([3, 3, 3, 3], 2, 100) == [2, 2]  # the row limit still holds
+    assert micro_batch_sizes([], 4, 10) == []
+
+
+def test_micro_batch_tokens_splits_the_update_not_the_result(make_config, tmp_path):
+    # A token budget only changes how the mini-batch is cut for gradient accumulation: the
+    # run equals the one-micro-batch run up to float summation order, with more passes.
+    def run(name, optim):
+        cfg = make_config({"max_steps": 2, "eval": {"every": 0},
+                           "algorithm": {"old_logp": "recompute"}, "optim": optim})
+        t = Trainer(cfg, tmp_path / name)
+        calls = []
+        scorer_forward = t.scorer.forward
+
+        def counting(*a, **k):
+            calls.append(int(a[3].shape[0]))
+            return scorer_forward(*a, **k)
+
+        t.scorer.forward = counting
+        t.train()
+        return _strip(read_metrics(tmp_path / name)), calls
+
+    whole, calls_whole = run("whole", {"micro_batch_size": 64})
+    split, calls_split = run("split", {"micro_batch_size": 64, "micro_batch_tokens": 24})
+    assert max(calls_whole) == 16 and len(calls_split) > len(calls_whole)
+    assert sum(calls_split) == sum(calls_whole) and max(calls_split) < 16
+    for a, b in zip(whole, split):
+        for k in ("reward/mean", "loss/policy", "grad/norm", "entropy/mean"):
+            assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k

@@ -50,6 +50,7 @@ def response_stats(ro: Rollouts, scores: torch.Tensor, rewards: torch.Tensor, ra
         "reward": rewards.double(),
         "score": scores.double(),
         "length": mask.sum(-1).long(),
+        "prompt_length": ro.prompt_mask.cpu().sum(-1).long(),
         "entropy_sum": (ro.entropy.cpu() * mask).sum(-1).double(),
         "logp_sum": (ro.old_logp.cpu() * mask).sum(-1).double(),
         "truncated": ro.truncated.cpu().bool()

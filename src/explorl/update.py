@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 from types import SimpleNamespace
 
 import torch
@@ -73,6 +72,22 @@ def needs_recompute(cfg: RunConfig, engine, device: torch.device) -> bool:
     return mode == "recompute" or (mode == "auto" and not exact)
 
 
+def micro_batch_sizes(tokens: list[int], max_rows: int, max_tokens: int | None) -> list[int]:
+    """Sizes of consecutive micro-batches over rows with these token counts: at most
+    ``max_rows`` rows and ``max_tokens`` tokens each (``optim.micro_batch_size`` / ``_tokens``);
+    a row longer than ``max_tokens`` gets a micro-batch of its own."""
+    sizes: list[int] = []
+    rows = used = 0
+    for n in tokens:
+        if rows and (rows == max_rows or (max_tokens is not None and used + n > max_tokens)):
+            sizes.append(rows)
+            rows = used = 0
+        rows, used = rows + 1, used + n
+    if rows:
+        sizes.append(rows)
+    return sizes
+
+
 def _add(sums: dict, key: str, value: torch.Tensor) -> None:
     sums[key] = sums.get(key, 0) + value
 
@@ -101,6 +116,16 @@ class PolicyUpdate:
         )
         self.scaler = torch.amp.GradScaler(self.device.type) if fp16 else None
 
+    def _micro_plan(self, rows: dict, idx: torch.Tensor) -> tuple[list[int], int]:
+        """This rank's micro-batch sizes over its rows among the global rows ``idx`` (in that
+        order), and the most micro-batches any rank has (every rank runs that many passes)."""
+        o = self.cfg.optim
+        tokens = rows["length"][idx] + rows["prompt_length"][idx]
+        rank = rows["rank"][idx]
+        plans = [micro_batch_sizes(tokens[rank == r].tolist(), o.micro_batch_size,
+                                   o.micro_batch_tokens) for r in range(self.dist.world_size)]
+        return plans[self.dist.rank], max(len(p) for p in plans)
+
     @torch.no_grad()
     def recompute(
         self, ro: Rollouts, sb: StepBatch, temperature: float
@@ -114,10 +139,9 @@ class PolicyUpdate:
         log-prob sums are updated with one gather. Returns the sampler-vs-trainer gap
         (``rollout/logp_diff_max``, ``rollout/logp_diff_mean`` over valid tokens).
         """
-        a, mbs, W = self.cfg.algorithm, self.cfg.optim.micro_batch_size, self.dist.world_size
-        per_rank = torch.bincount(sb.rows["rank"], minlength=W)
-        n_micro = int(max(math.ceil(int(c) / mbs) for c in per_rank))
-        chunks = torch.arange(len(ro)).split(mbs) if len(ro) else ()
+        a = self.cfg.algorithm
+        sizes, n_micro = self._micro_plan(sb.rows, torch.arange(len(sb.rows["rank"])))
+        chunks = torch.arange(len(ro)).split(sizes) if len(ro) else ()
         logps, ents = [], []
         for k in range(n_micro):
             if k < len(chunks):
@@ -200,11 +224,10 @@ class PolicyUpdate:
                     max_len=max_len,
                 )
                 mine = local_row[mb]
-                micros = mine[mine >= 0].split(o.micro_batch_size)
                 # Every rank runs as many forward/backward passes as the busiest one: only the last
                 # synchronises gradients (DDP), and FSDP gathers weights in every pass.
-                per_rank = torch.bincount(rows["rank"][mb], minlength=W)
-                n_micro = int(max(math.ceil(int(c) / o.micro_batch_size) for c in per_rank))
+                sizes, n_micro = self._micro_plan(rows, mb)
+                micros = list(mine[mine >= 0].split(sizes)) if sizes else []
                 selections = self._select_tokens(ro, adv, micros, n_micro, knobs, lcfg)
                 weights = [None] * len(micros)
                 if a.entropy_mask_ratio:

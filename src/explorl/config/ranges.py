@@ -70,6 +70,7 @@ RANGES: dict[str, str] = {
     "optim.ppo_epochs": "[1, 1000]",
     "optim.mini_batches": "[1, 1048576]",
     "optim.micro_batch_size": "[1, 1048576]",
+    "optim.micro_batch_tokens": "[1, 2147483647]",
     "optim.max_bad_steps": "[1, 1000000]",
     "control.temperature.t_min": _TEMPERATURE,
     "control.temperature.t_max": _TEMPERATURE,

@@ -284,10 +284,11 @@ class OptimConfig:
     beta2: float = 0.999
     """AdamW β2."""
     fused: bool | None = None
-    """Fused AdamW (one kernel for every parameter). None: on CUDA with replicated parameters,
-    off on CPU, where the per-parameter path reproduces the committed lab figures bit for bit
-    (fused rounds differently in the last bit: ~1 parameter in 10⁵ per step). true: also on CPU
-    (~2 ms less per optimizer step on the lab model). false: never. Never with FSDP's shards."""
+    """Fused AdamW (one kernel for every parameter). None: on CUDA with replicated parameters;
+    on CPU the multi-tensor (foreach) path, which reproduces the committed lab figures bit for
+    bit (fused rounds differently in the last bit: ~1 parameter in 10⁵ per step). true: also on
+    CPU (~2.5 ms less per optimizer step on the lab model). false: never. Never with FSDP's
+    shards."""
     warmup_steps: int = 0
     """Linear learning-rate warm-up steps (then constant)."""
     max_grad_norm: float = 1.0
@@ -298,6 +299,13 @@ class OptimConfig:
     """Optimizer steps per pass (the rollout batch is split into this many mini-batches)."""
     micro_batch_size: int = 64
     """Most responses per forward/backward (gradient accumulation inside a mini-batch)."""
+    micro_batch_tokens: Optional[int] = None
+    """Most tokens per forward/backward, counted as prompt + response per response (an upper
+    bound: the packed layout encodes a shared prompt once). A micro-batch also ends before the
+    response that would pass it; a longer response gets one of its own. Bounds memory when
+    lengths vary (a GPU can then take ``micro_batch_size`` in the hundreds: one 64-response
+    micro-batch per pass cost explorl half its speed against TRL on a 0.5B model,
+    benchmarks/README.md). Applies to the update and the old-log-prob pass; None: rows only."""
     max_bad_steps: int = 3
     """Stop the run after this many consecutive steps whose loss, gradient or rewards were not
     finite (each such step leaves the weights untouched and counts in ``train/skipped_steps``)."""
