@@ -208,8 +208,9 @@ class NoiseStream:
         self.block: torch.Tensor | None = None  # (positions, rows, V) noise or (positions, rows) u
         self.t0 = 0
         if not self.blocked:  # every position's uniforms at once, moved to the device once
-            u = row_uniforms(self.keys.numpy(), np.arange(max_len))  # (rows, max_len)
-            self.block = torch.from_numpy(np.ascontiguousarray(u.T)).to(device)
+            u = torch.from_numpy(np.ascontiguousarray(  # (max_len, rows)
+                row_uniforms(self.keys.numpy(), np.arange(max_len)).T))
+            self.block = u.to(device, torch.float32 if device.type == "mps" else torch.float64)
 
     def sample(self, logp: torch.Tensor, t: int, p: torch.Tensor | None = None) -> torch.Tensor:
         """One token per live row (n,) at position ``t`` from log-probs (n, V); ``p``: their
