@@ -20,6 +20,7 @@ import torch
 
 from explorl.algorithms.logprobs import logprobs_from_hidden, logprobs_from_logits
 from explorl.rollout.hf import position_ids
+from explorl.rollout.lean import additive_mask
 
 
 def takes_custom_mask(model: torch.nn.Module) -> bool:
@@ -40,16 +41,6 @@ def takes_custom_mask(model: torch.nn.Module) -> bool:
     if layer_types is not None:
         return all(t == "full_attention" for t in layer_types)
     return getattr(cfg, "sliding_window", None) is None
-
-
-def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A boolean "may attend" mask as an additive one: 0 where allowed, the dtype's minimum
-    elsewhere.
-
-    The minimum rather than −inf keeps a fully masked row (padding) finite in the softmax.
-    """
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
-        ~allowed, torch.finfo(dtype).min)
 
 
 _PACK_LENGTH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its pack_length

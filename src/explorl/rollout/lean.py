@@ -56,8 +56,10 @@ def lean_supported(model: torch.nn.Module) -> bool:
     return True
 
 
-def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """0 where allowed, the dtype's minimum elsewhere (finite: a padding row stays finite)."""
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean "may attend" mask as an additive one: 0 where allowed, the dtype's minimum
+    elsewhere (the minimum rather than −inf keeps a fully masked row, padding, finite in the
+    softmax). Also the packed training layout's mask (``explorl.forward``)."""
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
         ~allowed, torch.finfo(dtype).min)
 
@@ -95,7 +97,7 @@ def lean_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | N
         if L > 1:
             allowed = allowed & torch.ones(L, past + L, dtype=torch.bool,
                                            device=h.device).tril_(past)
-        mask = _additive(allowed, h.dtype)
+        mask = additive_mask(allowed, h.dtype)
     else:
         mask = None
     heads = cfg.num_attention_heads
