@@ -293,6 +293,9 @@ def test_inverse_cdf_sample_is_the_brute_force_inverse_cdf(V):
     got = inverse_cdf_sample(p, u)
     assert torch.equal(got, ref)
     assert bool((p.gather(1, got[:, None]) > 0).all())
+    bad = torch.full((2, V), float("nan"))  # a row without finite mass still gets a token id
+    tok = inverse_cdf_sample(bad, u[:2])
+    assert bool(((tok >= 0) & (tok < V)).all())
     edge = torch.tensor([[0.25, 0.0, 0.75, 0.0]])
     for uu, tok in ((0.0, 0), (0.25, 2), (1 - 2**-53, 2)):
         assert inverse_cdf_sample(edge, torch.tensor([uu], dtype=torch.float64)).item() == tok

@@ -121,7 +121,7 @@ def inverse_cdf_sample(p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     # then the block's last token with mass, never one without.
     last = torch.where(pb > 0, torch.arange(B, device=p.device), -1).amax(-1)
     j = torch.minimum(j, last)
-    return blk * B + j
+    return (blk * B + j).clamp_(0, V - 1)  # in range even for rows without finite mass (NaN)
 
 
 # --------------------------------------------------------------- the CPU draws, vectorised
