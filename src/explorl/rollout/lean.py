@@ -20,6 +20,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+try:  # transformers >= 4.56: caches made of per-layer objects, which ``lean_logits`` updates
+    from transformers.cache_utils import DynamicLayer
+except ImportError:
+    DynamicLayer = None
+
 _ARCHS = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 _GQA_KWARG = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
 
@@ -50,6 +55,14 @@ def lean_supported(model: torch.nn.Module) -> bool:
     body = getattr(model, "model", None)
     if body is None or not hasattr(body, "layers") or not hasattr(body, "rotary_emb"):
         return False
+    if DynamicLayer is None:  # transformers < 4.56: caches without per-layer objects
+        return False
+    for layer in body.layers:  # the attributes this module reads (older transformers lack some)
+        attn = layer.self_attn
+        if not all(hasattr(attn, a) for a in ("scaling", "head_dim", "q_proj", "o_proj")):
+            return False
+        if not hasattr(layer.input_layernorm, "variance_epsilon"):
+            return False
     for p in model.parameters():  # sharded (DTensor) or offloaded weights: the module must run
         if type(p) is not torch.nn.Parameter or p.device.type == "meta":
             return False
