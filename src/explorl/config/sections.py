@@ -303,9 +303,10 @@ class OptimConfig:
     """Most tokens per forward/backward, counted as prompt + response per response (an upper
     bound: the packed layout encodes a shared prompt once). A micro-batch also ends before the
     response that would pass it; a longer response gets one of its own. Bounds memory when
-    lengths vary (a GPU can then take ``micro_batch_size`` in the hundreds: one 64-response
-    micro-batch per pass cost explorl half its speed against TRL on a 0.5B model,
-    benchmarks/README.md). Applies to the update and the old-log-prob pass; None: rows only."""
+    lengths vary, so a GPU can take ``micro_batch_size`` in the hundreds (on a 0.5B model,
+    64-response passes plus the bf16 old-log-prob pass left explorl at 0.45–1.08× TRL's speed,
+    one pass at 0.74–1.26×: benchmarks/README.md). Applies to the update and the old-log-prob
+    pass; None: rows only."""
     max_bad_steps: int = 3
     """Stop the run after this many consecutive steps whose loss, gradient or rewards were not
     finite (each such step leaves the weights untouched and counts in ``train/skipped_steps``)."""
