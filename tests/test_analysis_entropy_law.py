@@ -112,3 +112,13 @@ def test_public_api():
     assert sorted(explorl.analysis.__all__) == [
         "EntropyLawFit", "FitError", "fit_entropy_law", "fit_run", "make_report", "plot_fit",
         "write_fit"]
+
+
+def test_formula_resolves_the_signs():
+    # A law fitted across runs can increase with entropy (a < 0) or sit below 0 (b < 0): the
+    # text must not read "−-0.346·e^H + -0.053".
+    fit = fit_entropy_law([0.1, 0.2, 0.3], [0.5, 0.4, 0.3])
+    fit.a, fit.b = 0.346, -0.053
+    assert fit.formula(".3f", "e^H") == "R = −0.346·e^H − 0.053"
+    fit.a, fit.b = -0.216, 0.073
+    assert fit.formula(".3f") == "R = 0.216·exp(H) + 0.073"

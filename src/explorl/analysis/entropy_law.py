@@ -50,6 +50,12 @@ class EntropyLawFit:
         """Predicted validation accuracy at mean token entropy ``entropy`` (nats)."""
         return -self.a * math.exp(entropy) + self.b
 
+    def formula(self, fmt: str = ".3g", exp: str = "exp(H)") -> str:
+        """The fitted law as text with its signs resolved: ``R = −0.35·exp(H) − 0.05`` for
+        a = 0.35, b = −0.05, and ``R = 0.2·exp(H) + 0.6`` for a = −0.2 (an increasing law)."""
+        slope = f"{'−' if self.a > 0 else ''}{abs(self.a):{fmt}}·{exp}"
+        return f"R = {slope} {'−' if self.b < 0 else '+'} {abs(self.b):{fmt}}"
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -168,7 +174,7 @@ def plot_fit(fit: EntropyLawFit, path: str | Path) -> Path:
     pad = 0.05 * (hi - lo) if hi > lo else 0.05
     grid = [lo - pad + i * (hi - lo + 2 * pad) / 199 for i in range(200)]
     ax.plot(grid, [fit.predict(h) for h in grid], color="C0",
-            label=f"fit R = −{fit.a:.3g}·exp(H) + {fit.b:.3g}  (R² = {fit.r2:.3f})")
+            label=f"fit {fit.formula()}  (R² = {fit.r2:.3f})")
     ax.scatter(H[:n], R[:n], color="C0", zorder=3, label=f"fitted points (first {n})")
     if n < fit.n_total:
         ax.scatter(H[n:], R[n:], color="C3", marker="s", zorder=3,

@@ -140,7 +140,7 @@ def _draw_pooled(groups: dict[str, list[Run]], ev, out_dir: Path) -> str:
     fit = ev.law["fit"]
     grid = sorted(H)
     ax.plot(grid, [fit.predict(h) for h in grid], color="C3",
-            label=f"R = −{fit.a:.3f}·e^H + {fit.b:.3f} (R² = {fit.r2:.2f})")
+            label=f"{fit.formula('.3f', 'e^H')} (R² = {fit.r2:.2f})")
     ax.set_title("Claim 7a: one law across every run of the study")
     ax.set_xlabel("training-batch entropy H at the validation step (nats)")
     ax.set_ylabel("validation accuracy")
