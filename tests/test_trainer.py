@@ -576,3 +576,41 @@ def test_micro_batch_tokens_splits_the_update_not_the_result(make_config, tmp_pa
     for a, b in zip(whole, split):
         for k in ("reward/mean", "loss/policy", "grad/norm", "entropy/mean"):
             assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
+
+
+def test_gradient_checkpointing_recomputes_layers_and_changes_nothing(make_config, tmp_path):
+    # Checkpointing trades memory for a second forward of each layer in the backward: the run's
+    # metrics and final weights are the same bit for bit, and each layer's MLP runs twice per
+    # loss pass in train mode (the sampler, in eval mode, runs it once).
+    def run(name, on):
+        cfg = make_config({"max_steps": 2, "eval": {"every": 0},
+                           "model": {"gradient_checkpointing": on}})
+        t = Trainer(cfg, tmp_path / name)
+        calls = {"train": 0}
+
+        def count(module, args):
+            if torch.is_grad_enabled() and module.training:
+                calls["train"] += 1
+
+        t.policy.model.layers[0].mlp.register_forward_pre_hook(count)
+        t.train()
+        return _strip(read_metrics(tmp_path / name)), _weights(t.policy), calls["train"]
+
+    plain, w_plain, n_plain = run("plain", False)
+    ckpt, w_ckpt, n_ckpt = run("ckpt", True)
+    assert n_plain > 0 and n_ckpt == 2 * n_plain
+    assert ckpt == plain
+    for k in w_plain:
+        assert torch.equal(w_plain[k], w_ckpt[k]), k
+
+
+def test_gradient_checkpointing_on_a_model_without_it_is_a_config_error(make_config, tmp_path,
+                                                                        monkeypatch):
+    from transformers.models.llama.modeling_llama import LlamaPreTrainedModel
+
+    from explorl.errors import ConfigError
+
+    monkeypatch.setattr(LlamaPreTrainedModel, "supports_gradient_checkpointing", False)
+    cfg = make_config({"model": {"gradient_checkpointing": True}})
+    with pytest.raises(ConfigError, match="model.gradient_checkpointing"):
+        Trainer(cfg, tmp_path / "run")

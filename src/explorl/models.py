@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from explorl.config import ModelConfig
 from explorl.data.files import tokenize_prompts
-from explorl.errors import ModelPathError
+from explorl.errors import ConfigError, ModelPathError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -117,7 +117,26 @@ def load_model(
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
+    if cfg.gradient_checkpointing and not frozen:
+        enable_checkpointing(model, path)
     return model
+
+
+def enable_checkpointing(model: torch.nn.Module, path) -> None:
+    """transformers' activation checkpointing, non-reentrant (``model.gradient_checkpointing``).
+
+    It applies in train mode only: the sampler and validation (eval mode, KV cache) run the
+    layers as they are, and the loss pass (train mode, no cache) recomputes each layer in the
+    backward. Non-reentrant checkpointing works with DDP/FSDP and inputs without gradients.
+    """
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ConfigError(f"model.gradient_checkpointing: {type(model).__name__} (from {path}) "
+                          "does not support gradient checkpointing; set it to false")
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x's name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def render_prompt(tokenizer, prompt, use_chat_template: bool) -> list[int]:

@@ -34,6 +34,12 @@ class ModelConfig:
     device: str = "auto"
     """``auto`` (CUDA if available, else CPU), or a torch device string such as
     ``cpu``/``cuda:1``."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward instead of keeping them
+    (transformers' non-reentrant checkpointing; the policy only, training passes only): the
+    loss pass holds one layer's activations instead of all of them, for ~1/3 more compute.
+    The same gradients bit for bit. For long responses or large micro-batches on a GPU
+    (``optim.micro_batch_tokens``); the model must support it (transformers' own do)."""
     use_chat_template: bool = True
     """Render prompts with the tokenizer's chat template when it has one."""
 

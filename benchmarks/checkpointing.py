@@ -1,0 +1,128 @@
+"""Memory and compute of the loss pass with and without ``model.gradient_checkpointing``.
+
+One micro-batch through explorl's loss forward (``forward.response_logprobs``: the packed layout,
+G responses per prompt, chunked log-prob and entropy) and its backward, on a random-init
+Llama-shaped model, with transformers' non-reentrant checkpointing off and on. Each side runs
+in its own subprocess (so neither inherits the other's peak) and reports its peak resident set
+size above what it held before the pass (weights, optimizer-free), its CPU seconds per pass, and
+whether the gradients equal the other side's bit for bit (a checksum). Figures only.
+
+    .venv/bin/python benchmarks/checkpointing.py          # d 512, 8 layers, 4 × 8 × ≤ 512 tokens
+    .venv/bin/python benchmarks/checkpointing.py --small    # seconds
+    .venv/bin/python benchmarks/checkpointing.py --prompts 4 --samples 8 --length 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+SHAPES = {
+    "default": {"hidden": 512, "layers": 8, "heads": 8, "ffn": 1536, "vocab": 32000},
+    "small": {"hidden": 128, "layers": 4, "heads": 4, "ffn": 384, "vocab": 2000},
+}
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def worker(spec: dict) -> dict:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from explorl.forward import response_logprobs
+    from explorl.models import enable_checkpointing
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    s = spec["shape"]
+    cfg = LlamaConfig(hidden_size=s["hidden"], num_hidden_layers=s["layers"],
+                      num_attention_heads=s["heads"], num_key_value_heads=s["heads"],
+                      intermediate_size=s["ffn"], vocab_size=s["vocab"],
+                      max_position_embeddings=4096, attn_implementation="sdpa")
+    model = LlamaForCausalLM(cfg).train()
+    if spec["checkpointing"]:
+        enable_checkpointing(model, "random init")
+    P, G, R = spec["prompt"], spec["samples"], spec["length"]
+    g = torch.Generator().manual_seed(1)
+    prompts = torch.randint(3, s["vocab"], (spec["prompts"], P), generator=g)
+    prompt_ids = prompts.repeat_interleave(G, 0)
+    prompt_mask = torch.ones_like(prompt_ids, dtype=torch.bool)
+    response_ids = torch.randint(3, s["vocab"], (len(prompt_ids), R), generator=g)
+    # Lengths from R/4 to R, so that packing has work to do.
+    lengths = torch.randint(R // 4, R + 1, (len(prompt_ids),), generator=g)
+    response_mask = torch.arange(R)[None] < lengths[:, None]
+
+    def once():
+        logp, ent = response_logprobs(model, prompt_ids, prompt_mask, response_ids,
+                                      response_mask, 1.0)
+        (-(logp * response_mask).sum() - 0.01 * (ent * response_mask).sum()).backward()
+
+    base = peak_rss_mb()
+    c0 = time.process_time()
+    once()
+    first = time.process_time() - c0
+    peak = peak_rss_mb()
+    times = [first]
+    for _ in range(spec["reps"] - 1):
+        model.zero_grad(set_to_none=True)
+        c0 = time.process_time()
+        once()
+        times.append(time.process_time() - c0)
+    checksum = sum(float(p.grad.double().sum()) + float(p.grad.double().abs().sum())
+                   for p in model.parameters() if p.grad is not None)
+    return {"above_mb": peak - base, "base_mb": base, "cpu_s": sorted(times)[len(times) // 2],
+            "checksum": checksum, "tokens": int(response_mask.sum())}
+
+
+def run(spec: dict) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(out.stderr[-2000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--small", action="store_true", help="a 1M-parameter model, short sequences")
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--prompt", type=int, default=64, help="prompt tokens")
+    p.add_argument("--length", type=int, default=512, help="longest response (R/4 … R)")
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return
+    shape = SHAPES["small" if args.small else "default"]
+    length = 64 if args.small else args.length
+    print(f"model {shape}; {args.prompts} prompts × {args.samples} samples, prompt {args.prompt}"
+          f" tokens, responses {length // 4}–{length} tokens; one torch thread; CPU time")
+    rows = {}
+    for on in (False, True):
+        rows[on] = run({"shape": shape, "checkpointing": on, "prompts": args.prompts,
+                        "samples": args.samples, "prompt": args.prompt, "length": length,
+                        "reps": args.reps})
+    print(f"response tokens per pass: {rows[False]['tokens']}\n")
+    print("| gradient_checkpointing | peak RSS above the weights (MB) | CPU s per pass "
+          "| gradients |")
+    print("|---|---|---|---|")
+    for on, r in rows.items():
+        same = "reference" if not on else (
+            "same bit for bit" if r["checksum"] == rows[False]["checksum"] else
+            f"differ (checksum {r['checksum']:.6g} vs {rows[False]['checksum']:.6g})")
+        print(f"| {str(on).lower()} | {r['above_mb']:.0f} | {r['cpu_s']:.2f} | {same} |")
+    a, b = rows[False], rows[True]
+    print(f"\ncheckpointing: {b['above_mb'] / max(a['above_mb'], 1e-9):.2f}× the memory, "
+          f"{b['cpu_s'] / a['cpu_s']:.2f}× the CPU time")
+
+
+if __name__ == "__main__":
+    main()
