@@ -319,8 +319,11 @@ def main() -> None:
     p.add_argument(
         "--variant",
         nargs="+",
+        action="append",
+        default=[],
         metavar="KEY=VALUE",
-        help="with --quickstart: also time this tree with these overrides (e.g. optim.fused=true)",
+        help="with --quickstart: also time this tree with these overrides (e.g. optim.fused=true);"
+        " repeat for more sides",
     )
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -396,7 +399,7 @@ def quickstart(args, src: str) -> None:
     sides = {
         "explorl": (src, []),
         **{f"explorl-ref{i + 1}": (str(Path(r).resolve()), []) for i, r in enumerate(args.ref_src)},
-        **({" ".join(args.variant): (src, args.variant)} if args.variant else {}),
+        **{" ".join(v): (src, v) for v in args.variant},
     }
     steps = max(args.steps, 10)
     print(

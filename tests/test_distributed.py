@@ -94,6 +94,7 @@ def _launch(launcher: str, cfg: C.RunConfig, out: Path, *sets: str) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stdout[-2000:]}\n{res.stderr[-6000:]}"
+    assert "run eagerly" not in res.stderr + res.stdout  # model.compile's fallback warning
 
 
 def _assert_same_run(one: Path, other: Path) -> None:
@@ -127,7 +128,8 @@ def _resume_at_one_process(cfg: C.RunConfig, run: Path, copy: Path) -> None:
 
 
 # Plain GRPO with DDP (the README's accelerate command); FSDP with the Entropy Scheduling adaptive
-# clip controller (its entropy window must be global) and an entropy bonus.
+# clip controller (its entropy window must be global) and an entropy bonus; DDP over compiled
+# decoder layers (model.compile).
 ADAPTIVE = {
     "control": {"adaptive": {"enabled": True, "warmup": 1}},
     "algorithm": {"entropy_coef": 0.01},
@@ -136,8 +138,9 @@ ADAPTIVE = {
 
 @pytest.mark.parametrize(
     "launcher,strategy,extra",
-    [("accelerate", "ddp", {}), ("torchrun", "fsdp", ADAPTIVE)],
-    ids=["grpo-ddp-accelerate", "adaptive-fsdp-torchrun"],
+    [("accelerate", "ddp", {}), ("torchrun", "fsdp", ADAPTIVE),
+     ("torchrun", "ddp", {"model": {"compile": True}})],
+    ids=["grpo-ddp-accelerate", "adaptive-fsdp-torchrun", "compiled-ddp-torchrun"],
 )
 def test_two_processes_equal_one_and_resume_at_one(tiny_model, tmp_path, launcher, strategy, extra):
     cfg = tiny_config(tiny_model, {**BASE, **extra})

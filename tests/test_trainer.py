@@ -614,3 +614,68 @@ def test_gradient_checkpointing_on_a_model_without_it_is_a_config_error(make_con
     cfg = make_config({"model": {"gradient_checkpointing": True}})
     with pytest.raises(ConfigError, match="model.gradient_checkpointing"):
         Trainer(cfg, tmp_path / "run")
+
+
+def test_model_compile_runs_the_loss_passes_compiled_and_matches_eager(make_config, tmp_path):
+    # model.compile: the decoder layers' compiled calls serve the loss passes (counted), never the
+    # sampler (the layers are eager outside those passes), and the run equals the eager run up
+    # to float round-off.
+    def run(name, on):
+        cfg = make_config({"max_steps": 2, "eval": {"every": 0}, "model": {"compile": on},
+                           "algorithm": {"old_logp": "recompute"}})
+        t = Trainer(cfg, tmp_path / name)
+        calls = {"compiled": 0, "eager_in_generate": 0}
+        if on:
+            assert t.compiled.error is None
+            fns = t.compiled.compiled
+
+            def counting(fn):
+                def call(*a, **k):
+                    calls["compiled"] += 1
+                    return fn(*a, **k)
+                return call
+
+            t.compiled.compiled = [counting(fn) for fn in fns]
+            generate = t.engine.generate
+
+            def checking(*a, **k):
+                assert all(layer._compiled_call_impl is None for layer in t.compiled.layers)
+                calls["eager_in_generate"] += 1
+                return generate(*a, **k)
+
+            t.engine.generate = checking
+        t.train()
+        return _strip(read_metrics(tmp_path / name)), calls
+
+    eager, _ = run("eager", False)
+    compiled, calls = run("compiled", True)
+    # 2 steps × (recompute + loss pass) × every layer
+    assert calls["compiled"] >= 2 * 2 * 2 and calls["eager_in_generate"] >= 2
+    for a, b in zip(eager, compiled):
+        for k in ("reward/mean", "loss/policy", "grad/norm", "entropy/mean"):
+            assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
+
+
+def test_model_compile_falls_back_to_eager_when_compiling_fails(make_config, tmp_path,
+                                                                 monkeypatch, caplog):
+    def broken(fn, **kw):
+        def call(*a, **k):
+            raise RuntimeError("no compiler here")
+        return call
+
+    monkeypatch.setattr(torch, "compile", broken)
+    cfg = make_config({"max_steps": 1, "eval": {"every": 0}, "model": {"compile": True}})
+    with caplog.at_level("WARNING", logger="explorl"):
+        t = Trainer(cfg, tmp_path / "run")
+        t.train()
+    assert t.compiled.error == "RuntimeError: no compiler here"
+    assert "model.compile" in caplog.text and "eagerly" in caplog.text
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in t.policy.parameters())
+    assert len(read_metrics(tmp_path / "run")) == 1
+
+
+def test_model_compile_with_fsdp_is_a_config_error(make_config):
+    from explorl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="model.compile"):
+        make_config({"model": {"compile": True}, "dist": {"strategy": "fsdp"}})

@@ -39,10 +39,12 @@ class LogProbModule(torch.nn.Module):
     ``response_logprobs`` on the bare policy, which keeps the chunked-vocabulary path.
     """
 
-    def __init__(self, policy: torch.nn.Module, amp=None):
+    def __init__(self, policy: torch.nn.Module, amp=None, compiled=None):
         super().__init__()
         self.policy = policy
         self._amp = amp or contextlib.nullcontext  # autocast to the compute dtype (models.autocast)
+        # model.compile: the decoder layers' compiled calls, on for this module's passes only.
+        self._compiled = compiled or contextlib.nullcontext
         # FSDP's transformer auto-wrap policy reads the layer classes from here.
         self._no_split_modules = getattr(policy, "_no_split_modules", None)
 
@@ -57,7 +59,7 @@ class LogProbModule(torch.nn.Module):
         chunk_size=2048,
         with_entropy=True,
     ):
-        with self._amp():
+        with self._amp(), self._compiled():
             return response_logprobs(
                 self.policy,
                 prompt_ids,

@@ -207,3 +207,57 @@ class PromptTokens:
                 )
             return self._cache[(tag, idx)]
         return ids
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks of a transformers causal LM (``model.model.layers`` and kin)."""
+    body = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
+    layers = getattr(body, "layers", None) or getattr(body, "h", None)
+    return list(layers) if layers is not None else []
+
+
+class RegionalCompile:
+    """``model.compile``: each decoder layer compiled with ``torch.compile`` (dynamic shapes),
+    switched on only inside ``with compiled():`` (the loss passes), so sampling, validation and
+    copies of the model (EEPO's θ′) run the layers eagerly.
+
+    The layers share their code, so dynamo compiles one graph per grad mode and reuses it for
+    every layer (regional compilation). ``warm_up`` compiles on a tiny batch at setup, forward
+    and backward; when that raises, the layers stay eager and ``error`` says why.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.layers = decoder_layers(model)
+        self.compiled = [torch.compile(layer._call_impl, dynamic=True) for layer in self.layers]
+        self.error: str | None = None if self.layers else "no decoder layers found"
+
+    @contextlib.contextmanager
+    def __call__(self):
+        if self.error is not None:
+            yield
+            return
+        for layer, fn in zip(self.layers, self.compiled):
+            layer._compiled_call_impl = fn
+        try:
+            yield
+        finally:
+            for layer in self.layers:
+                layer._compiled_call_impl = None
+
+    def warm_up(self, scorer: torch.nn.Module, vocab_size: int, device: torch.device) -> None:
+        """One forward + backward of ``scorer`` (a ``LogProbModule``) on two 3-token responses to
+        a shared 3-token prompt; gradients are dropped. Sets ``error`` when compiling fails."""
+        if self.error is not None:
+            return
+        ids = torch.arange(3, device=device) % vocab_size
+        prompt = ids[None].expand(2, 3).contiguous()
+        response = ids.flip(0)[None].expand(2, 3).contiguous()
+        ones = torch.ones(2, 3, dtype=torch.bool, device=device)
+        try:
+            logp, ent = scorer(prompt, ones, response, ones, 1.0)
+            (logp.sum() + ent.sum()).backward()
+        except Exception as e:  # any compiler failure: run eagerly
+            self.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        finally:
+            for p in scorer.parameters():
+                p.grad = None

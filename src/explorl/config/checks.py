@@ -72,6 +72,9 @@ def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
          "grpo_passk needs at least 2 responses in every group"),
         ("control.entropy_coef.init", ec.min <= ec.init <= ec.max,
          "need control.entropy_coef.min ≤ init ≤ max"),
+        ("model.compile", not (c.model.compile and c.dist.strategy == "fsdp"),
+         "is not supported with dist.strategy: fsdp (FSDP's flat parameters under compiled "
+         "layers); use ddp or model.compile: false"),
     ]
 
 

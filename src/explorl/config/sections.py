@@ -34,6 +34,15 @@ class ModelConfig:
     device: str = "auto"
     """``auto`` (CUDA if available, else CPU), or a torch device string such as
     ``cpu``/``cuda:1``."""
+    compile: bool = False
+    """Opt-in: ``torch.compile`` each decoder layer (regional compilation: one graph, dynamic
+    shapes, reused by every layer) for the loss passes only; sampling and validation stay eager
+    (their shapes change every token). Compiled at setup on a tiny batch (and once more when
+    the first batch needs a new shape specialisation); if that fails, a warning and eager
+    layers. Not with ``dist.strategy: fsdp``. Compiling costs ~5–25 s at the start on CPU
+    (less with inductor's cache warm) for fewer, fused kernels per step: on the CPU lab the
+    quickstart step is 3–12% faster, which does not repay the compile in a lab run; meant for
+    long runs on GPUs (not measured on one). Results equal eager's up to float round-off."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward instead of keeping them
     (transformers' non-reentrant checkpointing; the policy only, training passes only): the
