@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from pathlib import Path
 
 import torch
@@ -11,6 +12,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from explorl.config import ModelConfig
 from explorl.data.files import tokenize_prompts
 from explorl.errors import ConfigError, ModelPathError
+
+log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -209,6 +212,24 @@ class PromptTokens:
         return ids
 
 
+def regional_compile(model: torch.nn.Module, cfg: ModelConfig,
+                     strategy: str) -> RegionalCompile | None:
+    """``model.compile``'s compiler for ``model``, or None when it is off."""
+    if not cfg.compile:
+        return None
+    if strategy == "fsdp":  # an accelerate config file chose FSDP (the recipe's choice is checked)
+        raise ConfigError("model.compile: not supported with FSDP (chosen by the accelerate "
+                          "config); use ddp or model.compile: false")
+    return RegionalCompile(model)
+
+
+def warm_up(compiled: RegionalCompile | None, scorer: torch.nn.Module, vocab_size: int,
+            device: torch.device) -> None:
+    """Compile ``model.compile``'s layers now (``RegionalCompile.warm_up``); no-op when off."""
+    if compiled is not None:
+        compiled.warm_up(scorer, vocab_size, device)
+
+
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The repeated blocks of a transformers causal LM (``model.model.layers`` and kin)."""
     body = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
@@ -258,6 +279,8 @@ class RegionalCompile:
             (logp.sum() + ent.sum()).backward()
         except Exception as e:  # any compiler failure: run eagerly
             self.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            log.warning("model.compile: compiling the decoder layers failed (%s); the loss "
+                        "passes run eagerly", self.error)
         finally:
             for p in scorer.parameters():
                 p.grad = None

@@ -10,7 +10,6 @@ lives.
 from __future__ import annotations
 
 import json
-import logging
 import random
 import time
 from pathlib import Path
@@ -47,8 +46,6 @@ from explorl.update import (
 )
 
 __all__ = ["TIME_KEYS", "Trainer"]
-
-log = logging.getLogger(__name__)
 
 
 class Trainer:
@@ -119,27 +116,14 @@ class Trainer:
         self.n_params = sum(p.numel() for p in self.policy.parameters())
         # The loss's forward as a module, wrapped by DDP/FSDP under a launcher (itself at N = 1).
         self.amp = lambda: models.autocast(cfg.model, self.device)  # forwards in the compute dtype
-        self.compiled = self._setup_compile()
-        self.scorer = self.dist.wrap(LogProbModule(self.policy, amp=self.amp,
-                                                   compiled=self.compiled))
-        if self.compiled is not None:
-            self.compiled.warm_up(self.scorer, self.vocab_size, self.device)
-            if self.compiled.error:
-                log.warning("model.compile: compiling the decoder layers failed (%s); the loss "
-                            "passes run eagerly", self.compiled.error)
+        self.compiled = models.regional_compile(self.policy, cfg.model, self.dist.strategy)
+        self.scorer = self.dist.wrap(LogProbModule(self.policy, self.amp, self.compiled))
+        models.warm_up(self.compiled, self.scorer, self.vocab_size, self.device)
         a = cfg.control.adaptive
         # The reference model costs a full copy of the weights: load it only when a loss needs it.
         needs_ref = cfg.algorithm.kl_coef > 0 or (a.enabled and a.actuator == "kl_coef")
         self.ref = (models.load_model(base_path, cfg.model, self.device, frozen=True)
                     if needs_ref else None)
-
-    def _setup_compile(self) -> models.RegionalCompile | None:
-        if not self.cfg.model.compile:
-            return None
-        if self.dist.strategy == "fsdp":  # an accelerate config file chose FSDP
-            raise C.ConfigError("model.compile: not supported with FSDP (chosen by the accelerate "
-                              "config); use ddp or model.compile: false")
-        return models.RegionalCompile(self.policy)
 
     def _setup_optimizer(self) -> None:
         cfg = self.cfg
