@@ -679,3 +679,16 @@ def test_model_compile_with_fsdp_is_a_config_error(make_config):
 
     with pytest.raises(ConfigError, match="model.compile"):
         make_config({"model": {"compile": True}, "dist": {"strategy": "fsdp"}})
+
+
+def test_model_compile_without_decoder_layers_warns_and_runs_eagerly(caplog):
+    from explorl.models import RegionalCompile
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))  # nothing named layers
+    compiled = RegionalCompile(model)
+    with caplog.at_level("WARNING", logger="explorl"):
+        compiled.warm_up(model, 2, torch.device("cpu"))
+        with compiled():
+            assert model(torch.ones(1, 2)).shape == (1, 2)
+    assert compiled.error == "no decoder layers found"
+    assert "model.compile" in caplog.text and "eagerly" in caplog.text

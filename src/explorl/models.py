@@ -268,8 +268,13 @@ class RegionalCompile:
     def warm_up(self, scorer: torch.nn.Module, vocab_size: int, device: torch.device) -> None:
         """One forward + backward of ``scorer`` (a ``LogProbModule``) on two 3-token responses to
         a shared 3-token prompt; gradients are dropped. Sets ``error`` when compiling fails."""
+        if self.error is None:
+            self._try(scorer, vocab_size, device)
         if self.error is not None:
-            return
+            log.warning("model.compile: compiling the decoder layers failed (%s); the loss "
+                        "passes run eagerly", self.error)
+
+    def _try(self, scorer: torch.nn.Module, vocab_size: int, device: torch.device) -> None:
         ids = torch.arange(3, device=device) % vocab_size
         prompt = ids[None].expand(2, 3).contiguous()
         response = ids.flip(0)[None].expand(2, 3).contiguous()
@@ -279,8 +284,6 @@ class RegionalCompile:
             (logp.sum() + ent.sum()).backward()
         except Exception as e:  # any compiler failure: run eagerly
             self.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            log.warning("model.compile: compiling the decoder layers failed (%s); the loss "
-                        "passes run eagerly", self.error)
         finally:
             for p in scorer.parameters():
                 p.grad = None
