@@ -584,7 +584,8 @@ def test_gradient_checkpointing_recomputes_layers_and_changes_nothing(make_confi
     # loss pass in train mode (the sampler, in eval mode, runs it once).
     def run(name, on):
         cfg = make_config({"max_steps": 2, "eval": {"every": 0},
-                           "model": {"gradient_checkpointing": on}})
+                           "model": {"gradient_checkpointing": on},
+                           "algorithm": {"old_logp": "recompute"}})  # a no-grad pass as well
         t = Trainer(cfg, tmp_path / name)
         calls = {"train": 0}
 
