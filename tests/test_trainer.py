@@ -537,6 +537,7 @@ def test_resume_at_another_thread_count_warns(make_config, tmp_path, caplog):
             Trainer(cfg, tmp_path / "run", resume=True)
         msgs = [r.getMessage() for r in caplog.records if "torch threads" in r.getMessage()]
         assert len(msgs) == 1 and f"OMP_NUM_THREADS={threads}" in msgs[0]
+        assert f"model.cpu_threads={threads}" in msgs[0]
     finally:
         torch.set_num_threads(threads)
 
@@ -693,3 +694,20 @@ def test_model_compile_without_decoder_layers_warns_and_runs_eagerly(caplog):
             assert model(torch.ones(1, 2)).shape == (1, 2)
     assert compiled.error == "no decoder layers found"
     assert "model.compile" in caplog.text and "eagerly" in caplog.text
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_cpu_threads_sets_torchs_thread_count(make_config, tmp_path, threads):
+    before = torch.get_num_threads()
+    try:
+        Trainer(make_config({"model": {"cpu_threads": threads}}), tmp_path / "run")
+        assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_cpu_threads_out_of_range_is_a_config_error(make_config):
+    from explorl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="model.cpu_threads"):
+        make_config({"model": {"cpu_threads": 0}})

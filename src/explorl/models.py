@@ -105,6 +105,8 @@ def load_model(
 ) -> torch.nn.Module:
     """``from_pretrained`` on ``device``: trained weights in ``param_dtype`` (float32 masters unless
     pure low precision), a frozen reference directly in the compute dtype."""
+    if device.type == "cpu" and cfg.cpu_threads is not None:
+        torch.set_num_threads(cfg.cpu_threads)  # model.cpu_threads: the whole process's setting
     dtype = resolve_dtype(cfg.dtype, device) if frozen else param_dtype(cfg, device)
     with quiet_transformers():
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype,

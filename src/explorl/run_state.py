@@ -50,8 +50,9 @@ def restore(t, ckpt: Path) -> None:
         log.warning(
             "checkpoint %s was written with %d torch threads and this process has %d: on some "
             "CPUs the thread count changes float rounding, so the resumed run may not reproduce "
-            "the uninterrupted one bit for bit (set OMP_NUM_THREADS=%d to match)",
-            ckpt, threads, torch.get_num_threads(), threads)
+            "the uninterrupted one bit for bit (set model.cpu_threads=%d, or OMP_NUM_THREADS=%d "
+            "when the recipe leaves it unset, to match)",
+            ckpt, threads, torch.get_num_threads(), threads, threads)
 
 
 def save(t) -> Path:

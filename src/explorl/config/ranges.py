@@ -61,6 +61,7 @@ RANGES: dict[str, str] = {
     "algorithm.entropy_mask_ratio": "[0, 1]",  # 0 = off
     "algorithm.entropy_shaping_alpha": "[0, inf)",  # 0 = off
     "algorithm.entropy_shaping_kappa": "[1, inf)",  # κ ≥ 1 keeps the sign of A
+    "model.cpu_threads": "[1, 4096]",
     "optim.lr": "(0, inf)",
     "optim.weight_decay": "[0, inf)",
     "optim.beta1": "[0, 1)",

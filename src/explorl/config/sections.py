@@ -34,6 +34,13 @@ class ModelConfig:
     device: str = "auto"
     """``auto`` (CUDA if available, else CPU), or a torch device string such as
     ``cpu``/``cuda:1``."""
+    cpu_threads: Optional[int] = None
+    """torch's intra-op threads when the model runs on the CPU (``torch.set_num_threads``, for
+    the whole process, set when the model loads). None: torch's default, one per core. The lab
+    recipes set 1: a ~1M-parameter model gains nothing from more (the quickstart's 80 steps: 8 s
+    at one thread, 7 s at two on an idle 2-core machine), and threads that wait on a busy core
+    are slow (72 s at two threads with another process on one of the two cores, 8 s at one).
+    A resume should use the same count (``--resume`` warns otherwise)."""
     compile: bool = False
     """Opt-in: ``torch.compile`` each decoder layer (regional compilation: one graph, dynamic
     shapes, reused by every layer) for the loss passes only; sampling and validation stay eager
