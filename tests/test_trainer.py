@@ -672,7 +672,8 @@ def test_model_compile_falls_back_to_eager_when_compiling_fails(make_config, tmp
         t.train()
     assert t.compiled.error == "RuntimeError: no compiler here"
     assert "model.compile" in caplog.text and "eagerly" in caplog.text
-    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in t.policy.parameters())
+    with t.compiled():  # the loss passes' context no longer switches the broken calls on
+        assert all(layer._compiled_call_impl is None for layer in t.compiled.layers)
     assert len(read_metrics(tmp_path / "run")) == 1
 
 
