@@ -80,7 +80,7 @@ def test_a_script_without_main_guard_can_build_a_pool(tmp_path):
 
         print("top level ran", flush=True)
         pool = VerifierPool(2, timeout_s=5.0)
-        res = pool.score("addition", ["3", "4", " 7 "], ["3", "3", "7"])
+        res = pool.score("exact", ["3", "4", " 7 "], ["3", "3", "7"])  # in the workers
         pool.close()
         print("scores", res.scores, res.errors, flush=True)
     """)

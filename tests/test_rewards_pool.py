@@ -50,6 +50,25 @@ def test_inline_pool_matches_and_counts_errors():
     assert (res.scores, res.timeouts, res.errors) == ([1.0, 0.0], 0, 1)
 
 
+def test_lab_verifiers_are_scored_in_process_everything_else_in_workers():
+    # The lab tasks' checkers are bounded pure functions (verifiers.in_process): no worker
+    # sees them. A spec with any other function goes to the workers whole.
+    from explorl.rewards.functions import RewardSpec, Term
+
+    with VerifierPool(num_workers=1, timeout_s=TIMEOUT_S, memory_limit_mb=1024) as p:
+        for name, (responses, truths) in mixed_batch().items():
+            fn = resolve_verifier(name)
+            assert p.score(name, responses, truths).scores == [
+                fn(r, t) for r, t in zip(responses, truths)]
+        assert p._workers[0].specs == {"exact"}  # only exact was sent to the worker
+        both = RewardSpec((Term("addition", 1.0), Term(T + "_echo", 1.0)), bounded=False)
+        assert p.score(both, ["46"], ["46"]).scores == [2.0]
+        assert p._workers[0].specs == {"exact", both}
+        lab = RewardSpec((Term("addition", 1.0), Term("lab:addition", 0.5)), bounded=False)
+        assert p.score(lab, ["46"], ["46"]).scores == [1.5] and lab not in p._workers[0].specs
+        assert p.score("addition", ["46", "x"], ["oops", "1"]).errors == 1  # still counted
+
+
 def test_hang_is_cut_off_and_pool_keeps_working(pool):
     responses = ["a", "hang", "b", "c", "hang", "d"]
     res = pool.score(T + "_echo", responses, ["a", "x", "b", "c", "x", "x"])

@@ -45,13 +45,12 @@ from explorl.step_batch import StepBatch
 def make_optimizer(o, params_module: torch.nn.Module, device: torch.device, strategy: str):
     """AdamW over the (float32 master) parameters and its linear warm-up schedule (``optim``).
 
-    Fused AdamW (one kernel for every parameter) on CUDA with replicated parameters, and on CPU
-    when ``optim.fused`` is true. Otherwise the multi-tensor (foreach) path with replicated
+    Fused AdamW (one kernel for every parameter) on CUDA and CPU with replicated parameters
+    unless ``optim.fused`` is false. Otherwise the multi-tensor (foreach) path with replicated
     parameters: on CPU it computes what torch's CPU default (one tensor at a time) computes, bit
     for bit, in ~15% less time (tests/test_trainer.py); FSDP's shards keep torch's default.
     """
-    cuda = device.type == "cuda"
-    on = cuda if o.fused is None else o.fused and device.type in ("cuda", "cpu")
+    on = o.fused is not False and device.type in ("cuda", "cpu")
     fused = True if on and strategy != "fsdp" else None
     foreach = True if fused is None and strategy != "fsdp" else None
     optimizer = torch.optim.AdamW(params_module.parameters(), lr=o.lr, betas=(o.beta1, o.beta2),

@@ -306,11 +306,12 @@ class OptimConfig:
     beta2: float = 0.999
     """AdamW β2."""
     fused: bool | None = None
-    """Fused AdamW (one kernel for every parameter). None: on CUDA with replicated parameters;
-    on CPU the multi-tensor (foreach) path, which reproduces the committed lab figures bit for
-    bit (fused rounds differently in the last bit: ~1 parameter in 10⁵ per step). true: also on
-    CPU (~2.5 ms less per optimizer step on the lab model). false: never. Never with FSDP's
-    shards."""
+    """Fused AdamW (one kernel for every parameter). None or true: fused on CUDA and CPU with
+    replicated parameters (on the CPU lab ~2 ms less per optimizer step than the multi-tensor
+    path; deterministic, so runs and resumes reproduce). false: the multi-tensor (foreach) path,
+    which rounds differently in the last bit (~1 parameter in 10⁵ per step): the lab studies
+    published before the fused default set it to reproduce their figures. Other devices and
+    FSDP's shards: torch's default."""
     warmup_steps: int = 0
     """Linear learning-rate warm-up steps (then constant)."""
     max_grad_norm: float = 1.0

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
 from explorl.errors import RewardError
-from explorl.rewards.functions import Context, RewardSpec, resolve_scorer
+from explorl.rewards.functions import Context, RewardSpec, load_reward, resolve_scorer
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,8 @@ class VerifierPool:
     One call also has a budget (``step_timeout_s``, default ``call_budget``), counted from the
     moment a worker is ready: when it runs out, the responses not yet verified score 0.0 and
     count as timeouts. ``num_workers=0`` verifies in-process with no time limit: for trusted
-    debugging only. Workers never re-import the caller's ``__main__`` script, so a plain
+    debugging only. explorl's own bounded verifiers (``verifiers.in_process``: the lab tasks'
+    checkers) are always scored in-process. Workers never re-import the caller's ``__main__`` script, so a plain
     script without a main guard may create a pool. Not thread-safe: one caller at a time.
     """
 
@@ -197,6 +198,7 @@ class VerifierPool:
         if step_timeout_s is not None and not 0 < step_timeout_s < math.inf:
             raise ValueError(f"step_timeout_s must be a finite number > 0, got {step_timeout_s}")
         self.num_workers, self.timeout_s = num_workers, timeout_s
+        self._inline: dict[str | RewardSpec, bool] = {}  # spec -> scored in-process
         self.step_timeout_s = step_timeout_s
         self.memory_limit_mb, self.startup_timeout_s = memory_limit_mb, startup_timeout_s
         # forkserver/spawn, never fork: forking a process that runs torch threads can deadlock.
@@ -252,9 +254,19 @@ class VerifierPool:
         # Unknown names fail here, in the caller. Resolving imports the reward modules but runs
         # none of them on a response.
         fn = resolve_scorer(verifier_name)
-        if self.num_workers == 0:
+        if self.num_workers == 0 or self._in_process(verifier_name):
             return _score_inline(fn, responses, ground_truths, contexts, _bounded(verifier_name))
         return self._score_workers(verifier_name, responses, ground_truths, contexts)
+
+    def _in_process(self, spec: str | RewardSpec) -> bool:
+        """Whether every function ``spec`` names is marked ``verifiers.in_process`` (bounded,
+        pure): then the workers' isolation buys nothing and their round trips cost time."""
+        if spec not in self._inline:
+            refs = [(spec, None)] if isinstance(spec, str) else [
+                (t.ref, spec.dirs or None) for t in spec.terms]
+            self._inline[spec] = all(
+                getattr(load_reward(r, d), "explorl_in_process", False) for r, d in refs)
+        return self._inline[spec]
 
     def _score_workers(self, spec, responses: list[str], gts: list[str], ctxs: list) -> ScoreResult:
         try:
