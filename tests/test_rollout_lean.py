@@ -3,7 +3,8 @@
 It must be invisible: for every model it accepts, the engine samples the same tokens with the
 same log-probs and entropies bit for bit, through left padding, prompt fan-out, finished-row
 compaction, grouped keys/values, biases (Qwen2) and per-head norms (Qwen3); and it must refuse
-what it does not reproduce.
+what it does not reproduce. The loss pass's lean forward (``lean_hidden``) likewise: the same
+log-probs, entropies and gradients, and transformers' forward wherever it could differ.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from transformers import (
 
 from explorl.rollout import hf
 from explorl.rollout.hf import HFEngine
-from explorl.rollout.lean import lean_logits, lean_supported
+from explorl.rollout.lean import lean_hidden, lean_logits, lean_supported, lean_training_supported
 
 PROMPTS = ["3+4=", "12+7=", "5+5=", "987+10=", "1+2="]  # lengths differ: left padding
 
@@ -130,3 +131,82 @@ def test_output_layer_hooks_still_apply(lab):
     finally:
         handle.remove()
     assert bool(ro.response_mask.all()) and eos not in ro.response_ids.tolist()
+
+
+# ----------------------------------------------------------------------------- the loss pass
+
+
+def packed_batch(vocab: int, seed: int = 0):
+    """Three prompts of different lengths × three responses each, ending at different places:
+    the loss pass's packed layout (prompts shared, positions restarting, a block mask)."""
+    g = torch.Generator().manual_seed(seed)
+    p_len, r_len = [3, 5, 4], [[4, 1, 6], [2, 6, 3], [5, 5, 2]]
+    P, R = max(p_len), 6
+    rows = [(i, r) for i in range(3) for r in r_len[i]]
+    prompt_ids = torch.zeros(len(rows), P, dtype=torch.long)
+    prompt_mask = torch.zeros(len(rows), P, dtype=torch.bool)
+    response_ids = torch.zeros(len(rows), R, dtype=torch.long)
+    response_mask = torch.zeros(len(rows), R, dtype=torch.bool)
+    prompts = [torch.randint(3, vocab, (n,), generator=g) for n in p_len]
+    for j, (i, r) in enumerate(rows):
+        prompt_ids[j, P - p_len[i]:], prompt_mask[j, P - p_len[i]:] = prompts[i], True
+        response_ids[j, :r], response_mask[j, :r] = torch.randint(3, vocab, (r,), generator=g), True
+    return prompt_ids, prompt_mask, response_ids, response_mask
+
+
+def loss_pass(model, batch, lean: bool, monkeypatch):
+    """Log-probs, entropies and every parameter's gradient of one packed loss pass."""
+    from explorl import forward
+
+    calls = []
+    with monkeypatch.context() as m:
+        if lean:
+            m.setattr(forward, "lean_hidden", lambda *a: calls.append(1) or lean_hidden(*a))
+        else:
+            m.setattr(forward, "lean_training_supported", lambda model: False)
+        model.zero_grad(set_to_none=True)
+        logp, ent = forward.response_logprobs(model, *batch, temperature=0.7, pack=True)
+        (logp.sum() + 0.3 * ent.sum()).backward()
+    assert len(calls) == lean  # the lean forward ran exactly when asked
+    return [logp.detach(), ent.detach()] + [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("cfg,kv", [(None, None), (LlamaConfig, 2), (Qwen2Config, 2),
+                                    (Qwen3Config, 1)])
+def test_loss_pass_bit_for_bit_with_gradients(lab, cfg, kv, monkeypatch):
+    # The packed loss pass through lean_hidden: the same log-probs, entropies and gradients as
+    # transformers' body, bit for bit (the lab model, grouped heads, biases, q/k norms).
+    model = lab[1] if cfg is None else tiny(cfg, kv=kv)
+    model.train()
+    try:
+        assert lean_training_supported(model)
+        batch = packed_batch(model.config.vocab_size)
+        a = loss_pass(model, batch, False, monkeypatch)
+        b = loss_pass(model, batch, True, monkeypatch)
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+        assert a[2].abs().sum() > 0  # gradients flowed
+    finally:
+        model.eval()
+
+
+def test_loss_pass_takes_transformers_forward_when_it_must():
+    from explorl.models import enable_checkpointing
+
+    model = tiny(LlamaConfig).train()
+    assert lean_training_supported(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # mixed precision
+        assert not lean_training_supported(model)
+    layer = model.model.layers[1]
+    handle = layer.register_forward_hook(lambda *a: None)  # a hooked layer must run as a module
+    assert not lean_training_supported(model)
+    handle.remove()
+    layer._compiled_call_impl = layer._call_impl  # model.compile's layers switched on
+    assert not lean_training_supported(model)
+    layer._compiled_call_impl = None
+    model.config.attention_dropout = 0.1  # dropout in training; none in eval
+    assert not lean_training_supported(model)
+    assert lean_training_supported(model.eval())
+    model.config.attention_dropout = 0.0
+    enable_checkpointing(model.train(), "tiny")  # activation checkpointing
+    assert not lean_training_supported(model)
+    assert not lean_training_supported(tiny(LlamaConfig, attn="eager").train())

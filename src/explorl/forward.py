@@ -20,7 +20,7 @@ import torch
 
 from explorl.algorithms.logprobs import logprobs_from_hidden, logprobs_from_logits
 from explorl.rollout.hf import position_ids
-from explorl.rollout.lean import additive_mask
+from explorl.rollout.lean import additive_mask, lean_hidden, lean_training_supported
 
 
 def takes_custom_mask(model: torch.nn.Module) -> bool:
@@ -118,12 +118,13 @@ def response_logprobs(
         if plan is not None and pack is None and plan["tokens"] > 0.9 * plan["padded_tokens"]:
             plan = None  # nothing shared, little padding: the plain layout is as cheap
     if plan is not None:
-        hidden = body(
-            input_ids=_gather_tokens(plan, prompt_ids, response_ids),
-            attention_mask=additive_mask(plan["allowed"], getattr(model, "dtype", torch.float32)),
-            position_ids=plan["position_ids"],
-            use_cache=False,
-        ).last_hidden_state  # (B, L, D)
+        ids = _gather_tokens(plan, prompt_ids, response_ids)
+        mask = additive_mask(plan["allowed"], getattr(model, "dtype", torch.float32))
+        if lean_training_supported(model):  # the same ops, bit for bit, less machinery
+            hidden = lean_hidden(model, ids, mask, plan["position_ids"])
+        else:
+            hidden = body(input_ids=ids, attention_mask=mask, position_ids=plan["position_ids"],
+                          use_cache=False).last_hidden_state  # (B, L, D)
         hidden = hidden.reshape(-1, hidden.shape[-1])[
             plan["source"]
         ]  # (M, D): states predicting the tokens

@@ -178,8 +178,9 @@ class VerifierPool:
     moment a worker is ready: when it runs out, the responses not yet verified score 0.0 and
     count as timeouts. ``num_workers=0`` verifies in-process with no time limit: for trusted
     debugging only. explorl's own bounded verifiers (``verifiers.in_process``: the lab tasks'
-    checkers) are always scored in-process. Workers never re-import the caller's ``__main__`` script, so a plain
-    script without a main guard may create a pool. Not thread-safe: one caller at a time.
+    checkers) are always scored in-process. Workers never re-import the caller's ``__main__``
+    script, so a plain script without a main guard may create a pool. Not thread-safe: one
+    caller at a time.
     """
 
     def __init__(

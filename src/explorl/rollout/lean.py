@@ -11,8 +11,10 @@ one or none), so its logits equal transformers' bit for bit on the models it acc
 
 Used by the ``hf`` rollout engine when ``lean_supported(model)``; other architectures, remote
 code, sliding-window or non-default RoPE, quantised or sharded (FSDP) weights take the plain
-model call. The training forward does not use it (there the module overhead is a small part of
-a forward+backward, and wrappers such as DDP/FSDP must see the call).
+model call. The loss pass's packed layout runs the same layers with gradients (``lean_hidden``)
+when ``lean_training_supported(model)``: DDP still sees the call (it wraps the whole log-prob
+pass, ``dist.LogProbModule``); FSDP, activation checkpointing, ``model.compile``, autocast and
+hooked layers take transformers' forward.
 """
 
 from __future__ import annotations
@@ -96,7 +98,6 @@ def lean_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | N
     cost a device sync per token). Causality among the new positions is added here.
     """
     body = model.model
-    cfg = model.config
     N, L = input_ids.shape
     h = body.embed_tokens(input_ids)
     cos, sin = body.rotary_emb(h, position_ids)  # (N, L, D) each, in h's dtype
@@ -113,9 +114,58 @@ def lean_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | N
         mask = additive_mask(allowed, h.dtype)
     else:
         mask = None
+    h = _decoder(model, h, cos, sin, mask, causal, cache)
+    h = _norm(body.norm, h[:, -1:])
+    return model.lm_head(h)[:, -1]
+
+
+def lean_hidden(model, input_ids: torch.Tensor, mask: torch.Tensor,
+                position_ids: torch.Tensor) -> torch.Tensor:
+    """The body's last hidden states (N, L, D), after the final norm, for a prepared additive
+    attention mask (N, 1, L, L): what ``model.model(input_ids, attention_mask=mask,
+    position_ids=position_ids).last_hidden_state`` computes, with gradients, bit for bit (the
+    same ops in the same order: their autograd graph is the same too; tests/test_rollout_lean.py).
+    The loss pass's packed layout calls it where ``lean_training_supported`` (forward.py)."""
+    body = model.model
+    h = body.embed_tokens(input_ids)
+    cos, sin = body.rotary_emb(h, position_ids)
+    h = _decoder(model, h, cos[:, None], sin[:, None], mask, False, None)
+    return _norm(body.norm, h)
+
+
+def lean_training_supported(model) -> bool:
+    """Whether ``lean_hidden`` may stand in for the body in a loss pass right now: a model
+    ``lean_supported`` accepts, whose decoder layers run plainly (transformers' own classes, no
+    hooks, no activation checkpointing, no ``model.compile`` call switched on, no wrapper such as
+    FSDP's around them), without attention dropout in training, and no autocast (mixed
+    precision takes transformers' forward)."""
+    if not lean_supported(model):
+        return False
+    cfg, layers = model.config, model.model.layers
+    if model.training and getattr(cfg, "attention_dropout", 0.0):
+        return False
+    device = model.model.embed_tokens.weight.device.type
+    if torch.is_autocast_enabled(device):
+        return False
+    for m in (model.model, *layers):
+        if not type(m).__module__.startswith("transformers.models."):
+            return False
+        if m._forward_hooks or m._forward_pre_hooks or getattr(m, "gradient_checkpointing", False):
+            return False
+        if getattr(m, "_compiled_call_impl", None) is not None:
+            return False
+    return True
+
+
+def _decoder(model, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+             mask: torch.Tensor | None, causal: bool, cache) -> torch.Tensor:
+    """The decoder layers over hidden states ``h`` (N, L, D); keys and values appended to
+    ``cache`` when one is given (sampling), attending over the new positions only otherwise."""
+    cfg = model.config
+    N, L = h.shape[:2]
     heads = cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    for i, layer in enumerate(body.layers[: cfg.num_hidden_layers]):
+    for i, layer in enumerate(model.model.layers[: cfg.num_hidden_layers]):
         attn = layer.self_attn
         d = attn.head_dim
         half = d // 2
@@ -128,7 +178,8 @@ def lean_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | N
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         q = q * cos + torch.cat((-q[..., half:], q[..., :half]), dim=-1) * sin
         k = k * cos + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * sin
-        k, v = cache.layers[i].update(k, v)
+        if cache is not None:
+            k, v = cache.layers[i].update(k, v)
         gqa, rep = {}, heads // kv_heads
         if rep > 1:  # grouped keys/values, handled as transformers' sdpa path does
             if _GQA_KWARG and mask is None:
@@ -146,5 +197,4 @@ def lean_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | N
         x = _norm(layer.post_attention_layernorm, h)
         mlp = layer.mlp
         h = h + mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
-    h = _norm(body.norm, h[:, -1:])
-    return model.lm_head(h)[:, -1]
+    return h
