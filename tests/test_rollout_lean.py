@@ -197,8 +197,18 @@ def test_loss_pass_takes_transformers_forward_when_it_must():
     with torch.autocast("cpu", dtype=torch.bfloat16):  # mixed precision
         assert not lean_training_supported(model)
     layer = model.model.layers[1]
-    handle = layer.register_forward_hook(lambda *a: None)  # a hooked layer must run as a module
+    for m in (layer, layer.mlp, layer.self_attn, model.model.norm):  # hooks that must fire
+        handle = m.register_forward_pre_hook(lambda *a: None)
+        assert not lean_training_supported(model)
+        handle.remove()
+    handle = layer.post_attention_layernorm.register_full_backward_hook(lambda *a: None)
     assert not lean_training_supported(model)
+    handle.remove()
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda *a: None)  # global
+    assert not lean_training_supported(model)
+    handle.remove()
+    handle = layer.mlp.up_proj.register_forward_hook(lambda *a: None)  # fires in the lean call
+    assert lean_training_supported(model)
     handle.remove()
     layer._compiled_call_impl = layer._call_impl  # model.compile's layers switched on
     assert not lean_training_supported(model)

@@ -150,11 +150,27 @@ def lean_training_supported(model) -> bool:
     for m in (model.model, *layers):
         if not type(m).__module__.startswith("transformers.models."):
             return False
-        if m._forward_hooks or m._forward_pre_hooks or getattr(m, "gradient_checkpointing", False):
+        if getattr(m, "gradient_checkpointing", False):
             return False
         if getattr(m, "_compiled_call_impl", None) is not None:
             return False
-    return True
+    # Hooks on a module whose call the lean forward bypasses (the body, layers, attention, MLP,
+    # norms) would not fire; global module hooks would fire for some modules only.
+    if any(getattr(torch.nn.modules.module, g) for g in _GLOBAL_HOOKS):
+        return False
+    called = (torch.nn.Linear, torch.nn.Embedding)  # called as modules: their hooks still fire
+    return not any(
+        not isinstance(m, called) and m is not model.model.rotary_emb and _hooked(m)
+        for m in model.model.modules())
+
+
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                 "_global_backward_pre_hooks")
+
+
+def _hooked(m: torch.nn.Module) -> bool:
+    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+                or m._backward_pre_hooks)
 
 
 def _decoder(model, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
