@@ -12,7 +12,7 @@ sampling forward's output layer; the loss pass does not use that layer's forward
 R. Everything else is ``vs_trl.py``'s setting, judged fair there: the lab addition model and
 prompts, lr 2e-5 constant, one optimizer step per batch, no KL, clip 0.2, token-mean loss,
 grad clip 1.0, float32, one torch thread on both sides, TRL's default fused AdamW, explorl's
-defaults (its AdamW is not fused on CPU: ``optim.fused``).
+defaults (fused AdamW on CPU as well since the fourth pass; ``optim.fused``).
 
 Method. The machine this was written on is shared (2 cores, load 5–10), so wall-clock is
 meaningless: every figure is CPU time (user + system, with explorl's verifier workers) per
