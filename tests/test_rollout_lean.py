@@ -120,6 +120,23 @@ def test_refuses_what_it_does_not_reproduce(lab):
     assert ro.response_ids.shape == (2 * len(ids), 4)
 
 
+def test_hooks_on_bypassed_modules_take_the_plain_call(lab, monkeypatch):
+    # A hook on a module the lean call does not call (here a layer's MLP) must fire: such a
+    # model samples through transformers' call, with the same tokens.
+    tok, model, ids = lab
+    calls, seen = [], []
+    monkeypatch.setattr(hf, "lean_logits", lambda *a: calls.append(1) or lean_logits(*a))
+    handle = model.model.layers[0].mlp.register_forward_hook(lambda *a: seen.append(1))
+    try:
+        hooked = HFEngine(tok).generate(model, ids, [3] * len(ids), 1.0, 5, seeds=[0] * len(ids))
+    finally:
+        handle.remove()
+    assert not calls and seen
+    plain = HFEngine(tok).generate(model, ids, [3] * len(ids), 1.0, 5, seeds=[0] * len(ids))
+    assert calls
+    assert_same(hooked, plain)
+
+
 def test_output_layer_hooks_still_apply(lab):
     # Hooks on the output layer (the benchmarks forbid EOS this way) see the lean call too.
     tok, model, ids = lab

@@ -154,14 +154,18 @@ def lean_training_supported(model) -> bool:
             return False
         if getattr(m, "_compiled_call_impl", None) is not None:
             return False
-    # Hooks on a module whose call the lean forward bypasses (the body, layers, attention, MLP,
-    # norms) would not fire; global module hooks would fire for some modules only.
+    return not hooks_bypassed(model)
+
+
+def hooks_bypassed(model) -> bool:
+    """Whether a hook would be skipped by the lean calls: one on a module whose call they bypass
+    (the body, layers, attention, MLP, norms), or a global module hook (it would fire for some
+    modules only). Hooks on the projections, embeddings and output layer fire as usual."""
     if any(getattr(torch.nn.modules.module, g) for g in _GLOBAL_HOOKS):
-        return False
+        return True
     called = (torch.nn.Linear, torch.nn.Embedding)  # called as modules: their hooks still fire
-    return not any(
-        not isinstance(m, called) and m is not model.model.rotary_emb and _hooked(m)
-        for m in model.model.modules())
+    return any(not isinstance(m, called) and m is not model.model.rotary_emb and _hooked(m)
+               for m in model.model.modules())
 
 
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
