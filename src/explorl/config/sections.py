@@ -310,8 +310,8 @@ class OptimConfig:
     replicated parameters (on the CPU lab ~2 ms less per optimizer step than the multi-tensor
     path; deterministic, so runs and resumes reproduce). false: the multi-tensor (foreach) path,
     which rounds differently in the last bit (~1 parameter in 10⁵ per step): the lab studies
-    published before the fused default set it to reproduce their figures. Other devices and
-    FSDP's shards: torch's default."""
+    published before the fused default set it to reproduce their figures. Other devices: the
+    multi-tensor path; FSDP's shards: torch's default."""
     warmup_steps: int = 0
     """Linear learning-rate warm-up steps (then constant)."""
     max_grad_norm: float = 1.0

@@ -13,8 +13,9 @@ Used by the ``hf`` rollout engine when ``lean_supported(model)``; other architec
 code, sliding-window or non-default RoPE, quantised or sharded (FSDP) weights take the plain
 model call. The loss pass's packed layout runs the same layers with gradients (``lean_hidden``)
 when ``lean_training_supported(model)``: DDP still sees the call (it wraps the whole log-prob
-pass, ``dist.LogProbModule``); FSDP, activation checkpointing, ``model.compile``, autocast and
-hooked layers take transformers' forward.
+pass, ``dist.LogProbModule``); FSDP, activation checkpointing, ``model.compile`` and autocast
+take transformers' forward. Both calls give way to transformers' when a hook sits on a module
+they bypass (``hooks_bypassed``), so every hook fires.
 """
 
 from __future__ import annotations
