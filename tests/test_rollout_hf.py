@@ -20,7 +20,7 @@ from transformers import (
 )
 
 from explorl.algorithms import naive_logprobs
-from explorl.forward import _pack_plan, response_logprobs, takes_custom_mask
+from explorl.forward import _pack_plan, _prompt_groups, response_logprobs, takes_custom_mask
 from explorl.rollout.hf import HFEngine, decode_cache
 from explorl.rollout.seeding import (
     MT_VOCAB_MAX,
@@ -404,6 +404,17 @@ def test_packing_shares_prompts_and_drops_padding():
     assert len(distinct) == 3 and len(batch[0]) == 24
     assert plan["token_src"].shape == (1, expected)
     assert expected < plan["padded_tokens"] / 2
+
+
+def test_prompt_groups_number_prompts_as_torch_unique_does():
+    # The packed layout orders prompts by this numbering: it must stay torch.unique(dim=0)'s
+    # (lexicographic over ids, -1 for padding), or every packed run's rounding would change.
+    g = torch.Generator().manual_seed(0)
+    for n, width in ((1, 1), (7, 3), (40, 6)):
+        keys = torch.randint(-1, 4, (n, width), generator=g)
+        keys[n // 2:] = keys[: n - n // 2].clone()  # repeated prompts
+        _, expected = torch.unique(keys, dim=0, return_inverse=True)
+        assert _prompt_groups(keys.tolist()) == expected.tolist()
 
 
 def test_packed_handles_empty_rows_and_long_responses():

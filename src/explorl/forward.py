@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import weakref
 
+import numpy as np
 import torch
 
 from explorl.algorithms.logprobs import logprobs_from_hidden, logprobs_from_logits
@@ -186,8 +187,9 @@ def _pack_plan(prompt_ids, prompt_mask, response_mask, pack_tokens: int) -> dict
     """Index tensors for the packed layout, or None when the masks are not plain left/right padding.
 
     Segments are laid out in order: a prompt, then the responses that share it, then the next
-    prompt (or the same one again when a row fills up). Built from per-row lengths with one
-    host loop over responses (not tokens); everything per token is vectorised.
+    prompt (or the same one again when a row fills up). Built on the host from per-row lengths
+    (one loop over responses, not tokens; the per-token indices in numpy, a handful of calls
+    whatever the batch), then moved to the device; only the block mask is built there.
     """
     device = prompt_ids.device
     N, P = prompt_ids.shape
@@ -201,9 +203,8 @@ def _pack_plan(prompt_ids, prompt_mask, response_mask, pack_tokens: int) -> dict
             and torch.equal(response_mask, cols_r[None, :] < r_len[:, None])):
         return None
     # Rows with the same prompt (ids and length) share one encoding of it.
-    key = prompt_ids.masked_fill(~prompt_mask, -1)
-    _, group = torch.unique(key, dim=0, return_inverse=True)  # (N,)
-    p_len_l, r_len_l, group_l = p_len.tolist(), r_len.tolist(), group.tolist()
+    group_l = _prompt_groups(prompt_ids.masked_fill(~prompt_mask, -1).tolist())
+    p_len_l, r_len_l = p_len.tolist(), r_len.tolist()
 
     order = sorted(range(N), key=group_l.__getitem__)  # stable: a prompt's responses stay in order
     lay = _layout(order, group_l, p_len_l, r_len_l, pack_tokens)
@@ -211,71 +212,64 @@ def _pack_plan(prompt_ids, prompt_mask, response_mask, pack_tokens: int) -> dict
         even = _layout(order, group_l, p_len_l, r_len_l, -(-sum(lay["fills"]) // len(lay["fills"])))
         if len(even["fills"]) == len(lay["fills"]):
             lay = even
-    seg_pack, seg_start, seg_kind, seg_row, seg_len = (
-        lay[k] for k in ("pack", "start", "kind", "row", "len")
-    )
-    resp_pack, resp_start, resp_prompt_end = (
-        lay["resp_pack"],
-        lay["resp_start"],
-        lay["resp_prompt_end"],
-    )
+    seg_pack, seg_start, seg_kind, seg_row, seg_len, resp_pack, resp_start, resp_prompt_end = (
+        np.asarray(lay[k], dtype=np.int64)
+        for k in ("pack", "start", "kind", "row", "len", "resp_pack", "resp_start",
+                  "resp_prompt_end"))
     B, L = len(lay["fills"]), max(lay["fills"])
-
-    def t(x: list[int]) -> torch.Tensor:
-        return torch.as_tensor(x, dtype=torch.long, device=device)
-
-    seg_pack_t, seg_start_t, seg_kind_t, seg_row_t, seg_len_t = map(
-        t, (seg_pack, seg_start, seg_kind, seg_row, seg_len)
-    )
     S = len(seg_len)
-    tok_seg = torch.repeat_interleave(torch.arange(S, device=device), seg_len_t)  # (T_tot,)
-    seg_first = torch.cumsum(seg_len_t, 0) - seg_len_t  # (S,)
-    within = torch.arange(len(tok_seg), device=device) - seg_first[tok_seg]  # (T_tot,)
-    row = seg_row_t[tok_seg]
-    is_resp = seg_kind_t[tok_seg] == 1
+    p_len_n = np.asarray(p_len_l, dtype=np.int64)
+    tok_seg = np.repeat(np.arange(S), seg_len)  # (T_tot,) each token's segment
+    within = np.arange(len(tok_seg)) - (np.cumsum(seg_len) - seg_len)[tok_seg]
+    row = seg_row[tok_seg]
+    is_resp = seg_kind[tok_seg] == 1
     # Token source in cat([prompt_ids.flatten(), response_ids.flatten()]).
-    src = torch.where(is_resp, N * P + row * R + within, row * P + (P - p_len[row]) + within)
-    pos = torch.where(is_resp, p_len[row] + within, within)
-    flat = seg_pack_t[tok_seg] * L + seg_start_t[tok_seg] + within  # (T_tot,) position in (B*L)
+    src = np.where(is_resp, N * P + row * R + within, row * P + (P - p_len_n[row]) + within)
+    pos = np.where(is_resp, p_len_n[row] + within, within)
+    flat = seg_pack[tok_seg] * L + seg_start[tok_seg] + within  # (T_tot,) position in (B*L)
     # A token attends (causally) to its own segment and to its segment's prompt segment
     # (``owner``: the latest prompt segment laid out before it); a prompt is its own owner.
-    prompt_segs = (seg_kind_t == 0).nonzero().squeeze(-1)
-    seg_prompt = prompt_segs[
-        torch.searchsorted(prompt_segs, torch.arange(S, device=device), right=True) - 1
-    ]
-
-    token_src = torch.full((B * L,), 0, dtype=torch.long, device=device)
-    position = torch.zeros(B * L, dtype=torch.long, device=device)
-    seg_of = torch.full((B * L,), -1, dtype=torch.long, device=device)  # -1: padding
-    owner_of = torch.full((B * L,), -1, dtype=torch.long, device=device)
-    token_src[flat] = src
-    position[flat] = pos
-    seg_of[flat] = tok_seg
-    owner_of[flat] = seg_prompt[tok_seg]
-    seg_of, owner_of = seg_of.view(B, L), owner_of.view(B, L)
-    causal = torch.ones(L, L, dtype=torch.bool, device=device).tril_()
-    q_seg, k_seg = seg_of[:, :, None], seg_of[:, None, :]
-    allowed = (k_seg == q_seg) | (
-        k_seg == owner_of[:, :, None]
-    )  # (B, L, L): own segment or own prompt
-    allowed &= causal  # padding (segment −1) attends to padding: no row is empty
-
+    prompt_segs = np.flatnonzero(seg_kind == 0)
+    seg_prompt = prompt_segs[np.searchsorted(prompt_segs, np.arange(S), side="right") - 1]
+    token_src = np.zeros(B * L, dtype=np.int64)
+    position = np.zeros(B * L, dtype=np.int64)
+    seg_of = np.full(B * L, -1, dtype=np.int64)  # -1: padding
+    owner_of = np.full(B * L, -1, dtype=np.int64)
+    token_src[flat], position[flat] = src, pos
+    seg_of[flat], owner_of[flat] = tok_seg, seg_prompt[tok_seg]
     # The state predicting response token t of row i: the prompt's last token for t = 0,
-    # else response token t - 1 of the row's own segment.
-    ri, ti = response_mask.nonzero(as_tuple=True)  # row-major, as response_ids[response_mask]
-    base = t(resp_pack)[ri] * L
-    source = torch.where(
-        ti == 0, base + t(resp_prompt_end)[ri] - 1, base + t(resp_start)[ri] + ti - 1
-    )
+    # else response token t - 1 of the row's own segment (rows in order, as
+    # ``response_ids[response_mask]``).
+    r_len_n = np.asarray(r_len_l, dtype=np.int64)
+    ri = np.repeat(np.arange(N), r_len_n)
+    ti = np.arange(len(ri)) - (np.cumsum(r_len_n) - r_len_n)[ri]
+    base = resp_pack[ri] * L
+    source = np.where(ti == 0, base + resp_prompt_end[ri] - 1, base + resp_start[ri] + ti - 1)
+
+    def t(x: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(x).to(device)
+
+    seg_of_t, owner_of_t = t(seg_of).view(B, L), t(owner_of).view(B, L)
+    causal = torch.ones(L, L, dtype=torch.bool, device=device).tril_()
+    q_seg, k_seg = seg_of_t[:, :, None], seg_of_t[:, None, :]
+    allowed = (k_seg == q_seg) | (k_seg == owner_of_t[:, :, None])  # own segment or own prompt
+    allowed &= causal  # padding (segment −1) attends to padding: no row is empty
     return {
-        "token_src": token_src.view(B, L),
-        "position_ids": position.view(B, L),
+        "token_src": t(token_src).view(B, L),
+        "position_ids": t(position).view(B, L),
         "allowed": allowed[:, None],
-        "source": source,
+        "source": t(source),
         "tokens": B * L,
         "padded_tokens": N * (P + R - 1),
     }
 
+
+def _prompt_groups(keys: list[list[int]]) -> list[int]:
+    """Each row's group: the rank of its prompt (ids, −1 for padding) among the distinct prompts
+    in lexicographic order (``torch.unique(dim=0)``'s numbering, so layouts do not change)."""
+    rows = [tuple(k) for k in keys]
+    rank = {k: i for i, k in enumerate(sorted(set(rows)))}
+    return [rank[k] for k in rows]
 
 
 def _layout(

@@ -37,7 +37,7 @@ try:  # transformers >= 4.56: caches made of per-layer objects
 except ImportError:  # older: the plain DynamicCache
     DynamicLayer = None
 
-from explorl.rollout.lean import hooks_bypassed, lean_logits, lean_supported
+from explorl.rollout.lean import lean_logits, lean_sampling_supported
 from explorl.rollout.seeding import NoiseStream, row_keys
 from explorl.rollout.types import Rollouts
 
@@ -178,7 +178,7 @@ class HFEngine:
     ) -> Rollouts:
         """Sample one response per entry of ``prompt_index`` (rows of one prompt are adjacent)."""
         device = next(model.parameters()).device
-        lean = self.lean and lean_supported(model) and not hooks_bypassed(model)
+        lean = self.lean and lean_sampling_supported(model)
         # The plain call runs the modules, in eval mode; the lean call reads no module's training
         # flag, so it skips the two walks over every submodule that toggling costs (~1 ms a step
         # on the lab model).

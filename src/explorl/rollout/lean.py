@@ -34,6 +34,11 @@ _GQA_KWARG = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
 
 def lean_supported(model: torch.nn.Module) -> bool:
     """Whether ``lean_logits`` computes exactly what ``model(...)`` does for this model."""
+    return _config_supported(model) and _scan(model)[0]
+
+
+def _config_supported(model: torch.nn.Module) -> bool:
+    """``lean_supported``'s checks that need no walk over the parameters."""
     cfg = getattr(model, "config", None)
     if cfg is None or type(model).__name__ not in _ARCHS:
         return False
@@ -66,10 +71,34 @@ def lean_supported(model: torch.nn.Module) -> bool:
             return False
         if not hasattr(layer.input_layernorm, "variance_epsilon"):
             return False
-    for p in model.parameters():  # sharded (DTensor) or offloaded weights: the module must run
-        if type(p) is not torch.nn.Parameter or p.device.type == "meta":
-            return False
     return True
+
+
+def lean_sampling_supported(model: torch.nn.Module) -> bool:
+    """``lean_supported`` and no hook the lean call would skip (``hooks_bypassed``): whether the
+    sampler may call ``lean_logits`` (one walk over the modules for both)."""
+    if not _config_supported(model):
+        return False
+    params_ok, bypassed = _scan(model)
+    return params_ok and not bypassed
+
+
+def _scan(model: torch.nn.Module) -> tuple[bool, bool]:
+    """One walk over the modules: (every parameter a plain ``Parameter`` off the meta device —
+    sharded (DTensor) or offloaded weights need the module's own call —, a hook the lean calls
+    would skip: on any module but the model itself, the rotary table, the projections and the
+    embeddings, or a global module hook)."""
+    called = (torch.nn.Linear, torch.nn.Embedding)  # called as modules: their hooks still fire
+    rotary = model.model.rotary_emb
+    params_ok = True
+    bypassed = any(getattr(torch.nn.modules.module, g) for g in _GLOBAL_HOOKS)
+    for m in model.modules():
+        for p in m._parameters.values():
+            if p is not None and (type(p) is not torch.nn.Parameter or p.device.type == "meta"):
+                params_ok = False
+        if not bypassed and m is not model and m is not rotary and not isinstance(m, called):
+            bypassed = _hooked(m)
+    return params_ok, bypassed
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -101,8 +130,7 @@ def lean_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | N
     body = model.model
     N, L = input_ids.shape
     h = body.embed_tokens(input_ids)
-    cos, sin = body.rotary_emb(h, position_ids)  # (N, L, D) each, in h's dtype
-    cos, sin = cos[:, None], sin[:, None]
+    cos, sin = _rope_tables(*body.rotary_emb(h, position_ids))
     past = cache.get_seq_length()
     causal = L > 1 and attention_mask is None and past == 0  # sdpa's own causal mask
     if attention_mask is not None or (L > 1 and not causal):
@@ -129,8 +157,8 @@ def lean_hidden(model, input_ids: torch.Tensor, mask: torch.Tensor,
     The loss pass's packed layout calls it where ``lean_training_supported`` (forward.py)."""
     body = model.model
     h = body.embed_tokens(input_ids)
-    cos, sin = body.rotary_emb(h, position_ids)
-    h = _decoder(model, h, cos[:, None], sin[:, None], mask, False, None)
+    cos, sin = _rope_tables(*body.rotary_emb(h, position_ids))
+    h = _decoder(model, h, cos, sin, mask, False, None)
     return _norm(body.norm, h)
 
 
@@ -140,7 +168,7 @@ def lean_training_supported(model) -> bool:
     hooks, no activation checkpointing, no ``model.compile`` call switched on, no wrapper such as
     FSDP's around them), without attention dropout in training, and no autocast (mixed
     precision takes transformers' forward)."""
-    if not lean_supported(model):
+    if not _config_supported(model):
         return False
     cfg, layers = model.config, model.model.layers
     if model.training and getattr(cfg, "attention_dropout", 0.0):
@@ -155,18 +183,16 @@ def lean_training_supported(model) -> bool:
             return False
         if getattr(m, "_compiled_call_impl", None) is not None:
             return False
-    return not hooks_bypassed(model)
+    params_ok, bypassed = _scan(model)
+    return params_ok and not bypassed
 
 
 def hooks_bypassed(model) -> bool:
     """Whether a hook would be skipped by the lean calls: one on a module whose call they bypass
     (the body, layers, attention, MLP, norms), or a global module hook (it would fire for some
-    modules only). Hooks on the projections, embeddings and output layer fire as usual."""
-    if any(getattr(torch.nn.modules.module, g) for g in _GLOBAL_HOOKS):
-        return True
-    called = (torch.nn.Linear, torch.nn.Embedding)  # called as modules: their hooks still fire
-    return any(not isinstance(m, called) and m is not model.model.rotary_emb and _hooked(m)
-               for m in model.model.modules())
+    modules only). Hooks on the projections, embeddings and output layer fire as usual (a
+    projection's input is (N·L, D) rows in the lean calls, (N, L, D) in transformers')."""
+    return _scan(model)[1]
 
 
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
@@ -178,14 +204,27 @@ def _hooked(m: torch.nn.Module) -> bool:
                 or m._backward_pre_hooks)
 
 
+def _rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotary tables (N, L, d) as ``_decoder`` applies them: (N, 1, L, d) each, the sine's
+    first half negated. transformers rotates x as x·cos + rotate_half(x)·sin with rotate_half(x)
+    = [−x₂, x₁]; [x₂, x₁] (``x.roll(d/2)``) times [−sin₁, sin₂] is the same products, a sign
+    moved from one factor to the other (exact), in one op instead of four. Built once a call."""
+    half = sin.shape[-1] // 2
+    sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+    return cos[:, None], sin[:, None]
+
+
 def _decoder(model, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
              mask: torch.Tensor | None, causal: bool, cache) -> torch.Tensor:
     """The decoder layers over hidden states ``h`` (N, L, D); keys and values appended to
-    ``cache`` when one is given (sampling), attending over the new positions only otherwise."""
+    ``cache`` when one is given (sampling), attending over the new positions only otherwise.
+    ``cos``/``sin`` from ``_rope_tables``. The residual stream is kept as (N·L, D) rows, so each
+    projection is one matrix product (transformers folds (N, L, D) into the same product)."""
     cfg = model.config
-    N, L = h.shape[:2]
+    N, L, D = h.shape
     heads = cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    h = h.reshape(N * L, D)
     for i, layer in enumerate(model.model.layers[: cfg.num_hidden_layers]):
         attn = layer.self_attn
         d = attn.head_dim
@@ -197,8 +236,8 @@ def _decoder(model, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm of queries and keys
             q, k = _norm(attn.q_norm, q), _norm(attn.k_norm, k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
-        q = q * cos + torch.cat((-q[..., half:], q[..., :half]), dim=-1) * sin
-        k = k * cos + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * sin
+        q = q * cos + q.roll(half, -1) * sin
+        k = k * cos + k.roll(half, -1) * sin
         if cache is not None:
             k, v = cache.layers[i].update(k, v)
         gqa, rep = {}, heads // kv_heads
@@ -214,8 +253,8 @@ def _decoder(model, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                                            is_causal=causal, **gqa)
         if o.shape[1] != heads:
             o = o.reshape(N, heads, L, d)
-        h = h + attn.o_proj(o.transpose(1, 2).reshape(N, L, -1).contiguous())
+        h = h + attn.o_proj(o.transpose(1, 2).reshape(N * L, -1))
         x = _norm(layer.post_attention_layernorm, h)
         mlp = layer.mlp
         h = h + mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
-    return h
+    return h.view(N, L, D)
