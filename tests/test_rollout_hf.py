@@ -216,6 +216,19 @@ def test_rows_grouped_by_prompt_with_their_prompt_and_masks(lab):
         assert ro.texts[r] == tok.decode(toks, skip_special_tokens=True)
 
 
+def test_rollouts_leave_inference_mode_as_normal_tensors(lab):
+    # The engine samples in torch.inference_mode; what it returns must be usable by the loss:
+    # saved for backward (torch.where saves its mask) and changed in place.
+    tok, model, ids = lab
+    ro = HFEngine(tok).generate(model, ids, [2] * len(ids), 1.0, 4, seeds=list(range(len(ids))))
+    tensors = [v for v in vars(ro).values() if isinstance(v, torch.Tensor)]
+    assert len(tensors) >= 8 and not any(t.is_inference() for t in tensors)
+    logp = torch.zeros_like(ro.old_logp, requires_grad=True)
+    torch.where(ro.response_mask, logp - ro.old_logp, 0.0).exp().sum().backward()
+    assert torch.equal(logp.grad != 0, ro.response_mask)
+    ro.old_logp.zero_()
+
+
 def test_truncation_and_custom_eos_ids():
     model = random_llama()
     tok = _FakeTokenizer()

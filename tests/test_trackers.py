@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import typing
 
 import pytest
@@ -110,6 +111,8 @@ def test_wandb_offline_writes_a_local_run_and_resumes_it(tmp_path, monkeypatch):
     offline = sorted((run / "wandb").glob(f"offline-run-*-{run_id}"))
     assert len(offline) == 1 and (offline[0] / f"run-{run_id}.wandb").stat().st_size > 0
     assert list((offline[0] / "files" / "media" / "table").rglob("*.table.json"))
+    # wandb names an offline run's directory by the second it starts: resume in the next one.
+    time.sleep(1.05 - time.time() % 1)
     t = Trackers(cfg_with("wandb"), run, resume=True, start_step=2)
     t.log(rows([3])[1], 3)
     t.close()

@@ -140,7 +140,6 @@ class HFEngine:
         eos = eos_ids if eos_ids is not None else [tokenizer.eos_token_id]
         self.eos_ids = torch.as_tensor([e for e in eos if e is not None], dtype=torch.long)
 
-    @torch.no_grad()
     def generate(
         self,
         model: torch.nn.Module,
@@ -158,20 +157,25 @@ class HFEngine:
         rows = [i for i, n in enumerate(n_samples) for _ in range(n)]  # response -> prompt
         keys = row_keys(seeds, n_samples) if seeds is not None else None  # (N,) per-response keys
         parts = []
-        for start in range(0, len(rows), self.batch_size):
-            chunk = rows[start: start + self.batch_size]
-            parts.append(
-                self._generate_rows(
-                    model,
-                    prompt_ids,
-                    chunk,
-                    temperature,
-                    max_new_tokens,
-                    generator,
-                    None if keys is None else keys[start : start + self.batch_size],
+        # Inference mode: no autograd bookkeeping on any op (version counters, view tracking),
+        # ~5% of the lab's sampling time. The record leaves it as normal tensors (copies), which
+        # the loss may save for its backward.
+        with torch.inference_mode():
+            for start in range(0, len(rows), self.batch_size):
+                chunk = rows[start: start + self.batch_size]
+                parts.append(
+                    self._generate_rows(
+                        model,
+                        prompt_ids,
+                        chunk,
+                        temperature,
+                        max_new_tokens,
+                        generator,
+                        None if keys is None else keys[start : start + self.batch_size],
+                    )
                 )
-            )
-        return Rollouts.concat(parts, self.pad_id) if len(parts) > 1 else parts[0]
+            ro = Rollouts.concat(parts, self.pad_id) if len(parts) > 1 else parts[0]
+        return ro.copy()
 
     def _generate_rows(
         self, model, prompt_ids, prompt_index, temperature, max_new_tokens, generator, keys=None

@@ -50,6 +50,13 @@ class Rollouts:
                 out[f.name] = v
         return replace(self, **out)
 
+    def copy(self) -> "Rollouts":
+        """A copy of every tensor field (made outside ``torch.inference_mode``, the copies are
+        normal tensors: autograd may save them, in-place ops may change them)."""
+        out = {f.name: getattr(self, f.name).clone() for f in fields(self)
+               if isinstance(getattr(self, f.name), torch.Tensor)}
+        return replace(self, **out)
+
     @staticmethod
     def concat(parts: list["Rollouts"], pad_id: int) -> "Rollouts":
         """Stack several rollout records (prompt_index is kept as is)."""
