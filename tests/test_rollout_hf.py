@@ -21,7 +21,7 @@ from transformers import (
 
 from explorl.algorithms import naive_logprobs
 from explorl.forward import _pack_plan, _prompt_groups, response_logprobs, takes_custom_mask
-from explorl.rollout.hf import HFEngine, decode_cache
+from explorl.rollout.hf import HFEngine, decode_cache, left_pad
 from explorl.rollout.seeding import (
     MT_VOCAB_MAX,
     NoiseStream,
@@ -227,6 +227,15 @@ def test_rollouts_leave_inference_mode_as_normal_tensors(lab):
     torch.where(ro.response_mask, logp - ro.old_logp, 0.0).exp().sum().backward()
     assert torch.equal(logp.grad != 0, ro.response_mask)
     ro.old_logp.zero_()
+
+
+def test_left_pad_right_aligns_prompts_with_a_mask():
+    ids, mask = left_pad([[5, 6, 7], [8], [], [9, 4]], 0, torch.device("cpu"))
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8], [0, 0, 0], [0, 9, 4]]
+    assert mask.dtype == torch.bool and mask.sum(-1).tolist() == [3, 1, 0, 2]
+    assert (ids[~mask] == 0).all()
+    ids, mask = left_pad([[]], 3, torch.device("cpu"))
+    assert ids.shape == mask.shape == (1, 0) and mask.dtype == torch.bool
 
 
 def test_truncation_and_custom_eos_ids():

@@ -47,13 +47,10 @@ def left_pad(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad token lists to one width: ``(ids (N, P), mask (N, P) bool)``."""
     width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.bool)
-    for i, s in enumerate(seqs):
-        if s:
-            ids[i, width - len(s):] = torch.as_tensor(s, dtype=torch.long)
-            mask[i, width - len(s):] = True
-    return ids.to(device), mask.to(device)
+    ids = torch.tensor([[pad_id] * (width - len(s)) + list(s) for s in seqs], dtype=torch.long)
+    mask = torch.tensor([[False] * (width - len(s)) + [True] * len(s) for s in seqs],
+                        dtype=torch.bool)
+    return ids.reshape(len(seqs), width).to(device), mask.reshape(len(seqs), width).to(device)
 
 
 def position_ids(mask: torch.Tensor) -> torch.Tensor:
