@@ -219,8 +219,8 @@ def _pack_plan(prompt_ids, prompt_mask, response_mask, pack_tokens: int) -> dict
     B, L = len(lay["fills"]), max(lay["fills"])
     S = len(seg_len)
     p_len_n = np.asarray(p_len_l, dtype=np.int64)
-    tok_seg = np.repeat(np.arange(S), seg_len)  # (T_tot,) each token's segment
-    within = np.arange(len(tok_seg)) - (np.cumsum(seg_len) - seg_len)[tok_seg]
+    tok_seg = np.repeat(np.arange(S, dtype=np.int64), seg_len)  # (T_tot,) each token's segment
+    within = np.arange(len(tok_seg), dtype=np.int64) - (np.cumsum(seg_len) - seg_len)[tok_seg]
     row = seg_row[tok_seg]
     is_resp = seg_kind[tok_seg] == 1
     # Token source in cat([prompt_ids.flatten(), response_ids.flatten()]).
@@ -241,8 +241,8 @@ def _pack_plan(prompt_ids, prompt_mask, response_mask, pack_tokens: int) -> dict
     # else response token t - 1 of the row's own segment (rows in order, as
     # ``response_ids[response_mask]``).
     r_len_n = np.asarray(r_len_l, dtype=np.int64)
-    ri = np.repeat(np.arange(N), r_len_n)
-    ti = np.arange(len(ri)) - (np.cumsum(r_len_n) - r_len_n)[ri]
+    ri = np.repeat(np.arange(N, dtype=np.int64), r_len_n)
+    ti = np.arange(len(ri), dtype=np.int64) - (np.cumsum(r_len_n) - r_len_n)[ri]
     base = resp_pack[ri] * L
     source = np.where(ti == 0, base + resp_prompt_end[ri] - 1, base + resp_start[ri] + ti - 1)
 
