@@ -439,6 +439,19 @@ def test_prompt_groups_number_prompts_as_torch_unique_does():
         assert _prompt_groups(keys.tolist()) == expected.tolist()
 
 
+def test_large_prompt_tables_pack_as_small_ones(monkeypatch):
+    # Past forward._HOST_GROUPING_MAX ids the groups come from torch.unique: the same plan.
+    from explorl import forward
+
+    batch = sample_batch(random_llama(), [3, 2, 4], seed=2)
+    small = _pack_plan(batch[0], batch[1], batch[3], pack_tokens=12)
+    monkeypatch.setattr(forward, "_HOST_GROUPING_MAX", 0)
+    large = _pack_plan(batch[0], batch[1], batch[3], pack_tokens=12)
+    assert small.keys() == large.keys()
+    assert all(torch.equal(small[k], large[k]) if isinstance(small[k], torch.Tensor)
+               else small[k] == large[k] for k in small)
+
+
 def test_packed_handles_empty_rows_and_long_responses():
     model = random_llama()
     pids, pmask, rids, rmask = sample_batch(model, [2, 3], seed=4)
