@@ -9,13 +9,13 @@ as ``LlamaRMSNorm``; sdpa's CPU kernel gives the same values with an additive ma
 one or none), so its logits equal transformers' bit for bit on the models it accepts
 (tests/test_rollout_lean.py); benchmarks/README.md has what it saves.
 
-Used by the ``hf`` rollout engine when ``lean_supported(model)``; other architectures, remote
-code, sliding-window or non-default RoPE, quantised or sharded (FSDP) weights take the plain
-model call. The loss pass's packed layout runs the same layers with gradients (``lean_hidden``)
-when ``lean_training_supported(model)``: DDP still sees the call (it wraps the whole log-prob
-pass, ``dist.LogProbModule``); FSDP, activation checkpointing, ``model.compile`` and autocast
-take transformers' forward. Both calls give way to transformers' when a hook sits on a module
-they bypass (``hooks_bypassed``), so every hook fires.
+Used by the ``hf`` rollout engine when ``lean_sampling_supported(model)``; other architectures,
+remote code, sliding-window or non-default RoPE, quantised or sharded (FSDP) weights take the
+plain model call. The loss pass's packed layout runs the same layers with gradients
+(``lean_hidden``) when ``lean_training_supported(model)``: DDP still sees the call (it wraps the
+whole log-prob pass, ``dist.LogProbModule``); FSDP, activation checkpointing, ``model.compile``
+and autocast take transformers' forward. Both calls give way to transformers' when a hook sits
+on a module they bypass (``hooks_bypassed``), so every hook fires.
 """
 
 from __future__ import annotations
@@ -77,8 +77,11 @@ def _config_supported(model: torch.nn.Module) -> bool:
 def lean_sampling_supported(model: torch.nn.Module) -> bool:
     """``lean_supported`` and no hook the lean call would skip (``hooks_bypassed``): whether the
     sampler may call ``lean_logits`` (one walk over the modules for both)."""
-    if not _config_supported(model):
-        return False
+    return _config_supported(model) and _runs_plainly(model)
+
+
+def _runs_plainly(model: torch.nn.Module) -> bool:
+    """Plain parameters and no hook the lean calls would skip (``_scan``)."""
     params_ok, bypassed = _scan(model)
     return params_ok and not bypassed
 
@@ -183,8 +186,7 @@ def lean_training_supported(model) -> bool:
             return False
         if getattr(m, "_compiled_call_impl", None) is not None:
             return False
-    params_ok, bypassed = _scan(model)
-    return params_ok and not bypassed
+    return _runs_plainly(model)
 
 
 def hooks_bypassed(model) -> bool:
