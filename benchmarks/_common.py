@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT / "src"))
 torch.set_num_threads(1)
 
 from explorl import config as C  # noqa: E402
-from explorl.trainer import Trainer  # noqa: E402
+from explorl.training.loop import Trainer  # noqa: E402
 
 
 def machine() -> str:

@@ -40,8 +40,8 @@ def worker(spec: dict) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from explorl.forward import response_logprobs
     from explorl.models import enable_checkpointing
+    from explorl.training.forward import response_logprobs
 
     torch.manual_seed(0)
     torch.set_num_threads(1)

@@ -146,7 +146,7 @@ def explorl_config(base: Path, prompts: int, steps: int, length: int, sets: list
 
 def run_explorl(spec: dict) -> dict:
 
-    from explorl.trainer import Trainer
+    from explorl.training.loop import Trainer
 
     base, R = Path(spec["base"]), spec["length"]
     cfg = explorl_config(base, spec["prompts"], spec["warmup"] + spec["steps"], R, spec["sets"])
@@ -236,7 +236,7 @@ def precision_checks(base: Path) -> None:
     recomputed log-probs agree, no non-finite step; fp32 beside it."""
     import torch
 
-    from explorl.trainer import Trainer
+    from explorl.training.loop import Trainer
 
     cases = [("bfloat16", "sampler", False), ("bfloat16", "recompute", False),
              ("bfloat16", "sampler", True), ("float32", "sampler", False)]

@@ -139,7 +139,7 @@ def run_explorl(spec: dict) -> dict:
     from _common import C, cpu_seconds, peak_rss_mb
     from vs_trl import children_rss_mb, explorl_config
 
-    from explorl.trainer import Trainer
+    from explorl.training.loop import Trainer
 
     if spec.get("recipe"):
         cfg = C.load(

@@ -66,9 +66,9 @@ def ablate(model, tok, train, P: int, G: int, args) -> None:
     """Print the sampling and loss-pass variants' CPU times for P prompts × G samples."""
     import torch
 
-    from explorl.forward import response_logprobs
     from explorl.models import render_prompt
     from explorl.rollout.hf import HFEngine, left_pad
+    from explorl.training.forward import response_logprobs
 
     size = f"{P}x{G}"
     engine, no_compact = (

@@ -127,7 +127,7 @@ def explorl_config(prompts: int, samples: int, steps: int, max_new: int = MAX_NE
 
 def run_explorl(prompts: int, samples: int, steps: int, warmup: int, src: str) -> dict:
     sys.path.insert(0, src)
-    from explorl.trainer import Trainer
+    from explorl.training.loop import Trainer
 
     cfg = explorl_config(prompts, samples, warmup + steps)
     with tempfile.TemporaryDirectory() as out:

@@ -13,7 +13,7 @@ from conftest import tiny_config
 
 from explorl import config as C
 from explorl.cli import main
-from explorl.runlog import read_metrics
+from explorl.outputs.runlog import read_metrics
 
 
 @pytest.fixture

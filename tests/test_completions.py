@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from explorl.completions import (
+from explorl.data.records import PromptRecord
+from explorl.outputs.completions import (
     Completion,
     CompletionsLog,
     completions_of,
@@ -19,7 +20,6 @@ from explorl.completions import (
     read_completions,
     training_completions,
 )
-from explorl.data.records import PromptRecord
 
 FIELDS = [f.name for f in dataclasses.fields(Completion)]
 DOC = Path(__file__).resolve().parents[1] / "docs" / "completions.md"
@@ -97,9 +97,9 @@ def test_resume_truncates_the_interrupted_tail(tmp_path):
 def test_training_and_validation_rows_of_a_real_step(make_config, tmp_path, monkeypatch):
     """Rows built from a trainer step's own rollouts: their rewards and scores average to the
     step's reward/mean and reward/accuracy; validation rows average to val/accuracy."""
-    import explorl.trainer as trainer_mod
+    import explorl.training.loop as trainer_mod
     from explorl.eval.validate import validate
-    from explorl.trainer import Trainer
+    from explorl.training.loop import Trainer
 
     captured = []
     real_collect = trainer_mod.collect
@@ -147,7 +147,7 @@ def test_training_and_validation_rows_of_a_real_step(make_config, tmp_path, monk
 
 
 def test_three_step_run_writes_completions(make_config, tmp_path):
-    from explorl.trainer import Trainer
+    from explorl.training.loop import Trainer
 
     cfg = make_config({"max_steps": 3, "eval": {"every": 3},
                        "log": {"completions_every": 1, "completions_per_step": 2}})
@@ -163,8 +163,8 @@ def test_run_outputs_write_metrics_completions_and_trackers_and_resume(tmp_path)
     """The trainer's one handle on its outputs; a resume at step 2 drops the later rows of
     metrics.jsonl and completions.jsonl and continues the tracker run."""
     from explorl import config as C
-    from explorl.outputs import RunOutputs
-    from explorl.runlog import read_metrics
+    from explorl.outputs.record import RunOutputs
+    from explorl.outputs.runlog import read_metrics
 
     cfg = C.load(None, ["log.report_to=[tensorboard]", "log.completions_every=2",
                         "log.completions_per_step=1"])

@@ -11,7 +11,7 @@ from explorl.control import ControlBank, EEPOGate
 from explorl.rollout.seeding import mix_seed
 from explorl.rollout.two_stage import TwoStage, unlearn_step
 from explorl.rollout.types import Rollouts
-from explorl.step_batch import policy_entropy, response_stats
+from explorl.training.batch import policy_entropy, response_stats
 
 # ----------------------------------------------------------------------------- the gate
 

@@ -297,8 +297,8 @@ def test_rows_in_memory_and_a_datasets_dataset():
 def test_question_column_trains_with_prompt_key(make_config, tmp_path):
     import datasets
 
-    from explorl.runlog import read_metrics
-    from explorl.trainer import Trainer
+    from explorl.outputs.runlog import read_metrics
+    from explorl.training.loop import Trainer
 
     rows = [{"question": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
     path = write_jsonl(tmp_path / "train.jsonl", rows)

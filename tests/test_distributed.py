@@ -23,10 +23,10 @@ from conftest import tiny_config
 from safetensors.torch import load_file
 
 from explorl import config as C
-from explorl.dist import Single
+from explorl.outputs.runlog import read_metrics
 from explorl.rollout.seeding import NoiseStream, gumbel_sample, row_keys
-from explorl.runlog import read_metrics
-from explorl.trainer import TIME_KEYS, Trainer
+from explorl.training.distributed import Single
+from explorl.training.loop import TIME_KEYS, Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 REL, ABS = 1e-4, 1e-5  # metrics
@@ -174,7 +174,7 @@ def test_shipped_accelerate_configs_load(name):
 
     cfg = load_config_from_file(str(ROOT / "recipes" / "accelerate" / f"{name}.yaml"))
     assert cfg.num_processes >= 2 and cfg.num_processes % cfg.num_machines == 0
-    if name == "fsdp":  # what explorl supports (see explorl.dist)
+    if name == "fsdp":  # what explorl supports (see explorl.training.distributed)
         assert (
             cfg.fsdp_config["fsdp_version"] == 1
             and cfg.fsdp_config["fsdp_use_orig_params"] is False

@@ -16,9 +16,12 @@ import pytest
 import torch
 import yaml
 
-from explorl import checkpoint as ckpt_mod
 from explorl import config as C
-from explorl.checkpoint import (
+from explorl.cli import main
+from explorl.errors import CheckpointError, ExplorlError, NonFiniteError
+from explorl.outputs.runlog import MetricsLog, read_metrics
+from explorl.training import checkpoint as ckpt_mod
+from explorl.training.checkpoint import (
     finite_or_raise,
     latest_checkpoint,
     list_checkpoints,
@@ -26,10 +29,7 @@ from explorl.checkpoint import (
     nonfinite_parameters,
     save_checkpoint,
 )
-from explorl.cli import main
-from explorl.errors import CheckpointError, ExplorlError, NonFiniteError
-from explorl.runlog import MetricsLog, read_metrics
-from explorl.trainer import TIME_KEYS, Trainer
+from explorl.training.loop import TIME_KEYS, Trainer
 
 ENOSPC = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
@@ -205,16 +205,16 @@ def test_failed_metrics_write_names_the_file(tmp_path):
 
 
 def test_last_step_is_saved_once(make_config, tmp_path, monkeypatch):
-    import explorl.run_state
+    import explorl.training.state
 
     saved = []
-    real = explorl.run_state.save_checkpoint
+    real = explorl.training.state.save_checkpoint
 
     def counting(run_dir, step, *a, **k):
         saved.append(step)
         return real(run_dir, step, *a, **k)
 
-    monkeypatch.setattr(explorl.run_state, "save_checkpoint", counting)
+    monkeypatch.setattr(explorl.training.state, "save_checkpoint", counting)
     Trainer(
         make_config({"max_steps": 4, "log": {"checkpoint_every": 2}, "eval": {"every": 0}}),
         tmp_path / "a",

@@ -482,13 +482,13 @@ def _write(tmp_path, files: dict) -> None:
 @pytest.fixture
 def cli(tmp_path, monkeypatch, capsys):
     """Run ``explorl train r.yaml`` in-process; fail if a Trainer (hence a model) is reached."""
-    import explorl.trainer
+    import explorl.training.loop
 
     class NoTrainer:
         def __init__(self, *a, **k):
             raise AssertionError("the recipe was accepted and a Trainer was built")
 
-    monkeypatch.setattr(explorl.trainer, "Trainer", NoTrainer)
+    monkeypatch.setattr(explorl.training.loop, "Trainer", NoTrainer)
     monkeypatch.chdir(tmp_path)
 
     def run(files: dict, extra: list[str] = ()) -> str:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from explorl.runlog import read_metrics
-from explorl.trainer import Trainer
+from explorl.outputs.runlog import read_metrics
+from explorl.training.loop import Trainer
 
 BASE = {"max_steps": 2, "eval": {"every": 0}, "optim": {"mini_batches": 2, "micro_batch_size": 3}}
 

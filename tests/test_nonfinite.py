@@ -10,10 +10,10 @@ import torch
 import yaml
 
 from explorl import config as C
-from explorl.checkpoint import list_checkpoints
 from explorl.cli import main
-from explorl.runlog import read_metrics
-from explorl.trainer import Trainer
+from explorl.outputs.runlog import read_metrics
+from explorl.training.checkpoint import list_checkpoints
+from explorl.training.loop import Trainer
 
 
 def _recipe(tmp_path, cfg) -> str:

@@ -2,7 +2,7 @@
 
 import json
 
-from explorl.plots import plot_training_curves
+from explorl.outputs.plots import plot_training_curves
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

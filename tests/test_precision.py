@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from explorl import config as C
-from explorl.trainer import Trainer
+from explorl.training.loop import Trainer
 
 
 def _weights(model) -> dict[str, torch.Tensor]:

@@ -139,8 +139,8 @@ def test_canary_a_hostile_answer_runs_only_in_a_worker_and_only_with_the_opt_in(
 @pytest.mark.slow
 def test_chain_sum_trains_on_its_lab_model_scored_in_the_pool(tmp_path):
     from explorl.lab import lab_model_path
-    from explorl.runlog import read_metrics
-    from explorl.trainer import Trainer
+    from explorl.outputs.runlog import read_metrics
+    from explorl.training.loop import Trainer
 
     model = lab_model_path("rg:chain_sum", cache_dir=tmp_path / "cache", size="tiny",
                            **SIZES, **CHAIN)

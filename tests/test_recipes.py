@@ -8,8 +8,8 @@ import pytest
 from conftest import TINY_LAB_CONFIG
 
 from explorl import config as C
-from explorl.runlog import read_metrics
-from explorl.trainer import Trainer
+from explorl.outputs.runlog import read_metrics
+from explorl.training.loop import Trainer
 
 ROOT = Path(__file__).resolve().parents[1] / "recipes"
 RECIPES = sorted(p for p in ROOT.rglob("*.yaml") if "accelerate" not in p.parts)

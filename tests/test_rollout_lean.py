@@ -173,8 +173,7 @@ def packed_batch(vocab: int, seed: int = 0):
 
 def loss_pass(model, batch, lean: bool, monkeypatch):
     """Log-probs, entropies and every parameter's gradient of one packed loss pass."""
-    from explorl import forward
-
+    from explorl.training import forward
     calls = []
     with monkeypatch.context() as m:
         if lean:

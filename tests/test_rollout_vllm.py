@@ -15,9 +15,9 @@ pytest.importorskip("vllm")
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from explorl.forward import response_logprobs
 from explorl.rollout import vllm as V
 from explorl.rollout.hf import HFEngine
+from explorl.training.forward import response_logprobs
 
 pytestmark = pytest.mark.vllm
 
@@ -205,8 +205,8 @@ def test_the_trainer_samples_with_vllm_and_pushes_every_update(make_config, tmp_
     """Two steps with EEPO's gate open (policy and unlearned copy pushed) and validation."""
     from test_trainer import _documented_metric_patterns
 
-    from explorl.runlog import read_metrics
-    from explorl.trainer import Trainer
+    from explorl.outputs.runlog import read_metrics
+    from explorl.training.loop import Trainer
 
     cfg = make_config({"rollout": {"engine": "vllm", "vllm": {"kv_cache_gib": 0.25}},
                        "control": {"eepo": {"enabled": True, "alpha": 10.0}}})

@@ -15,8 +15,8 @@ import typing
 import pytest
 
 from explorl import config as C
-from explorl.runlog import read_metrics
-from explorl.trackers import STATE_FILE, TrackerError, Trackers, flat_config, scalars
+from explorl.outputs.runlog import read_metrics
+from explorl.outputs.trackers import STATE_FILE, TrackerError, Trackers, flat_config, scalars
 
 ROW = {"step": 3, "split": "train", "data_source": "lab/addition", "prompt": "3+4=",
        "ground_truth": "7", "response": "7", "score": 1.0, "reward": 1.0}
@@ -86,7 +86,7 @@ def test_tensorboard_resume_replaces_the_interrupted_tail(tmp_path):
 
 
 def test_three_step_run_writes_reward_mean_to_tensorboard(make_config, tmp_path):
-    from explorl.trainer import Trainer
+    from explorl.training.loop import Trainer
 
     cfg = make_config({"max_steps": 3, "log": {"report_to": ["tensorboard"]}})
     Trainer(cfg, tmp_path / "run").train()
@@ -208,8 +208,7 @@ class Recorder:
 def test_resume_skips_the_steps_the_interrupted_run_logged(tmp_path, monkeypatch):
     """Checkpoint at step 2, interrupted after logging step 3: the resumed run's step 3 goes
     only to trackers that purge (TensorBoard); the others already hold it."""
-    from explorl import trackers
-
+    from explorl.outputs import trackers
     monkeypatch.setitem(trackers.TRACKERS, "recorder", Recorder)
     monkeypatch.setattr(Recorder, "logged", [])
     run = tmp_path / "run"

@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file
 
 from explorl import config as C
+from explorl.outputs.runlog import read_metrics
 from explorl.rollout.fake import FakeEngine
-from explorl.runlog import read_metrics
-from explorl.trainer import TIME_KEYS, Trainer
+from explorl.training.loop import TIME_KEYS, Trainer
 
 REQUIRED = [
     "step",
@@ -223,7 +223,7 @@ def test_resume_reproduces_uninterrupted_run(make_config, tmp_path, extra):
 @pytest.mark.parametrize("fused, cpu", [(None, True), (True, True), (False, None)])
 def test_fused_adamw_unless_turned_off(fused, cpu):
     from explorl.config import OptimConfig
-    from explorl.update import make_optimizer
+    from explorl.training.update import make_optimizer
 
     model = torch.nn.Linear(3, 2)
     o = OptimConfig(fused=fused)
@@ -485,7 +485,7 @@ def test_eepo_metrics_with_dynamic_sampling_are_means_over_rounds(make_config, t
 def test_cpu_seconds_are_the_process_time_spent_in_the_step(make_config, tmp_path, monkeypatch):
     """``time/cpu_s`` = process CPU time at the step's end − at its start (a fake clock that
     advances 0.25 s per reading: the step reads it twice, at its start and its end)."""
-    import explorl.trainer as trainer_mod
+    import explorl.training.loop as trainer_mod
 
     t = Trainer(make_config(), tmp_path / "run")
     clock = iter(10.0 + 0.25 * i for i in range(1000))
@@ -498,7 +498,7 @@ def test_cpu_adamw_off_fused_is_multi_tensor_and_bit_for_bit_torchs_default():
     # optim.fused: false takes the foreach path (faster than torch's CPU default); it must
     # compute exactly what torch's one-tensor-at-a-time default does, or the lab studies that
     # pin it would drift. The fused default rounds differently in the last bit.
-    from explorl.update import make_optimizer
+    from explorl.training.update import make_optimizer
 
     def run(opt_for):
         torch.manual_seed(0)
@@ -531,7 +531,7 @@ def test_resume_at_another_thread_count_warns(make_config, tmp_path, caplog):
     t.train()
     threads = torch.get_num_threads()
     try:
-        with caplog.at_level("WARNING", logger="explorl.run_state"):
+        with caplog.at_level("WARNING", logger="explorl.training.state"):
             Trainer(cfg, tmp_path / "run", resume=True)
             assert not [r for r in caplog.records if "torch threads" in r.getMessage()]
             torch.set_num_threads(threads + 1)
@@ -544,7 +544,7 @@ def test_resume_at_another_thread_count_warns(make_config, tmp_path, caplog):
 
 
 def test_micro_batch_sizes_by_rows_and_tokens():
-    from explorl.update import micro_batch_sizes
+    from explorl.training.update import micro_batch_sizes
 
     assert micro_batch_sizes([5] * 7, 3, None) == [3, 3, 1]
     assert micro_batch_sizes([4, 4, 4, 9, 1, 1], 64, 10) == [2, 1, 2, 1]  # 4+4 | 4 | 9+1 | 1

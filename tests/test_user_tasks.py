@@ -74,8 +74,8 @@ def test_build_rejects_a_problem_outside_the_alphabet(tmp_path):
 
 @pytest.mark.slow
 def test_user_task_builds_a_lab_model_and_trains(tmp_path, monkeypatch):
-    from explorl.runlog import read_metrics
-    from explorl.trainer import Trainer
+    from explorl.outputs.runlog import read_metrics
+    from explorl.training.loop import Trainer
 
     monkeypatch.setenv("EXPLORL_LAB_CACHE", str(tmp_path / "cache"))
     cfg = C.from_dict({

@@ -17,7 +17,7 @@ _EXPORTS = {
     "load_config": ("explorl.config", "load"),
     # training
     "train": "explorl.api",
-    "Trainer": "explorl.trainer",
+    "Trainer": "explorl.training.loop",
     # algorithms (pure tensor functions)
     "ADVANTAGES": "explorl.algorithms",
     "LOSSES": "explorl.algorithms",

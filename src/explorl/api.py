@@ -78,7 +78,7 @@ def train(recipe: str | Path | Mapping | C.RunConfig | None = None, *, out: str 
         raise ExplorlError(
             f"{out} already holds a run; pass resume=True to continue it or force=True"
         )
-    from explorl.trainer import Trainer  # after the config is valid: bad input fails fast
+    from explorl.training.loop import Trainer  # after the config is valid: bad input fails fast
 
     trainer = Trainer(cfg, out, resume=resume, train_data=train_dataset, val_data=val_dataset)
     return trainer.train()

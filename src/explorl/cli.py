@@ -21,7 +21,7 @@ from explorl.errors import ExplorlError
 
 def _train(args) -> int:
     def trainer(*a, **k):  # imported once the config is valid: bad recipes fail faster
-        from explorl.trainer import Trainer
+        from explorl.training.loop import Trainer
 
         return Trainer(*a, **k)
 
@@ -46,7 +46,7 @@ def _train(args) -> int:
         if args.max_steps is not None:
             data["max_steps"] = args.max_steps
         cfg = C.from_dict(data)
-        from explorl.checkpoint import checkpoint_step, latest_checkpoint
+        from explorl.training.checkpoint import checkpoint_step, latest_checkpoint
 
         ckpt = latest_checkpoint(run_dir)
         if ckpt is not None and checkpoint_step(ckpt) >= cfg.max_steps:

@@ -18,7 +18,8 @@ import torch
 
 Gather = Callable[[torch.Tensor], list[torch.Tensor]]
 """``gather(x)`` returns every rank's ``x`` in rank order; every rank must call it, also with an
-empty ``x``. ``x`` is a 1-D float32 CPU tensor (e.g. ``explorl.dist``'s ``gather``)."""
+empty ``x``. ``x`` is a 1-D float32 CPU tensor (e.g.
+``explorl.training.distributed``'s ``gather``)."""
 
 
 @dataclass

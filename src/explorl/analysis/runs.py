@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from explorl.runlog import read_metrics
+from explorl.outputs.runlog import read_metrics
 
 PASSK_KEY = re.compile(r"^val/pass@(\d+)$")
 

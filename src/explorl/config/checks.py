@@ -122,7 +122,7 @@ def _check_names(cfg: RunConfig) -> None:
     from explorl.algorithms.advantages import TAKES_K
     from explorl.algorithms.losses import REQUIRED_AGG
     from explorl.control import ACTUATOR_DEFAULTS, SCHEDULES
-    from explorl.trackers import TRACKERS
+    from explorl.outputs.trackers import TRACKERS
 
     a, ad = cfg.algorithm, cfg.control.adaptive
     if a.advantage in TAKES_K and a.passk_k is None:

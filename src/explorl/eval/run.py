@@ -17,7 +17,6 @@ from rich.progress import (
 )
 
 from explorl import config as C
-from explorl.checkpoint import latest_checkpoint
 from explorl.data.sources import load_split
 from explorl.errors import ModelPathError
 from explorl.eval.validate import EVAL_STREAM, answer
@@ -35,6 +34,7 @@ from explorl.rewards.pool import VerifierPool
 from explorl.rewards.rewarder import Rewarder
 from explorl.rollout.base import build_engine
 from explorl.rollout.seeding import mix_seed
+from explorl.training.checkpoint import latest_checkpoint
 
 
 def _resolve_model(model: str, overrides: list[str] | None) -> tuple[Path, Path, C.RunConfig]:
@@ -158,7 +158,7 @@ def problem_row(index: int, rec, samples: list[tuple[str, float]], greedy_text: 
                 greedy_score: float) -> dict:
     """One row of ``problems.jsonl``: the problem, its n sampled responses with their verifier
     scores, and the greedy response (fields in docs/completions.md)."""
-    from explorl.completions import prompt_text
+    from explorl.outputs.completions import prompt_text
 
     return {"index": index, "data_source": str(rec.data_source), "prompt": prompt_text(rec.prompt),
             "ground_truth": str(rec.ground_truth), "n_correct": sum(sc > 0 for _, sc in samples),

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from explorl.completions import completions_of
 from explorl.eval.passk import pass_at_k
+from explorl.outputs.completions import completions_of
 from explorl.rollout.seeding import mix_seed
 from explorl.rollout.types import Rollouts
-from explorl.step_batch import concat_rows
+from explorl.training.batch import concat_rows
 
 VAL_STREAM = 1  # first component of the validation sampling seeds after the run seed
 EVAL_STREAM = 2  # ... and of ``explorl eval``'s

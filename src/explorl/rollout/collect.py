@@ -21,7 +21,7 @@ from explorl.control import Knobs
 from explorl.rollout.seeding import mix_seed
 from explorl.rollout.two_stage import OneStage
 from explorl.rollout.types import Rollouts
-from explorl.step_batch import StepBatch, concat_rows, response_stats, stage_entropy
+from explorl.training.batch import StepBatch, concat_rows, response_stats, stage_entropy
 
 TRAIN_STREAM = (
     0  # first component of the training sampling seeds after the run seed (validation: 1)

@@ -23,7 +23,8 @@ What a response gets, compared with the ``hf`` engine (tests/test_rollout_vllm.p
   (``logprobs_mode="processed_logprobs"``; vLLM's default is before temperature). vLLM reports
   no entropy. With ``recompute`` (the default) one no-grad forward of ``model`` (the model
   that sampled: the policy, or EEPO's unlearned copy) over the responses
-  (``explorl.forward.response_logprobs``, the trainer's layout, under the caller's autocast)
+  (``explorl.training.forward.response_logprobs``, the trainer's layout, under the caller's
+  autocast)
   replaces old_logp and gives the entropy, so the engine ``logprobs_match_trainer`` and the
   trainer's ``algorithm.old_logp: auto`` needs no second pass in float32; the gap to vLLM's
   own log-probs is reported by ``pop_metrics``. Without ``recompute`` ``entropy`` is NaN and
@@ -55,10 +56,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from explorl.forward import response_logprobs
 from explorl.rollout.hf import left_pad
 from explorl.rollout.seeding import mix_seed
 from explorl.rollout.types import Rollouts
+from explorl.training.forward import response_logprobs
 
 PROBE_LEN = 16  # tokens of the probe sequence scored after every push
 

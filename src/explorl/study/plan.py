@@ -99,7 +99,7 @@ def run_state(plan: RunPlan) -> str:
     A run directory that holds a different configuration (the spec changed) is an error rather
     than silently mixed into the table.
     """
-    from explorl.checkpoint import latest_checkpoint
+    from explorl.training.checkpoint import latest_checkpoint
 
     out = plan.out
     if not (out / "metrics.jsonl").exists() and not (out / "config.yaml").exists():

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from explorl.checkpoint import load_state, rng_state, save_checkpoint, set_rng_state
-from explorl.update import TrainingDiverged
+from explorl.training.checkpoint import load_state, rng_state, save_checkpoint, set_rng_state
+from explorl.training.update import TrainingDiverged
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import torch
 from explorl.algorithms import compute_advantages, entropy_advantage_shaping
 from explorl.config import AlgorithmConfig
 from explorl.rollout.types import Rollouts
-from explorl.step_batch import StepBatch, covariance_metrics
+from explorl.training.batch import StepBatch, covariance_metrics
 
 
 def step_advantages(a: AlgorithmConfig, sb: StepBatch, ro: Rollouts,

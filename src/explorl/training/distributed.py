@@ -27,8 +27,8 @@ import warnings
 
 import torch
 
-from explorl.forward import response_logprobs
 from explorl.models import resolve_device
+from explorl.training.forward import response_logprobs
 
 
 class LogProbModule(torch.nn.Module):

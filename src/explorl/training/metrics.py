@@ -12,7 +12,7 @@ import time
 from contextlib import contextmanager
 
 from explorl.control import Knobs
-from explorl.step_batch import StepBatch
+from explorl.training.batch import StepBatch
 
 KNOB_METRICS = ("temperature", "eps_high", "entropy_coef", "kl_coef")
 TIME_KEYS = ("time/", "perf/")  # wall-clock metrics: excluded from resume-equality checks

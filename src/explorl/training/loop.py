@@ -1,10 +1,9 @@
 """The training loop: setup, one step in numbered sections (CleanRL's shape), the loop, saving.
 
-Each phase lives in its own module: 0. knobs (``control``), 1–2. sample and score
-(``rollout.collect``, ``rollout.two_stage``), 3. advantages (``advantage_step``), 4. update
-(``update``), 5. controllers, 6. log (``step_metrics``, ``eval.validate``). Data parallelism is
-a few explicit ``dist`` calls. docs/architecture.md has the data flow and where each concept
-lives.
+Each phase lives in a module beside this one: 0. knobs (``control``), 1–2. sample and score
+(``rollout.collect``, ``rollout.two_stage``), 3. ``advantages``, 4. ``update``, 5. controllers,
+6. log (``metrics``, ``eval.validate``). Data parallelism is a few explicit ``distributed``
+calls. docs/architecture.md has the data flow and where each concept lives.
 """
 
 from __future__ import annotations
@@ -18,26 +17,27 @@ import numpy as np
 import torch
 
 from explorl import config as C
-from explorl import models, run_state
-from explorl.advantage_step import step_advantages
-from explorl.checkpoint import NoCheckpoint, latest_checkpoint
-from explorl.completions import training_completions
+from explorl import models
 from explorl.control import Knobs, bank_from_config
 from explorl.data.order import DataOrder
 from explorl.data.sources import in_memory, load_split
-from explorl.dist import LogProbModule, make_dist
 from explorl.eval.validate import validate
-from explorl.outputs import RunOutputs
-from explorl.plots import plot_run_safely
+from explorl.outputs.completions import training_completions
+from explorl.outputs.plots import plot_run_safely
+from explorl.outputs.record import RunOutputs
+from explorl.outputs.runlog import ProgressBar, graceful_interrupt, json_default
 from explorl.rewards.pool import VerifierPool
 from explorl.rewards.rewarder import Rewarder
 from explorl.rollout.base import build_engine, pop_metrics
 from explorl.rollout.collect import collect
 from explorl.rollout.two_stage import make_sampler
-from explorl.runlog import ProgressBar, graceful_interrupt, json_default
-from explorl.step_batch import step_stats
-from explorl.step_metrics import TIME_KEYS, batch_metrics, ordered, timed
-from explorl.update import (
+from explorl.training import state as run_state
+from explorl.training.advantages import step_advantages
+from explorl.training.batch import step_stats
+from explorl.training.checkpoint import NoCheckpoint, latest_checkpoint
+from explorl.training.distributed import LogProbModule, make_dist
+from explorl.training.metrics import TIME_KEYS, batch_metrics, ordered, timed
+from explorl.training.update import (
     NonFiniteGuard,
     PolicyUpdate,
     loss_metrics,

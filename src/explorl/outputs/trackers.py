@@ -1,7 +1,8 @@
 """Experiment trackers (``log.report_to``): TensorBoard, Weights & Biases, trackio and MLflow.
 
 Rank 0 of the trainer hands every row of ``metrics.jsonl`` to ``Trackers.log`` with its step,
-and each sample of completions (``explorl.completions``) to ``Trackers.log_completions``. Each
+and each sample of completions (``explorl.outputs.completions``) to
+``Trackers.log_completions``. Each
 backend is the tracker's own library, imported only when a recipe names it (each is an optional
 extra: ``pip install 'explorl[wandb]'``). All of them work offline; where each one writes, and
 how it continues a resumed run, is in docs/trackers.md:

@@ -36,10 +36,10 @@ from explorl.algorithms.losses import SELECTORS
 from explorl.config import RunConfig
 from explorl.control import Knobs
 from explorl.errors import ExplorlError
-from explorl.forward import response_logprobs
 from explorl.models import resolve_dtype
 from explorl.rollout.types import Rollouts
-from explorl.step_batch import StepBatch
+from explorl.training.batch import StepBatch
+from explorl.training.forward import response_logprobs
 
 
 def make_optimizer(o, params_module: torch.nn.Module, device: torch.device, strategy: str):

@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from explorl import config as C
-from explorl.completions import Completion, CompletionsLog
-from explorl.runlog import MetricsLog
-from explorl.trackers import Trackers
+from explorl.outputs.completions import Completion, CompletionsLog
+from explorl.outputs.runlog import MetricsLog
+from explorl.outputs.trackers import Trackers
 
 
 class RunOutputs:

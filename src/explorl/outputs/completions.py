@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from explorl.data.records import PromptRecord
-from explorl.runlog import MetricsLog
+from explorl.outputs.runlog import MetricsLog
 
 SPLIT_SEED = {"train": 0, "val": 1}
 

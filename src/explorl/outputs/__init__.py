@@ -1,0 +1,1 @@
+"""What a run writes: the metrics file and progress bar, completions, trackers and plots."""
