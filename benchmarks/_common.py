@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT / "src"))
 # loaded machine that spinning shows up as CPU time. One thread makes CPU time a stable measure.
 torch.set_num_threads(1)
 
-from explorl import config as C  # noqa: E402
+from explorl import validation  # noqa: E402
 from explorl.training.loop import Trainer  # noqa: E402
 
 
@@ -60,7 +60,7 @@ def step_times(recipe: str | Path, sets: list[str], steps: int, warmup: int = 2,
 
     ``cpu``: when given, each kept step's CPU seconds (``cpu_seconds``) are appended to it.
     """
-    cfg = C.load(ROOT / recipe, ["log.progress=false", "log.plots=false", "eval.every=0",
+    cfg = validation.load(ROOT / recipe, ["log.progress=false", "log.plots=false", "eval.every=0",
                                  "log.checkpoint_every=0", "log.save_model=false", *sets],
                  max_steps=warmup + steps)
     with tempfile.TemporaryDirectory() as out:

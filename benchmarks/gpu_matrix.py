@@ -111,9 +111,9 @@ def build(out: Path, shape: dict) -> None:
 
 
 def explorl_config(base: Path, prompts: int, steps: int, length: int, sets: list[str]):
-    from explorl import config as C
 
-    return C.load(
+    from explorl import validation
+    return validation.load(
         ROOT / "recipes/lab/grpo.yaml",
         [
             f"model.path={base / 'model'}",

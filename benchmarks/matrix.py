@@ -136,13 +136,13 @@ def matmul_rate(dims: dict, rows: int, backward: bool, reps: int = 5) -> float:
 def run_explorl(spec: dict) -> dict:
     """One explorl run: CPU seconds of each timed step, its FLOPs and floor, peak RSS."""
     import torch
-    from _common import C, cpu_seconds, peak_rss_mb
+    from _common import cpu_seconds, peak_rss_mb, validation
     from vs_trl import children_rss_mb, explorl_config
 
     from explorl.training.loop import Trainer
 
     if spec.get("recipe"):
-        cfg = C.load(
+        cfg = validation.load(
             ROOT / spec["recipe"],
             [
                 "log.progress=false",

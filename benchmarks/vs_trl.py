@@ -98,9 +98,9 @@ def timed(fn, box: list):
 
 def explorl_config(prompts: int, samples: int, steps: int, max_new: int = MAX_NEW):
     """The explorl run: the lab GRPO recipe at the benchmark's settings."""
-    from explorl import config as C
 
-    return C.load(
+    from explorl import validation
+    return validation.load(
         ROOT / "recipes/lab/grpo.yaml",
         [
             f"data.prompts_per_step={prompts}",

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from explorl import config as C
+from explorl import validation
 
 torch.set_num_threads(1)  # two xdist workers on two cores
 # ... and the runs tests start as subprocesses (CLI, kill -9 and resume) use one thread as well:
@@ -70,7 +71,7 @@ def tiny_config(
     for s in sets or []:
         k, v = C.parse_override(s)
         C.set_path(data, k, v)
-    return C.from_dict(data)
+    return validation.from_dict(data)
 
 
 @pytest.fixture

@@ -162,11 +162,11 @@ def test_three_step_run_writes_completions(make_config, tmp_path):
 def test_run_outputs_write_metrics_completions_and_trackers_and_resume(tmp_path):
     """The trainer's one handle on its outputs; a resume at step 2 drops the later rows of
     metrics.jsonl and completions.jsonl and continues the tracker run."""
-    from explorl import config as C
+    from explorl import validation
     from explorl.outputs.record import RunOutputs
     from explorl.outputs.runlog import read_metrics
 
-    cfg = C.load(None, ["log.report_to=[tensorboard]", "log.completions_every=2",
+    cfg = validation.load(None, ["log.report_to=[tensorboard]", "log.completions_every=2",
                         "log.completions_per_step=1"])
     out = RunOutputs(cfg, tmp_path, step=0)
     for step in range(4):

@@ -5,6 +5,7 @@ import pytest
 import yaml
 
 from explorl import config as C
+from explorl import validation
 
 RECIPES = sorted(
     p
@@ -14,13 +15,13 @@ RECIPES = sorted(
 
 
 def test_defaults_validate():
-    cfg = C.from_dict({})
+    cfg = validation.from_dict({})
     assert cfg.algorithm.eps_low == 0.2 and cfg.rollout.n_samples == 8
 
 
 def test_unknown_key_names_path_and_suggests():
     with pytest.raises(C.ConfigError) as e:
-        C.from_dict({"algorithm": {"eps_hihg": 0.3}})
+        validation.from_dict({"algorithm": {"eps_hihg": 0.3}})
     msg = str(e.value)
     assert msg.startswith("algorithm.eps_hihg: unknown key")
     assert "did you mean 'algorithm.eps_high'" in msg
@@ -28,7 +29,7 @@ def test_unknown_key_names_path_and_suggests():
 
 def test_unknown_section_suggests():
     with pytest.raises(C.ConfigError, match=r"rollot: unknown key; did you mean 'rollout'"):
-        C.from_dict({"rollot": {"n_samples": 4}})
+        validation.from_dict({"rollot": {"n_samples": 4}})
 
 
 @pytest.mark.parametrize("data, path, fragment", [
@@ -41,7 +42,7 @@ def test_unknown_section_suggests():
 ])
 def test_wrong_types_name_the_key(data, path, fragment):
     with pytest.raises(C.ConfigError) as e:
-        C.from_dict(data)
+        validation.from_dict(data)
     assert str(e.value).startswith(path + ":") and fragment in str(e.value)
 
 
@@ -56,7 +57,7 @@ def test_wrong_types_name_the_key(data, path, fragment):
 ])
 def test_impossible_values_name_the_key(data, path):
     with pytest.raises(C.ConfigError) as e:
-        C.from_dict(data)
+        validation.from_dict(data)
     assert str(e.value).startswith(path + ":")
 
 
@@ -64,15 +65,15 @@ def test_unknown_loss_and_advantage_names_are_rejected_with_choices():
     with pytest.raises(
         C.ConfigError, match=r"algorithm.loss: 'clipcov' is not a known loss.*clip_cov"
     ):
-        C.from_dict({"algorithm": {"loss": "clipcov"}})
+        validation.from_dict({"algorithm": {"loss": "clipcov"}})
     with pytest.raises(C.ConfigError, match=r"algorithm.advantage:.*grpo"):
-        C.from_dict({"algorithm": {"advantage": "gpro"}})
+        validation.from_dict({"algorithm": {"advantage": "gpro"}})
 
 
 def test_overrides_parse_yaml_values(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("max_steps: 5\nalgorithm:\n  eps_high: 0.28\n")
-    cfg = C.load(
+    cfg = validation.load(
         recipe, ["algorithm.eps_high=0.3", "eval.k=[1, 2]", "data.train=lab:countdown"], seed=3
     )
     assert (
@@ -87,20 +88,20 @@ def test_override_errors():
     with pytest.raises(C.ConfigError, match="key=value"):
         C.parse_override("algorithm.eps_high")
     with pytest.raises(C.ConfigError, match=r"^algorithm.eps_high: expected a number"):
-        C.load(None, ["algorithm.eps_high.x=1"])
+        validation.load(None, ["algorithm.eps_high.x=1"])
 
 
 def test_base_recipes_merge(tmp_path):
     (tmp_path / "a.yaml").write_text("max_steps: 7\nalgorithm: {eps_high: 0.28, loss: ppo}\n")
     (tmp_path / "b.yaml").write_text("base: a.yaml\nalgorithm: {loss: kl_cov}\n")
-    cfg = C.load(tmp_path / "b.yaml")
+    cfg = validation.load(tmp_path / "b.yaml")
     assert (cfg.max_steps, cfg.algorithm.eps_high, cfg.algorithm.loss) == (7, 0.28, "kl_cov")
 
 
 def test_save_round_trip(tmp_path):
-    cfg = C.from_dict({"algorithm": {"clip_c": 3.0}, "eval": {"k": [1, 4]}})
+    cfg = validation.from_dict({"algorithm": {"clip_c": 3.0}, "eval": {"k": [1, 4]}})
     C.save(cfg, tmp_path / "c.yaml")
-    again = C.from_dict(yaml.safe_load((tmp_path / "c.yaml").read_text()))
+    again = validation.from_dict(yaml.safe_load((tmp_path / "c.yaml").read_text()))
     assert again == cfg
 
 
@@ -116,10 +117,10 @@ def test_every_field_is_documented():
 def test_every_recipe_validates(recipe):
     if "math" in recipe.parts:  # templates: model and data paths are placeholders (/path/to/...)
         with pytest.raises(C.ConfigError, match=r"^model.path: '/path/to/"):
-            C.load(recipe)
-        C.load(recipe, env=False)
+            validation.load(recipe)
+        validation.load(recipe, env=False)
     else:
-        C.load(recipe)
+        validation.load(recipe)
 
 
 def test_recipe_reference_doc_is_current():
@@ -159,15 +160,16 @@ def test_env_checks_can_be_skipped_for_templates(tmp_path):
     data = {"model": {"path": str(tmp_path / "nope")}, "data": {"train": ["nope.parquet"]},
             "reward": {"verifier": "nosuchmodule:fn"}}
     with pytest.raises(C.ConfigError, match="model.path"):
-        C.from_dict(data)
-    cfg = C.from_dict(data, env=False)
+        validation.from_dict(data)
+    cfg = validation.from_dict(data, env=False)
     assert cfg.reward.verifier == "nosuchmodule:fn"
     with pytest.raises(C.ConfigError, match="reward.verifier: unknown verifier 'mathh'"):
-        C.from_dict({**data, "reward": {"verifier": "mathh"}}, env=False)  # built-in names always
+        # built-in names are checked always
+        validation.from_dict({**data, "reward": {"verifier": "mathh"}}, env=False)
 
 
 def test_optim_fused_first_spelling_still_loads():
     # runs written while optim.fused was auto/on/off still resume and evaluate
-    assert C.from_dict({"optim": {"fused": "on"}}).optim.fused is True
-    assert C.from_dict({"optim": {"fused": "auto"}}).optim.fused is None
-    assert C.from_dict({"optim": {"fused": False}}).optim.fused is False
+    assert validation.from_dict({"optim": {"fused": "on"}}).optim.fused is True
+    assert validation.from_dict({"optim": {"fused": "auto"}}).optim.fused is None
+    assert validation.from_dict({"optim": {"fused": False}}).optim.fused is False

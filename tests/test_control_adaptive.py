@@ -4,6 +4,7 @@ import pytest
 from control_helpers import make_ctx, make_knobs, make_stats
 
 from explorl import config as C
+from explorl import validation
 from explorl.config import AdaptiveControlConfig, ScheduleConfig
 from explorl.control import (
     ACTUATOR_DEFAULTS,
@@ -190,7 +191,7 @@ def test_state_round_trip_reproduces_the_run():
 
 def reject(section):
     with pytest.raises(C.ConfigError) as e:
-        C.from_dict({"control": {"adaptive": {"enabled": True, **section}}})
+        validation.from_dict({"control": {"adaptive": {"enabled": True, **section}}})
     return str(e.value)
 
 
@@ -203,7 +204,7 @@ def test_invalid_configuration_names_the_key():
     assert reject({"schedule": {"kind": "linear"}}).startswith("control.adaptive.schedule.kind:")
 
 
-# The controller used to reject these itself; config.validate checks them.
+# The controller used to reject these itself; validation.validate checks them.
 @pytest.mark.parametrize("section, path", [
     ({"init": 0.5}, "control.adaptive.init"),  # outside eps_high's default [0.2, 0.4]
     ({"min": 0.3, "max": 0.25, "init": 0.3}, "control.adaptive."),

@@ -7,6 +7,7 @@ import pytest
 from control_helpers import make_bank, make_ctx, make_knobs, make_stats
 
 from explorl import config as C
+from explorl import validation
 from explorl.config import BudgetControlConfig, CurriculumControlConfig
 from explorl.control import BudgetAllocator, Curriculum, allocate_budgets
 
@@ -198,10 +199,10 @@ def test_state_round_trip_reproduces_the_run():
 
 
 def test_invalid_configuration_names_the_key():
-    # the allocator's bounds are checked by config.validate against rollout.n_samples (8)
+    # the allocator's bounds are checked by validation.validate against rollout.n_samples (8)
     for section, path in [({"n_min_limit": 0}, "control.budget.n_min_limit"),
                           ({"n_max_limit": 6}, "control.budget.n_max_limit"),
                           ({"widen": -1}, "control.budget.widen")]:
         with pytest.raises(C.ConfigError) as e:
-            C.from_dict({"control": {"budget": {"enabled": True, **section}}})
+            validation.from_dict({"control": {"budget": {"enabled": True, **section}}})
         assert str(e.value).startswith(path + ":"), section

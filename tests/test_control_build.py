@@ -9,7 +9,7 @@ import pytest
 from control_helpers import make_ctx, make_knobs, make_stats
 
 from explorl import config as C
-from explorl import control
+from explorl import control, validation
 from explorl.config import AdaptiveControlConfig, TemperatureControlConfig
 from explorl.control import (
     CONTROLLER_ORDER,
@@ -41,7 +41,7 @@ def init_knobs():
 def control_config(sections: dict) -> C.ControlConfig:
     """The ``control`` section of a validated recipe enabling ``sections``."""
     data = {name: {"enabled": True, **s} for name, s in sections.items()}
-    return C.from_dict({"max_steps": MAX_STEPS, "control": data}).control
+    return validation.from_dict({"max_steps": MAX_STEPS, "control": data}).control
 
 
 def make_bank(sections) -> ControlBank:
@@ -221,7 +221,7 @@ def test_two_entropy_trackers_are_rejected():
             "temperature": {"enabled": True},
             "adaptive": {"enabled": True, "actuator": actuator},
         }
-        with pytest.raises(ControlError, match="fight"):  # config.validate refuses it first
+        with pytest.raises(ControlError, match="fight"):  # validation.validate refuses it first
             control_config({"temperature": {}, "adaptive": {"actuator": actuator}})
         cfg = C.build(C.ControlConfig, sections)  # the section alone, not validated
         with pytest.raises(ControlError, match="fight"):
@@ -232,11 +232,11 @@ def test_two_entropy_trackers_are_rejected():
 
 def test_unknown_controller_and_bad_keys_name_the_key():
     with pytest.raises(C.ConfigError) as e:
-        C.from_dict({"control": {"entropy_bonus": {}}})
+        validation.from_dict({"control": {"entropy_bonus": {}}})
     assert str(e.value).startswith("control.entropy_bonus: unknown key")
     assert "temperature, budget, eepo, adaptive, curriculum" in str(e.value)
     with pytest.raises(C.ConfigError) as e:
-        C.from_dict({"control": {"budget": {"n_max": 12}}})
+        validation.from_dict({"control": {"budget": {"n_max": 12}}})
     assert str(e.value).startswith("control.budget.n_max: unknown key")
 
 

@@ -4,6 +4,7 @@ import pytest
 from control_helpers import make_bank, make_ctx, make_knobs
 
 from explorl import config as C
+from explorl import validation
 from explorl.config import CurriculumControlConfig
 from explorl.control import ControlBank, ControlError, Curriculum
 
@@ -81,13 +82,14 @@ def test_dataset_must_be_set_before_prompts_are_drawn():
 def test_invalid_configuration_names_the_key():
     for ratio in (0.0, 1.0):
         with pytest.raises(C.ConfigError) as e:
-            C.from_dict({"control": {"curriculum": {"enabled": True, "start_ratio": ratio}}})
+            validation.from_dict(
+                {"control": {"curriculum": {"enabled": True, "start_ratio": ratio}}})
         assert str(e.value).startswith("control.curriculum.start_ratio:")
 
 
-# The controller used to reject these itself; config.validate checks them (config.RANGES).
+# The controller used to reject these itself; validation.validate checks them (config.RANGES).
 @pytest.mark.parametrize("key", ["n_samples", "max_response_len"])
 def test_phase_sizes_must_be_positive(key):
     with pytest.raises(C.ConfigError) as e:
-        C.from_dict({"control": {"curriculum": {"enabled": True, key: 0}}})
+        validation.from_dict({"control": {"curriculum": {"enabled": True, key: 0}}})
     assert str(e.value).startswith(f"control.curriculum.{key}:")

@@ -6,6 +6,7 @@ import pytest
 from control_helpers import make_bank, make_ctx, make_knobs, make_stats
 
 from explorl import config as C
+from explorl import validation
 from explorl.config import TemperatureControlConfig
 from explorl.control import ControlError, TemperatureScheduler
 
@@ -152,7 +153,7 @@ def test_state_round_trip_reproduces_the_run():
 ])
 def test_invalid_configuration_names_the_key(section, path):
     with pytest.raises(C.ConfigError) as e:
-        C.from_dict({"control": {"temperature": {"enabled": True, **section}}})
+        validation.from_dict({"control": {"temperature": {"enabled": True, **section}}})
     assert str(e.value).startswith(path + ":")
 
 

@@ -342,11 +342,12 @@ def test_lab_model_size_reaches_the_build(monkeypatch):
     """``lab.model_size`` picks the build size of ``model.path: lab:<task>``; a bad size names
     the valid ones."""
     from explorl import config as C
+    from explorl import validation
     from explorl.models import resolve_model_path
 
     seen = {}
     monkeypatch.setattr(lab, "lab_model_path", lambda ref, **kw: seen.update(kw, ref=ref))
-    cfg = C.load(None, ["model.path=lab:addition", "lab.model_size=large"])
+    cfg = validation.load(None, ["model.path=lab:addition", "lab.model_size=large"])
     resolve_model_path(cfg.model.path, cfg.lab)
     assert seen["ref"] == "addition" and seen["size"] == "large"
     import typing
@@ -354,7 +355,7 @@ def test_lab_model_size_reaches_the_build(monkeypatch):
     hints = typing.get_type_hints(C.LabConfig)
     assert set(typing.get_args(hints["model_size"])) <= set(lab_build.SIZES)
     with pytest.raises(C.ConfigError, match="lab.model_size"):
-        C.load(None, ["lab.model_size=huge"])
+        validation.load(None, ["lab.model_size=huge"])
     params, build = lab_build.resolve("addition", size="large")
     n = build.num_layers * (4 * build.hidden_size**2 + 3 * build.hidden_size
                             * build.intermediate_size)

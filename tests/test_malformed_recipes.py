@@ -2,7 +2,7 @@
 traceback, before any model is loaded and before the run directory is created.
 
 The CLI runs in-process (``explorl.cli.main``) with ``Trainer`` replaced by a stub that fails
-the test if it is ever reached, so every case is caught by ``config.validate``. Part of the
+the test if it is ever reached, so every case is caught by ``validation.validate``. Part of the
 corpus is generated from the config tree (an unknown key in every section, a wrong type for
 every field, NaN/inf for every float, both sides of every range in ``config.RANGES``); the rest
 is written by hand (YAML errors, encodings, ``base:`` chains, relations between fields, the
@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from explorl import config as C
+from explorl import validation
 from explorl.cli import main
 
 # ----------------------------------------------------------------------------- the corpus
@@ -585,7 +586,7 @@ def test_numbers_in_exponent_notation_are_numbers(tmp_path):
     (tmp_path / "r.yaml").write_text(
         "optim:\n  lr: 3e-6\n  weight_decay: 1E-2\nalgorithm: {kl_cov_tol: 1.5e+1}\n"
     )
-    cfg = C.load(tmp_path / "r.yaml", ["control.eepo.lr=1e-3", "optim.beta2=9.99e-1"])
+    cfg = validation.load(tmp_path / "r.yaml", ["control.eepo.lr=1e-3", "optim.beta2=9.99e-1"])
     assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.algorithm.kl_cov_tol) == (3e-6, 1e-2, 15.0)
     assert (cfg.control.eepo.lr, cfg.optim.beta2) == (1e-3, 0.999)
     assert C.parse_override("optim.lr=1e-5") == ("optim.lr", 1e-5)  # the example in --help
@@ -594,7 +595,7 @@ def test_numbers_in_exponent_notation_are_numbers(tmp_path):
 
 def test_byte_order_mark_and_empty_sections_are_read(tmp_path):
     (tmp_path / "r.yaml").write_bytes("\ufeffmax_steps: 7\ncontrol:\n  # nothing yet\n".encode())
-    cfg = C.load(tmp_path / "r.yaml", ["control.temperature.enabled=true"])
+    cfg = validation.load(tmp_path / "r.yaml", ["control.temperature.enabled=true"])
     assert cfg.max_steps == 7 and cfg.control.temperature.enabled
 
 

@@ -95,8 +95,8 @@ def test_entropy_coefficient_controller_sets_the_bonus(make_config, tmp_path):
       "control.adaptive.actuator=entropy_coef"], "fight"),
 ])
 def test_config_rejects_impossible_method_settings(sets, message):
-    from explorl import config as C
 
+    from explorl import validation
     grpo = Path(__file__).resolve().parents[1] / "recipes" / "lab" / "grpo.yaml"
     with pytest.raises(ValueError, match=re.escape(message)):  # ConfigError or ControlError
-        C.load(grpo, sets, env=False)
+        validation.load(grpo, sets, env=False)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from explorl import config as C
+from explorl import validation
 from explorl.training.loop import Trainer
 
 
@@ -79,7 +80,7 @@ def test_auto_keeps_the_fp32_hf_samplers_logprobs(make_config, tmp_path):
 
 def test_clip_cov_with_dual_clip_is_rejected():
     with pytest.raises(C.ConfigError, match="algorithm.clip_c: .*no dual clip"):
-        C.from_dict({"algorithm": {"loss": "clip_cov", "clip_c": 3.0}})
+        validation.from_dict({"algorithm": {"loss": "clip_cov", "clip_c": 3.0}})
 
 
 def test_dynamic_sampling_filters_on_accuracy_not_on_the_overlong_penalty():
@@ -90,7 +91,7 @@ def test_dynamic_sampling_filters_on_accuracy_not_on_the_overlong_penalty():
     rewards = scores.clone()
     rewards[3] = -0.75
     group = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
-    cfg = C.from_dict({"algorithm": {"dynamic_sampling": True}})
+    cfg = validation.from_dict({"algorithm": {"dynamic_sampling": True}})
     rows = {"score": scores, "reward": rewards}
     kept = informative_groups(rows[cfg.algorithm.dynamic_sampling_metric], group)
     assert kept.tolist() == [False] * 4 + [True] * 4

@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("reasoning_gym")
 
 from explorl import config as C
+from explorl import validation
 from explorl.data.sources import load_split
 from explorl.lab import get_task, make_splits, rg
 from explorl.rewards import VerifierPool
@@ -80,14 +81,14 @@ def test_eval_scorer_tasks_are_refused_by_default():
     with pytest.raises(C.ConfigError, match=r"data.train\[0\]: rg:string_insertion refused: "
                        r"reasoning_gym's string_insertion scorer calls eval\(\) on the model's "
                        r"answer, so a model could run any code. Set reward.allow_eval_scorers"):
-        C.load(None, ["data.train=[rg:string_insertion]"])
+        validation.load(None, ["data.train=[rg:string_insertion]"])
     with pytest.raises(C.ConfigError, match="sympy.parse_expr"):
-        C.load(None, ["data.train=[rg:puzzle24]"])
+        validation.load(None, ["data.train=[rg:puzzle24]"])
     with pytest.raises(C.ConfigError, match="model.path: lab:rg:n_queens cannot be a lab model"):
-        C.load(None, ["model.path=lab:rg:n_queens", "reward.allow_eval_scorers=true"])
+        validation.load(None, ["model.path=lab:rg:n_queens", "reward.allow_eval_scorers=true"])
     with pytest.raises(C.ConfigError, match="reward.num_workers: must be ≥ 1"):
-        C.load(None, ["reward.allow_eval_scorers=true", "reward.num_workers=0"])
-    cfg = C.load(None)
+        validation.load(None, ["reward.allow_eval_scorers=true", "reward.num_workers=0"])
+    cfg = validation.load(None)
     cfg.data.train = ["rg:string_insertion"]  # past the config check: the loader refuses too
     with pytest.raises(ValueError, match="refused: .*eval"):
         load_split(cfg.data.train, cfg, "train")
@@ -107,8 +108,9 @@ def test_canary_a_hostile_answer_runs_only_in_a_worker_and_only_with_the_opt_in(
     hostile = (f"[__import__('pathlib').Path({str(canary)!r}).write_text("
                f"str(__import__('os').getpid())), 'x'][1]")
     plain = make_splits("rg:string_insertion", n_train=2, n_val=0, n_test=0)["train"]
-    allowed = C.load(None, ["data.train=[rg:string_insertion]", "lab.n_train=2", "lab.n_val=0",
-                            "lab.n_test=0", "reward.allow_eval_scorers=true"])
+    allowed = validation.load(None, ["data.train=[rg:string_insertion]", "lab.n_train=2",
+                                     "lab.n_val=0", "lab.n_test=0",
+                                     "reward.allow_eval_scorers=true"])
     marked = load_split(allowed.data.train, allowed, "train")
     assert marked[0].extra["rg"]["allow_eval"] is True and "allow_eval" not in plain[0].extra["rg"]
     spec = verifier_spec("auto", ["rg:string_insertion"])
@@ -144,7 +146,7 @@ def test_chain_sum_trains_on_its_lab_model_scored_in_the_pool(tmp_path):
 
     model = lab_model_path("rg:chain_sum", cache_dir=tmp_path / "cache", size="tiny",
                            **SIZES, **CHAIN)
-    cfg = C.from_dict({
+    cfg = validation.from_dict({
         "max_steps": 3,
         "model": {"path": str(model)},
         "lab": {**SIZES, "params": CHAIN},

@@ -8,6 +8,7 @@ import pytest
 from conftest import TINY_LAB_CONFIG
 
 from explorl import config as C
+from explorl import validation
 from explorl.outputs.runlog import read_metrics
 from explorl.training.loop import Trainer
 
@@ -17,7 +18,7 @@ RECIPES = sorted(p for p in ROOT.rglob("*.yaml") if "accelerate" not in p.parts)
 
 def _lab_sized(recipe: Path, model_dir: Path) -> C.RunConfig:
     """The recipe with the tiny lab model and data, 2 steps, small batches; methods untouched."""
-    cfg = C.load(recipe, env=False)  # recipes/math/ hold placeholder paths, swapped below
+    cfg = validation.load(recipe, env=False)  # recipes/math/ hold placeholder paths, swapped below
     d = C.to_dict(cfg)
     d["max_steps"] = 2
     d["model"]["path"] = str(model_dir)
@@ -32,7 +33,7 @@ def _lab_sized(recipe: Path, model_dir: Path) -> C.RunConfig:
     d["log"].update(progress=False, plots=False, checkpoint_every=0)
     if d["control"]["curriculum"]["enabled"]:
         d["control"]["curriculum"].update(start_ratio=0.5, max_response_len=8)
-    return C.from_dict(d)
+    return validation.from_dict(d)
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: str(p.relative_to(ROOT)))

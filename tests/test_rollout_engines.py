@@ -13,6 +13,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from explorl import config as C
+from explorl import validation
 from explorl.rollout import vllm as V
 from explorl.rollout.base import build_engine, pop_metrics, sync_weights
 from explorl.rollout.hf import HFEngine
@@ -29,34 +30,37 @@ def tiny_llama(tie: bool = True) -> LlamaForCausalLM:
 
 
 def test_the_vllm_section_parses_and_rejects_impossible_settings():
-    cfg = C.load(None, ["rollout.engine=vllm", "rollout.vllm.kv_cache_gib=0.5",
+    cfg = validation.load(None, ["rollout.engine=vllm", "rollout.vllm.kv_cache_gib=0.5",
                         "rollout.vllm.llm_kwargs={enforce_eager: false, max_num_seqs: 64}"])
     assert cfg.rollout.engine == "vllm" and cfg.rollout.vllm.kv_cache_gib == 0.5
     assert cfg.rollout.vllm.llm_kwargs == {"enforce_eager": False, "max_num_seqs": 64}
-    assert C.load(None).rollout.engine == "hf"  # the default stays the HF engine
+    assert validation.load(None).rollout.engine == "hf"  # the default stays the HF engine
     with pytest.raises(C.ConfigError, match="rollout.vllm.llm_kwargs: expected a mapping"):
-        C.load(None, ["rollout.vllm.llm_kwargs=3"])
+        validation.load(None, ["rollout.vllm.llm_kwargs=3"])
     with pytest.raises(C.ConfigError, match="rollout.engine"):
-        C.load(None, ["rollout.engine=sglang"])
+        validation.load(None, ["rollout.engine=sglang"])
     # Without the engine's recompute nothing gives entropy unless the trainer recomputes.
     off = ["rollout.engine=vllm", "rollout.vllm.recompute=false"]
-    assert not C.load(None, off).rollout.vllm.recompute  # old_logp: auto recomputes
+    assert not validation.load(None, off).rollout.vllm.recompute  # old_logp: auto recomputes
     with pytest.raises(C.ConfigError, match="rollout.vllm.recompute"):
-        C.load(None, off + ["algorithm.old_logp=sampler"])
+        validation.load(None, off + ["algorithm.old_logp=sampler"])
     with pytest.raises(C.ConfigError, match="rollout.vllm.recompute"):
-        C.load(None, off + ["control.eepo.enabled=true"])
-    C.load(None, ["rollout.vllm.recompute=false", "algorithm.old_logp=sampler"])  # hf: irrelevant
+        validation.load(None, off + ["control.eepo.enabled=true"])
+    # hf: irrelevant
+    validation.load(None, ["rollout.vllm.recompute=false", "algorithm.old_logp=sampler"])
 
 
 def test_build_engine_picks_the_configured_engine(tiny_model):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
-    eng = build_engine(C.load(None, ["rollout.batch_size=7"]), tok, tiny_model, torch.float32)
+    cfg = validation.load(None, ["rollout.batch_size=7"])
+    eng = build_engine(cfg, tok, tiny_model, torch.float32)
     assert isinstance(eng, HFEngine) and eng.batch_size == 7
     if not HAS_VLLM:
         with pytest.raises(ImportError, match="make setup-vllm"):
-            build_engine(C.load(None, ["rollout.engine=vllm"]), tok, tiny_model, torch.float32)
+            cfg = validation.load(None, ["rollout.engine=vllm"])
+            build_engine(cfg, tok, tiny_model, torch.float32)
 
 
 def test_optional_engine_methods_are_called_where_they_exist():

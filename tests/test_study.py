@@ -15,6 +15,7 @@ from conftest import TINY_LAB_CONFIG
 
 from explorl import config as C
 from explorl import study as S
+from explorl import validation
 from explorl.cli import main
 
 # ----------------------------------------------------------------------------- spec
@@ -188,7 +189,7 @@ def test_run_state_skips_finished_resumes_interrupted_and_refuses_other_configs(
         json.dumps({"steps": 10, "max_steps": 10, "interrupted": False})
     )
     assert S.run_state(plan) == "done"
-    other = C.load(plan.recipe, [*plan.sets, "optim.lr=1.0e-3"], max_steps=10, seed=0)
+    other = validation.load(plan.recipe, [*plan.sets, "optim.lr=1.0e-3"], max_steps=10, seed=0)
     C.save(other, plan.out / "config.yaml")
     with pytest.raises(C.ConfigError, match="another configuration"):
         S.run_state(plan)

@@ -15,6 +15,7 @@ import typing
 import pytest
 
 from explorl import config as C
+from explorl import validation
 from explorl.outputs.runlog import read_metrics
 from explorl.outputs.trackers import STATE_FILE, TrackerError, Trackers, flat_config, scalars
 
@@ -23,7 +24,7 @@ ROW = {"step": 3, "split": "train", "data_source": "lab/addition", "prompt": "3+
 
 
 def cfg_with(*trackers: str) -> C.RunConfig:
-    return C.load(None, [f"log.report_to=[{', '.join(trackers)}]", "name=tracked"])
+    return validation.load(None, [f"log.report_to=[{', '.join(trackers)}]", "name=tracked"])
 
 
 def rows(steps, scale=0.1):
@@ -180,7 +181,7 @@ def test_unknown_or_missing_tracker_is_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_no_trackers_by_default(tmp_path):
-    t = Trackers(C.load(None), tmp_path / "run")
+    t = Trackers(validation.load(None), tmp_path / "run")
     t.log({"step": 1, "reward/mean": 0.5}, 1)
     t.close()
     assert not (tmp_path / "run" / STATE_FILE).exists()

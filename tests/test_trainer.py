@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from explorl import config as C
+from explorl import validation
 from explorl.outputs.runlog import read_metrics
 from explorl.rollout.fake import FakeEngine
 from explorl.training.loop import TIME_KEYS, Trainer
@@ -511,13 +511,13 @@ def test_cpu_adamw_off_fused_is_multi_tensor_and_bit_for_bit_torchs_default():
             opt.step()
         return opt, torch.cat([p.detach().flatten() for p in net.parameters()])
 
-    o = C.from_dict({"optim": {"lr": 1e-2, "weight_decay": 0.1, "fused": False}}).optim
+    o = validation.from_dict({"optim": {"lr": 1e-2, "weight_decay": 0.1, "fused": False}}).optim
     opt, ours = run(lambda net: make_optimizer(o, net, torch.device("cpu"), "single")[0])
     assert opt.param_groups[0]["foreach"] is True and not opt.param_groups[0]["fused"]
     _, single = run(lambda net: torch.optim.AdamW(net.parameters(), lr=1e-2, weight_decay=0.1,
                                                   foreach=False))
     assert torch.equal(ours, single)
-    fo = C.from_dict({"optim": {"lr": 1e-2, "weight_decay": 0.1}}).optim  # the default
+    fo = validation.from_dict({"optim": {"lr": 1e-2, "weight_decay": 0.1}}).optim  # the default
     opt, fused = run(lambda net: make_optimizer(fo, net, torch.device("cpu"), "single")[0])
     assert opt.param_groups[0]["fused"] and torch.allclose(fused, single, atol=1e-6)
 

@@ -18,6 +18,7 @@ from conftest import TINY_LAB_CONFIG
 
 import explorl
 from explorl import config as C
+from explorl import validation
 from explorl.data.records import PromptRecord
 from explorl.refs import RefError, anchor, load_ref
 from explorl.rewards import VerifierPool
@@ -140,7 +141,7 @@ def _records(truths, source="lab/addition"):
 
 
 def _reward_cfg(**kw):
-    return C.from_dict({"reward": kw, "rollout": {"max_response_len": 8}}).reward
+    return validation.from_dict({"reward": kw, "rollout": {"max_response_len": 8}}).reward
 
 
 def test_rewarder_reward_and_accuracy():
@@ -210,7 +211,7 @@ def test_recipe_references_are_anchored_to_the_recipe(tmp_path, tiny_model, monk
         "rollout": {"max_response_len": 6},
         "reward": {"verifier": "rw:f", "functions": [{"name": "rw.py:f"}, {"name": "exact"}]}}))
     monkeypatch.chdir(tmp_path)  # neither rw nor rw.py is here
-    cfg = C.load(conf / "recipe.yaml")
+    cfg = validation.load(conf / "recipe.yaml")
     assert cfg.reward.verifier == f"{conf.resolve() / 'rw.py'}:f"
     assert [f.name for f in cfg.reward.functions] == [f"{conf.resolve() / 'rw.py'}:f", "exact"]
     assert anchor("math", conf) == "math" and anchor("lab:addition", conf) == "lab:addition"
@@ -233,7 +234,7 @@ def test_recipe_references_are_anchored_to_the_recipe(tmp_path, tiny_model, monk
 ])
 def test_config_names_are_checked_before_anything_loads(sets, message):
     with pytest.raises(C.ConfigError, match=message):
-        C.load(None, sets)
+        validation.load(None, sets)
 
 
 # ----------------------------------------------------------------------------- end to end

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from explorl import config as C
+from explorl import validation
 from explorl.lab import TASKS, get_task, make_splits, parse_lab_spec
 from explorl.lab import build as lab_build
 
@@ -78,7 +78,7 @@ def test_user_task_builds_a_lab_model_and_trains(tmp_path, monkeypatch):
     from explorl.training.loop import Trainer
 
     monkeypatch.setenv("EXPLORL_LAB_CACHE", str(tmp_path / "cache"))
-    cfg = C.from_dict({
+    cfg = validation.from_dict({
         "max_steps": 2,
         "model": {"path": f"lab:{LETTERS}"},
         "lab": {**SIZES, "params": {"groups": 2}},

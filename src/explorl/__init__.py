@@ -14,7 +14,7 @@ _EXPORTS = {
     # configuration
     "RunConfig": "explorl.config",
     "ConfigError": "explorl.config",
-    "load_config": ("explorl.config", "load"),
+    "load_config": ("explorl.validation", "load"),
     # training
     "train": "explorl.api",
     "Trainer": "explorl.training.loop",

@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from explorl import config as C
+from explorl import validation
 from explorl.errors import ExplorlError
 from explorl.refs import StopScript, loading_script, ref_of
+from explorl.training.loop import Trainer  # after the config is valid: bad input fails fast
 
 
 def train(recipe: str | Path | Mapping | C.RunConfig | None = None, *, out: str | Path,
@@ -52,11 +54,11 @@ def train(recipe: str | Path | Mapping | C.RunConfig | None = None, *, out: str 
     if resume:
         data = C.load_yaml(C.read_utf8((Path(out) / "config.yaml").read_bytes(), "config.yaml"))
     elif recipe is None or isinstance(recipe, (str, Path)):
-        data = C.to_dict(C.load(recipe, env=False))
+        data = C.to_dict(validation.load(recipe, env=False))
     elif isinstance(recipe, C.RunConfig):
         data = C.to_dict(recipe)
     elif isinstance(recipe, Mapping):
-        data = C.to_dict(C.from_dict(dict(recipe), env=False))
+        data = C.to_dict(validation.from_dict(dict(recipe), env=False))
     else:
         raise C.ConfigError(
             f"recipe: expected a path, a dict or a RunConfig, got {type(recipe).__name__}"
@@ -72,13 +74,11 @@ def train(recipe: str | Path | Mapping | C.RunConfig | None = None, *, out: str 
         data.setdefault("reward", {})["functions"] = [
             {"name": f if isinstance(f, str) else ref_of(f), "weight": float(w)}
             for f, w in zip(reward_funcs, weights)]
-    cfg = C.from_dict(data)
+    cfg = validation.from_dict(data)
     out = Path(out)
     if not resume and (out / "metrics.jsonl").exists() and not force:
         raise ExplorlError(
             f"{out} already holds a run; pass resume=True to continue it or force=True"
         )
-    from explorl.training.loop import Trainer  # after the config is valid: bad input fails fast
-
     trainer = Trainer(cfg, out, resume=resume, train_data=train_dataset, val_data=val_dataset)
     return trainer.train()

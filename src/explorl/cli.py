@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from explorl import __version__
+from explorl import __version__, validation
 from explorl import config as C
 from explorl.errors import ExplorlError
 
@@ -45,7 +45,7 @@ def _train(args) -> int:
             C.set_path(data, key, value)
         if args.max_steps is not None:
             data["max_steps"] = args.max_steps
-        cfg = C.from_dict(data)
+        cfg = validation.from_dict(data)
         from explorl.training.checkpoint import checkpoint_step, latest_checkpoint
 
         ckpt = latest_checkpoint(run_dir)
@@ -63,7 +63,7 @@ def _train(args) -> int:
                 file=sys.stderr,
             )
             return 2
-        cfg = C.load(args.recipe, args.set, max_steps=args.max_steps, seed=args.seed)
+        cfg = validation.load(args.recipe, args.set, max_steps=args.max_steps, seed=args.seed)
         out = Path(args.out) if args.out else Path("runs") / f"{cfg.name}-seed{cfg.seed}"
         if (out / "metrics.jsonl").exists() and not args.force:
             print(f"error: {out} already holds a run; use --resume {out} to continue it, "
@@ -181,7 +181,8 @@ def _config(args) -> int:
         import yaml
 
         # Paths are not checked: templates (recipes/math/) hold placeholders.
-        print(yaml.safe_dump(C.to_dict(C.load(args.recipe, args.set, env=False)), sort_keys=False))
+        cfg = validation.load(args.recipe, args.set, env=False)
+        print(yaml.safe_dump(C.to_dict(cfg), sort_keys=False))
         return 0
     for path, tp, default, doc in C.reference():
         print(f"{path:45s} {tp:22s} {default:18s} {doc}")

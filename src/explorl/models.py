@@ -11,7 +11,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from explorl.config import ModelConfig
 from explorl.data.files import tokenize_prompts
+from explorl.data.sources import params_for
 from explorl.errors import ConfigError, ModelPathError
+from explorl.lab.build import lab_model_path
+from explorl.lab.registry import get_task, parse_lab_spec
+from explorl.lab.tokenizer import outside, tokenizer_alphabet
 
 log = logging.getLogger(__name__)
 
@@ -53,15 +57,10 @@ def resolve_model_path(path: str, lab=None) -> Path:
     ``lab`` (a ``LabConfig``) makes the lab model's SFT split the same as the one RL uses, so
     validation problems are never in the model's supervised training data.
     """
-    from explorl.lab import lab_model_path, parse_lab_spec
-
     ref = parse_lab_spec(path) if path.startswith("lab:") else None
     if ref is not None:
         if lab is None:
             return lab_model_path(ref)
-        from explorl.data.sources import params_for
-        from explorl.lab.tasks import get_task
-
         return lab_model_path(ref, size=lab.model_size, split_seed=lab.split_seed,
                               n_train=lab.n_train, n_val=lab.n_val, n_test=lab.n_test,
                               **params_for(get_task(ref), lab.params))
@@ -152,8 +151,6 @@ def render_prompt(tokenizer, prompt, use_chat_template: bool) -> list[int]:
     ids = _render(tokenizer, prompt, use_chat_template)
     unk = getattr(tokenizer, "unk_token_id", None)
     if unk is not None and unk in ids:
-        from explorl.lab.tokenizer import outside, tokenizer_alphabet
-
         alphabet = tokenizer_alphabet(tokenizer)
         text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
         if alphabet is not None and outside(text, alphabet):

@@ -2,16 +2,17 @@
 
 Each field carries its documentation as an attribute docstring (CleanRL's ``Args`` style);
 ``field_docs`` reads them back for ``--help`` and the recipe reference. Recipes are YAML files
-that override fields; ``--set a.b=c`` overrides one field. Everything is validated before any
-work starts: unknown keys (with the closest valid key suggested), wrong types and impossible
-values raise ``ConfigError`` naming the key path.
+that override fields; ``--set a.b=c`` overrides one field.
+
+This package is plain data at the bottom of the dependency graph: it imports no feature.
+Building and checking a config against the features' registries (loss names, controllers,
+verifiers, tasks, files) is ``explorl.validation``'s job (``load``, ``from_dict``, ``validate``).
 
 Modules: ``sections`` and ``control_sections`` (the dataclasses), ``coerce`` (typed building
-from plain data), ``ranges`` (every number's interval), ``checks`` (``validate``), ``recipes``
-(YAML files, ``base:``, ``--set``), ``reference`` (the docs).
+from plain data), ``ranges`` (every number's interval), ``recipes`` (YAML files, ``base:``,
+``--set``), ``reference`` (the docs).
 """
 
-from explorl.config.checks import from_dict, validate
 from explorl.config.coerce import build, set_path, to_dict
 from explorl.config.control_sections import (
     AdaptiveControlConfig,
@@ -27,9 +28,9 @@ from explorl.config.control_sections import (
 from explorl.config.ranges import ADAPTIVE_KNOB_FIELDS, RANGES, Interval
 from explorl.config.recipes import (
     _deep_update,
-    load,
     load_yaml,
     parse_override,
+    read_recipe,
     read_utf8,
     save,
 )
@@ -59,6 +60,6 @@ __all__ = [
     "EvalConfig", "Interval", "LabConfig", "LogConfig", "ModelConfig", "OptimConfig",
     "RewardConfig", "RewardFunctionConfig", "RolloutConfig", "RunConfig", "ScheduleConfig",
     "TemperatureControlConfig", "VLLMConfig", "_deep_update", "build", "field_docs",
-    "from_dict", "load", "load_yaml", "parse_override", "read_utf8", "reference", "save",
-    "set_path", "to_dict", "validate",
+    "load_yaml", "parse_override", "read_recipe", "read_utf8", "reference", "save",
+    "set_path", "to_dict",
 ]

@@ -8,16 +8,16 @@ from typing import Any
 
 import yaml
 
-from explorl.config.checks import _if_dir, from_dict
 from explorl.config.coerce import _show, set_path, to_dict
 from explorl.config.sections import RunConfig
 from explorl.errors import ConfigError
+from explorl.refs import anchor
 
 
-def load(recipe: str | Path | None = None, overrides: list[str] | None = None, *, env: bool = True,
-         **top: Any) -> RunConfig:
-    """Load a YAML recipe, apply ``--set`` overrides and top-level keyword overrides, validate
-    (``env``: see ``validate``).
+def read_recipe(recipe: str | Path | None = None, overrides: list[str] | None = None,
+                **top: Any) -> dict:
+    """A YAML recipe as plain data, with ``--set`` overrides and top-level keyword overrides
+    applied (not validated: ``explorl.validation.load`` builds and checks it).
 
     A recipe may say ``base: other.yaml`` (relative to itself) to start from another recipe.
     """
@@ -32,7 +32,11 @@ def load(recipe: str | Path | None = None, overrides: list[str] | None = None, *
     for key, value in top.items():
         if value is not None:
             data[key] = value
-    return from_dict(data, env=env)
+    return data
+
+
+def _if_dir(p: Path) -> str:
+    return " (it is a directory)" if p.is_dir() else ""
 
 
 def _read_recipe(path: Path, _seen: tuple = ()) -> dict:
@@ -113,8 +117,6 @@ def load_yaml(text: str, what: str = "YAML") -> Any:
 def _anchor_refs(data: dict, base: Path) -> None:
     """Make the code references a recipe file writes (reward functions, lab tasks) point at
     files next to it, so a recipe's ``rewards.py:f`` works from any working directory."""
-    from explorl.refs import anchor
-
     def fix(spec: Any) -> Any:
         if isinstance(spec, str) and spec.startswith("lab:") and not spec.startswith("lab:rg:"):
             return "lab:" + anchor(spec[len("lab:"):], base)

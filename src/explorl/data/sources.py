@@ -5,8 +5,11 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from explorl.data.files import load_many, records_from_rows
 from explorl.data.records import PromptRecord
 from explorl.errors import DataError
+from explorl.lab.registry import get_task, make_splits, parse_lab_spec
+from explorl.lab.rg import refusal
 
 if TYPE_CHECKING:
     from explorl.config import RunConfig
@@ -27,9 +30,6 @@ def load_split(specs: list[str], cfg: RunConfig, split: str) -> list[PromptRecor
     ``data.answer_key``. A reasoning-gym task whose scorer executes the answer is refused
     unless ``reward.allow_eval_scorers`` is on (``explorl.lab.rg``).
     """
-    from explorl.data.files import load_many
-    from explorl.lab.tasks import get_task, make_splits, parse_lab_spec
-
     lab = cfg.lab
     records: list[PromptRecord] = []
     files: list[str] = []
@@ -58,8 +58,6 @@ def load_split(specs: list[str], cfg: RunConfig, split: str) -> list[PromptRecor
 def in_memory(data, cfg: RunConfig) -> list[PromptRecord]:
     """Records of rows given in memory: a ``datasets.Dataset`` or dicts (read with
     ``data.prompt_key`` / ``data.answer_key``), or ``PromptRecord``s (used as they are)."""
-    from explorl.data.files import records_from_rows
-
     rows = list(data)
     if rows and all(isinstance(r, PromptRecord) for r in rows):
         return [dataclasses.replace(r, index=i) for i, r in enumerate(rows)]
@@ -68,8 +66,6 @@ def in_memory(data, cfg: RunConfig) -> list[PromptRecord]:
 
 def _mark_eval_records(task: str, records: list[PromptRecord], allowed: bool) -> list:
     """Refuse an eval task's records, or mark them as allowed (its checker reads the mark)."""
-    from explorl.lab.rg import refusal
-
     why = refusal(task)
     if why is None:
         return records

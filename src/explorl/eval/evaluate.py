@@ -10,6 +10,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from explorl.analysis.runs import new_figure, save_figure
 from explorl.eval.passk import mean_at_n, pass_at_k_batch
 
 
@@ -74,8 +75,6 @@ def _curve(stats: dict) -> tuple[list[int], list[float]]:
 
 def plot_passk(summary: dict, path: str | Path) -> Path:
     """pass@k versus k (log₂ x axis): one line per data source, plus the overall mean in black."""
-    from explorl.analysis.runs import new_figure, save_figure
-
     fig, axes = new_figure()
     ax = axes[0][0]
     sources = summary.get("by_source") or {"all": summary["overall"]}
@@ -115,8 +114,6 @@ def plot_passk_compare(curves: Sequence[tuple[str, dict]], path: str | Path,
     """Overall pass@k versus k of several evaluations in one figure (e.g. a model before and
     after RL); ``curves`` are (label, ``summarize`` result). The legend gives each one's sample
     count and temperature, so curves from different settings are not mistaken for comparable."""
-    from explorl.analysis.runs import new_figure, save_figure
-
     fig, axes = new_figure()
     ax = axes[0][0]
     all_ks: set[int] = set()

@@ -17,8 +17,10 @@ from rich.progress import (
 )
 
 from explorl import config as C
+from explorl import validation
 from explorl.data.sources import load_split
 from explorl.errors import ModelPathError
+from explorl.eval.evaluate import plot_passk, summarize, write_eval_json
 from explorl.eval.validate import EVAL_STREAM, answer
 from explorl.models import (
     load_model,
@@ -28,13 +30,14 @@ from explorl.models import (
     resolve_dtype,
     resolve_model_path,
 )
-from explorl.refs import DEFAULT_RESPONSE_LEN
+from explorl.outputs.completions import prompt_text
 from explorl.rewards.functions import check_reward
 from explorl.rewards.pool import VerifierPool
 from explorl.rewards.rewarder import Rewarder
 from explorl.rollout.base import build_engine
 from explorl.rollout.seeding import mix_seed
 from explorl.training.checkpoint import latest_checkpoint
+from explorl.validation.references import DEFAULT_RESPONSE_LEN
 
 
 def _resolve_model(model: str, overrides: list[str] | None) -> tuple[Path, Path, C.RunConfig]:
@@ -46,7 +49,7 @@ def _resolve_model(model: str, overrides: list[str] | None) -> tuple[Path, Path,
         for text in overrides or []:
             k, v = C.parse_override(text)
             C.set_path(data, k, v)
-        cfg = C.from_dict(data)
+        cfg = validation.from_dict(data)
         ckpt = latest_checkpoint(run_dir)
         if ckpt is None or not (ckpt / "config.json").exists():
             raise ModelPathError(f"{run_dir} has no checkpoint with model weights")
@@ -58,7 +61,7 @@ def _resolve_model(model: str, overrides: list[str] | None) -> tuple[Path, Path,
     for text in overrides or []:
         k, v = C.parse_override(text)
         C.set_path(data, k, v)
-    cfg = C.from_dict(data)
+    cfg = validation.from_dict(data)
     path = resolve_model_path(model, cfg.lab)
     return path, path, cfg
 
@@ -82,8 +85,6 @@ def run_eval(
 ) -> dict:
     """Evaluate ``model`` on ``data``; write ``eval.json`` (the totals), ``problems.jsonl`` (each
     problem's responses and scores, docs/completions.md) and ``passk.png`` into ``out_dir``."""
-    from explorl.eval.evaluate import plot_passk, summarize, write_eval_json
-
     counts = [("--n", n), ("--max-problems", max_problems), ("--max-new-tokens", max_new_tokens),
               *(("--k", k) for k in k_list)]
     for flag, value in counts:
@@ -158,8 +159,6 @@ def problem_row(index: int, rec, samples: list[tuple[str, float]], greedy_text: 
                 greedy_score: float) -> dict:
     """One row of ``problems.jsonl``: the problem, its n sampled responses with their verifier
     scores, and the greedy response (fields in docs/completions.md)."""
-    from explorl.outputs.completions import prompt_text
-
     return {"index": index, "data_source": str(rec.data_source), "prompt": prompt_text(rec.prompt),
             "ground_truth": str(rec.ground_truth), "n_correct": sum(sc > 0 for _, sc in samples),
             "responses": [t for t, _ in samples], "scores": [float(sc) for _, sc in samples],

@@ -7,7 +7,8 @@ built-in ``TASKS``, a reasoning-gym task (``rg:<task>``) or a user's object
 (``lab:mypkg.tasks:my_task``).
 """
 
-from explorl.lab.tasks import TASKS, LabTask, Problem, get_task, make_splits, parse_lab_spec
+from explorl.lab.registry import get_task, make_splits, parse_lab_spec
+from explorl.lab.tasks import TASKS, LabTask, Problem
 
 __all__ = [
     "TASKS",

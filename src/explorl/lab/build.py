@@ -32,7 +32,8 @@ import torch
 
 from explorl.config import SPLIT_SIZES
 from explorl.data.records import PromptRecord
-from explorl.lab.tasks import LabTask, get_task, make_splits, task_params
+from explorl.lab.registry import get_task, make_splits, task_params
+from explorl.lab.tasks import LabTask
 from explorl.lab.tokenizer import (
     CHARS,
     EOS,
@@ -43,6 +44,7 @@ from explorl.lab.tokenizer import (
     outside,
     save_lab_tokenizer,
 )
+from explorl.rewards.functions import as_scorer
 
 log = logging.getLogger(__name__)
 
@@ -250,8 +252,6 @@ def _build(task: LabTask, params: dict[str, Any], cfg: BuildConfig, out: Path) -
     """Initialise, warm-start by SFT, measure, and save the model into ``out``."""
     import transformers
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    from explorl.rewards.functions import as_scorer
 
     t0 = time.perf_counter()
     scorer = as_scorer(task.check)

@@ -27,6 +27,7 @@ import json
 import re
 from typing import Any
 
+from explorl import refs
 from explorl.lab.tasks import LabTask, Problem
 
 AUDITED_VERSION = "0.1.25"
@@ -134,9 +135,7 @@ def score(data_source: str, solution_str: str, ground_truth: str,
     task = info["task"]
     why = refusal(task)
     if why is not None:
-        from explorl.rewards import pool
-
-        if not (info.get("allow_eval") and pool.IN_WORKER):
+        if not (info.get("allow_eval") and refs.IN_WORKER):
             raise PermissionError(f"refused to score rg:{task}: {why}")
     ds = _dataset(task, json.dumps(info["params"], sort_keys=True))
     return float(ds.score_answer(extract_answer(solution_str), info["entry"]))

@@ -26,6 +26,7 @@ from fnmatch import fnmatchcase
 from typing import Any, Literal
 
 from explorl.refs import RefError, is_ref, load_ref
+from explorl.rewards.verifiers import VERIFIERS, warm_up
 
 Context = tuple[Any, str, dict]
 """``(prompt, data_source, extra)`` of the record a response answers."""
@@ -33,7 +34,37 @@ Scorer = Callable[[str, str, "Context | None"], float]
 
 SIGNATURES = ("explorl", "verl", "trl")
 _VERL_PARAMS = {"data_source", "solution_str", "ground_truth", "extra_info"}
-_PREFIXES = ("lab:", "rg:")  # task checkers: a lab task's, or a reasoning-gym task's scorer
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """Verifier references that another package resolves: ``explorl.lab`` registers ``lab:``
+    and ``rg:`` (a task's own checker), so this package never imports the lab."""
+
+    prefixes: tuple[str, ...]
+    checker: Callable[[str, tuple[str, ...] | None], Callable]
+    """``(ref, dirs) -> check function`` of a reference with one of ``prefixes``."""
+    data_source: Callable[[str], tuple[str, str] | None]
+    """``data spec -> (verifier ref, data_source)`` for ``reward.verifier: auto``; None when the
+    spec is not this scheme's (a data file)."""
+
+
+SCHEMES: list[Scheme] = []
+"""The registered schemes; a verifier worker imports each one's module before it resolves."""
+
+
+def register_scheme(scheme: Scheme) -> None:
+    """Add ``scheme`` (once per module import; a re-import replaces the old entry)."""
+    SCHEMES[:] = [s for s in SCHEMES if s.prefixes != scheme.prefixes] + [scheme]
+
+
+def scheme_modules() -> tuple[str, ...]:
+    """The modules that register the schemes (imported first in verifier workers)."""
+    return tuple(sorted({s.checker.__module__ for s in SCHEMES}))
+
+
+def _scheme_of(ref: str) -> Scheme | None:
+    return next((s for s in SCHEMES if ref.startswith(s.prefixes)), None)
 
 
 def signature_of(fn: Callable) -> str:
@@ -157,14 +188,10 @@ class RewardSpec:
 
 def load_reward(ref: str, dirs: tuple[str, ...] | None = None) -> Callable:
     """The callable ``ref`` names (any of the three signatures)."""
-    from explorl.rewards.verifiers import VERIFIERS
-
     if ref in VERIFIERS:
         return VERIFIERS[ref]
-    if ref.startswith(_PREFIXES):
-        from explorl.lab.tasks import get_task
-
-        return get_task(ref.removeprefix("lab:"), dirs=dirs).check
+    if (scheme := _scheme_of(ref)) is not None:
+        return scheme.checker(ref, dirs)
     if is_ref(ref):
         fn = load_ref(ref, dirs=dirs)
         if not callable(fn):
@@ -183,8 +210,6 @@ def check_reward(ref: str, dirs: tuple[str, ...] | None = None) -> str:
 
 def resolve_scorer(spec: str | RewardSpec, *, warm: bool = False) -> Scorer:
     """The scorer of a pool spec: a verifier name / reference (str), or a ``RewardSpec``."""
-    from explorl.rewards.verifiers import warm_up
-
     if isinstance(spec, str):
         if warm:
             warm_up(spec)

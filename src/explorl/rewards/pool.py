@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import math
 import multiprocessing as mp
@@ -15,8 +16,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
+from explorl import refs
 from explorl.errors import RewardError
-from explorl.rewards.functions import Context, RewardSpec, load_reward, resolve_scorer
+from explorl.rewards.functions import (
+    Context,
+    RewardSpec,
+    load_reward,
+    resolve_scorer,
+    scheme_modules,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +44,6 @@ SCORE_TOLERANCE = 1e-9
 """Scores this close outside ``SCORE_RANGE`` are float round-off and are clamped into it: e.g.
 reasoning-gym's spell_backward sums 1/len per matching letter, and 8 × (1/8) gives
 1.0000000000000002 for a fully right 8-letter answer."""
-
-IN_WORKER = False
-"""True inside a pool worker process: scorers that must never run in the trainer's own process
-(reasoning-gym's ``eval()`` scorers, when allowed at all) check it."""
 
 
 def check_score(value: object, bounded: bool = True) -> float:
@@ -98,7 +102,8 @@ class ScoreResult:
     """Verifications that raised or killed their worker (crash, segfault, memory limit)."""
 
 
-def _worker_main(conn: Connection, memory_limit_mb: int | None) -> None:
+def _worker_main(conn: Connection, memory_limit_mb: int | None,
+                 schemes: tuple[str, ...] = ()) -> None:
     """Worker loop: receive ``(spec, [(i, response, gt, ctx), ...])``, send ``(i, score,
     problem)`` per item (``ctx``: the record's ``(prompt, data_source, extra)``, see
     ``rewards.functions``; ``problem`` is None, or why the item failed: an exception or a bad
@@ -107,8 +112,9 @@ def _worker_main(conn: Connection, memory_limit_mb: int | None) -> None:
     When a spec is new to this worker it first resolves and warms the verifier and sends
     ``"ready"``, so imports do not eat into the first response's time limit.
     """
-    global IN_WORKER
-    IN_WORKER = True
+    refs.IN_WORKER = True
+    for module in schemes:  # the packages that resolve lab:/rg: references (rewards.functions)
+        importlib.import_module(module)
     # Ctrl-C goes to the whole process group; the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Die with our parent (the forkserver, which exits with the pool's process), so a worker
@@ -218,7 +224,7 @@ class VerifierPool:
         parent, child = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(
             target=_worker_main,
-            args=(child, self.memory_limit_mb),
+            args=(child, self.memory_limit_mb, scheme_modules()),
             daemon=True,
             name="explorl-verifier",
         )

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from explorl.data.records import PromptRecord
 from explorl.refs import search_dirs
-from explorl.rewards.functions import RewardSpec, Term
+from explorl.rewards import to_reward
+from explorl.rewards.functions import SCHEMES, RewardSpec, Term
 from explorl.rewards.pool import VerifierPool
 
 
@@ -33,19 +34,17 @@ class Scored:
 def verifier_spec(verifier: str, data_specs: list[str]) -> RewardSpec:
     """The verifier as a per-``data_source`` dispatch. ``auto``: each lab or reasoning-gym
     task's own checker for its records, ``math`` for every other record (files)."""
-    from explorl.lab.tasks import get_task, parse_lab_spec
-
     dirs = search_dirs()
     if verifier != "auto":
         return RewardSpec((Term(verifier),), "first", dirs)
     terms, files = {}, False
     for spec in data_specs:
-        ref = parse_lab_spec(spec)
-        if ref is None:
+        found = next((f for s in SCHEMES if (f := s.data_source(spec)) is not None), None)
+        if found is None:
             files = True
             continue
-        task = get_task(ref)
-        terms.setdefault(task.source, Term(f"lab:{ref}", 1.0, (task.source,)))
+        ref, source = found
+        terms.setdefault(source, Term(ref, 1.0, (source,)))
     fallback = (Term("math"),) if files or not terms else ()
     return RewardSpec((*terms.values(), *fallback), "first", dirs)
 
@@ -56,8 +55,6 @@ class Rewarder:
     def __init__(self, reward_cfg, data_specs: list[str], *, verifier: str | None = None):
         """``data_specs``: every data spec the responses can come from (for ``auto``);
         ``verifier``: overrides ``reward.verifier`` (``explorl eval --verifier``)."""
-        from explorl.rewards import to_reward
-
         self.cfg = reward_cfg
         self._to_reward = to_reward
         name = verifier if verifier not in (None, "auto") else reward_cfg.verifier

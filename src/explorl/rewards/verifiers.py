@@ -16,6 +16,7 @@ from collections.abc import Callable
 from fractions import Fraction
 
 from explorl.errors import RewardError
+from explorl.refs import is_ref, load_ref
 
 Verifier = Callable[[str, str], float]
 
@@ -339,8 +340,6 @@ def warm_up(spec: str) -> None:
 def resolve_verifier(spec: str, *, warm: bool = False) -> Verifier:
     """The verifier ``spec``: a ``VERIFIERS`` key, ``"module:function"`` or
     ``"path/to/file.py:function"`` (``explorl.refs``), as the user wrote it."""
-    from explorl.refs import is_ref, load_ref
-
     if spec in VERIFIERS:
         if warm:
             warm_up(spec)

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+from explorl.lab.registry import get_task
 from explorl.study.plan import RunPlan, eval_done, eval_done_at, lab_ref, run_state
 from explorl.study.spec import StudySpec
 
@@ -128,8 +129,6 @@ def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
 def base_eval_args(plan: RunPlan, spec: StudySpec, out: Path) -> list[str]:
     """``explorl eval`` of the task's lab model before RL, with the runs' evaluation protocol,
     lab section and response-length limit (taken from ``plan``, any run of the study)."""
-    from explorl.lab.tasks import get_task
-
     e, cfg = spec.eval, plan.cfg
     ref = lab_ref(spec.task)
     length = cfg.rollout.max_response_len or get_task(ref[len("lab:"):]).max_response_len

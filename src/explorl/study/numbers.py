@@ -11,8 +11,11 @@ from typing import Any
 
 import yaml
 
+from explorl.analysis.entropy_law import FitError, fit_entropy_law, law_points
 from explorl.analysis.runs import Run, load_run
+from explorl.control.schedules import anneal_start
 from explorl.study.plan import RunPlan
+from explorl.study.stats import Interval, problem_passk
 
 WINDOW = 0.1  # "initial" / "final" = mean over the first / last 10% of steps (at least one)
 LAW_FIT_FRACTION = 0.4  # the early fit: the first 40% of validation points predict the rest
@@ -38,9 +41,6 @@ def _series_mean(recs: list[dict], key: str) -> float | None:
 def run_numbers(run: Run, cfg: dict, eval_summary: dict | None,
                 k_list: list[int]) -> dict[str, Any]:
     """Every per-run figure the table and the claims use (None where a run cannot have it)."""
-    from explorl.analysis.entropy_law import FitError, fit_entropy_law, law_points
-    from explorl.control.schedules import anneal_start
-
     recs = [r for r in run.records if r["step"] >= 1]  # step 0: the pre-RL validation only
     n = len(recs)
     w = _w(n)
@@ -208,8 +208,6 @@ def collect_passk(done: list[RunPlan], rows: list[str], k_list: list[int]
     run's ``eval/problems.jsonl``; and the seed of each row."""
     import numpy as np
 
-    from explorl.study.stats import problem_passk
-
     by_name: dict[str, list[tuple[int, dict]]] = {n: [] for n in rows}
     for p in done:
         by_name[p.name].append((p.seed, problem_passk(p.out / "eval" / "problems.jsonl", k_list)))
@@ -227,9 +225,6 @@ def pooled_law(groups: dict[str, list[Run]], n_boot: int = 1000) -> dict[str, An
     points, pooled, as the paper fits across a model family's checkpoints), with a bootstrap
     over runs for R², a and b; per model size when the study has runs of more than one."""
     import numpy as np
-
-    from explorl.analysis.entropy_law import FitError, fit_entropy_law, law_points
-    from explorl.study.stats import Interval
 
     def fit(runs: list[Run]) -> dict[str, Any]:
         pts = [law_points(r)[1:] for r in runs]

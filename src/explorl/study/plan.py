@@ -11,7 +11,9 @@ from typing import Any
 import yaml
 
 from explorl import config as C
+from explorl import validation
 from explorl.study.spec import StudySpec, resolve_recipe, spec_error
+from explorl.training.checkpoint import latest_checkpoint
 
 
 @dataclass
@@ -47,11 +49,11 @@ def plan_runs(spec: StudySpec, spec_path: Path, out: Path) -> list[RunPlan]:
     own = spec.recipe_set
     for i, ref in enumerate(spec.recipes):
         path = resolve_recipe(ref, spec, f"recipes[{i}]", spec_path)
-        name = C.load(path).name
+        name = validation.load(path).name
         rows.append((name, path, [*task_sets, *spec.set, *own.get(name, [])]))
     for i, v in enumerate(spec.variants):
         path = resolve_recipe(v.recipe, spec, f"variants[{i}].recipe", spec_path)
-        parent = C.load(path).name
+        parent = validation.load(path).name
         rows.append((v.name, path, [*task_sets, *spec.set, *own.get(parent, []), *v.set,
                                     *own.get(v.name, []), f"name={v.name}"]))
     names = [n for n, _, _ in rows]
@@ -73,7 +75,7 @@ def plan_runs(spec: StudySpec, spec_path: Path, out: Path) -> list[RunPlan]:
         for name, path, sets in rows:
             sets = [*sets, "log.progress=false"]
             try:
-                cfg = C.load(path, sets, max_steps=spec.max_steps, seed=seed)
+                cfg = validation.load(path, sets, max_steps=spec.max_steps, seed=seed)
             except C.ConfigError as e:
                 raise spec_error(spec_path, f"recipe {name} ({path}): {e}") from None
             plans.append(RunPlan(name, seed, path, sets, out / "runs" / f"{name}-seed{seed}", cfg))
@@ -99,13 +101,11 @@ def run_state(plan: RunPlan) -> str:
     A run directory that holds a different configuration (the spec changed) is an error rather
     than silently mixed into the table.
     """
-    from explorl.training.checkpoint import latest_checkpoint
-
     out = plan.out
     if not (out / "metrics.jsonl").exists() and not (out / "config.yaml").exists():
         return "fresh"
     if (out / "config.yaml").exists():
-        found = C.to_dict(C.from_dict(yaml.safe_load((out / "config.yaml").read_text())))
+        found = C.to_dict(validation.from_dict(yaml.safe_load((out / "config.yaml").read_text())))
         want = C.to_dict(plan.cfg)
         if found != want:
             diff = ", ".join(f"{k}: {a!r} ≠ {b!r}" for k, a, b in _dict_diff(found, want)[:5])

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from explorl import config as C
+from explorl.analysis import make_report
+from explorl.models import resolve_model_path
 from explorl.study.claims import Evidence, evaluate_claims
 from explorl.study.documents import publish, write_documents
 from explorl.study.figures import draw_figures
@@ -22,8 +24,6 @@ from explorl.study.stats import problem_passk
 def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: list[RunPlan],
             failed: list[JobResult], wall_s: float) -> dict:
     """Report (``explorl report``), per-run numbers, table, claims, figures and documents."""
-    from explorl.analysis import make_report
-
     bad = {j.plan.key for j in failed}
     done = [p for p in plans if p.key not in bad and eval_done(p, spec)]
     if not done:
@@ -72,8 +72,6 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
 
     # Each lab model (task, parameters, size) is built once, under a file lock, before the jobs
     # start, not by all of them at once; resolved with the run's lab section, as the runs do.
-    from explorl.models import resolve_model_path
-
     built = set()
     for p in plans:
         if p.cfg.model.path.startswith("lab:"):

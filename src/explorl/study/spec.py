@@ -11,6 +11,7 @@ from typing import Literal
 import yaml
 
 from explorl import config as C
+from explorl.lab import TASKS, parse_lab_spec
 
 
 @dataclass
@@ -137,8 +138,6 @@ def load_spec(path: str | Path, quick: bool = False) -> StudySpec:
     for key, ok, msg in checks:
         if not ok:
             raise spec_error(path, f"{key}: {msg}")
-    from explorl.lab import TASKS, parse_lab_spec
-
     try:
         parse_lab_spec(f"lab:{spec.task}")
     except (ValueError, ImportError) as e:

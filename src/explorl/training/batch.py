@@ -14,6 +14,7 @@ import dataclasses
 import torch
 
 from explorl.algorithms import covariance_by_difficulty
+from explorl.control.base import StepStats
 from explorl.rollout.types import Rollouts
 
 
@@ -115,8 +116,6 @@ def policy_entropy(rows: dict[str, torch.Tensor]) -> float:
 
 def step_stats(step: int, max_steps: int, sb: StepBatch):
     """The controllers' view of a finished step (``control.StepStats``), from its global batch."""
-    from explorl.control.base import StepStats
-
     return StepStats(step=step, max_steps=max_steps, entropy=policy_entropy(sb.rows),
                      prompt_indices=sb.prompt_indices, prompt_correct=sb.prompt_correct,
                      prompt_samples=sb.prompt_samples, epoch=sb.epoch, epoch_end=sb.epoch_end)

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from explorl.errors import CheckpointError, ExplorlError, NonFiniteError
+from explorl.models import quiet_transformers
 
 STATE_FILE = "trainer_state.pt"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -92,8 +93,6 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict[str,
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
         if save_model:
-            from explorl.models import quiet_transformers
-
             with quiet_transformers():  # no "Writing model shards" bar under the trainer's own
                 model.save_pretrained(tmp, safe_serialization=True)
                 tokenizer.save_pretrained(tmp)

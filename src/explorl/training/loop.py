@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from explorl import config as C
-from explorl import models
+from explorl import models, validation
 from explorl.control import Knobs, bank_from_config
 from explorl.data.order import DataOrder
 from explorl.data.sources import in_memory, load_split
@@ -53,7 +53,7 @@ class Trainer:
 
     def __init__(self, cfg: C.RunConfig, out_dir: str | Path, *, resume: bool = False,
                  engine=None, train_data=None, val_data=None):
-        self.cfg = cfg = C.validate(cfg)
+        self.cfg = cfg = validation.validate(cfg)
         # First: under a launcher this joins the process group, so no rank writes into the run
         # directory while another one is still checking or clearing it (``--force``).
         self.dist = make_dist(cfg.dist.strategy, cfg.model.device)

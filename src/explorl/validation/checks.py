@@ -1,5 +1,6 @@
-"""``validate``: ranges, relations between fields, names against their registries, controller
-conflicts and (with ``env``) paths, devices and importable references, before any work starts."""
+"""``load``, ``from_dict`` and ``validate``: ranges, relations between fields, names against their
+registries, controller conflicts and (with ``env``) paths, devices and importable references,
+before any work starts."""
 
 from __future__ import annotations
 
@@ -7,9 +8,17 @@ import dataclasses
 import difflib
 from pathlib import Path
 
+from explorl.algorithms import ADVANTAGES, AGG_MODES, KL_ESTIMATORS, LOSSES
+from explorl.algorithms.advantages import TAKES_K
+from explorl.algorithms.losses import REQUIRED_AGG
 from explorl.config.coerce import _fail, build, to_dict
 from explorl.config.ranges import ADAPTIVE_KNOB_FIELDS, RANGES, Interval, _check_ranges
+from explorl.config.recipes import _if_dir, read_recipe
 from explorl.config.sections import RunConfig
+from explorl.control import ACTUATOR_DEFAULTS, SCHEDULES, check_control_config
+from explorl.data.files import EXTENSIONS
+from explorl.outputs.trackers import TRACKERS
+from explorl.validation.references import check_references, fill_defaults
 
 
 def _smallest_group(c: RunConfig) -> int:
@@ -84,8 +93,6 @@ def _check_adaptive(cfg: RunConfig) -> None:
     ad = cfg.control.adaptive
     if not ad.enabled:
         return
-    from explorl.control.adaptive import ACTUATOR_DEFAULTS
-
     spec = ACTUATOR_DEFAULTS[ad.actuator]
     lo = spec.c_min if ad.min is None else ad.min
     hi = spec.c_max if ad.max is None else ad.max
@@ -106,8 +113,6 @@ def _check_controllers(cfg: RunConfig) -> None:
     """Each knob has one owner, and two entropy trackers never run together."""
     if sum(getattr(cfg.control, f.name).enabled for f in dataclasses.fields(cfg.control)) < 2:
         return
-    from explorl.control import check_control_config
-
     check_control_config(cfg.control)  # a ControlError, printed like a ConfigError
 
 
@@ -118,12 +123,6 @@ def _closest(value: str, choices: list[str]) -> str:
 
 def _check_names(cfg: RunConfig) -> None:
     """Plug-point names are checked against the dicts that define them (no copied lists)."""
-    from explorl.algorithms import ADVANTAGES, AGG_MODES, KL_ESTIMATORS, LOSSES
-    from explorl.algorithms.advantages import TAKES_K
-    from explorl.algorithms.losses import REQUIRED_AGG
-    from explorl.control import ACTUATOR_DEFAULTS, SCHEDULES
-    from explorl.outputs.trackers import TRACKERS
-
     a, ad = cfg.algorithm, cfg.control.adaptive
     if a.advantage in TAKES_K and a.passk_k is None:
         _fail("algorithm.passk_k",
@@ -151,9 +150,7 @@ def _check_names(cfg: RunConfig) -> None:
 
 def _check_sources(cfg: RunConfig, env: bool) -> None:
     """With ``env``, that model and data paths exist. Task specs (``lab:<task>``,
-    ``rg:<task>``) are checked by ``explorl.refs.check_references``."""
-    from explorl.data.files import EXTENSIONS
-
+    ``rg:<task>``) are checked by ``explorl.validation.references.check_references``."""
     def lab_task(path: str, spec: str) -> bool:
         return spec.startswith(("lab:", "rg:"))
 
@@ -179,10 +176,6 @@ def _check_sources(cfg: RunConfig, env: bool) -> None:
             if p.suffix.lower() not in EXTENSIONS:
                 _fail(path, f"{spec!r}: unsupported file type {p.suffix or '(none)'!r} "
                       f"(expected {', '.join(EXTENSIONS)})")
-
-
-def _if_dir(p: Path) -> str:
-    return " (it is a directory)" if p.is_dir() else ""
 
 
 def _check_device(device: str) -> None:
@@ -216,8 +209,6 @@ def validate(cfg: RunConfig, *, env: bool = True) -> RunConfig:
     ``module:function`` verifier imports. ``explorl config`` and recipe templates whose
     paths are placeholders pass ``env=False``.
     """
-    from explorl.refs import check_references, fill_defaults
-
     cfg = build(RunConfig, to_dict(cfg))
     fill_defaults(cfg, env)
     _check_ranges(cfg)
@@ -267,3 +258,11 @@ def _migrate(data: dict) -> None:
                 lab.setdefault("params", {})[new] = value
 
 
+
+
+def load(recipe: str | Path | None = None, overrides: list[str] | None = None, *, env: bool = True,
+         **top) -> RunConfig:
+    """Load a YAML recipe, apply ``--set`` overrides and top-level keyword overrides, and
+    validate (``env``: see ``validate``). A recipe may say ``base: other.yaml`` (relative to
+    itself) to start from another recipe."""
+    return from_dict(read_recipe(recipe, overrides, **top), env=env)

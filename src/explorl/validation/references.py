@@ -1,0 +1,122 @@
+"""The config checks that load what a recipe references: lab and reasoning-gym tasks, reward
+functions and verifiers, and the defaults that depend on them (``rollout.max_response_len``).
+
+A name that does not resolve raises ``ConfigError`` naming the key and the closest valid name.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from pathlib import Path
+
+from explorl.config import ConfigError
+from explorl.data.sources import params_for
+from explorl.lab.registry import get_task, parse_lab_spec, task_params
+from explorl.lab.rg import refusal
+from explorl.lab.tasks import TASKS
+from explorl.refs import is_ref
+from explorl.rewards.functions import check_reward
+from explorl.rewards.verifiers import VERIFIERS
+
+DEFAULT_RESPONSE_LEN = 256
+"""``rollout.max_response_len`` of a run whose model is not a lab model."""
+
+
+def _needs_env(ref: str) -> bool:
+    """Whether checking ``ref`` (a lab task or reward reference) imports the user's code or an
+    optional package, which ``validate(env=False)`` (recipe templates) does not."""
+    name = ref.removeprefix("lab:")
+    return not (name in VERIFIERS or name in TASKS or not (is_ref(name) or ":" in name))
+
+
+def fill_defaults(cfg, env: bool = True) -> None:
+    """Fill the fields whose default depends on other fields (in place):
+    ``rollout.max_response_len`` from the lab task (or a built lab model's lab.json)."""
+    if cfg.rollout.max_response_len is not None:
+        return
+    path, length = cfg.model.path, None
+    if path.startswith("lab:") and (env or not _needs_env(path)):
+        try:
+            length = get_task(path[len("lab:"):].strip()).max_response_len
+        except (ValueError, ImportError) as e:
+            raise ConfigError(f"model.path: {e}") from None
+    meta = Path(path).expanduser() / "lab.json"
+    if length is None and meta.is_file():  # a lab model directory
+        length = json.loads(meta.read_text()).get("max_response_len")
+    cfg.rollout.max_response_len = length or DEFAULT_RESPONSE_LEN
+
+
+def check_references(cfg, env: bool = True) -> None:
+    """Load every lab task, reasoning-gym task and reward function the config names, and check
+    ``lab.params`` against the tasks: raise ``ConfigError`` naming the key and the closest
+    valid name. Runs in config validation, before any model is loaded. Without ``env`` only
+    the built-in names are checked (nothing is imported)."""
+    def fail(path: str, e: Exception | str) -> None:
+        raise ConfigError(f"{path}: {e}") from None
+
+    r = cfg.reward
+    tasks = {}
+    specs = [("model.path", cfg.model.path)] if cfg.model.path.startswith("lab:") else []
+    for key in ("train", "val", "anneal"):
+        specs += [(f"data.{key}[{i}]", s) for i, s in enumerate(getattr(cfg.data, key))]
+    for path, spec in specs:
+        if not spec.startswith(("lab:", "rg:")) or (_needs_env(spec) and not env):
+            continue
+        try:
+            ref = parse_lab_spec(spec)
+        except (ValueError, ImportError) as e:
+            fail(path, e)
+        tasks[ref] = get_task(ref)
+        why = refusal(ref[len("rg:"):]) if ref.startswith("rg:") else None
+        if why and path == "model.path":
+            fail(path, f"{spec} cannot be a lab model: {why}, and the lab build scores its "
+                       "samples in-process")
+        if why and not r.allow_eval_scorers:
+            fail(path, f"{spec} refused: {why}. Set reward.allow_eval_scorers: true to accept "
+                       "that risk (UNSAFE; README 'reasoning-gym tasks')")
+    if r.allow_eval_scorers and r.num_workers == 0:
+        fail("reward.num_workers", "must be ≥ 1 with reward.allow_eval_scorers: scorers that "
+                                   "run the answer as code run only in worker processes")
+
+    # With no lab task in the run, lab.params has nothing to set (a shared base recipe may
+    # carry it); with some (all loaded: without env a plugin task is not), every entry must
+    # belong to one of them.
+    declared = {name for t in tasks.values() for name in t.params}
+    for name in cfg.lab.params if tasks and len(tasks) == len(_task_specs(specs)) else ():
+        if name not in declared:
+            close = difflib.get_close_matches(name, sorted(declared), n=1)
+            hint = f"; did you mean 'lab.params.{close[0]}'?" if close else ""
+            owners = ", ".join(t.name for t in tasks.values())
+            fail(f"lab.params.{name}", f"not a parameter of the run's lab tasks ({owners}){hint}")
+    for t in tasks.values():
+        try:
+            task_params(t, **params_for(t, cfg.lab.params))
+        except ValueError as e:
+            fail("lab.params", e)
+
+    names = [("reward.verifier", r.verifier)] if r.verifier != "auto" else []
+    names += [(f"reward.functions[{i}].name", f.name) for i, f in enumerate(r.functions)]
+    for path, name in names:
+        if not name:
+            fail(path, "is required")
+        if env or not _needs_env(name):
+            try:
+                check_reward(name)
+            except (ValueError, ImportError) as e:
+                fail(path, e)
+    for i, f in enumerate(r.functions):
+        if not math.isfinite(f.weight):
+            fail(f"reward.functions[{i}].weight", "must be a finite number")
+    if r.functions and r.convention == "signed":
+        fail("reward.convention", "'signed' maps a {0, 1} verifier score; with reward.functions "
+                                  "the reward is their weighted sum (set its range there)")
+    for key in ("prompt_key", "answer_key"):
+        if getattr(cfg.data, key) == "":
+            fail(f"data.{key}", "must be a column name or null")
+
+
+def _task_specs(specs: list[tuple[str, str]]) -> set[str]:
+    """The distinct task specs among ``(key, spec)`` pairs (``lab:`` / ``rg:`` ones)."""
+    return {s.removeprefix("lab:") for _, s in specs if s.startswith(("lab:", "rg:"))}
