@@ -1,0 +1,1 @@
+"""Rollout engines: the engine interface, the `hf` and `vllm` engines, samplers and the rollout record."""
