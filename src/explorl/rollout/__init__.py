@@ -1,1 +1,1 @@
-"""Rollout engines: the engine interface, the `hf` and `vllm` engines, samplers and the rollout record."""
+"""Rollout engines: the interface, the `hf` and `vllm` engines, samplers, the rollout record."""
