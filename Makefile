@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint bench clean setup-vllm test-vllm bench-vllm
+.PHONY: setup demo test lint docs bench clean setup-vllm test-vllm bench-vllm
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,6 +27,10 @@ test: setup
 # ruff with pyproject.toml's settings (line length 100; pyflakes, pycodestyle, import order)
 lint: setup
 	$(BIN)/ruff check src tests benchmarks
+
+# the documentation site from docs/ into site/; --strict: a dead link or a missing page fails
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 bench: setup
 	$(BIN)/python benchmarks/quickstart_speed.py
@@ -59,4 +63,4 @@ bench-vllm: setup-vllm
 	$(VLLM_BIN)/python benchmarks/vllm_speed.py
 
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache site

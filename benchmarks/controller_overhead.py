@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/controller_overhead.py [--steps 20] [--reps 3]
 
-Goals (issue 4): ≤ 2% for temperature, budgets and adaptive clip; ≤ 25% for EEPO. Overheads
+Goals: ≤ 2% for temperature, budgets and adaptive clip; ≤ 25% for EEPO. Overheads
 are ratios of median *CPU* seconds per step (this process and its verifier workers), which
 stay put on a loaded machine where wall-clock ratios swing; wall-clock figures are printed
 beside them. The controllers' own bookkeeping is also timed directly (their hooks). Variants

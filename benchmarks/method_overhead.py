@@ -1,4 +1,4 @@
-"""Per-step CPU-time overhead vs GRPO of each method added by issue 18, on the lab.
+"""Per-step CPU-time overhead vs GRPO of each method of the wider field, on the lab.
 
     .venv/bin/python benchmarks/method_overhead.py [--steps 20] [--reps 2] [--threads 1]
 

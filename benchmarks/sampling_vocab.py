@@ -1,5 +1,5 @@
 """The per-token cost of drawing from a real vocabulary: explorl's counter-based draws before and
-after the inverse-CDF sampler (issue 20), beside ``torch.multinomial`` (figures only).
+after the inverse-CDF sampler, beside ``torch.multinomial`` (figures only).
 
     .venv/bin/python benchmarks/sampling_vocab.py [--ref 7319040] [--rows 64 256] [--reps 7]
 

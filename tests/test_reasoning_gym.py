@@ -32,8 +32,8 @@ def test_the_audit_covers_every_registered_task():
         pytest.skip(f"the audit is of reasoning-gym {rg.AUDITED_VERSION}")
     assert set(DATASETS) == set(rg.SUPPORTED) | set(rg.EVAL_TASKS)
     assert not set(rg.SUPPORTED) & set(rg.EVAL_TASKS)
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert all(f"`{t}`" in readme for t in [*rg.SUPPORTED, *rg.EVAL_TASKS])
+    lab_page = (Path(__file__).resolve().parents[1] / "docs" / "lab.md").read_text()
+    assert all(f"`{t}`" in lab_page for t in [*rg.SUPPORTED, *rg.EVAL_TASKS])
 
 
 def test_splits_are_deterministic_and_disjoint():

@@ -9,11 +9,12 @@ from explorl import config as C
 
 HEADER = """# Recipe reference
 
-Generated from `src/explorl/config.py` by `python -m explorl.docs > docs/recipes.md` (a test
-keeps it in sync). Every key of a recipe, its type, its default and its meaning; the config
-classes are the only home of these defaults. Override any key with `--set key=value`.
-*allowed* is the interval every number of the key must lie in (`config.RANGES`); all numbers
-must be finite, and relations between keys are checked too (README "Failure behaviour").
+Generated from the config dataclasses in `src/explorl/config/` by
+`python -m explorl.docs > docs/recipes.md` (a test keeps it in sync). Every key of a recipe, its
+type, its default and its meaning; the config classes are the only home of these defaults.
+Override any key with `--set key=value`. *allowed* is the interval every number of the key must
+lie in (`config.RANGES`); all numbers must be finite, and relations between keys are checked too
+([Failure behaviour](failures.md)).
 """
 
 

@@ -1,0 +1,1 @@
+"""Rollout engines: the interface, the `hf` and `vllm` engines, samplers, the rollout record."""
