@@ -64,7 +64,8 @@ def test_sequence_and_geometric_levels():
 
 def test_veto_drops_a_response_with_one_tiny_token_weight():
     old, engine, mask = example()
-    old2 = torch.cat([old, old]); old2[1, 1] = engine[0, 1] - 10.0  # w = e^-10 < 1e-4
+    old2 = torch.cat([old, old])
+    old2[1, 1] = engine[0, 1] - 10.0  # w = e^-10 < 1e-4
     c = rollout_correction(old2, torch.cat([engine, engine]), torch.cat([mask, mask]),
                            "token-truncate", upper=2.0, veto=1e-4)
     assert c.keep[0].all() and not c.keep[1].any()

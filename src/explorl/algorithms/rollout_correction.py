@@ -31,7 +31,7 @@ class Correction:
 
     weight: torch.Tensor  # (N, T) float, detached; 0 where ``keep`` is False
     keep: torch.Tensor  # (N, T) bool, valid tokens that stay in the loss and its denominators
-    sums: dict[str, float]  # additive over ranks (min/max keys: min/max), for ``correction_metrics``
+    sums: dict[str, float]  # for ``correction_metrics``; additive over ranks (``merge_sums``)
 
 
 @torch.no_grad()

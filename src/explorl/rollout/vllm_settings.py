@@ -69,7 +69,12 @@ def check_engine_settings(v, device_type: str, *, gpus: int, world_size: int = 1
     if device_type == "cuda" and tp * world_size > gpus:
         raise ConfigError(
             f"rollout.vllm.tensor_parallel_size: {tp} × {world_size} process(es) needs "
-            f"{tp * world_size} GPUs, this machine shows {gpus} (CUDA_VISIBLE_DEVICES)")
+            f"{tp * world_size} GPUs, this process sees {gpus} GPUs (CUDA_VISIBLE_DEVICES)")
+    if device_type == "cuda" and world_size > 1 and not v.in_process:
+        raise ConfigError(
+            "rollout.vllm.in_process: false with several training processes on CUDA: each "
+            "rank's engine runs in its own process with vLLM's external_launcher executor, which "
+            "needs the in-process engine core; set rollout.vllm.in_process: true")
     if tp > 1 and world_size > 1:
         raise ConfigError(
             f"rollout.vllm.tensor_parallel_size: {tp} with {world_size} training processes: "

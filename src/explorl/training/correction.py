@@ -42,7 +42,8 @@ def resolve_mode(mode: str, ro: Rollouts) -> str:
     return mode
 
 
-def step_correction(rc, ro: Rollouts, local: torch.Tensor, n_rows: int, dist) -> StepCorrection | None:
+def step_correction(rc, ro: Rollouts, local: torch.Tensor, n_rows: int,
+                    dist) -> StepCorrection | None:
     """The step's correction (``rc``: the config section) for this rank's rows ``ro`` at global
     positions ``local``; None when off. Every rank must call it (one gather)."""
     mode = resolve_mode(rc.mode, ro)

@@ -138,7 +138,8 @@ class Trainer:
         cfg = self.cfg
         engine = engine or build_engine(cfg, self.tokenizer,
                                         models.resolve_model_path(cfg.model.path, cfg.lab),
-                                        models.resolve_dtype(cfg.model.dtype, self.device))
+                                        models.resolve_dtype(cfg.model.dtype, self.device),
+                                        self.device)
         pad = getattr(engine, "pad_id", 0)
         self.sampler = make_sampler(engine, cfg.control.eepo, pad_id=pad,
                                     micro_batch_size=cfg.optim.micro_batch_size,
