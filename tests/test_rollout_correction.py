@@ -202,3 +202,9 @@ def test_the_weights_reach_the_policy_loss_and_not_the_rest(make_config, tmp_pat
 def test_an_explicit_correction_needs_an_engine_with_its_own_logprobs(make_config):
     with pytest.raises(ConfigError, match="algorithm.rollout_correction.mode.*hf"):
         make_config({"algorithm": {"rollout_correction": {"mode": "token-mask"}}})
+
+
+def test_a_lower_bound_without_a_mask_mode_is_refused(make_config):
+    with pytest.raises(ConfigError, match="algorithm.rollout_correction.lower"):
+        make_config({"rollout": {"engine": "vllm"},
+                     "algorithm": {"rollout_correction": {"lower": 0.5}}})

@@ -49,6 +49,9 @@ def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
          f"{a.rollout_correction.mode!r} corrects for the engine's own log-probs, but "
          "rollout.engine: hf samples with the trained model and gives none (one distribution, "
          "nothing to correct); use auto/off, or rollout.engine: vllm"),
+        ("algorithm.rollout_correction.lower",
+         a.rollout_correction.lower is None or a.rollout_correction.mode.endswith("-mask"),
+         "is the lower bound of the mask modes; the truncate modes (and auto) read none"),
         ("algorithm.clip_c", a.clip_c is None or a.loss != "clip_cov",
          ("Clip-Cov has no dual clip (neither the authors' code nor verl's has one, and a "
           "dual-clipped token could not be a Clip-Cov candidate); set algorithm.clip_c: null "
