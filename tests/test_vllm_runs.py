@@ -18,7 +18,6 @@ pytest.importorskip("vllm")
 from explorl import config as C  # noqa: E402
 from explorl.errors import ConfigError  # noqa: E402
 from explorl.outputs.runlog import read_metrics  # noqa: E402
-from explorl.rollout import vllm as V  # noqa: E402
 from explorl.training.loop import Trainer  # noqa: E402
 
 pytestmark = pytest.mark.vllm

@@ -9,7 +9,7 @@ import pytest
 from explorl import config as C
 from explorl.config import VLLMConfig
 from explorl.errors import ConfigError
-from explorl.rollout.vllm import SleepCycle, _OncePerKind
+from explorl.rollout.vllm_process import SleepCycle, _OncePerKind
 from explorl.rollout.vllm_settings import (
     ModelShape,
     check_engine_settings,
@@ -129,6 +129,7 @@ def test_sleep_level_0_never_calls_vllm():
 
 
 def test_vllm_log_lines_pass_once_per_kind_and_not_on_other_ranks(monkeypatch):
+    monkeypatch.setattr(_OncePerKind, "seen", set())
     f = _OncePerKind()
 
     def rec(msg, name="vllm.worker", level=logging.WARNING):
@@ -136,5 +137,6 @@ def test_vllm_log_lines_pass_once_per_kind_and_not_on_other_ranks(monkeypatch):
 
     assert f.filter(rec("bind %s")) and not f.filter(rec("bind %s"))
     assert f.filter(rec("other %s")) and f.filter(rec("bind %s", name="vllm.other"))
+    assert not _OncePerKind().filter(rec("bind %s"))  # vLLM's next handler: seen already
     monkeypatch.setenv("RANK", "1")
     assert not f.filter(rec("new %s")) and f.filter(rec("boom %s", level=logging.ERROR))

@@ -45,9 +45,7 @@ import contextlib
 import dataclasses
 import gc
 import importlib.util
-import logging
 import os
-import random
 import shutil
 import tempfile
 import time
@@ -55,40 +53,17 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from explorl.config.sections import VLLMConfig
 from explorl.rollout.hf import left_pad
 from explorl.rollout.seeding import mix_seed
 from explorl.rollout.types import Rollouts
+from explorl.rollout.vllm_process import SleepCycle, preserved_process_state, quiet_vllm_logs
 from explorl.rollout.vllm_settings import ModelShape, engine_kwargs
 from explorl.training.forward import response_logprobs
 
 PROBE_LEN = 16  # tokens of the probe sequence scored after every push
-
-
-@contextlib.contextmanager
-def preserved_process_state():
-    """Restore the global RNGs, torch's thread count and ``torch.set_num_threads`` on exit.
-
-    vLLM's in-process engine seeds ``random``, numpy and torch when it is built, and its CPU
-    worker limits torch to one thread and replaces ``torch.set_num_threads`` with a no-op.
-    """
-    py, npy, cpu = random.getstate(), np.random.get_state(), torch.get_rng_state()
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    threads, set_threads = torch.get_num_threads(), torch.set_num_threads
-    try:
-        yield
-    finally:
-        random.setstate(py)
-        np.random.set_state(npy)
-        torch.set_rng_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
-        torch.set_num_threads = set_threads
-        if torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
 
 
 def weights_of(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -114,33 +89,6 @@ def weights_checksum(model: torch.nn.Module) -> torch.Tensor:
         d = p.detach()
         parts += [d.sum(dtype=torch.float64), d.double().square().sum()]
     return torch.stack(parts).cpu() if parts else torch.zeros(0, dtype=torch.float64)
-
-
-class SleepCycle:
-    """CUDA sleep mode (``rollout.vllm.sleep_level``): ``sleep()`` after sampling, ``wake(tag)``
-    before the engine's weights (``"weights"``) or KV cache (``"kv_cache"``) are used again.
-    ``seconds`` adds up the time both took. Level 2 discards the weights: ``wake("weights")``
-    then returns True and the caller must push them again."""
-
-    def __init__(self, level: int) -> None:
-        self.level, self.asleep, self.seconds = level, set(), 0.0
-
-    def sleep(self, llm) -> None:
-        if self.level and not self.asleep:
-            t0 = time.perf_counter()
-            llm.sleep(level=self.level)
-            self.asleep = {"weights", "kv_cache"}
-            self.seconds += time.perf_counter() - t0
-
-    def wake(self, llm, tag: str) -> bool:
-        """Wake ``tag``; True when the weights woke empty (level 2: push them again)."""
-        if tag not in self.asleep:
-            return False
-        t0 = time.perf_counter()
-        llm.wake_up(tags=[tag])
-        self.asleep.discard(tag)
-        self.seconds += time.perf_counter() - t0
-        return tag == "weights" and self.level == 2
 
 
 class VLLMEngine:
@@ -234,8 +182,9 @@ class VLLMEngine:
         import transformers
         import vllm
         import vllm.envs
+        import vllm.logger  # configures vLLM's console handler (``import vllm`` is lazy)
 
-        quiet_vllm_logs()
+        quiet_vllm_logs(vllm.logger.DEFAULT_LOGGING_CONFIG)
         vllm.envs.disable_envs_cache()  # a previous engine may have cached the mode above
         shape = ModelShape.from_hf_config(transformers.AutoConfig.from_pretrained(self.model_path))
         self.llm_kwargs = engine_kwargs(self.settings, model=self.model_path, dtype=self.dtype,
@@ -534,45 +483,6 @@ def _close_at_exit(ref: weakref.ref) -> None:
     engine = ref()
     if engine is not None:
         engine.close()
-
-
-class _OncePerKind(logging.Filter):
-    """Lets each kind of vLLM log line (logger and message template) through once per process,
-    and none at all on ranks other than 0 (every rank builds its own engine)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: set[tuple[str, str]] = set()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.ERROR:
-            return True
-        if os.environ.get("RANK", "0") != "0":
-            return False
-        kind = (record.name, str(record.msg))
-        if kind in self.seen:
-            return False
-        self.seen.add(kind)
-        return True
-
-
-_ONCE = _OncePerKind()
-
-
-def quiet_vllm_logs() -> None:
-    """vLLM's console lines once per kind (``_OncePerKind``), never RoPE's reload warning."""
-    logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_quiet_rotary)
-    for handler in logging.getLogger("vllm").handlers:
-        if _ONCE not in handler.filters:
-            handler.addFilter(_ONCE)
-
-
-def _quiet_rotary(record: logging.LogRecord) -> bool:
-    """Drop vLLM's warning that a reload gave RoPE no weights: its cache is computed, not loaded."""
-    return not (
-        record.getMessage().startswith("RotaryEmbedding:")
-        and "Failed to load" in record.getMessage()
-    )
 
 
 def _dtype(model: torch.nn.Module) -> torch.dtype:
