@@ -32,6 +32,11 @@ What a response gets, compared with the ``hf`` engine (tests/test_rollout_vllm.p
   refuses ``sampler`` and EEPO, whose stage-2 rows keep the engine's values).
 - Responses stop at EOS (included, as in the ``hf`` engine) or at ``max_new_tokens``.
 
+``vllm.LLM``'s arguments come from ``rollout.vllm_settings.engine_kwargs`` (by device; docs/
+gpu-vllm.md). With ``sleep_level`` (CUDA) the engine sleeps after sampling and wakes before the
+next push (``rollout.vllm_process.SleepCycle``). The rollouts carry vLLM's own log-probs as
+``engine_logp`` for the rollout correction.
+
 In-process mode (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) pushes tensors directly. vLLM then
 resets the global RNGs when it builds its engine and sets torch's thread count to 1 (and, on
 CPU, replaces ``torch.set_num_threads`` with a no-op): the engine saves and restores all

@@ -15,6 +15,8 @@ an unlearning step carry the unlearned copy's, the model that sampled them). Ent
 (``control.entropic``, §6f) adds α · mean over confident tokens of −ratio·|A|; confident =
 π_old > p_min (ours: the sampling policy's probability, so the global count — its denominator —
 is known before the update; on the on-policy pass it is the current policy's, as in the code).
+Rollout correction (``algorithm.rollout_correction``, §7a; ``training.correction``) weights the
+policy-gradient term per token and takes dropped tokens out of its denominators.
 """
 
 from __future__ import annotations
