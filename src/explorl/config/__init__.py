@@ -48,6 +48,7 @@ from explorl.config.sections import (
     RewardConfig,
     RewardFunctionConfig,
     RolloutConfig,
+    RolloutCorrectionConfig,
     RunConfig,
     VLLMConfig,
 )
@@ -58,7 +59,8 @@ __all__ = [
     "BudgetControlConfig", "ConfigError", "ControlConfig", "CurriculumControlConfig", "DataConfig",
     "DistConfig", "EEPOControlConfig", "EntroPICControlConfig", "EntropyCoefControlConfig",
     "EvalConfig", "Interval", "LabConfig", "LogConfig", "ModelConfig", "OptimConfig",
-    "RewardConfig", "RewardFunctionConfig", "RolloutConfig", "RunConfig", "ScheduleConfig",
+    "RewardConfig", "RewardFunctionConfig", "RolloutConfig", "RolloutCorrectionConfig",
+    "RunConfig", "ScheduleConfig",
     "TemperatureControlConfig", "VLLMConfig", "_deep_update", "build", "field_docs",
     "load_yaml", "parse_override", "read_recipe", "read_utf8", "reference", "save",
     "set_path", "to_dict",

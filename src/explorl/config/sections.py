@@ -111,9 +111,24 @@ class DataConfig:
 class VLLMConfig:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Engine weights and compute dtype. ``auto``: the training compute dtype (``model.dtype``)."""
-    kv_cache_gib: float = 1.0
+    kv_cache_gib: Optional[float] = None
     """KV-cache size in GiB (vLLM ``kv_cache_memory_bytes``; host memory on CPU, GPU memory on
-    CUDA, where it replaces ``gpu_memory_utilization``'s profiling)."""
+    CUDA, where it replaces ``gpu_memory_utilization``'s profiling). None: 1 GiB on CPU; on CUDA
+    the cache gets what ``gpu_memory_utilization`` leaves (docs/gpu-vllm.md)."""
+    gpu_memory_utilization: float = 0.3
+    """CUDA: fraction of the GPU's memory the engine may use, weights and KV cache together (vLLM's
+    own; TRL's colocated default 0.3 leaves the rest to training). Unused on CPU or with
+    ``kv_cache_gib``."""
+    tensor_parallel_size: int = 1
+    """GPUs one engine spreads each layer over (vLLM ``tensor_parallel_size``); >1 with one
+    training process only."""
+    prefix_caching: bool = True
+    """Share the KV cache of a prompt between its n_samples responses (vLLM
+    ``enable_prefix_caching``)."""
+    sleep_level: Literal[0, 1, 2] = 0
+    """CUDA sleep mode: the engine sleeps after sampling and wakes before the next weight push.
+    0: off. 1: KV cache freed, weights offloaded to host memory. 2: weights discarded too (the
+    push refills them). Frees GPU memory for the update; refused on CPU."""
     max_model_len: Optional[int] = None
     """Longest prompt + response the engine serves. None: the model's own limit."""
     in_process: bool = True
@@ -132,7 +147,7 @@ class VLLMConfig:
     else 0.1."""
     llm_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for ``vllm.LLM`` (e.g. ``enforce_eager: false``,
-    ``tensor_parallel_size``); they override explorl's own choices."""
+    ``max_num_seqs``); they override explorl's own choices."""
 
 
 @dataclass
@@ -205,6 +220,26 @@ class RewardConfig:
     """DAPO overlong shaping: penalise responses longer than max_response_len − buffer (0 = off)."""
     overlong_penalty: float = 1.0
     """DAPO overlong shaping: penalty reached at the length limit."""
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    mode: Literal["auto", "off", "token-truncate", "token-mask", "sequence-truncate",
+                  "sequence-mask", "geometric-truncate", "geometric-mask"] = "auto"
+    """Importance weights for the engine-vs-trainer gap (ALGORITHMS §7a, TIS/MIS): w =
+    exp(old_logp − engine log-prob) per token, per sequence (sum of the log-ratios) or geometric
+    (their mean); ``truncate`` caps w at ``upper``, ``mask`` drops tokens/sequences with w outside
+    [lower, upper] from the policy loss and its denominator. It weights the policy-gradient term of
+    every loss (not the entropy bonus or KL). ``auto``: ``token-truncate`` with ``rollout.engine:
+    vllm``, ``off`` with ``hf`` (one distribution, nothing to correct)."""
+    upper: float = 2.0
+    """C_hi: largest weight kept (truncate) or allowed (mask). Usual: token 1.5–5, sequence 2–10,
+    geometric 1.0002–1.001."""
+    lower: Optional[float] = None
+    """C_lo of the mask modes: smallest weight allowed. None: 1 / upper."""
+    veto: Optional[float] = None
+    """Veto: a response with any token weight below this (e.g. 1e-4) leaves the loss whatever the
+    mode. None: off."""
 
 
 @dataclass
@@ -293,6 +328,8 @@ class AlgorithmConfig:
     engines)."""
     logprob_chunk: int = 512
     """Tokens per chunk when computing log-probs and entropy (bounds the logits memory)."""
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    """Rollout correction: importance weights for the rollout engine's sampling distribution."""
 
 
 @dataclass

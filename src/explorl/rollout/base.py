@@ -7,7 +7,9 @@ from typing import Any, Protocol
 
 import torch
 
+from explorl.rollout.hf import HFEngine
 from explorl.rollout.types import Rollouts
+from explorl.rollout.vllm import VLLMEngine
 
 
 class RolloutEngine(Protocol):
@@ -58,40 +60,17 @@ def pop_metrics(engine: Any) -> dict[str, float]:
     return pop() if pop is not None else {}
 
 
-def build_engine(cfg, tokenizer, model_path: str | Path, dtype: torch.dtype):
-    """The engine ``cfg.rollout.engine`` names (``cfg``: a ``RunConfig``).
+ENGINES = {"hf": HFEngine.from_config, "vllm": VLLMEngine.from_config}  # rollout.engine
+
+
+def build_engine(cfg, tokenizer, model_path: str | Path, dtype: torch.dtype, device=None):
+    """The engine ``cfg.rollout.engine`` names (``cfg``: a ``RunConfig``), from ``ENGINES``.
 
     ``model_path``: the model the engine starts from (``vllm`` loads it itself; later weights
-    come from ``sync_weights``); ``dtype``: the training model's, for ``rollout.vllm.dtype: auto``.
+    come from ``sync_weights``); ``dtype``: the training model's, for ``rollout.vllm.dtype:
+    auto``; ``device``: the trainer's (None: CUDA where available).
     """
-    r = cfg.rollout
-    if r.engine == "hf":
-        from explorl.rollout.hf import HFEngine
-
-        return HFEngine(tokenizer, batch_size=r.batch_size)
-    if r.engine == "vllm":
-        try:
-            import vllm  # noqa: F401
-
-            from explorl.rollout.vllm import VLLMEngine
-        except ImportError as e:
-            raise ImportError(
-                "rollout.engine=vllm needs vLLM: `make setup-vllm` (CPU, its own venv) or "
-                "`pip install -e '.[vllm]'` (CUDA); README \"Rollout engines\""
-            ) from e
-        v = r.vllm
-        name = str(dtype).removeprefix("torch.") if v.dtype == "auto" else v.dtype
-        return VLLMEngine(
-            model_path,
-            tokenizer,
-            dtype=name,
-            kv_cache_gib=v.kv_cache_gib,
-            max_model_len=v.max_model_len,
-            in_process=v.in_process,
-            recompute=v.recompute,
-            sync_check_tol=v.sync_check_tol,
-            llm_kwargs=v.llm_kwargs,
-            seed=cfg.seed,
-            score_batch_size=r.batch_size,
-        )
-    raise ValueError(f"unknown rollout.engine {r.engine!r}")
+    make = ENGINES.get(cfg.rollout.engine)
+    if make is None:
+        raise ValueError(f"unknown rollout.engine {cfg.rollout.engine!r}; valid: {list(ENGINES)}")
+    return make(cfg, tokenizer, model_path, dtype, device)

@@ -124,6 +124,11 @@ class HFEngine:
     # ``algorithm.old_logp: auto`` keeps them instead of recomputing (tests/test_rollout_hf.py).
     logprobs_match_trainer = True
 
+    @classmethod
+    def from_config(cls, cfg, tokenizer, model_path, dtype: torch.dtype, device=None) -> HFEngine:
+        """The engine ``rollout.engine: hf`` builds (``rollout.base.ENGINES``)."""
+        return cls(tokenizer, batch_size=cfg.rollout.batch_size)
+
     def __init__(self, tokenizer, *, batch_size: int = 256, eos_ids: list[int] | None = None,
                  compact_ratio: float = 0.5, sync_every: int = 4, lean: bool = True):
         self.tokenizer = tokenizer

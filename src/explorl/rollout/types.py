@@ -27,6 +27,9 @@ class Rollouts:
     temperature: float = 1.0
     stage: torch.Tensor | None = None  # (N,) long, EEPO stage (1 or 2); None = single stage
     truncated: torch.Tensor | None = None  # (N,) bool, hit the length limit without EOS
+    # (N, R) float, the engine's own log-probs of the sampled tokens at the sampling T, where
+    # they differ from old_logp's source (vLLM); None: the engine samples with the trained model.
+    engine_logp: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
@@ -81,6 +84,10 @@ class Rollouts:
         trunc = None
         if all(p.truncated is not None for p in parts):
             trunc = torch.cat([p.truncated for p in parts])
+        engine_logp = None  # a part without the engine's values: its own (weight 1)
+        if any(p.engine_logp is not None for p in parts):
+            engine_logp = torch.cat([rpad(p.old_logp if p.engine_logp is None else p.engine_logp,
+                                          R, 0.0) for p in parts])
         return Rollouts(
             prompt_ids=torch.cat([lpad(p.prompt_ids, P, pad_id) for p in parts]),
             prompt_mask=torch.cat([lpad(p.prompt_mask, P, False) for p in parts]),
@@ -93,4 +100,5 @@ class Rollouts:
             temperature=parts[0].temperature,
             stage=stage,
             truncated=trunc,
+            engine_logp=engine_logp,
         )

@@ -32,6 +32,11 @@ What a response gets, compared with the ``hf`` engine (tests/test_rollout_vllm.p
   refuses ``sampler`` and EEPO, whose stage-2 rows keep the engine's values).
 - Responses stop at EOS (included, as in the ``hf`` engine) or at ``max_new_tokens``.
 
+``vllm.LLM``'s arguments come from ``rollout.vllm_settings.engine_kwargs`` (by device; docs/
+gpu-vllm.md). With ``sleep_level`` (CUDA) the engine sleeps after sampling and wakes before the
+next push (``rollout.vllm_process.SleepCycle``). The rollouts carry vLLM's own log-probs as
+``engine_logp`` for the rollout correction.
+
 In-process mode (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) pushes tensors directly. vLLM then
 resets the global RNGs when it builds its engine and sets torch's thread count to 1 (and, on
 CPU, replaces ``torch.set_num_threads`` with a no-op): the engine saves and restores all
@@ -42,10 +47,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import gc
-import logging
+import importlib.util
 import os
-import random
 import shutil
 import tempfile
 import time
@@ -53,38 +58,17 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
+from explorl.config.sections import VLLMConfig
 from explorl.rollout.hf import left_pad
 from explorl.rollout.seeding import mix_seed
 from explorl.rollout.types import Rollouts
+from explorl.rollout.vllm_process import SleepCycle, preserved_process_state, quiet_vllm_logs
+from explorl.rollout.vllm_settings import ModelShape, engine_kwargs
 from explorl.training.forward import response_logprobs
 
 PROBE_LEN = 16  # tokens of the probe sequence scored after every push
-
-
-@contextlib.contextmanager
-def preserved_process_state():
-    """Restore the global RNGs, torch's thread count and ``torch.set_num_threads`` on exit.
-
-    vLLM's in-process engine seeds ``random``, numpy and torch when it is built, and its CPU
-    worker limits torch to one thread and replaces ``torch.set_num_threads`` with a no-op.
-    """
-    py, npy, cpu = random.getstate(), np.random.get_state(), torch.get_rng_state()
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    threads, set_threads = torch.get_num_threads(), torch.set_num_threads
-    try:
-        yield
-    finally:
-        random.setstate(py)
-        np.random.set_state(npy)
-        torch.set_rng_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
-        torch.set_num_threads = set_threads
-        if torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
 
 
 def weights_of(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -118,11 +102,13 @@ class VLLMEngine:
     from the model passed to ``sync_weights``/``generate``.
 
     ``dtype``: vLLM's dtype (``float32``, ``bfloat16``, ``float16``, or ``auto`` = the
-    checkpoint's). ``kv_cache_gib``: KV-cache size. ``max_model_len``: None = the model's own.
-    ``in_process``: engine core in this process, else in a child process. ``recompute``: old_logp
-    and entropy from a forward of ``model`` (see the module docstring), in batches of
-    ``score_batch_size`` responses. ``sync_check_tol``: largest probe gap after a push (None:
-    1e-3 in float32, else 0.1). ``llm_kwargs`` override the arguments given to ``vllm.LLM``.
+    checkpoint's). ``settings``: ``rollout.vllm`` (``VLLMConfig``; ``vllm.LLM``'s arguments come
+    from ``vllm_settings.engine_kwargs`` for ``device_type``, None: cuda where available);
+    keyword ``overrides`` replace its fields (``kv_cache_gib=0.25``, ``in_process=False``...).
+    ``recompute``: old_logp and entropy from a forward of ``model`` (see the module docstring),
+    in batches of ``score_batch_size`` responses. ``sync_check_tol``: largest probe gap after a
+    push (None: 1e-3 in float32, else 0.1). ``world_size``: training processes, each with its
+    own engine.
     """
 
     def __init__(
@@ -131,25 +117,25 @@ class VLLMEngine:
         tokenizer,
         *,
         dtype: str = "auto",
-        kv_cache_gib: float = 1.0,
-        max_model_len: int | None = None,
-        in_process: bool = True,
-        recompute: bool = True,
-        sync_check_tol: float | None = None,
-        llm_kwargs: dict[str, Any] | None = None,
+        settings: VLLMConfig | None = None,
         seed: int = 0,
         eos_ids: list[int] | None = None,
         score_batch_size: int = 256,
+        device_type: str | None = None,
+        world_size: int = 1,
+        **overrides: Any,
     ):
+        v = dataclasses.replace(settings or VLLMConfig(), **overrides)
+        self.settings = v
         self.model_path = str(model_path)
         self.tokenizer = tokenizer
         self.dtype = dtype
-        self.kv_cache_gib = kv_cache_gib
-        self.max_model_len = max_model_len
-        self.in_process = in_process
-        self.recompute = recompute
-        self.sync_check_tol = sync_check_tol
-        self.llm_kwargs = dict(llm_kwargs or {})
+        self.in_process = v.in_process
+        self.recompute = v.recompute
+        self.sync_check_tol = v.sync_check_tol
+        self.device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.world_size = world_size
+        self.sleep = SleepCycle(v.sleep_level)
         self.seed = seed
         self.score_batch_size = score_batch_size
         self.pad_id = (
@@ -163,11 +149,29 @@ class VLLMEngine:
         self._metrics: dict[str, float] = {}
         # Under a launcher an in-process engine shares torch.distributed's default group, which
         # vLLM's shutdown destroys: such an engine stops only at exit (before the trainer's group).
-        self._shares_group = (in_process and torch.distributed.is_available()
+        self._shares_group = (v.in_process and torch.distributed.is_available()
                               and torch.distributed.is_initialized())
         self.llm = None
         self._build()
         atexit.register(_close_at_exit, weakref.ref(self))
+
+    @classmethod
+    def from_config(cls, cfg, tokenizer, model_path, dtype: torch.dtype,
+                    device: torch.device | None = None) -> VLLMEngine:
+        """The engine ``rollout.engine: vllm`` builds (``rollout.base.ENGINES``): ``rollout.vllm``
+        on the trainer's ``device``, one engine per training process; ``dtype``: the training
+        model's, for ``rollout.vllm.dtype: auto``."""
+        if importlib.util.find_spec("vllm") is None:
+            raise ImportError(
+                "rollout.engine=vllm needs vLLM: `make setup-vllm` (CPU, its own venv) or "
+                "`pip install -e '.[vllm]'` (CUDA); README \"Rollout engines\"")
+        v = cfg.rollout.vllm
+        name = str(dtype).removeprefix("torch.") if v.dtype == "auto" else v.dtype
+        dist = torch.distributed.is_available() and torch.distributed.is_initialized()
+        return cls(model_path, tokenizer, dtype=name, settings=v, seed=cfg.seed,
+                   score_batch_size=cfg.rollout.batch_size,
+                   device_type=None if device is None else torch.device(device).type,
+                   world_size=torch.distributed.get_world_size() if dist else 1)
 
     @property
     def logprobs_match_trainer(self) -> bool:
@@ -180,25 +184,22 @@ class VLLMEngine:
         """Start vLLM (10–20 s on CPU for a small model)."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.in_process else "1"
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # not INFO lines at every push
+        import transformers
         import vllm
         import vllm.envs
+        import vllm.logger  # configures vLLM's console handler (``import vllm`` is lazy)
 
-        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_quiet_rotary)
-
+        quiet_vllm_logs(vllm.logger.DEFAULT_LOGGING_CONFIG)
         vllm.envs.disable_envs_cache()  # a previous engine may have cached the mode above
-        kwargs: dict[str, Any] = {
-            "model": self.model_path, "dtype": self.dtype, "seed": self.seed,
-            "logprobs_mode": "processed_logprobs", "enforce_eager": True,
-            "kv_cache_memory_bytes": int(self.kv_cache_gib * 2**30),
-            "generation_config": "vllm",  # no sampling defaults from the checkpoint
-        }
-        if self.max_model_len is not None:
-            kwargs["max_model_len"] = self.max_model_len
-        kwargs.update(self.llm_kwargs)
+        shape = ModelShape.from_hf_config(transformers.AutoConfig.from_pretrained(self.model_path))
+        self.llm_kwargs = engine_kwargs(self.settings, model=self.model_path, dtype=self.dtype,
+                                        seed=self.seed, device_type=self.device_type, shape=shape,
+                                        world_size=self.world_size)
         with preserved_process_state():
-            self.llm = vllm.LLM(**kwargs)
+            self.llm = vllm.LLM(**self.llm_kwargs)
         self.max_len = self.llm.llm_engine.model_config.max_model_len
         self._version, self._checksum = None, None
+        self.sleep.asleep.clear()
 
     def _restart(self, reason: str) -> None:
         """A fresh engine (after a failed push or a failed probe check)."""
@@ -238,6 +239,8 @@ class VLLMEngine:
         automatic push by ``generate`` got there first) is recorded without pushing. A push
         that raises rebuilds the engine and pushes again; a second failure raises ``RuntimeError``.
         """
+        if self.llm is not None and self.sleep.wake(self.llm, "weights"):
+            self._version, self._checksum = None, None  # level 2: the weights are gone
         if version is not None and version == self._version:
             return 0.0
         t0 = time.perf_counter()
@@ -372,8 +375,11 @@ class VLLMEngine:
             )
         )
         for attempt in range(2):
+            if self.sleep.wake(self.llm, "weights"):
+                self._version, self._checksum = None, None
             if self._checksum is None or not torch.equal(weights_checksum(model), self._checksum):
                 self._push(model, None)
+            self.sleep.wake(self.llm, "kv_cache")
             with preserved_process_state():
                 outs = self.llm.generate(requests, params, use_tqdm=False)
             gap, tol = self._probe_gap(model, probe, outs[-1]), self._tolerance(model)
@@ -390,6 +396,7 @@ class VLLMEngine:
             self._restart(
                 f"the vLLM engine's log-probs differ from the model's by {gap:.3g} > {tol:g}"
             )
+        self.sleep.sleep(self.llm)  # GPU memory back to the trainer until the next push
         outs = outs[:-1]
         toks = [list(o.outputs[0].token_ids) for o in outs]
         lps = [[float(d[t].logprob) for d, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]
@@ -437,6 +444,7 @@ class VLLMEngine:
             texts=texts,
             temperature=temperature,
             truncated=truncated.to(device),
+            engine_logp=v_logp,
         )
 
     def _score(self, model, p_ids, p_mask, r_ids, r_mask, temperature):
@@ -462,9 +470,13 @@ class VLLMEngine:
 
     def pop_metrics(self) -> dict[str, float]:
         """Metrics since the last call (docs/metrics.md): the number of weight pushes (explicit
-        and automatic), and with ``recompute`` the largest and mean |vLLM − forward| log-prob
-        gap of the sampled tokens. (``sync_weights`` returns its seconds to the caller.)"""
+        and automatic), with ``recompute`` the largest and mean |vLLM − forward| log-prob
+        gap of the sampled tokens, and with sleep mode the seconds spent putting the engine to
+        sleep and waking it (``rollout/vllm_sleep_s``). (``sync_weights`` returns its seconds to
+        the caller.)"""
         m, self._metrics = self._metrics, {}
+        if self.sleep.level:
+            m["rollout/vllm_sleep_s"], self.sleep.seconds = self.sleep.seconds, 0.0
         n = m.pop("rollout/vllm_logp_diff_n", 0.0)
         total = m.pop("rollout/vllm_logp_diff_sum", 0.0)
         if n:
@@ -476,14 +488,6 @@ def _close_at_exit(ref: weakref.ref) -> None:
     engine = ref()
     if engine is not None:
         engine.close()
-
-
-def _quiet_rotary(record: logging.LogRecord) -> bool:
-    """Drop vLLM's warning that a reload gave RoPE no weights: its cache is computed, not loaded."""
-    return not (
-        record.getMessage().startswith("RotaryEmbedding:")
-        and "Failed to load" in record.getMessage()
-    )
 
 
 def _dtype(model: torch.nn.Module) -> torch.dtype:

@@ -136,9 +136,9 @@ class Trainer:
 
     def _setup_rollout(self, engine) -> None:
         cfg = self.cfg
-        engine = engine or build_engine(cfg, self.tokenizer,
-                                        models.resolve_model_path(cfg.model.path, cfg.lab),
-                                        models.resolve_dtype(cfg.model.dtype, self.device))
+        path = models.resolve_model_path(cfg.model.path, cfg.lab)
+        dtype = models.resolve_dtype(cfg.model.dtype, self.device)
+        engine = engine or build_engine(cfg, self.tokenizer, path, dtype, self.device)
         pad = getattr(engine, "pad_id", 0)
         self.sampler = make_sampler(engine, cfg.control.eepo, pad_id=pad,
                                     micro_batch_size=cfg.optim.micro_batch_size,

@@ -15,6 +15,8 @@ an unlearning step carry the unlearned copy's, the model that sampled them). Ent
 (``control.entropic``, §6f) adds α · mean over confident tokens of −ratio·|A|; confident =
 π_old > p_min (ours: the sampling policy's probability, so the global count — its denominator —
 is known before the update; on the on-policy pass it is the current policy's, as in the code).
+Rollout correction (``algorithm.rollout_correction``, §7a; ``training.correction``) weights the
+policy-gradient term per token and takes dropped tokens out of its denominators.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from explorl.errors import ExplorlError
 from explorl.models import resolve_dtype
 from explorl.rollout.types import Rollouts
 from explorl.training.batch import StepBatch
+from explorl.training.correction import step_correction
 from explorl.training.forward import response_logprobs
 
 
@@ -210,6 +213,7 @@ class PolicyUpdate:
         n_opt, n_bad, grad_norm_sum = 0, 0, torch.zeros((), device=self.device)
         adv = adv.to(self.device)
         confident = self._confident_counts(ro, sb, N) if cfg.control.entropic.enabled else None
+        corr = step_correction(a.rollout_correction, ro, sb.local, N, self.dist)  # §7a, or None
         mask_sums: dict[str, float] = {}  # forking-mask metrics (global), summed over mini-batches
         n_masks = 0
         self.scorer.train()
@@ -232,6 +236,7 @@ class PolicyUpdate:
                 if a.entropy_mask_ratio:
                     weights = self._forking_weights(ro, micros, mask_sums)
                     n_masks += 1
+                pg_agg = dict(agg, **corr.denominators(mb)) if corr is not None else None
                 if confident is not None:  # EntroPIC's denominator: its confident tokens
                     agg["confident_denom"] = confident[mb].sum().clamp_min(1)
                 self.optimizer.zero_grad(set_to_none=True)
@@ -249,6 +254,8 @@ class PolicyUpdate:
                                 sums,
                                 selection=selections[k],
                                 weight=weights[k],
+                                correction=None if corr is None else (
+                                    corr.weight[micros[k]], corr.keep[micros[k]], pg_agg),
                             )
                         else:
                             loss = self._idle_loss()
@@ -277,6 +284,7 @@ class PolicyUpdate:
                "train/optimizer_steps": float(n_opt), "train/nonfinite_updates": float(n_bad),
                "train/lr": float(self.scheduler.get_last_lr()[0])}
         out.update({k: v / n_masks for k, v in mask_sums.items()})  # means over the mini-batches
+        out.update(corr.metrics if corr is not None else {})
         return out, {k: float(v) for k, v in sums.items()}
 
     def _confident_counts(self, ro: Rollouts, sb: StepBatch, N: int) -> torch.Tensor:
@@ -350,9 +358,11 @@ class PolicyUpdate:
         return list(zip(selected.split(sizes), cov.split(sizes)))
 
     def _micro_loss(self, sub: Rollouts, adv: torch.Tensor, knobs: Knobs, loss_fn, lcfg, agg: dict,
-                    sums: dict, selection=None, weight: torch.Tensor | None = None) -> torch.Tensor:
+                    sums: dict, selection=None, weight: torch.Tensor | None = None,
+                    correction: tuple | None = None) -> torch.Tensor:
         """This micro-batch's share of the mini-batch loss; adds its metric sums to ``sums``.
-        ``weight`` (n, T): the forking mask's per-token weight of the policy loss."""
+        ``weight`` (n, T): the forking mask's per-token weight of the policy loss.
+        ``correction``: the rollout correction's (weight, keep, denominators) of these rows."""
         a = self.cfg.algorithm
         agg = dict(agg)
         confident_denom = agg.pop("confident_denom", None)
@@ -372,7 +382,11 @@ class PolicyUpdate:
         )
         if weight is not None:
             per_tok = per_tok * weight.to(per_tok.device)
-        pg = aggregate(per_tok, mask, a.agg, **agg)
+        pg_mask, pg_agg = mask, agg
+        if correction is not None:  # §7a: weighted, and dropped tokens leave the denominators
+            w, keep, pg_agg = correction
+            per_tok, pg_mask = per_tok * w.to(per_tok.device), mask & keep.to(mask.device)
+        pg = aggregate(per_tok, pg_mask, a.agg, **pg_agg)
         loss = pg
         if confident_denom is not None:  # EntroPIC: α · token-mean of −ratio·|A| on confident ones
             confident = sub.old_logp.exp() > self.cfg.control.entropic.p_min

@@ -18,6 +18,11 @@ from explorl.config.sections import RunConfig
 from explorl.control import ACTUATOR_DEFAULTS, SCHEDULES, check_control_config
 from explorl.data.files import EXTENSIONS
 from explorl.outputs.trackers import TRACKERS
+from explorl.rollout.vllm_settings import (
+    check_engine_settings,
+    launcher_world_size,
+    visible_gpus,
+)
 from explorl.validation.references import check_references, fill_defaults
 
 
@@ -53,6 +58,14 @@ def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
          or (a.old_logp != "sampler" and not e.enabled),
          "false leaves entropy unknown (vLLM reports none): it needs algorithm.old_logp auto or "
          "recompute, and no EEPO (its stage-2 rows keep the engine's values)"),
+        ("algorithm.rollout_correction.mode",
+         r.engine != "hf" or a.rollout_correction.mode in ("auto", "off"),
+         f"{a.rollout_correction.mode!r} corrects for the engine's own log-probs, but "
+         "rollout.engine: hf samples with the trained model and gives none (one distribution, "
+         "nothing to correct); use auto/off, or rollout.engine: vllm"),
+        ("algorithm.rollout_correction.lower",
+         a.rollout_correction.lower is None or a.rollout_correction.mode.endswith("-mask"),
+         "is the lower bound of the mask modes; the truncate modes (and auto) read none"),
         ("algorithm.clip_c", a.clip_c is None or a.loss != "clip_cov",
          ("Clip-Cov has no dual clip (neither the authors' code nor verl's has one, and a "
           "dual-clipped token could not be a Clip-Cov candidate); set algorithm.clip_c: null "
@@ -199,6 +212,17 @@ def _check_device(device: str) -> None:
         _fail("model.device", f"{device!r}: MPS is not available here; use auto or cpu")
 
 
+def _check_vllm(cfg: RunConfig) -> None:
+    """``rollout.vllm`` against this machine: sleep mode needs CUDA, tensor parallelism GPUs."""
+    import torch
+
+    dev = cfg.model.device
+    device_type = ("cuda" if torch.cuda.is_available() else "cpu") if dev == "auto" else (
+        torch.device(dev).type)
+    check_engine_settings(cfg.rollout.vllm, device_type, gpus=visible_gpus(),
+                          world_size=launcher_world_size())
+
+
 def validate(cfg: RunConfig, *, env: bool = True) -> RunConfig:
     """Check a config before any work starts; return it (types re-checked after edits).
 
@@ -223,6 +247,8 @@ def validate(cfg: RunConfig, *, env: bool = True) -> RunConfig:
     _check_controllers(cfg)
     if env:
         _check_device(cfg.model.device)
+        if cfg.rollout.engine == "vllm":
+            _check_vllm(cfg)
     return cfg
 
 
