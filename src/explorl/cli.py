@@ -168,6 +168,10 @@ def _report(args) -> int:
     return 0
 
 
+def _jobs(text: str) -> int | str:
+    return "auto" if text == "auto" else int(text)
+
+
 def _study(args) -> int:
     from explorl.study import run_study
 
@@ -293,7 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--out", help="study directory (default runs/study-<name>[-quick]); rerun to continue it"
     )
-    s.add_argument("--jobs", type=int, help="runs trained at once (default: the spec's jobs)")
+    s.add_argument("--jobs", type=_jobs,
+                   help="runs trained at once, or auto (the cores this process may use; default: "
+                        "the spec's jobs)")
     s.add_argument("--recipes", metavar="DIR",
                    help="folder of the recipes the spec names without a path (default: the spec's "
                         "recipe_dir, relative to the spec)")
