@@ -153,7 +153,7 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
     _build_models(plans)
     if spec.base_eval:
         log("evaluating the base model (the lab model before RL)")
-        if not run_base_eval(plans[0], spec, out / "base" / "eval", out / "logs"):
+        if not run_base_eval(plans[0], spec, out / "base", out / "logs"):
             log(f"the base model's evaluation failed; see {out / 'logs' / 'base.log'}")
     results = run_jobs(plans, spec, out / "logs", log)
     if results is None:
