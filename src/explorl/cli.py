@@ -175,6 +175,11 @@ def _jobs(text: str) -> int | str:
 def _study(args) -> int:
     from explorl.study import run_study
 
+    if args.plan:
+        from explorl.study import plan_study
+
+        return plan_study(args.spec, quick=args.quick, jobs=args.jobs, recipes=args.recipes,
+                          cost_from=args.cost_from)
     return run_study(args.spec, quick=args.quick, out=args.out, jobs=args.jobs,
                      recipes=args.recipes)
 
@@ -303,6 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--recipes", metavar="DIR",
                    help="folder of the recipes the spec names without a path (default: the spec's "
                         "recipe_dir, relative to the spec)")
+    s.add_argument("--plan", action="store_true",
+                   help="print the runs, steps and (with --cost-from) the estimated CPU-hours; "
+                        "run nothing")
+    s.add_argument("--cost-from", nargs="+", metavar="STUDY_JSON", default=None,
+                   help="with --plan: committed study.json files whose per-run CPU seconds give "
+                        "the estimate")
     s.set_defaults(fn=_study)
 
     c = add("config", help="print the recipe reference, or a resolved recipe")

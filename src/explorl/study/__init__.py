@@ -31,7 +31,7 @@ from explorl.study.claims import CLAIMS, Claim, Evidence, Precondition, combine,
 from explorl.study.jobs import JobResult, eval_args, execute, job_command, train_args
 from explorl.study.numbers import Stat, build_table, columns, run_numbers
 from explorl.study.plan import RunPlan, eval_done, order_rows, plan_runs, run_state
-from explorl.study.run import analyse, run_study
+from explorl.study.run import analyse, plan_study, run_study
 from explorl.study.spec import StudyEvalSpec, StudySpec, VariantSpec, load_spec, resolve_recipe
 
 __all__ = [
@@ -40,5 +40,5 @@ __all__ = [
     "CLAIMS", "Claim", "JobResult", "Precondition", "RunPlan", "Stat", "StudyEvalSpec",
     "StudySpec", "VariantSpec", "analyse", "build_table", "columns", "eval_args", "eval_done",
     "evaluate_claims", "execute", "job_command", "load_spec", "order_rows", "plan_runs",
-    "resolve_recipe", "run_numbers", "run_state", "run_study", "train_args",
+    "plan_study", "resolve_recipe", "run_numbers", "run_state", "run_study", "train_args",
 ]

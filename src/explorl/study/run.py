@@ -10,6 +10,7 @@ from pathlib import Path
 
 from explorl import config as C
 from explorl.study.claims import evaluate_claims
+from explorl.study.cost import Rates, plan_text
 from explorl.study.documents import publish, write_documents
 from explorl.study.evidence import Evidence
 from explorl.study.figures import draw_figures
@@ -180,4 +181,23 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
     if failed:
         log("failed runs: " + "; ".join(f"{r.plan.key} ({r.detail})" for r in failed))
         return 1
+    return 0
+
+
+def plan_study(spec_path: str | Path, *, quick: bool = False, jobs: int | str | None = None,
+               recipes: str | Path | None = None, cost_from: list[str] | None = None,
+               log: Callable[[str], None] = print) -> int:
+    """``explorl study SPEC --plan``: check the spec, print its runs and (with ``cost_from``,
+    committed ``study.json`` files) the estimated CPU-hours; run nothing."""
+    spec_path = Path(spec_path)
+    spec = load_spec(spec_path, quick=quick)
+    if recipes is not None:
+        spec.recipe_dir = str(Path(recipes).resolve())
+    jobs = jobs or spec.jobs
+    out = Path("runs") / "unused"
+    tuning = plan_tuning(spec, spec_path, out) if spec.tune else []
+    final = plan_runs(spec, spec_path, out)
+    rates = Rates.from_reports([Path(p) for p in cost_from]) if cost_from else None
+    for line in plan_text(spec, tuning, final, rates, auto_jobs() if jobs == "auto" else jobs):
+        log(line)
     return 0
