@@ -300,3 +300,32 @@ def test_tiny_tuned_study_end_to_end(tiny_model, tmp_path, capsys):
     assert main(["study", str(path), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "(0 to do)" in printed and "0 to train" in printed
+
+
+def test_plan_estimates_cpu_seconds_from_a_reference_report(tmp_path, capsys):
+    """Reference: GRPO 20 CPU-s per 100 steps (0.2 s/step), validations (100//50 + 1) × 2 × 4 =
+    24 samples. Plan: GRPO, 10 steps, validation (10//5 + 1) × 2 × 4 = 24 samples (none extra),
+    evaluated at 2 temperatures × 8 test problems × 4 samples = 64 samples:
+    10 · 0.2 + 64 · 15/16384 = 2.0586 CPU-s; the base model's 64 samples: 0.0586."""
+    from explorl.study.cost import EVAL_CPU_S_PER_SAMPLE, Rates, estimate
+
+    ref = tmp_path / "study.json"
+    ref.write_text(json.dumps({
+        "spec": {"set": ["eval.every=50", "eval.n_samples=2", "eval.max_problems=4"]},
+        "runs": {"grpo-seed0": {"cpu_run_s": 20.0, "steps": 100},
+                 "e3-seed0": {"cpu_run_s": 40.0, "steps": 100}}}))
+    rates = Rates.from_reports([ref])
+    assert rates.per_step == {"grpo": 0.2, "e3": 0.4} and rates.val_samples == 24
+    path = _write(tmp_path, {"recipes": ["grpo"], "max_steps": 10,
+                             "set": ["eval.every=5", "eval.n_samples=2", "eval.k=[1]",
+                                     "eval.max_problems=4"],
+                             "eval": {"n": 4, "k": [1, 4], "max_problems": 8,
+                                      "temperatures": [0.8]}})
+    spec = S.load_spec(path)
+    got = estimate(spec, [], S.plan_runs(spec, path, tmp_path / "o"), rates)
+    assert EVAL_CPU_S_PER_SAMPLE == pytest.approx(15 / 16384)
+    assert got["final"] == pytest.approx(2.0 + 64 * 15 / 16384)
+    assert got["base"] == pytest.approx(64 * 15 / 16384) and got["tuning"] == 0
+    assert main(["study", str(path), "--plan", "--cost-from", str(ref)]) == 0
+    out = capsys.readouterr().out
+    assert "no tuning + 1 final runs (1 rows × 1 seeds)" in out and "estimated CPU-hours" in out

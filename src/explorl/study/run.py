@@ -4,6 +4,8 @@ report, per-run numbers, table, claims, figures and documents."""
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -124,6 +126,10 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
     spec's ``recipe_dir`` (relative to the working directory, not the spec)."""
     spec_path = Path(spec_path)
     spec = load_spec(spec_path, quick=quick)
+    if threading.current_thread() is threading.main_thread():
+        # A study started in the background (`nohup … &` from a script) inherits SIGINT ignored;
+        # `kill -INT` must still stop it cleanly (the runs checkpoint; rerun to continue).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if jobs is not None:
         if jobs != "auto" and (not isinstance(jobs, int) or jobs < 1):
             raise C.ConfigError(f"--jobs must be ≥ 1 or auto, got {jobs}")
