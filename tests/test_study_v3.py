@@ -329,3 +329,19 @@ def test_plan_estimates_cpu_seconds_from_a_reference_report(tmp_path, capsys):
     assert main(["study", str(path), "--plan", "--cost-from", str(ref)]) == 0
     out = capsys.readouterr().out
     assert "no tuning + 1 final runs (1 rows × 1 seeds)" in out and "estimated CPU-hours" in out
+
+
+def test_early_fit_claim_is_judged_per_grpo_run_and_across_every_run():
+    """Claim 7b: early-fit RMSE − persistence RMSE below 0, over GRPO's runs and over every
+    run of the study (each run one resampling unit)."""
+    def run(seed, fit, naive):
+        return {"seed": seed, "law_rmse": fit, "law_naive_rmse": naive}
+
+    per_run = {"grpo": [run(0, 0.02, 0.05), run(1, 0.03, 0.05)],
+               "eepo": [run(0, 0.07, 0.05), run(1, 0.08, 0.05)]}
+    c = {x["id"]: x for x in S.evaluate_claims(Evidence(per_run))}["7b"]
+    grpo, every = c["conditions"]
+    assert grpo["interval"]["estimate"] == pytest.approx(-0.025) and grpo["verdict"] == "shown"
+    assert every["label"].endswith("(every run)")
+    assert every["interval"]["estimate"] == pytest.approx(0.0) and every["verdict"] == "not shown"
+    assert c["verdict"] == "partial"

@@ -33,7 +33,10 @@ paired by seed and resampled over seeds, which with 3 seeds is crude (10 distinc
 condition is **shown** when its interval excludes the null on the claimed side, **opposite**
 when it excludes it on the other side; a claim is **shown** when all its conditions are,
 **partial** when some are, **opposite**/**mixed** when some interval points the other way. The
-law's R² conditions are goodness-of-fit thresholds (R² > 0.5), not effects."""
+law's R² conditions are goodness-of-fit thresholds (R² > 0.5), not effects. A pass@k condition
+also gives its minimum detectable effect (MDE: the difference it would detect with 80% power;
+see Power); with several evaluation temperatures, a large-k claim also faces GRPO at its best
+one."""
 
 
 @dataclass
