@@ -193,7 +193,7 @@ def test_large_k_claims_also_face_grpo_at_its_best_temperature():
     one = Evidence(ev.per_run, ev.passk, ev.seeds, None, [1, 4])
     assert len({x["id"]: x for x in S.evaluate_claims(one)}["8b"]["conditions"]) == 1
     md = "\n".join(temperature_tables(ev))
-    assert "| eepo | 0.500 | 0.500 | 0.750 | 0.750 | 1 |" in md and "best temperature T = 1.2" in md
+    assert "| grpo | 0.500 | 0.450 | 0.700 | 0.800 | 1.2 |" in md and "best temperature T = 1.2" in md
 
 
 def test_final_evals_put_the_main_temperature_first():

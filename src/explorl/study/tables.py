@@ -48,7 +48,7 @@ def temperature_tables(ev: Evidence | None) -> list[str]:
     best temperature."""
     if ev is None or len(ev.temperatures) < 2:
         return []
-    ts, km = ev.temperatures, ev.k_max
+    ts, km = sorted(ev.temperatures), ev.k_max
     names = (["base"] if ev.base is not None else []) + list(ev.passk)
     head = ["recipe", *[f"pass@1 T={t:g}" for t in ts], *[f"pass@{km} T={t:g}" for t in ts],
             f"best T (pass@{km})"]
