@@ -345,3 +345,13 @@ def test_early_fit_claim_is_judged_per_grpo_run_and_across_every_run():
     assert every["label"].endswith("(every run)")
     assert every["interval"]["estimate"] == pytest.approx(0.0) and every["verdict"] == "not shown"
     assert c["verdict"] == "partial"
+
+
+def test_wall_clock_adds_up_over_interrupted_invocations(tmp_path):
+    from explorl.study.run import add_wall
+
+    assert add_wall(tmp_path / "a", 10.0) == 10.0 and add_wall(tmp_path / "a", 5.0) == 15.0
+    old = tmp_path / "b"  # a study written before wall.json: its study.json's total counts
+    old.mkdir()
+    (old / "study.json").write_text(json.dumps({"timing": {"wall_s": 100.0}}))
+    assert add_wall(old, 1.0) == 101.0 and add_wall(old, 1.0) == 102.0

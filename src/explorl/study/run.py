@@ -104,6 +104,22 @@ def run_tuning(spec: StudySpec, spec_path: Path, out: Path,
     return table
 
 
+def add_wall(out: Path, seconds: float) -> float:
+    """Add an invocation's wall-clock to ``out/wall.json`` and return the study's total: it adds
+    up over every invocation that built the study, interrupted ones included (a study from
+    before this file: its study.json's total is the start)."""
+    path = out / "wall.json"
+    if path.exists():
+        total = json.loads(path.read_text())["wall_s"]
+    elif (out / "study.json").exists():
+        total = json.loads((out / "study.json").read_text()).get("timing", {}).get("wall_s") or 0
+    else:
+        total = 0.0
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"wall_s": total + seconds}) + "\n")
+    return total + seconds
+
+
 def _build_models(plans: list[RunPlan]) -> None:
     """Each lab model (task, parameters, size) is built once, under a file lock, before the jobs
     start, not by all of them at once; resolved with the run's lab section, as the runs do."""
@@ -148,6 +164,7 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
         _build_models(plan_tuning(spec, spec_path, out))
         got = run_tuning(spec, spec_path, out, log)
         if isinstance(got, int):
+            add_wall(out, time.perf_counter() - t0)
             return got
         tuned = got
     plans = plan_runs(spec, spec_path, out, choices(tuned))
@@ -163,18 +180,14 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
         if not run_base_eval(plans[0], spec, out / "base", out / "logs"):
             log(f"the base model's evaluation failed; see {out / 'logs' / 'base.log'}")
     results = run_jobs(plans, spec, out / "logs", log)
-    if results is None:
-        return 130
-    if any(r.status == "interrupted" for r in results):
+    if results is None or any(r.status == "interrupted" for r in results):
+        add_wall(out, time.perf_counter() - t0)
         log("interrupted; rerun the same command to continue")
         return 130
     failed = [r for r in results if r.status == "failed"]
     # Wall-clock adds up over the invocations that built this study (a rerun that only resumes
     # or re-analyses does not reset it).
-    wall_s = time.perf_counter() - t0
-    previous = out / "study.json"
-    if previous.exists():
-        wall_s += json.loads(previous.read_text()).get("timing", {}).get("wall_s") or 0.0
+    wall_s = add_wall(out, time.perf_counter() - t0)
     payload = analyse(out, spec, spec_path, quick, plans, failed, wall_s, tuned)
     if spec.publish:
         dest = spec_path.parent / spec.publish
