@@ -91,14 +91,10 @@ def test_trainer_is_short_and_no_file_is_long():
 
 # Function-level imports of explorl modules that are deliberate, each pointing downwards:
 # the CLI imports a command's machinery only when that command runs (``explorl --help`` stays
-# fast); ``explorl.lab`` builds its model lazily (parsing a ``lab:`` spec imports no torch);
-# the engine table imports an engine's module only when a run picks it (vLLM is an optional
-# extra); study figures import the plotting stack when a figure is drawn.
+# fast); ``explorl.lab`` builds its model lazily (parsing a ``lab:`` spec imports no torch).
 DELIBERATE_LAZY = {
     "explorl.cli": "the CLI's commands",
     "explorl.lab": "lab_model_path (torch/transformers)",
-    "explorl.rollout.base": "the engines (vLLM is optional)",
-    "explorl.study.figures": "plotting",
 }
 
 

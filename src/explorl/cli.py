@@ -168,9 +168,18 @@ def _report(args) -> int:
     return 0
 
 
+def _jobs(text: str) -> int | str:
+    return "auto" if text == "auto" else int(text)
+
+
 def _study(args) -> int:
     from explorl.study import run_study
 
+    if args.plan:
+        from explorl.study import plan_study
+
+        return plan_study(args.spec, quick=args.quick, jobs=args.jobs, recipes=args.recipes,
+                          cost_from=args.cost_from)
     return run_study(args.spec, quick=args.quick, out=args.out, jobs=args.jobs,
                      recipes=args.recipes)
 
@@ -294,10 +303,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--out", help="study directory (default runs/study-<name>[-quick]); rerun to continue it"
     )
-    s.add_argument("--jobs", type=int, help="runs trained at once (default: the spec's jobs)")
+    s.add_argument("--jobs", type=_jobs,
+                   help="runs trained at once, or auto (the cores this process may use; default: "
+                        "the spec's jobs)")
     s.add_argument("--recipes", metavar="DIR",
                    help="folder of the recipes the spec names without a path (default: the spec's "
                         "recipe_dir, relative to the spec)")
+    s.add_argument("--plan", action="store_true",
+                   help="print the runs, steps and (with --cost-from) the estimated CPU-hours; "
+                        "run nothing")
+    s.add_argument("--cost-from", nargs="+", metavar="STUDY_JSON", default=None,
+                   help="with --plan: committed study.json files whose per-run CPU seconds give "
+                        "the estimate")
     s.set_defaults(fn=_study)
 
     c = add("config", help="print the recipe reference, or a resolved recipe")

@@ -1,7 +1,7 @@
 """``explorl study``: recipes × seeds on a lab task at one rollout budget, evaluated, reported, and
 checked against the papers' claims with rules fixed in advance.
 
-    explorl study studies/lab.yaml [--quick] [--out DIR] [--jobs N] [--recipes DIR]
+    explorl study studies/lab.yaml [--quick] [--out DIR] [--jobs N|auto] [--recipes DIR] [--plan]
 
 A spec (YAML, ``StudySpec``) names the lab task, the recipes (names under its ``recipe_dir`` or
 YAML paths), variants of them, the seeds, the shared step count and the overrides every run
@@ -15,13 +15,20 @@ study computes its table (``columns``) and the claims (``CLAIMS``) into ``study.
 Modules, in the order a study uses them:
 
 - ``spec``: the spec's keys, reading and checking it, finding its recipes;
-- ``plan``: the (recipe, seed) runs, the table's row order, how far each run has got;
+- ``plan``: the tuning and final (recipe, seed) runs, their evaluations, the table's row
+  order, how far each run has got;
+- ``cost``: what a study will cost (``--plan``), from committed reports;
 - ``jobs``: each run's train-then-eval process, ``jobs`` at a time, skipping finished work;
+- ``tuning``: each ``tune:`` grid's table and the chosen value (validation pass@k, ties to
+  pass@1); the final runs train the choice on fresh seeds;
 - ``numbers``: per-run numbers and the per-recipe table over seeds;
+- ``stats``: bootstrap intervals and the power (minimum detectable effect) of a comparison;
+- ``evidence``: what the claims read, per evaluation temperature;
 - ``claims``: the claims, their rules and every threshold;
 - ``figures``: the claims' figures;
-- ``documents``: study.md, claims.md, study.json, the published copy;
-- ``run``: ``run_study``, the whole pipeline.
+- ``tables``, ``documents``: study.md (pass@k, temperatures, power, ablations), claims.md,
+  study.json, the published copy;
+- ``run``: ``run_study``, the whole pipeline, and ``plan_study`` (``--plan``).
 
 The study runs the command line only as a child process (``python -m explorl``), never by import:
 ``explorl.cli`` imports this package, not the reverse.
@@ -30,15 +37,25 @@ The study runs the command line only as a child process (``python -m explorl``),
 from explorl.study.claims import CLAIMS, Claim, Evidence, Precondition, combine, evaluate_claims
 from explorl.study.jobs import JobResult, eval_args, execute, job_command, train_args
 from explorl.study.numbers import Stat, build_table, columns, run_numbers
-from explorl.study.plan import RunPlan, eval_done, order_rows, plan_runs, run_state
-from explorl.study.run import analyse, run_study
-from explorl.study.spec import StudyEvalSpec, StudySpec, VariantSpec, load_spec, resolve_recipe
+from explorl.study.plan import RunPlan, eval_done, order_rows, plan_runs, plan_tuning, run_state
+from explorl.study.run import analyse, plan_study, run_study
+from explorl.study.spec import (
+    PowerSpec,
+    StudyEvalSpec,
+    StudySpec,
+    TuneGrid,
+    TuningSpec,
+    VariantSpec,
+    load_spec,
+    resolve_recipe,
+)
+from explorl.study.stats import Power
 
 __all__ = [
-    "Evidence",
+    "Evidence", "Power", "PowerSpec", "TuneGrid", "TuningSpec", "plan_tuning",
     "combine",
     "CLAIMS", "Claim", "JobResult", "Precondition", "RunPlan", "Stat", "StudyEvalSpec",
     "StudySpec", "VariantSpec", "analyse", "build_table", "columns", "eval_args", "eval_done",
     "evaluate_claims", "execute", "job_command", "load_spec", "order_rows", "plan_runs",
-    "resolve_recipe", "run_numbers", "run_state", "run_study", "train_args",
+    "plan_study", "resolve_recipe", "run_numbers", "run_state", "run_study", "train_args",
 ]

@@ -13,11 +13,10 @@ its recipes are not in the study.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import numpy as np
-
-from explorl.study.stats import Interval, passk_diff, seed_interval, verdict
+from explorl.study.evidence import Evidence
+from explorl.study.stats import Interval, verdict
 
 EEPO_ACTIVE = 0.10  # EEPO's claim needs the gate open on at least this fraction of steps
 NEAR_H0 = 0.15  # E3 TS: H final / H0 − 1 within ±this
@@ -34,7 +33,10 @@ paired by seed and resampled over seeds, which with 3 seeds is crude (10 distinc
 condition is **shown** when its interval excludes the null on the claimed side, **opposite**
 when it excludes it on the other side; a claim is **shown** when all its conditions are,
 **partial** when some are, **opposite**/**mixed** when some interval points the other way. The
-law's R² conditions are goodness-of-fit thresholds (R² > 0.5), not effects."""
+law's R² conditions are goodness-of-fit thresholds (R² > 0.5), not effects. A pass@k condition
+also gives its minimum detectable effect (MDE: the difference it would detect with 80% power;
+see Power); with several evaluation temperatures, a large-k claim also faces GRPO at its best
+one."""
 
 
 @dataclass
@@ -60,8 +62,9 @@ class Cond:
         if self.iv is None:
             return f"{self.label}: not measured"
         side = {1: ">", -1: "<", 0: "within ±"}[self.direction]
+        mde = f"; MDE {self.iv.mde:.3f}" if self.iv.mde is not None else ""
         return f"{self.label} = {self.iv.fmt()} ({side}{'' if self.direction == 0 else ' '}"\
-               f"{self.null:g}: {self.verdict})"
+               f"{self.null:g}: {self.verdict}{mde})"
 
 
 @dataclass
@@ -69,63 +72,6 @@ class Precondition:
     """A claim's check returns this when the lab cannot test the claim."""
 
     reason: str
-
-
-@dataclass
-class Evidence:
-    """Everything the claims read: per-run numbers, per-problem pass@k, the base model's."""
-
-    per_run: dict[str, list[dict]]
-    passk: dict[str, dict[int, np.ndarray]] = field(default_factory=dict)  # (seeds, problems)
-    seeds: dict[str, list[int]] = field(default_factory=dict)  # row order of passk[name]
-    base: dict[int, np.ndarray] | None = None  # k → (1, problems)
-    k_list: list[int] = field(default_factory=list)
-    law: dict = field(default_factory=dict)  # pooled fit (study.numbers.pooled_law)
-
-    @property
-    def k_max(self) -> int:
-        return max(self.k_list, default=1)
-
-    def pk(self, a: str, b: str, k: int) -> Interval | None:
-        """pass@k of ``a`` minus ``b`` (``b = "base"``: the model before RL)."""
-        if a not in self.passk or k not in self.passk[a]:
-            return None
-        if b == "base":
-            if self.base is None or k not in self.base:
-                return None
-            return passk_diff(self.passk[a][k], self.base[k], paired_seeds=False)
-        if b not in self.passk:
-            return None
-        common = [s for s in self.seeds[a] if s in self.seeds[b]]
-        if not common:
-            return passk_diff(self.passk[a][k], self.passk[b][k], paired_seeds=False)
-        ra = [self.seeds[a].index(s) for s in common]
-        rb = [self.seeds[b].index(s) for s in common]
-        return passk_diff(self.passk[a][k][ra], self.passk[b][k][rb], paired_seeds=True)
-
-    def runs(self, name: str) -> dict[int, dict]:
-        return {r["seed"]: r for r in self.per_run.get(name, [])}
-
-    def one(self, name: str, fn: Callable[[dict], float | None]) -> Interval | None:
-        """A per-run quantity of one recipe, over its seeds."""
-        return seed_interval([_safe(fn, r) for r in self.per_run.get(name, [])])
-
-    def pair(self, a: str, b: str, fn: Callable[[dict], float | None]) -> Interval | None:
-        """fn(a's run) − fn(b's run), paired by seed, over the seeds both ran."""
-        ra, rb = self.runs(a), self.runs(b)
-        diffs = []
-        for s in sorted(set(ra) & set(rb)):
-            x, y = _safe(fn, ra[s]), _safe(fn, rb[s])
-            diffs.append(None if x is None or y is None else x - y)
-        return seed_interval(diffs)
-
-
-def _safe(fn, r):
-    try:
-        v = fn(r)
-    except (KeyError, TypeError, ZeroDivisionError):
-        return None
-    return None if v is None else float(v)
 
 
 def _key(k: str) -> Callable[[dict], float | None]:
@@ -230,14 +176,22 @@ def _c_law(ev):
 
 
 def _c_predict(ev):
-    return [Cond("early-fit RMSE − persistence RMSE (GRPO)",
-                 ev.one("grpo", lambda r: r["law_rmse"] - r["law_naive_rmse"]), -1)]
+    gap = lambda r: r["law_rmse"] - r["law_naive_rmse"]  # noqa: E731
+    return [Cond("early-fit RMSE − persistence RMSE (GRPO)", ev.one("grpo", gap), -1),
+            Cond("early-fit RMSE − persistence RMSE (every run)", ev.every(gap), -1)]
 
 
 def _large_k(*names):
+    """Each method − GRPO at the largest k; with several evaluation temperatures, also against
+    GRPO at its best one (the method at the main temperature)."""
     def check(ev):
         k = ev.k_max
-        return [Cond(f"{n} − GRPO, test pass@{k}", ev.pk(n, "grpo", k), +1) for n in names]
+        conds = [Cond(f"{n} − GRPO, test pass@{k}", ev.pk(n, "grpo", k), +1) for n in names]
+        best = ev.best_temperature("grpo", k)
+        if best is not None:
+            conds += [Cond(f"{n} − GRPO at its best T = {best:g}, test pass@{k}",
+                           ev.pk(n, "grpo", k, tb=best), +1) for n in names]
+        return conds
     return check
 
 

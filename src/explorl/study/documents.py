@@ -15,6 +15,8 @@ from explorl.study.claims import RULE_NOTES
 from explorl.study.jobs import JobResult
 from explorl.study.numbers import Stat, columns
 from explorl.study.spec import StudySpec
+from explorl.study.tables import ablation_tables, passk_tables, power_table, temperature_tables
+from explorl.study.tuning import tuning_markdown
 
 
 def _round(x: Any) -> Any:
@@ -73,37 +75,6 @@ def _claims_table(claims: list[dict]) -> list[str]:
     return lines
 
 
-def _passk_tables(ev) -> list[str]:
-    """pass@k of the base model and every method (mean over seeds), and each method's
-    difference to GRPO and to the base model at k = 1 and the largest k, with intervals."""
-    if ev is None or not ev.passk:
-        return []
-    ks, km = ev.k_list, ev.k_max
-    head = "| recipe | " + " | ".join(f"pass@{k}" for k in ks) + " |"
-    lines = [head, "|" + "---|" * (len(ks) + 1)]
-    if ev.base:
-        lines.append("| **base** | " + " | ".join(f"{ev.base[k].mean():.3f}" for k in ks) + " |")
-    for name, pk in ev.passk.items():
-        lines.append(f"| {name} | " + " | ".join(f"{pk[k].mean():.3f}" for k in ks) + " |")
-    diff = ["", "Differences with 95% intervals (bootstrap over the test problems and seeds; "
-                "**bold**: the interval excludes 0):", "",
-            f"| recipe | − base, pass@1 | − base, pass@{km} | − GRPO, pass@1 | − GRPO, pass@{km} |",
-            "|---|---|---|---|---|"]
-
-    def cell(iv):
-        if iv is None:
-            return "—"
-        text = iv.fmt()
-        return f"**{text}**" if iv.low > 0 or iv.high < 0 else text
-
-    for name in ev.passk:
-        cells = [cell(ev.pk(name, "base", 1)), cell(ev.pk(name, "base", km)),
-                 "—" if name == "grpo" else cell(ev.pk(name, "grpo", 1)),
-                 "—" if name == "grpo" else cell(ev.pk(name, "grpo", km))]
-        diff.append(f"| {name} | " + " | ".join(cells) + " |")
-    return lines + diff
-
-
 def _law_section(ev) -> list[str]:
     law = (ev.law if ev is not None else {}) or {}
     if law.get("a") is None:
@@ -124,7 +95,8 @@ def _law_section(ev) -> list[str]:
 def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, rows: list[str],
                     table: dict[str, dict[str, Stat]], claims: list[dict],
                     figures: list[tuple[str, str]], per_run: dict[str, list[dict]],
-                    failed: list[JobResult], wall_s: float, budget: str, ev=None) -> dict:
+                    failed: list[JobResult], wall_s: float, budget: str, ev=None,
+                    tuned: dict | None = None) -> dict:
     """Write study.md, claims.md and study.json into ``out``; returns the study.json payload."""
     cols = columns(spec.eval.k)
     timing = {k for k, _, _, t in cols if t}
@@ -159,11 +131,22 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
                + "; ".join(f"{j.plan.key} ({j.detail})" for j in failed), ""]
     md += ["## Summary (mean ± std over seeds)", "", *table_md, "", COLUMN_NOTES.format(
         n=spec.eval.n, T=spec.eval.temperature, split=spec.eval.split, maxp=maxp), ""]
-    passk_md = _passk_tables(ev)
+    if tuned:
+        md += ["## Tuning", "", *tuning_markdown(spec, tuned), ""]
+    passk_md = passk_tables(ev)
     if passk_md:
         md += [f"## pass@k on the {spec.eval.split} split ({spec.eval.n} samples per problem, "
                f"T = {spec.eval.temperature})", "", *passk_md, ""]
+    temps = temperature_tables(ev)
+    if temps:
+        md += ["## Evaluation temperature", "", *temps, ""]
     md += ["## Claims", "", *claims_md, "", RULE_NOTES, ""]
+    abl = ablation_tables(spec, ev)
+    if abl:
+        md += ["## Ablations", "", *abl]
+    power = power_table(spec, ev)
+    if power:
+        md += ["## Power", "", *power, ""]
     md += ["## The entropy–performance law across runs", "", *_law_section(ev)]
     if variants:
         md += ["## Variants", "", *variants, ""]
@@ -192,6 +175,9 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
                 if k not in ("by_size", "fit")},
         "runs": {f"{name}-seed{r['seed']}": dict(r) for name, rs in per_run.items() for r in rs},
         "failed": [j.plan.key for j in failed],
+        "tuning": {n: [p.to_json() for p in pts] for n, pts in (tuned or {}).items()},
+        "passk_t": ({f"{t:g}": {n: {str(k): float(v[k].mean()) for k in v} for n, v in pk.items()}
+                     for t, pk in ev.passk_t.items()} if ev is not None else {}),
         "fingerprint": fp,
         "timing": {"wall_s": wall_s, "model_params": a_run.get("n_params")},
     }

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from explorl.analysis.runs import Run
+from explorl.analysis.entropy_law import FitError, fit_entropy_law, law_points
+from explorl.analysis.report import Group
+from explorl.analysis.runs import Run, new_figure, save_figure, step_axes
 from explorl.study.numbers import LAW_FIT_FRACTION, fmt_value
 
 FIGURES = [
@@ -32,9 +34,6 @@ def draw_figures(groups: dict[str, list[Run]], out_dir: Path, ev=None) -> list[t
     """The claims' figures (only the recipes each claim compares) and, with the evidence
     ``ev`` (``claims.Evidence``), the pass@k curves and the pooled law; returns (title, file
     name)."""
-    from explorl.analysis.report import Group
-    from explorl.analysis.runs import new_figure, save_figure, step_axes
-
     made = []
     for file, title, ylabel, names, lines in FIGURES:
         present = [n for n in names if groups.get(n)]
@@ -71,32 +70,40 @@ def draw_figures(groups: dict[str, list[Run]], out_dir: Path, ev=None) -> list[t
     return made
 
 
-HIGHLIGHT = ["grpo", "eepo", "e3", "es_wsd", "kl_cov", "clip_cov"]
-"""Methods drawn in colour on the pass@k figure (the rest in grey): GRPO and one recipe of each
-paper."""
+N_BEST, N_WORST = 3, 2  # the pass@k figure draws these many best and worst methods in colour
+
+
+def highlighted(ev) -> list[str]:
+    """The methods drawn in colour on the pass@k figure, chosen by result: GRPO, then the
+    ``N_BEST`` best and the ``N_WORST`` worst of the rest by mean pass@k at the largest k (the
+    rest in grey)."""
+    km = ev.k_max
+    rest = sorted((n for n in ev.passk if n != "grpo"),
+                  key=lambda n: -float(ev.passk[n][km].mean()))
+    worst = rest[max(N_BEST, len(rest) - N_WORST):]
+    return (["grpo"] if "grpo" in ev.passk else []) + rest[:N_BEST] + worst
 
 
 def _draw_passk(ev, out_dir: Path) -> str:
     """pass@k vs k (log₂ axis): the base model, GRPO with its 95% band (bootstrap over problems
-    and seeds), the papers' recipes in colour and every other method in grey."""
-    from explorl.analysis.runs import new_figure, save_figure
-
+    and seeds), the best and worst methods at the largest k in colour (``highlighted``) and
+    every other method in grey."""
     ks = ev.k_list
+    shown = highlighted(ev)
     fig, axes = new_figure(width=6.2, height=4.8, ncols=2)
     for ax, relative in zip(axes[0], (False, True)):
         base = [float(ev.base[k].mean()) for k in ks] if ev.base else None
         if base and not relative:
             ax.plot(ks, base, color="black", linewidth=2.2, marker="o", label="base (before RL)")
-        names = [n for n in ev.passk if n not in HIGHLIGHT] + [n for n in HIGHLIGHT
-                                                                if n in ev.passk]
+        names = [n for n in ev.passk if n not in shown] + shown
         for name in names:
             curve = [float(ev.passk[name][k].mean()) for k in ks]
             if relative:
                 if not base:
                     continue
                 curve = [c - b for c, b in zip(curve, base)]
-            if name in HIGHLIGHT:
-                i = HIGHLIGHT.index(name)
+            if name in shown:
+                i = shown.index(name)
                 ax.plot(ks, curve, color=f"C{i}", marker=".", linewidth=1.6, label=name,
                         zorder=3)
             else:
@@ -126,8 +133,6 @@ def _draw_passk(ev, out_dir: Path) -> str:
 
 
 def _draw_pooled(groups: dict[str, list[Run]], ev, out_dir: Path) -> str:
-    from explorl.analysis.runs import new_figure, save_figure
-
     fig, axes = new_figure(width=7.0, height=4.2)
     ax = axes[0][0]
     H, R = [], []
@@ -151,15 +156,10 @@ def _draw_pooled(groups: dict[str, list[Run]], ev, out_dir: Path) -> str:
 
 
 def _law_points(run: Run):
-    from explorl.analysis.entropy_law import law_points
-
     return law_points(run)
 
 
 def _draw_law(runs: list[Run], out_dir: Path) -> str:
-    from explorl.analysis.entropy_law import FitError, fit_entropy_law
-    from explorl.analysis.runs import new_figure, save_figure
-
     fig, axes = new_figure(width=7.0, height=4.2)
     ax = axes[0][0]
     for i, run in enumerate(runs):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from explorl.lab.registry import get_task
 from explorl.study.plan import RunPlan, eval_done, eval_done_at, lab_ref, run_state
-from explorl.study.spec import StudySpec
+from explorl.study.spec import StudyEvalSpec, StudySpec, auto_jobs
 
 THEN = "--then"  # explorl.cli.THEN: separates commands run in turn in one process
 
@@ -37,13 +37,18 @@ def train_args(plan: RunPlan, state: str) -> list[str]:
     return args + (["--force"] if state == "restart" else [])
 
 
-def eval_args(plan: RunPlan, spec: StudySpec) -> list[str]:
-    """``explorl eval`` arguments that evaluate the run's final checkpoint into ``<run>/eval/``."""
-    e = spec.eval
-    args = ["eval", str(plan.out), "--data", lab_ref(spec.task), "--split", e.split,
-            "--n", str(e.n), "--k", *map(str, e.k), "--temperature", str(e.temperature),
-            "--seed", str(e.seed), "--out", str(plan.out / "eval")]
+def _protocol(e: StudyEvalSpec) -> list[str]:
+    args = ["--split", e.split, "--n", str(e.n), "--k", *map(str, e.k), "--temperature",
+            str(e.temperature), "--seed", str(e.seed)]
     return args + (["--max-problems", str(e.max_problems)] if e.max_problems else [])
+
+
+def eval_args(plan: RunPlan, spec: StudySpec, which: int = 0) -> list[str]:
+    """``explorl eval`` arguments that evaluate the run's final checkpoint with its ``which``-th
+    protocol (``plan.evals``: the main one into ``<run>/eval/``)."""
+    folder, e = plan.evals[which]
+    return ["eval", str(plan.out), "--data", lab_ref(spec.task), *_protocol(e), "--out",
+            str(plan.out / folder)]
 
 
 def job_command(commands: list[list[str]]) -> list[str]:
@@ -74,11 +79,13 @@ def execute(plan: RunPlan, spec: StudySpec, logs: Path, stop: threading.Event) -
     state = run_state(plan)
     commands = []
     if state != "done":
-        # A stale evaluation of an older policy.
-        shutil.rmtree(plan.out / "eval", ignore_errors=True)
+        # Stale evaluations of an older policy.
+        for folder, _ in plan.evals:
+            shutil.rmtree(plan.out / folder, ignore_errors=True)
         commands.append(train_args(plan, state))
-    if state != "done" or not eval_done(plan, spec):
-        commands.append(eval_args(plan, spec))
+    for i, (folder, e) in enumerate(plan.evals):
+        if state != "done" or not eval_done_at(plan.out / folder, e):
+            commands.append(eval_args(plan, spec, i))
     if not commands:
         return JobResult(plan, "skipped", state)
     if stop.is_set():
@@ -97,12 +104,12 @@ def execute(plan: RunPlan, spec: StudySpec, logs: Path, stop: threading.Event) -
 
 def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
              log: Callable[[str], None]) -> list[JobResult] | None:
-    """Every plan's job, ``spec.jobs`` at a time, logging each as it ends; None if interrupted
-    (the running jobs checkpoint and stop)."""
+    """Every plan's job, ``spec.jobs`` at a time (``auto``: the cores this process may use),
+    logging each as it ends; None if interrupted (the running jobs checkpoint and stop)."""
     t0 = time.perf_counter()
     stop = threading.Event()
     results: list[JobResult] = []
-    pool = ThreadPoolExecutor(max_workers=spec.jobs)
+    pool = ThreadPoolExecutor(max_workers=auto_jobs() if spec.jobs == "auto" else spec.jobs)
     futures = {pool.submit(execute, p, spec, logs, stop): p for p in plans}
     try:
         for i, fut in enumerate(as_completed(futures), 1):
@@ -126,27 +133,30 @@ def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
     return results
 
 
-def base_eval_args(plan: RunPlan, spec: StudySpec, out: Path) -> list[str]:
-    """``explorl eval`` of the task's lab model before RL, with the runs' evaluation protocol,
-    lab section and response-length limit (taken from ``plan``, any run of the study)."""
-    e, cfg = spec.eval, plan.cfg
+def base_eval_args(plan: RunPlan, spec: StudySpec, out: Path,
+                   e: StudyEvalSpec | None = None) -> list[str]:
+    """``explorl eval`` of the task's lab model before RL, with the runs' evaluation protocol
+    (``e``, default the spec's main one), lab section and response-length limit (taken from
+    ``plan``, any run of the study)."""
+    e, cfg = e or spec.eval, plan.cfg
     ref = lab_ref(spec.task)
     length = cfg.rollout.max_response_len or get_task(ref[len("lab:"):]).max_response_len
-    args = ["eval", cfg.model.path, "--data", ref, "--split", e.split, "--n", str(e.n),
-            "--k", *map(str, e.k), "--temperature", str(e.temperature), "--seed", str(e.seed),
-            "--max-new-tokens", str(length), "--out", str(out)]
+    args = ["eval", cfg.model.path, "--data", ref, *_protocol(e), "--max-new-tokens",
+            str(length), "--out", str(out)]
     for s in plan.sets:
         if s.startswith("lab."):
             args += ["--set", s]
-    return args + (["--max-problems", str(e.max_problems)] if e.max_problems else [])
+    return args
 
 
 def run_base_eval(plan: RunPlan, spec: StudySpec, out: Path, logs: Path) -> bool:
-    """Evaluate the base model into ``out`` unless done; True when its evaluation exists."""
-    if eval_done_at(out, spec):
-        return True
-    logs.mkdir(parents=True, exist_ok=True)
-    with (logs / "base.log").open("a") as f:
-        subprocess.call(job_command([base_eval_args(plan, spec, out)]), stdout=f,
-                        stderr=subprocess.STDOUT, env=_env())
-    return eval_done_at(out, spec)
+    """Evaluate the base model into ``out/<folder>`` at every evaluation temperature
+    (``plan.evals``' protocols) unless done; True when the main evaluation exists."""
+    todo = [(out / folder, e) for folder, e in plan.evals if not eval_done_at(out / folder, e)]
+    if todo:
+        logs.mkdir(parents=True, exist_ok=True)
+        with (logs / "base.log").open("a") as f:
+            subprocess.call(job_command([base_eval_args(plan, spec, d, e) for d, e in todo]),
+                            stdout=f, stderr=subprocess.STDOUT, env=_env())
+    folder, e = plan.evals[0]
+    return eval_done_at(out / folder, e)

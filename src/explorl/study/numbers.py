@@ -202,15 +202,15 @@ def build_table(rows: list[str], per_run: dict[str, list[dict]],
     return table
 
 
-def collect_passk(done: list[RunPlan], rows: list[str], k_list: list[int]
+def collect_passk(done: list[RunPlan], rows: list[str], k_list: list[int], folder: str = "eval"
                   ) -> tuple[dict[str, dict[int, Any]], dict[str, list[int]]]:
     """Per recipe: k → per-problem pass@k (seeds × problems, rows in seed order) from each
-    run's ``eval/problems.jsonl``; and the seed of each row."""
+    run's ``<folder>/problems.jsonl``; and the seed of each row."""
     import numpy as np
 
     by_name: dict[str, list[tuple[int, dict]]] = {n: [] for n in rows}
     for p in done:
-        by_name[p.name].append((p.seed, problem_passk(p.out / "eval" / "problems.jsonl", k_list)))
+        by_name[p.name].append((p.seed, problem_passk(p.out / folder / "problems.jsonl", k_list)))
     passk, seeds = {}, {}
     for name, got in by_name.items():
         if got:

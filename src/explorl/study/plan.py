@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -12,13 +13,13 @@ import yaml
 
 from explorl import config as C
 from explorl import validation
-from explorl.study.spec import StudySpec, resolve_recipe, spec_error
+from explorl.study.spec import StudyEvalSpec, StudySpec, resolve_recipe, spec_error, tuning_k
 from explorl.training.checkpoint import latest_checkpoint
 
 
 @dataclass
 class RunPlan:
-    """One (recipe, seed) run of the study: what to train and where."""
+    """One (recipe, seed) run of the study: what to train, where, and how to evaluate it."""
 
     name: str
     seed: int
@@ -26,10 +27,50 @@ class RunPlan:
     sets: list[str]
     out: Path
     cfg: C.RunConfig
+    evals: list[tuple[str, StudyEvalSpec]] = field(default_factory=list)
+    """(folder under ``out``, protocol) of each evaluation of the final policy; the first is
+    the main one (``eval``)."""
+    value: Any = None  # a tuning run's grid value (None: a final run)
 
     @property
     def key(self) -> str:
-        return f"{self.name}-seed{self.seed}"
+        label = "" if self.value is None else f"@{value_text(self.value)}"
+        return f"{self.name}{label}-seed{self.seed}"
+
+
+def value_text(value: Any) -> str:
+    """A grid value as an override's right-hand side that YAML reads back as the same value
+    (``5e-05`` would read as a string: floats keep a mantissa dot, ``5.0e-05``)."""
+    if isinstance(value, float):
+        text = repr(value)
+        if "e" in text and "." not in text.split("e")[0]:
+            mantissa, exp = text.split("e")
+            text = f"{mantissa}.0e{exp}"
+        return text
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def eval_folder(temperature: float, main: float) -> str:
+    """Folder of the evaluation at ``temperature``: ``eval`` at the main one, else
+    ``eval_T<T>``."""
+    return "eval" if temperature == main else f"eval_T{temperature:g}"
+
+
+def final_evals(spec: StudySpec) -> list[tuple[str, StudyEvalSpec]]:
+    """The final policy's evaluations: the main protocol at each evaluation temperature."""
+    e = spec.eval
+    return [(eval_folder(t, e.temperature), dataclasses.replace(e, temperature=t, temperatures=[]))
+            for t in e.all_temperatures()]
+
+
+def tuning_eval(spec: StudySpec) -> StudyEvalSpec:
+    """The grid points' evaluation: the tuning split, n and problems, at the main temperature,
+    reporting pass@1 and the criterion's k."""
+    t = spec.tuning
+    return StudyEvalSpec(n=t.n, temperature=spec.eval.temperature, k=sorted({1, tuning_k(spec)}),
+                         split=t.split, max_problems=t.max_problems, seed=t.seed)
 
 
 def lab_ref(task: str) -> str:
@@ -38,31 +79,81 @@ def lab_ref(task: str) -> str:
     return f"lab:{task}"
 
 
-def plan_runs(spec: StudySpec, spec_path: Path, out: Path) -> list[RunPlan]:
-    """Every (recipe, seed) run, seed-major (an interrupted study has whole seeds first).
+def _rows(spec: StudySpec, spec_path: Path,
+          chosen: dict[str, Any]) -> list[tuple[str, Path, list[str], str]]:
+    """(name, recipe file, overrides, parent recipe name) of every recipe and variant, with the
+    tuned values of ``chosen`` (a variant gets its recipe's choice before its own ``set``)."""
+    rows: list[tuple[str, Path, list[str], str]] = []
+    task_sets = [f"model.path={lab_ref(spec.task)}", f"data.train=[{lab_ref(spec.task)}]"]
+    own = spec.recipe_set
+
+    def pick(name: str) -> list[str]:
+        if name not in chosen:
+            return []
+        return [f"{spec.tune[name].key}={value_text(chosen[name])}"]
+
+    for i, ref in enumerate(spec.recipes):
+        path = resolve_recipe(ref, spec, f"recipes[{i}]", spec_path)
+        name = validation.load(path).name
+        rows.append((name, path, [*task_sets, *spec.set, *own.get(name, []), *pick(name)], name))
+    for i, v in enumerate(spec.variants):
+        path = resolve_recipe(v.recipe, spec, f"variants[{i}].recipe", spec_path)
+        parent = validation.load(path).name
+        rows.append((v.name, path, [*task_sets, *spec.set, *own.get(parent, []), *pick(parent),
+                                    *v.set, *own.get(v.name, []), *pick(v.name),
+                                    f"name={v.name}"], parent))
+    names = [r[0] for r in rows]
+    named = [("recipe_set", k) for k in own] + [("tune", k) for k in spec.tune]
+    named += [("ablations", k) for k in spec.ablations]
+    named += [(f"ablations.{k}", a) for k, arms in spec.ablations.items() for a in arms]
+    for where, key in named:
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise spec_error(spec_path, f"{where}.{key}: no recipe or variant of that "
+                                        f"name{hint} (names: {', '.join(names)})")
+    return rows
+
+
+def _load(spec_path: Path, name: str, path: Path, sets: list[str], steps: int,
+          seed: int) -> C.RunConfig:
+    try:
+        return validation.load(path, sets, max_steps=steps, seed=seed)
+    except C.ConfigError as e:
+        raise spec_error(spec_path, f"recipe {name} ({path}): {e}") from None
+
+
+def plan_tuning(spec: StudySpec, spec_path: Path, out: Path) -> list[RunPlan]:
+    """Every (tuned recipe, grid value, tuning seed) run, seed-major, under ``out/tune/``; each
+    is evaluated on the tuning split (``tuning_eval``). Validated here, before any work."""
+    spec_path = Path(spec_path)
+    rows = {r[0]: r for r in _rows(spec, spec_path, {})}
+    steps = spec.tuning.max_steps or spec.max_steps
+    ev = [("eval", tuning_eval(spec))]
+    plans = []
+    for seed in spec.tuning.seeds:
+        for name, grid in spec.tune.items():
+            _, path, sets, _ = rows[name]
+            for value in grid.values:
+                where = f"tune.{name}: {grid.key}={value_text(value)}"
+                pre = [s for s in sets if not s.startswith("name=")]
+                extra = [f"{grid.key}={value_text(value)}", "log.progress=false"]
+                extra += [s for s in sets if s.startswith("name=")]
+                cfg = _load(spec_path, where, path, [*pre, *extra], steps, seed)
+                folder = out / "tune" / "runs" / f"{name}@{value_text(value)}-seed{seed}"
+                plans.append(RunPlan(name, seed, path, [*pre, *extra], folder, cfg, ev, value))
+    return plans
+
+
+def plan_runs(spec: StudySpec, spec_path: Path, out: Path,
+              chosen: dict[str, Any] | None = None) -> list[RunPlan]:
+    """Every (recipe, seed) run of the final comparison, seed-major (an interrupted study has
+    whole seeds first), with the tuned values of ``chosen`` (``{name: value}``).
 
     Each run's config is resolved and validated here, before any work starts.
     """
     spec_path = Path(spec_path)
-    rows: list[tuple[str, Path, list[str]]] = []
-    task_sets = [f"model.path={lab_ref(spec.task)}", f"data.train=[{lab_ref(spec.task)}]"]
-    own = spec.recipe_set
-    for i, ref in enumerate(spec.recipes):
-        path = resolve_recipe(ref, spec, f"recipes[{i}]", spec_path)
-        name = validation.load(path).name
-        rows.append((name, path, [*task_sets, *spec.set, *own.get(name, [])]))
-    for i, v in enumerate(spec.variants):
-        path = resolve_recipe(v.recipe, spec, f"variants[{i}].recipe", spec_path)
-        parent = validation.load(path).name
-        rows.append((v.name, path, [*task_sets, *spec.set, *own.get(parent, []), *v.set,
-                                    *own.get(v.name, []), f"name={v.name}"]))
-    names = [n for n, _, _ in rows]
-    for key in own:
-        if key not in names:
-            close = difflib.get_close_matches(key, names, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise spec_error(spec_path, f"recipe_set.{key}: no recipe or variant of that "
-                                        f"name{hint} (names: {', '.join(names)})")
+    rows = [(n, p, s) for n, p, s, _ in _rows(spec, spec_path, chosen or {})]
     seen: dict[str, int] = {}
     for name, _, _ in rows:
         seen[name] = seen.get(name, 0) + 1
@@ -71,14 +162,13 @@ def plan_runs(spec: StudySpec, spec_path: Path, out: Path) -> list[RunPlan]:
         raise spec_error(spec_path, f"recipes: names used twice: {', '.join(dup)} "
                                     "(give a variant its own name)")
     plans = []
+    evals = final_evals(spec)
     for seed in spec.seeds:
         for name, path, sets in rows:
             sets = [*sets, "log.progress=false"]
-            try:
-                cfg = validation.load(path, sets, max_steps=spec.max_steps, seed=seed)
-            except C.ConfigError as e:
-                raise spec_error(spec_path, f"recipe {name} ({path}): {e}") from None
-            plans.append(RunPlan(name, seed, path, sets, out / "runs" / f"{name}-seed{seed}", cfg))
+            cfg = _load(spec_path, name, path, sets, spec.max_steps, seed)
+            plans.append(RunPlan(name, seed, path, sets, out / "runs" / f"{name}-seed{seed}", cfg,
+                                 evals))
     return plans
 
 
@@ -130,18 +220,18 @@ def _dict_diff(a: dict, b: dict, prefix: str = "") -> list[tuple[str, Any, Any]]
     return out
 
 
-def eval_done(plan: RunPlan, spec: StudySpec) -> bool:
-    """Whether the run's final evaluation exists with the spec's current settings."""
-    return eval_done_at(plan.out / "eval", spec)
+def eval_done(plan: RunPlan, spec: StudySpec | None = None) -> bool:
+    """Whether every evaluation of the run exists with the plan's current settings."""
+    return all(eval_done_at(plan.out / folder, e) for folder, e in plan.evals)
 
 
-def eval_done_at(folder: Path, spec: StudySpec) -> bool:
-    """Whether ``folder`` holds an evaluation with the spec's current settings."""
+def eval_done_at(folder: Path, e: StudySpec | StudyEvalSpec) -> bool:
+    """Whether ``folder`` holds an evaluation with the protocol ``e`` (a spec: its ``eval``)."""
+    e = e.eval if isinstance(e, StudySpec) else e
     path = folder / "eval.json"
     if not path.exists():
         return False
     s = json.loads(path.read_text()).get("settings", {})
-    e = spec.eval
     return (s.get("n") == e.n and s.get("k") == sorted(set(e.k))
             and s.get("temperature") == e.temperature and s.get("split") == e.split
             and s.get("seed") == e.seed)

@@ -4,6 +4,8 @@ report, per-run numbers, table, claims, figures and documents."""
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,18 +13,53 @@ from pathlib import Path
 from explorl import config as C
 from explorl.analysis import make_report
 from explorl.models import resolve_model_path
-from explorl.study.claims import Evidence, evaluate_claims
+from explorl.study.claims import evaluate_claims
+from explorl.study.cost import Rates, plan_text
 from explorl.study.documents import publish, write_documents
+from explorl.study.evidence import Evidence
 from explorl.study.figures import draw_figures
 from explorl.study.jobs import JobResult, run_base_eval, run_jobs
 from explorl.study.numbers import build_table, collect, collect_passk, pooled_law
-from explorl.study.plan import RunPlan, eval_done, eval_done_at, order_rows, plan_runs, run_state
-from explorl.study.spec import StudySpec, load_spec
+from explorl.study.plan import (
+    RunPlan,
+    eval_done,
+    eval_done_at,
+    final_evals,
+    order_rows,
+    plan_runs,
+    plan_tuning,
+    run_state,
+    value_text,
+)
+from explorl.study.spec import StudySpec, auto_jobs, load_spec
 from explorl.study.stats import problem_passk
+from explorl.study.tuning import GridPoint, choices, grid_table
+
+
+def gather_evidence(out: Path, spec: StudySpec, done: list[RunPlan], rows: list[str],
+                    per_run: dict[str, list[dict]], groups: dict) -> Evidence:
+    """Per-problem pass@k of every finished run and of the base model at each evaluation
+    temperature, with the per-run numbers and the pooled law."""
+    ks = spec.eval.k
+    passk, seeds = collect_passk(done, rows, ks)
+    base = None
+    if spec.base_eval and eval_done_at(out / "base" / "eval", spec):
+        got = problem_passk(out / "base" / "eval" / "problems.jsonl", ks)
+        base = {k: v[None, :] for k, v in got.items()}
+    ev = Evidence(per_run, passk, seeds, base, sorted(set(ks)), pooled_law(groups),
+                  temperature=spec.eval.temperature)
+    if len(spec.eval.all_temperatures()) > 1:
+        for folder, e in final_evals(spec):
+            ev.passk_t[e.temperature] = collect_passk(done, rows, ks, folder)[0]
+            b = out / "base" / folder
+            if spec.base_eval and eval_done_at(b, e):
+                ev.base_t[e.temperature] = {k: v[None, :] for k, v in
+                                            problem_passk(b / "problems.jsonl", ks).items()}
+    return ev
 
 
 def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: list[RunPlan],
-            failed: list[JobResult], wall_s: float) -> dict:
+            failed: list[JobResult], wall_s: float, tuned: dict | None = None) -> dict:
     """Report (``explorl report``), per-run numbers, table, claims, figures and documents."""
     bad = {j.plan.key for j in failed}
     done = [p for p in plans if p.key not in bad and eval_done(p, spec)]
@@ -32,46 +69,60 @@ def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: lis
     rows = [n for n in order_rows(spec, plans) if any(p.name == n for p in done)]
     per_run, groups = collect(done, rows, spec.eval.k)
     table = build_table(rows, per_run, spec.eval.k)
-    passk, seeds = collect_passk(done, rows, spec.eval.k)
-    base = None
-    if spec.base_eval and eval_done_at(out / "base" / "eval", spec):
-        got = problem_passk(out / "base" / "eval" / "problems.jsonl", spec.eval.k)
-        base = {k: v[None, :] for k, v in got.items()}
-    ev = Evidence(per_run, passk, seeds, base, sorted(set(spec.eval.k)), pooled_law(groups))
+    ev = gather_evidence(out, spec, done, rows, per_run, groups)
     claims = evaluate_claims(ev)
     figures = draw_figures(groups, out / "report", ev)
     cfg0 = done[0].cfg
     budget = f"{cfg0.data.prompts_per_step} prompts × {cfg0.rollout.n_samples} samples"
     return write_documents(out, spec, spec_path, quick, rows, table, claims, figures, per_run,
-                           failed, wall_s, budget, ev)
+                           failed, wall_s, budget, ev, tuned or {})
 
 
-def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | None = None,
-              jobs: int | None = None, recipes: str | Path | None = None,
-              log: Callable[[str], None] = print) -> int:
-    """Run (or continue) a study end to end; returns an exit code (0 ok, 1 failed runs,
-    130 interrupted). ``recipes`` replaces the spec's ``recipe_dir`` (relative to the working
-    directory, not the spec)."""
-    spec_path = Path(spec_path)
-    spec = load_spec(spec_path, quick=quick)
-    if jobs is not None:
-        if jobs < 1:
-            raise C.ConfigError(f"--jobs must be ≥ 1, got {jobs}")
-        spec.jobs = jobs
-    if recipes is not None:
-        if not Path(recipes).is_dir():
-            raise C.ConfigError(f"--recipes {recipes}: not a directory")
-        spec.recipe_dir = str(Path(recipes).resolve())
-    out = Path(out) if out else Path("runs") / f"study-{spec.name}{'-quick' if quick else ''}"
-    plans = plan_runs(spec, spec_path, out)
-    states = {p.key: run_state(p) for p in plans}
-    todo = sum(s != "done" for s in states.values())
-    log(f"study {spec.name}{' (quick)' if quick else ''}: {len(plans)} runs ({todo} to train, "
-        f"{len(plans) - todo} finished), {spec.max_steps} steps each, {spec.jobs} at a time "
-        f"→ {out}")
+def run_tuning(spec: StudySpec, spec_path: Path, out: Path,
+               log: Callable[[str], None]) -> dict[str, list[GridPoint]] | int:
+    """Train and evaluate every ``tune:`` grid point (finished ones are skipped) and pick each
+    recipe's value; the grid table, or an exit code when interrupted or a point failed."""
+    plans = plan_tuning(spec, spec_path, out)
+    todo = sum(run_state(p) != "done" or not eval_done(p) for p in plans)
+    log(f"tuning: {len(spec.tune)} recipes, {len(plans)} grid runs ({todo} to do) on the "
+        f"{spec.tuning.split} split")
+    results = run_jobs(plans, spec, out / "tune" / "logs", log)
+    if results is None or any(r.status == "interrupted" for r in results):
+        log("interrupted; rerun the same command to continue")
+        return 130
+    failed = [r for r in results if r.status == "failed"]
+    if failed:
+        log("failed tuning runs (rerun to retry): "
+            + "; ".join(f"{r.plan.key} ({r.detail})" for r in failed))
+        return 1
+    table = grid_table(spec, plans)
+    (out / "tune").mkdir(parents=True, exist_ok=True)
+    (out / "tune" / "choices.json").write_text(json.dumps(
+        {n: [p.to_json() for p in pts] for n, pts in table.items()}, indent=1) + "\n")
+    for name, value in choices(table).items():
+        log(f"  tuned {name}: {spec.tune[name].key} = {value_text(value)}")
+    return table
 
-    # Each lab model (task, parameters, size) is built once, under a file lock, before the jobs
-    # start, not by all of them at once; resolved with the run's lab section, as the runs do.
+
+def add_wall(out: Path, seconds: float) -> float:
+    """Add an invocation's wall-clock to ``out/wall.json`` and return the study's total: it adds
+    up over every invocation that built the study, interrupted ones included (a study from
+    before this file: its study.json's total is the start)."""
+    path = out / "wall.json"
+    if path.exists():
+        total = json.loads(path.read_text())["wall_s"]
+    elif (out / "study.json").exists():
+        total = json.loads((out / "study.json").read_text()).get("timing", {}).get("wall_s") or 0
+    else:
+        total = 0.0
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"wall_s": total + seconds}) + "\n")
+    return total + seconds
+
+
+def _build_models(plans: list[RunPlan]) -> None:
+    """Each lab model (task, parameters, size) is built once, under a file lock, before the jobs
+    start, not by all of them at once; resolved with the run's lab section, as the runs do."""
     built = set()
     for p in plans:
         if p.cfg.model.path.startswith("lab:"):
@@ -80,25 +131,62 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
                 built.add(key)
                 resolve_model_path(p.cfg.model.path, p.cfg.lab)
 
+
+def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | None = None,
+              jobs: int | str | None = None, recipes: str | Path | None = None,
+              log: Callable[[str], None] = print) -> int:
+    """Run (or continue) a study end to end; returns an exit code (0 ok, 1 failed runs,
+    130 interrupted). ``jobs`` (an int or ``auto``) replaces the spec's; ``recipes`` replaces the
+    spec's ``recipe_dir`` (relative to the working directory, not the spec)."""
+    spec_path = Path(spec_path)
+    spec = load_spec(spec_path, quick=quick)
+    if threading.current_thread() is threading.main_thread():
+        # A study started in the background (`nohup … &` from a script) inherits SIGINT ignored;
+        # `kill -INT` must still stop it cleanly (the runs checkpoint; rerun to continue).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if jobs is not None:
+        if jobs != "auto" and (not isinstance(jobs, int) or jobs < 1):
+            raise C.ConfigError(f"--jobs must be ≥ 1 or auto, got {jobs}")
+        spec.jobs = jobs
+    if spec.jobs == "auto":
+        spec.jobs = auto_jobs()
+    if recipes is not None:
+        if not Path(recipes).is_dir():
+            raise C.ConfigError(f"--recipes {recipes}: not a directory")
+        spec.recipe_dir = str(Path(recipes).resolve())
+    out = Path(out) if out else Path("runs") / f"study-{spec.name}{'-quick' if quick else ''}"
+    plan_runs(spec, spec_path, out)  # every config checked before the tuning runs start
+    tuned: dict[str, list[GridPoint]] = {}
     t0 = time.perf_counter()
+    if spec.tune:
+        _build_models(plan_tuning(spec, spec_path, out))
+        got = run_tuning(spec, spec_path, out, log)
+        if isinstance(got, int):
+            add_wall(out, time.perf_counter() - t0)
+            return got
+        tuned = got
+    plans = plan_runs(spec, spec_path, out, choices(tuned))
+    states = {p.key: run_state(p) for p in plans}
+    todo = sum(s != "done" for s in states.values())
+    log(f"study {spec.name}{' (quick)' if quick else ''}: {len(plans)} runs ({todo} to train, "
+        f"{len(plans) - todo} finished), {spec.max_steps} steps each, {spec.jobs} at a time "
+        f"→ {out}")
+
+    _build_models(plans)
     if spec.base_eval:
         log("evaluating the base model (the lab model before RL)")
-        if not run_base_eval(plans[0], spec, out / "base" / "eval", out / "logs"):
+        if not run_base_eval(plans[0], spec, out / "base", out / "logs"):
             log(f"the base model's evaluation failed; see {out / 'logs' / 'base.log'}")
     results = run_jobs(plans, spec, out / "logs", log)
-    if results is None:
-        return 130
-    if any(r.status == "interrupted" for r in results):
+    if results is None or any(r.status == "interrupted" for r in results):
+        add_wall(out, time.perf_counter() - t0)
         log("interrupted; rerun the same command to continue")
         return 130
     failed = [r for r in results if r.status == "failed"]
     # Wall-clock adds up over the invocations that built this study (a rerun that only resumes
     # or re-analyses does not reset it).
-    wall_s = time.perf_counter() - t0
-    previous = out / "study.json"
-    if previous.exists():
-        wall_s += json.loads(previous.read_text()).get("timing", {}).get("wall_s") or 0.0
-    payload = analyse(out, spec, spec_path, quick, plans, failed, wall_s)
+    wall_s = add_wall(out, time.perf_counter() - t0)
+    payload = analyse(out, spec, spec_path, quick, plans, failed, wall_s, tuned)
     if spec.publish:
         dest = spec_path.parent / spec.publish
         publish(out, dest)
@@ -110,4 +198,23 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
     if failed:
         log("failed runs: " + "; ".join(f"{r.plan.key} ({r.detail})" for r in failed))
         return 1
+    return 0
+
+
+def plan_study(spec_path: str | Path, *, quick: bool = False, jobs: int | str | None = None,
+               recipes: str | Path | None = None, cost_from: list[str] | None = None,
+               log: Callable[[str], None] = print) -> int:
+    """``explorl study SPEC --plan``: check the spec, print its runs and (with ``cost_from``,
+    committed ``study.json`` files) the estimated CPU-hours; run nothing."""
+    spec_path = Path(spec_path)
+    spec = load_spec(spec_path, quick=quick)
+    if recipes is not None:
+        spec.recipe_dir = str(Path(recipes).resolve())
+    jobs = jobs or spec.jobs
+    out = Path("runs") / "unused"
+    tuning = plan_tuning(spec, spec_path, out) if spec.tune else []
+    final = plan_runs(spec, spec_path, out)
+    rates = Rates.from_reports([Path(p) for p in cost_from]) if cost_from else None
+    for line in plan_text(spec, tuning, final, rates, auto_jobs() if jobs == "auto" else jobs):
+        log(line)
     return 0

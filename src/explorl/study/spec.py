@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 
@@ -40,6 +41,53 @@ class StudyEvalSpec:
     """Evaluate on the first N problems of the split; None = all."""
     seed: int = 0
     """Sampling seed of the evaluation (the same for every run)."""
+    temperatures: list[float] = field(default_factory=list)
+    """More evaluation temperatures: each final policy (and the base model) is also evaluated
+    at each (into ``eval_T<T>/``), and the large-k claims are judged against GRPO at its best
+    temperature as well as at ``temperature``. Empty = only ``temperature``."""
+
+    def all_temperatures(self) -> list[float]:
+        """``temperature`` first, then the others in the spec's order, without repeats."""
+        return list(dict.fromkeys([self.temperature, *self.temperatures]))
+
+
+@dataclass
+class TuneGrid:
+    key: str
+    """The knob: a config key (``optim.lr``, ``algorithm.kl_cov_coef``, ``rollout.temperature``)."""
+    values: list[Any] = field(default_factory=list)
+    """The grid: each value is trained with every tuning seed and validated."""
+
+
+@dataclass
+class TuningSpec:
+    seeds: list[int] = field(default_factory=lambda: [1000, 1001])
+    """Tuning seeds: each grid point trains once per seed; keep them apart from ``seeds`` so
+    the final comparison runs on fresh seeds."""
+    split: Literal["train", "val", "test"] = "val"
+    """Split the grid points are evaluated on (never the final comparison's)."""
+    n: int = 64
+    """Samples per problem of a grid point's evaluation."""
+    k: int | None = None
+    """The criterion: mean pass@k over the tuning seeds at this k (None = the largest of
+    ``eval.k``); ties go to the higher pass@1."""
+    tie: float = 0.0
+    """pass@k values within this of the best count as tied (then pass@1 decides)."""
+    max_problems: int | None = None
+    """Evaluate on the first N problems of ``split``; None = all."""
+    max_steps: int | None = None
+    """Training steps of a grid point; None = the study's ``max_steps``."""
+    seed: int = 0
+    """Sampling seed of the grid points' evaluations."""
+
+
+@dataclass
+class PowerSpec:
+    target_mde: float | None = None
+    """A minimum detectable pass@k difference to reach: the documents give, per comparison, the
+    seeds that would reach it with this many problems. None = report the MDE only."""
+    k: int | None = None
+    """The k of the power table (None = the largest of ``eval.k``)."""
 
 
 @dataclass
@@ -72,14 +120,34 @@ class StudySpec:
     protocol: the reference of the pass@k comparisons."""
     eval: StudyEvalSpec = field(default_factory=StudyEvalSpec)
     """Final evaluation of each run's last checkpoint (``explorl eval``)."""
-    jobs: int = 2
-    """Runs trained at once (one torch thread each): the number of cores."""
+    tune: dict[str, TuneGrid] = field(default_factory=dict)
+    """Per recipe or variant: one knob and its grid, run on ``tuning.seeds`` and judged on
+    ``tuning.split``; the final runs use the chosen value (a variant also gets the choice of the
+    recipe it modifies, before its own ``set``)."""
+    tuning: TuningSpec = field(default_factory=TuningSpec)
+    """How the ``tune`` grids are run and how a value is chosen."""
+    ablations: dict[str, list[str]] = field(default_factory=dict)
+    """Per method: the recipes or variants that take it apart (``{e3: [e3_ts, e3_no_anneal]}``);
+    the documents compare each with GRPO and with the method."""
+    power: PowerSpec = field(default_factory=PowerSpec)
+    """The power table: minimum detectable effects and the seeds a target needs."""
+    jobs: int | Literal["auto"] = 2
+    """Runs trained at once (one torch thread each): the number of cores; ``auto`` = the cores
+    this process may use."""
     publish: str | None = None
     """Directory (relative to the spec) that receives study.md, claims.md, study.json and the
     report's markdown and PNGs when the study finishes; None = no copy."""
 
 
 SPEC_KEYS = [f.name for f in dataclasses.fields(StudySpec)]
+
+
+def auto_jobs() -> int:
+    """The cores this process may use (``jobs: auto``)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def spec_error(path: Path, msg: str) -> C.ConfigError:
@@ -90,7 +158,8 @@ def load_spec(path: str | Path, quick: bool = False) -> StudySpec:
     """Read and validate a study spec; with ``quick`` apply its ``quick:`` section first.
 
     ``quick`` keys replace the top-level ones, except ``set`` (appended, so it wins) and
-    ``eval`` (merged key by key). Errors name the key, as the recipe config does.
+    ``eval``, ``tuning``, ``power`` (merged key by key). Errors name the key, as the recipe
+    config does.
     """
     path = Path(path)
     if not path.is_file():
@@ -115,8 +184,9 @@ def load_spec(path: str | Path, quick: bool = False) -> StudySpec:
         for key, value in overrides.items():
             if key == "set":
                 data["set"] = list(data.get("set") or []) + list(value or [])
-            elif key == "eval" and isinstance(value, dict) and isinstance(data.get("eval"), dict):
-                data["eval"] = {**data["eval"], **value}
+            elif (key in ("eval", "tuning", "power") and isinstance(value, dict)
+                  and isinstance(data.get(key), dict)):
+                data[key] = {**data[key], **value}
             else:
                 data[key] = value
     try:
@@ -129,11 +199,16 @@ def load_spec(path: str | Path, quick: bool = False) -> StudySpec:
         ("seeds", bool(spec.seeds), "name at least one seed"),
         ("seeds", len(set(spec.seeds)) == len(spec.seeds), f"seeds repeat: {spec.seeds}"),
         ("max_steps", spec.max_steps >= 1, "must be ≥ 1"),
-        ("jobs", spec.jobs >= 1, "must be ≥ 1"),
+        ("jobs", spec.jobs == "auto" or spec.jobs >= 1, "must be ≥ 1 or auto"),
         ("eval.n", ev.n >= 1, "must be ≥ 1"),
         ("eval.k", bool(ev.k) and all(1 <= k <= ev.n for k in ev.k),
          "every k must be in [1, eval.n]"),
         ("eval.max_problems", ev.max_problems is None or ev.max_problems >= 1, "must be ≥ 1"),
+        ("eval.temperatures", all(t > 0 for t in ev.temperatures), "every temperature must be > 0"),
+        ("power.target_mde", spec.power.target_mde is None or spec.power.target_mde > 0,
+         "must be > 0"),
+        ("power.k", spec.power.k is None or spec.power.k in ev.k, "must be one of eval.k"),
+        *_tuning_checks(spec),
     ]
     for key, ok, msg in checks:
         if not ok:
@@ -147,6 +222,36 @@ def load_spec(path: str | Path, quick: bool = False) -> StudySpec:
         if not isinstance(sets, list) or not all(isinstance(x, str) for x in sets):
             raise spec_error(path, f"recipe_set.{key}: expected a list of key=value strings")
     return spec
+
+
+def _tuning_checks(spec: StudySpec) -> list[tuple[str, bool, str]]:
+    t = spec.tuning
+    checks = [(f"tune.{name}.values", len(g.values) >= 1, "give at least one value")
+              for name, g in spec.tune.items()]
+    checks += [(f"tune.{name}.values", len(set(map(repr, g.values))) == len(g.values),
+                f"values repeat: {g.values}") for name, g in spec.tune.items()]
+    if not spec.tune:
+        return checks
+    return checks + [
+        ("tuning.seeds", bool(t.seeds) and len(set(t.seeds)) == len(t.seeds),
+         "name distinct seeds"),
+        ("tuning.seeds", not set(t.seeds) & set(spec.seeds),
+         f"must differ from seeds (the final runs use fresh seeds): both have "
+         f"{sorted(set(t.seeds) & set(spec.seeds))}"),
+        ("tuning.split", t.split != spec.eval.split,
+         f"must differ from eval.split ({spec.eval.split}): choose on other problems than the "
+         "final comparison's"),
+        ("tuning.n", t.n >= 1, "must be ≥ 1"),
+        ("tuning.k", 1 <= tuning_k(spec) <= t.n, f"must be in [1, tuning.n = {t.n}]"),
+        ("tuning.tie", t.tie >= 0, "must be ≥ 0"),
+        ("tuning.max_steps", t.max_steps is None or t.max_steps >= 1, "must be ≥ 1"),
+        ("tuning.max_problems", t.max_problems is None or t.max_problems >= 1, "must be ≥ 1"),
+    ]
+
+
+def tuning_k(spec: StudySpec) -> int:
+    """The k of the tuning criterion: ``tuning.k`` or the largest of ``eval.k``."""
+    return spec.tuning.k or max(spec.eval.k)
 
 
 def resolve_recipe(ref: str, spec: StudySpec, where: str, spec_path: Path) -> Path:

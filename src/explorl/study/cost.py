@@ -1,0 +1,121 @@
+"""What a study will cost before it runs (``explorl study SPEC --plan``): its runs, training
+steps and evaluation samples, and CPU-hours estimated from the per-run CPU seconds of committed
+study reports (``study.json``).
+
+Training: each run's steps × the reference's CPU seconds per step for that recipe (the mean of
+its runs' ``cpu_run_s / steps``, validation included; a variant falls back to its recipe, a
+recipe the reference lacks to the reference's mean over runs), × the size factor of the lab
+model (the reference's ``grpo_large`` per-step cost over its ``grpo``'s). Evaluation: every
+sample of the final and tuning evaluations, the base model's and the validation samples beyond
+the reference's, at ``EVAL_CPU_S_PER_SAMPLE`` (× the size factor). Start-up is included in both
+rates. An estimate, not a measurement: cores shared with other work run slower.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from explorl.study.plan import RunPlan
+from explorl.study.spec import StudySpec
+
+EVAL_CPU_S_PER_SAMPLE = 15.0 / (256 * 64)
+"""CPU seconds per evaluation sample of the ~0.9M lab model, start-up included: ≈ 15 s for 256
+problems × 64 samples on subset_sum (docs/lab-study/regime.md, 2-core machine)."""
+
+
+@dataclass
+class Rates:
+    """CPU seconds per training step per recipe name, their mean, validation samples per run
+    of the reference, and the large model's cost factor."""
+
+    per_step: dict[str, float]
+    mean: float
+    val_samples: float
+    large: float
+
+    @classmethod
+    def from_reports(cls, paths: list[Path]) -> Rates:
+        by: dict[str, list[float]] = {}
+        val = []
+        for path in paths:
+            data = json.loads(Path(path).read_text())
+            sets = data["spec"]["set"]
+            every = _set_value(sets, "eval.every", 10)
+            n = _set_value(sets, "eval.n_samples", 4) * _set_value(sets, "eval.max_problems", 128)
+            for key, run in data["runs"].items():
+                if run.get("cpu_run_s") and run.get("steps"):
+                    by.setdefault(key.rsplit("-seed", 1)[0], []).append(
+                        run["cpu_run_s"] / run["steps"])
+                    val.append((run["steps"] // every + 1) * n)
+        per = {k: statistics.fmean(v) for k, v in by.items()}
+        small = [v for k, v in per.items() if not k.endswith("_large")]
+        large = per["grpo_large"] / per["grpo"] if "grpo_large" in per and "grpo" in per else 1.0
+        return cls(per, statistics.fmean(small), statistics.fmean(val), large)
+
+    def step(self, plan: RunPlan) -> float:
+        for name in (plan.name, plan.recipe.stem):
+            if name in self.per_step and not name.endswith("_large"):
+                return self.per_step[name] * self.size(plan)
+        return self.mean * self.size(plan)
+
+    def size(self, plan: RunPlan) -> float:
+        return self.large if plan.cfg.lab.model_size == "large" else 1.0
+
+
+def _set_value(sets: list[str], key: str, default: int) -> int:
+    for s in reversed(sets):
+        if s.startswith(key + "="):
+            return int(s.split("=", 1)[1])
+    return default
+
+
+def run_cpu_s(plan: RunPlan, rates: Rates) -> float:
+    """One run: training + its validations beyond the reference's + its final evaluations."""
+    cfg, size = plan.cfg, rates.size(plan)
+    ev = cfg.eval
+    val = ((cfg.max_steps // ev.every + 1) * ev.n_samples * ev.max_problems if ev.every else 0)
+    samples = max(0.0, val - rates.val_samples)
+    for _, e in plan.evals:
+        samples += e.n * _problems(cfg, e.split, e.max_problems)
+    return cfg.max_steps * rates.step(plan) + samples * EVAL_CPU_S_PER_SAMPLE * size
+
+
+def _problems(cfg, split: str, max_problems: int | None) -> int:
+    n = {"train": cfg.lab.n_train, "val": cfg.lab.n_val, "test": cfg.lab.n_test}[split]
+    return min(n, max_problems) if max_problems else n
+
+
+def estimate(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
+             rates: Rates) -> dict[str, float]:
+    """CPU seconds of the tuning runs, the final runs and the base model's evaluations."""
+    base = 0.0
+    if spec.base_eval and final:
+        cfg = final[0].cfg
+        base = sum(e.n * _problems(cfg, e.split, e.max_problems)
+                   for _, e in final[0].evals) * EVAL_CPU_S_PER_SAMPLE
+    return {"tuning": sum(run_cpu_s(p, rates) for p in tuning),
+            "final": sum(run_cpu_s(p, rates) for p in final), "base": base}
+
+
+def plan_text(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
+              rates: Rates | None, jobs: int) -> list[str]:
+    """The lines ``explorl study SPEC --plan`` prints."""
+    steps = sum(p.cfg.max_steps for p in [*tuning, *final])
+    tuned = (f"{len(tuning)} tuning runs ({len(spec.tune)} grids × {len(spec.tuning.seeds)} "
+             "seeds)" if spec.tune else "no tuning")
+    lines = [f"study {spec.name}: {tuned} + {len(final)} final runs "
+             f"({len(final) // max(1, len(spec.seeds))} rows × {len(spec.seeds)} seeds); "
+             f"{steps} training steps; {len(spec.eval.all_temperatures())} evaluation "
+             "temperature(s)"]
+    if rates is None:
+        return lines + ["(pass --cost-from REPORT/study.json for a CPU-hour estimate)"]
+    got = estimate(spec, tuning, final, rates)
+    total = sum(got.values())
+    lines.append("estimated CPU-hours: " + ", ".join(f"{k} {v / 3600:.2f}" for k, v in got.items())
+                 + f"; total {total / 3600:.2f} (lab model builds not included)")
+    for j in sorted({jobs, 2, 16}):
+        lines.append(f"  ≈ {total / 3600 / j:.1f} h of wall-clock with {j} jobs on {j} free cores")
+    return lines

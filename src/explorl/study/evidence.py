@@ -1,0 +1,107 @@
+"""What the claims read (``Evidence``): per-run numbers, per-problem pass@k of every recipe and
+of the base model at each evaluation temperature, and the pooled law; comparisons come back as
+bootstrap intervals with their power (``study.stats``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from explorl.study.stats import Interval, passk_diff, seed_interval
+
+PassK = dict[str, dict[int, np.ndarray]]  # recipe → k → (seeds, problems)
+
+
+@dataclass
+class Evidence:
+    """Everything the claims read: per-run numbers, per-problem pass@k, the base model's.
+
+    ``passk``/``base`` are at the main evaluation temperature ``temperature``; ``passk_t`` /
+    ``base_t`` hold every evaluation temperature (the main one included) when the study
+    evaluates at several.
+    """
+
+    per_run: dict[str, list[dict]]
+    passk: PassK = field(default_factory=dict)  # (seeds, problems)
+    seeds: dict[str, list[int]] = field(default_factory=dict)  # row order of passk[name]
+    base: dict[int, np.ndarray] | None = None  # k → (1, problems)
+    k_list: list[int] = field(default_factory=list)
+    law: dict = field(default_factory=dict)  # pooled fit (study.numbers.pooled_law)
+    temperature: float = 1.0
+    passk_t: dict[float, PassK] = field(default_factory=dict)
+    base_t: dict[float, dict[int, np.ndarray]] = field(default_factory=dict)
+
+    @property
+    def k_max(self) -> int:
+        return max(self.k_list, default=1)
+
+    @property
+    def temperatures(self) -> list[float]:
+        """Every evaluation temperature, the main one first."""
+        return [self.temperature, *[t for t in self.passk_t if t != self.temperature]]
+
+    def _arm(self, name: str, t: float | None):
+        if t is None or t == self.temperature:
+            return self.base if name == "base" else self.passk.get(name)
+        return self.base_t.get(t) if name == "base" else self.passk_t.get(t, {}).get(name)
+
+    def pk(self, a: str, b: str, k: int, ta: float | None = None,
+           tb: float | None = None) -> Interval | None:
+        """pass@k of ``a`` at temperature ``ta`` minus ``b`` at ``tb`` (None: the main one;
+        ``b = "base"``: the model before RL), with its ``Power``."""
+        pa, pb = self._arm(a, ta), self._arm(b, tb)
+        if pa is None or k not in pa or pb is None or k not in pb:
+            return None
+        if b == "base":
+            return passk_diff(pa[k], pb[k], paired_seeds=False)
+        common = [s for s in self.seeds[a] if s in self.seeds[b]]
+        if not common:
+            return passk_diff(pa[k], pb[k], paired_seeds=False)
+        ra = [self.seeds[a].index(s) for s in common]
+        rb = [self.seeds[b].index(s) for s in common]
+        return passk_diff(pa[k][ra], pb[k][rb], paired_seeds=True)
+
+    def mean_passk(self, name: str, k: int, t: float | None = None) -> float | None:
+        arm = self._arm(name, t)
+        return None if arm is None or k not in arm else float(arm[k].mean())
+
+    def best_temperature(self, name: str, k: int) -> float | None:
+        """The evaluation temperature with ``name``'s highest mean pass@k (the main one on a
+        tie); None with one temperature. Chosen on the comparison's own problems, so it favours
+        ``name``: against GRPO, the stringent comparison."""
+        if len(self.temperatures) < 2:
+            return None
+        got = [(self.mean_passk(name, k, t), -i, t) for i, t in enumerate(self.temperatures)]
+        got = [g for g in got if g[0] is not None]
+        return max(got)[2] if got else None
+
+    def runs(self, name: str) -> dict[int, dict]:
+        return {r["seed"]: r for r in self.per_run.get(name, [])}
+
+    def one(self, name: str, fn: Callable[[dict], float | None]) -> Interval | None:
+        """A per-run quantity of one recipe, over its seeds."""
+        return seed_interval([safe_call(fn, r) for r in self.per_run.get(name, [])])
+
+    def every(self, fn: Callable[[dict], float | None]) -> Interval | None:
+        """A per-run quantity over every run of the study (each run one resampling unit)."""
+        return seed_interval([safe_call(fn, r) for runs in self.per_run.values() for r in runs])
+
+    def pair(self, a: str, b: str, fn: Callable[[dict], float | None]) -> Interval | None:
+        """fn(a's run) − fn(b's run), paired by seed, over the seeds both ran."""
+        ra, rb = self.runs(a), self.runs(b)
+        diffs = []
+        for s in sorted(set(ra) & set(rb)):
+            x, y = safe_call(fn, ra[s]), safe_call(fn, rb[s])
+            diffs.append(None if x is None or y is None else x - y)
+        return seed_interval(diffs)
+
+
+def safe_call(fn, r):
+    """fn(r) as a float; None when the run lacks a number it needs."""
+    try:
+        v = fn(r)
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
+    return None if v is None else float(v)

@@ -1,0 +1,135 @@
+"""The study's pass@k tables in markdown: pass@k per recipe, differences with intervals and
+minimum detectable effects, the evaluation temperatures, the power table and the ablations."""
+
+from __future__ import annotations
+
+from explorl.study.evidence import Evidence
+from explorl.study.spec import StudySpec
+from explorl.study.stats import MDE_Z, Interval
+
+
+def cell(iv: Interval | None, mde: bool = True) -> str:
+    """``estimate [low, high]`` (bold when the interval excludes 0), with the MDE."""
+    if iv is None:
+        return "—"
+    text = iv.fmt()
+    text = f"**{text}**" if iv.low > 0 or iv.high < 0 else text
+    return text + (f" ±{iv.mde:.3f}" if mde and iv.mde is not None else "")
+
+
+def passk_tables(ev: Evidence | None) -> list[str]:
+    """pass@k of the base model and every method (mean over seeds), and each method's
+    difference to GRPO and to the base model at k = 1 and the largest k, with intervals."""
+    if ev is None or not ev.passk:
+        return []
+    ks, km = ev.k_list, ev.k_max
+    head = "| recipe | " + " | ".join(f"pass@{k}" for k in ks) + " |"
+    lines = [head, "|" + "---|" * (len(ks) + 1)]
+    if ev.base:
+        lines.append("| **base** | " + " | ".join(f"{ev.base[k].mean():.3f}" for k in ks) + " |")
+    for name, pk in ev.passk.items():
+        lines.append(f"| {name} | " + " | ".join(f"{pk[k].mean():.3f}" for k in ks) + " |")
+    diff = ["", "Differences with 95% intervals (bootstrap over the test problems and seeds; "
+                "**bold**: the interval excludes 0) and, after ±, the minimum detectable effect "
+                "of the comparison (two-sided 5%, 80% power; see Power):", "",
+            f"| recipe | − base, pass@1 | − base, pass@{km} | − GRPO, pass@1 | − GRPO, pass@{km} |",
+            "|---|---|---|---|---|"]
+    for name in ev.passk:
+        cells = [cell(ev.pk(name, "base", 1)), cell(ev.pk(name, "base", km)),
+                 "—" if name == "grpo" else cell(ev.pk(name, "grpo", 1)),
+                 "—" if name == "grpo" else cell(ev.pk(name, "grpo", km))]
+        diff.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines + diff
+
+
+def temperature_tables(ev: Evidence | None) -> list[str]:
+    """pass@1 and pass@k_max of every recipe (and the base model) at each evaluation
+    temperature, each recipe's best temperature at k_max, and each method − GRPO at GRPO's
+    best temperature."""
+    if ev is None or len(ev.temperatures) < 2:
+        return []
+    ts, km = sorted(ev.temperatures), ev.k_max
+    names = (["base"] if ev.base is not None else []) + list(ev.passk)
+    head = ["recipe", *[f"pass@1 T={t:g}" for t in ts], *[f"pass@{km} T={t:g}" for t in ts],
+            f"best T (pass@{km})"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in names:
+        vals = [ev.mean_passk(name, k, t) for k in (1, km) for t in ts]
+        best = ev.best_temperature(name, km)
+        lines.append(f"| {name} | " + " | ".join("—" if v is None else f"{v:.3f}" for v in vals)
+                     + f" | {'—' if best is None else f'{best:g}'} |")
+    best = ev.best_temperature("grpo", km)
+    if best is None or "grpo" not in ev.passk:
+        return lines
+    lines += ["", f"Each method (at T = {ev.temperature:g}) − GRPO at T = {ev.temperature:g} and "
+                  f"at its best temperature T = {best:g} (chosen on these test problems, which "
+                  "favours GRPO: the stringent comparison of the large-k claims):", "",
+              f"| recipe | − GRPO T={ev.temperature:g}, pass@{km} | − GRPO T={best:g}, "
+              f"pass@{km} | − GRPO T={best:g}, pass@1 |", "|---|---|---|---|"]
+    for name in ev.passk:
+        if name != "grpo":
+            lines.append(f"| {name} | {cell(ev.pk(name, 'grpo', km))} | "
+                         f"{cell(ev.pk(name, 'grpo', km, tb=best))} | "
+                         f"{cell(ev.pk(name, 'grpo', 1, tb=best))} |")
+    return lines
+
+
+POWER_NOTES = """\
+The minimum detectable effect (MDE) of a comparison is the true difference its 95% interval
+would exclude 0 for with 80% probability: MDE = (1.960 + 0.842) · SE, where SE² = σ²_problem / P
++ σ²_seed / S + σ²_resid / (S·P) for S seeds and P problems, and the three variances are the
+two-way ANOVA estimates from the per-problem, per-seed differences of the two arms
+(`explorl/study/stats.py`, `variance_components`; the base model counts as fixed). With one seed
+σ²_seed cannot be estimated and the MDE leaves it out. *Seeds for the target*: the fewest seeds
+whose MDE at this P reaches the spec's `power.target_mde` (∞: the problem term alone exceeds it;
+add problems)."""
+
+
+def power_table(spec: StudySpec, ev: Evidence | None) -> list[str]:
+    """Per comparison with GRPO (and GRPO's with the base model) at ``power.k``: the interval,
+    the MDE, its variance components and the seeds a target MDE needs."""
+    if ev is None or "grpo" not in ev.passk:
+        return []
+    k = spec.power.k or ev.k_max
+    target = spec.power.target_mde
+    head = ["comparison", f"pass@{k} difference", "MDE", "σ²_problem", "σ²_seed", "σ²_resid",
+            "S × P", *([f"seeds for MDE {target:g}"] if target else [])]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    pairs = [("grpo", "base")] + [(n, "grpo") for n in ev.passk if n != "grpo"]
+    for a, b in pairs:
+        iv = ev.pk(a, b, k)
+        if iv is None or iv.power is None:
+            continue
+        p = iv.power
+        row = [f"{a} − {b}", iv.fmt(), f"{p.mde():.3f}", f"{p.var_problem:.4f}",
+               "—" if p.var_seed is None else f"{p.var_seed:.5f}", f"{p.var_resid:.4f}",
+               f"{p.seeds} × {p.problems}"]
+        if target:
+            need = p.seeds_for(target)
+            row.append("—" if p.var_seed is None else "∞" if need is None else str(need))
+        lines.append("| " + " | ".join(row) + " |")
+    return lines + ["", POWER_NOTES.replace("(1.960 + 0.842)", f"{MDE_Z:.3f}")]
+
+
+def ablation_tables(spec: StudySpec, ev: Evidence | None) -> list[str]:
+    """Per ablated method: the method and each arm − GRPO and − the method at pass@1 and the
+    largest k, and their final entropy, with intervals."""
+    if ev is None or not spec.ablations:
+        return []
+    km = ev.k_max
+    out: list[str] = []
+    for method, arms in spec.ablations.items():
+        present = [n for n in [method, *arms] if n in ev.passk]
+        if len(present) < 2 or "grpo" not in ev.passk:
+            continue
+        out += [f"**{method}** taken apart (each arm at the main evaluation temperature):", "",
+                f"| arm | − GRPO, pass@1 | − GRPO, pass@{km} | − {method}, pass@{km} | H final "
+                "− GRPO (nats) |", "|---|---|---|---|---|"]
+        for name in present:
+            dh = ev.pair(name, "grpo", lambda r: r["final_entropy"])
+            out.append(f"| {name} | {cell(ev.pk(name, 'grpo', 1))} | "
+                       f"{cell(ev.pk(name, 'grpo', km))} | "
+                       f"{'—' if name == method else cell(ev.pk(name, method, km))} | "
+                       f"{cell(dh, mde=False)} |")
+        out.append("")
+    return out

@@ -1,0 +1,358 @@
+"""The study's tuning, evaluation temperatures, power and ablations: hand-worked values, the
+spec's checks, and a tiny tuned study end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from conftest import TINY_LAB_CONFIG
+
+from explorl import config as C
+from explorl import study as S
+from explorl.cli import main
+from explorl.study.evidence import Evidence
+from explorl.study.figures import highlighted
+from explorl.study.plan import final_evals, plan_tuning, value_text
+from explorl.study.stats import MDE_Z, passk_diff, variance_components
+from explorl.study.tables import ablation_tables, power_table, temperature_tables
+from explorl.study.tuning import GridPoint, grid_table, pick
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _write(tmp_path: Path, data: dict, name: str = "spec.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump({"recipe_dir": str(ROOT / "recipes" / "lab"), **data}))
+    return path
+
+
+# ----------------------------------------------------------------------------- power
+
+
+def test_variance_components_and_mde_by_hand():
+    """d = [[.1, .3, .2], [.5, .7, .3]] (2 seeds × 3 problems). Row means .2, .5; column means
+    .3, .5, .25; grand mean .35. MS_seed = 3·var(.2, .5) = 3·.045 = .135; MS_problem =
+    2·var(.3, .5, .25) = 2·.0175 = .035; residuals ±.05, ±.05, ±.1 → MS_resid = .03 / 2 = .015.
+    σ²_seed = (.135 − .015)/3 = .04, σ²_problem = (.035 − .015)/2 = .01, σ²_resid = .015.
+    SE² = .01/3 + .04/2 + .015/6 = .0258333; MDE = 2.8016 · .160728 = .45029.
+    Seeds for MDE .3 at 3 problems: (.04 + .015/3) / ((.3/2.8016)² − .01/3) = .045/.0081334
+    = 5.53 → 6; for .1 the problem term alone (.00333 > .00127) is too much: None."""
+    p = variance_components(np.array([[0.1, 0.3, 0.2], [0.5, 0.7, 0.3]]))
+    assert (p.var_problem, p.var_seed, p.var_resid) == pytest.approx((0.01, 0.04, 0.015))
+    assert p.se() == pytest.approx(0.0258333 ** 0.5, rel=1e-5)
+    assert MDE_Z == pytest.approx(2.8016, abs=1e-4)
+    assert p.mde() == pytest.approx(0.45029, abs=1e-4)
+    assert p.seeds_for(0.3) == 6 and p.mde(seeds=6) <= 0.3 < p.mde(seeds=5)
+    assert p.seeds_for(0.1) is None
+    # more problems shrink the problem and residual terms only
+    assert p.mde(seeds=2, problems=300) == pytest.approx(MDE_Z * (0.01 / 300 + 0.02
+                                                                  + 0.015 / 600) ** 0.5)
+
+
+def test_one_seed_power_is_problem_variance_only():
+    d = np.array([[0.0, 1.0, 0.0, 1.0]])  # var over problems (ddof 1) = 1/3
+    p = variance_components(d)
+    assert p.var_seed is None and p.var_problem == pytest.approx(1 / 3)
+    assert p.mde() == pytest.approx(MDE_Z * (1 / 3 / 4) ** 0.5) and p.seeds_for(0.1) is None
+
+
+def test_passk_diff_carries_the_power_of_the_paired_difference():
+    rng = np.random.default_rng(0)
+    b = rng.random((3, 40))
+    a = b + rng.normal(0, 0.1, (3, 40))
+    iv = passk_diff(a, b, paired_seeds=True, n_boot=200)
+    want = variance_components(a - b)
+    assert iv.mde == pytest.approx(want.mde()) and iv.to_json()["power"]["mde"] == iv.mde
+    # against one base evaluation: the base row is subtracted from every run
+    base = rng.random((1, 40))
+    assert passk_diff(a, base, paired_seeds=False, n_boot=50).power.seeds == 3
+
+
+# ----------------------------------------------------------------------------- tuning
+
+
+def test_pick_breaks_ties_by_pass1_then_grid_order():
+    pts = [GridPoint(1, 0.80, 0.30, 2), GridPoint(2, 0.82, 0.25, 2), GridPoint(3, 0.81, 0.40, 2)]
+    assert pick(pts, tie=0.0) == 1  # the best pass@k
+    assert pick(pts, tie=0.01) == 2  # .81 is within .01 of .82: pass@1 .40 wins
+    assert pick(pts, tie=0.05) == 2
+    same = [GridPoint(1, 0.8, 0.3, 2), GridPoint(2, 0.8, 0.3, 2)]
+    assert pick(same, tie=0.0) == 0
+
+
+def _tuned_spec(tmp_path, **extra):
+    data = {"recipes": ["grpo", "e3"], "seeds": [0, 1], "max_steps": 20,
+            "variants": [{"name": "e3_no_anneal", "recipe": "e3",
+                          "set": ["control.temperature.anneal=false"]}],
+            "tune": {"grpo": {"key": "optim.lr", "values": [5e-05, 1e-4]},
+                     "e3": {"key": "control.temperature.beta", "values": [0.8, 0.9]}},
+            "tuning": {"seeds": [100, 101], "k": 4, "max_steps": 10, "n": 8},
+            "eval": {"n": 8, "k": [1, 4], "temperatures": [0.8, 1.2]}, **extra}
+    return _write(tmp_path, data)
+
+
+def test_tuning_plans_every_value_and_seed_and_the_choice_reaches_the_final_runs(tmp_path):
+    path = _tuned_spec(tmp_path)
+    spec = S.load_spec(path)
+    plans = plan_tuning(spec, path, tmp_path / "out")
+    assert len(plans) == 2 * 2 * 2  # 2 recipes × 2 values × 2 tuning seeds
+    lr = {(p.seed, p.value): p.cfg.optim.lr for p in plans if p.name == "grpo"}
+    assert lr == {(100, 5e-05): 5e-05, (100, 1e-4): 1e-4, (101, 5e-05): 5e-05, (101, 1e-4): 1e-4}
+    assert {p.cfg.max_steps for p in plans} == {10}
+    p0 = next(p for p in plans if p.name == "grpo")
+    assert p0.out == tmp_path / "out" / "tune" / "runs" / "grpo@5.0e-05-seed100"
+    ((folder, ev),) = p0.evals
+    assert (folder, ev.split, ev.n, ev.k) == ("eval", "val", 8, [1, 4])
+
+    # each grid point's validation result → the choice
+    for p in plans:
+        d = p.out / "eval"
+        d.mkdir(parents=True)
+        good = (p.name == "grpo" and p.value == 1e-4) or (p.name == "e3" and p.value == 0.8)
+        (d / "eval.json").write_text(json.dumps(
+            {"overall": {"pass@4": 0.9 if good else 0.7, "pass@1": 0.3}}))
+    table = grid_table(spec, plans)
+    assert S.tuning.choices(table) == {"grpo": 1e-4, "e3": 0.8}
+    assert [p.passk for p in table["grpo"]] == [0.7, 0.9] and table["grpo"][1].seeds == 2
+    final = S.plan_runs(spec, path, tmp_path / "out", S.tuning.choices(table))
+    by = {(p.name, p.seed): p.cfg for p in final}
+    assert by["grpo", 0].optim.lr == 1e-4 and by["grpo", 1].optim.lr == 1e-4
+    assert by["e3", 1].control.temperature.beta == 0.8
+    # the variant inherits its recipe's choice, and keeps its own change
+    v = by["e3_no_anneal", 0]
+    assert v.control.temperature.beta == 0.8 and v.control.temperature.anneal is False
+    # every final run is evaluated at each temperature, the main one into eval/
+    assert [(f, e.temperature) for f, e in final[0].evals] == [
+        ("eval", 1.0), ("eval_T0.8", 0.8), ("eval_T1.2", 1.2)]
+
+
+def test_value_text_reads_back_as_the_same_value():
+    for v in (5e-05, 1e-4, 0.9, 2, True, "cosine", 1.0e-10):
+        assert yaml.safe_load(value_text(v)) == v
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"tuning": {"seeds": [0, 100]}}, "tuning.seeds: must differ from seeds"),
+    ({"tuning": {"split": "test"}}, "tuning.split: must differ from eval.split"),
+    ({"tuning": {"k": 16, "n": 8}}, "tuning.k: must be in [1, tuning.n = 8]"),
+    ({"tune": {"grop": {"key": "optim.lr", "values": [1e-4]}}},
+     "tune.grop: no recipe or variant of that name; did you mean 'grpo'?"),
+    ({"tune": {"grpo": {"key": "optim.lrr", "values": [1e-4]}}}, "optim.lrr: unknown key"),
+    ({"tune": {"grpo": {"key": "optim.lr", "values": []}}}, "tune.grpo.values: give at least"),
+    ({"ablations": {"e3": ["e3_tss"]}}, "ablations.e3.e3_tss: no recipe or variant"),
+    ({"eval": {"n": 8, "k": [1, 4], "temperatures": [0.0]}}, "eval.temperatures: every"),
+    ({"power": {"k": 64}}, "power.k: must be one of eval.k"),
+    ({"jobs": 0}, "jobs: must be ≥ 1 or auto"),
+])
+def test_tuning_spec_errors_name_the_key(tmp_path, extra, message):
+    path = _tuned_spec(tmp_path, **extra)
+    with pytest.raises(C.ConfigError) as e:
+        spec = S.load_spec(path)
+        plan_tuning(spec, path, tmp_path / "out")
+        S.plan_runs(spec, path, tmp_path / "out")
+    assert message in str(e.value)
+
+
+def test_jobs_auto_is_the_cores_this_process_may_use(tmp_path):
+    import os
+
+    path = _write(tmp_path, {"recipes": ["grpo"], "jobs": "auto"})
+    assert S.load_spec(path).jobs == "auto"
+    assert S.spec.auto_jobs() == len(os.sched_getaffinity(0))
+
+
+# ----------------------------------------------------------------------------- temperatures
+
+
+def _ev(**kw) -> Evidence:
+    """GRPO and a method on 10 problems, 2 seeds; GRPO gains 0.1 at pass@4 when hotter."""
+    g = {1: np.full((2, 10), 0.5), 4: np.full((2, 10), 0.7)}
+    m = {1: np.full((2, 10), 0.5), 4: np.full((2, 10), 0.75)}
+    hot = {1: np.full((2, 10), 0.45), 4: np.full((2, 10), 0.8)}
+    per_run = {n: [{"seed": s, "final_entropy": 0.3} for s in (0, 1)] for n in ("grpo", "eepo")}
+    return Evidence(per_run, {"grpo": g, "eepo": m}, {"grpo": [0, 1], "eepo": [0, 1]}, None,
+                    [1, 4], temperature=1.0,
+                    passk_t={1.0: {"grpo": g, "eepo": m}, 1.2: {"grpo": hot, "eepo": m}}, **kw)
+
+
+def test_large_k_claims_also_face_grpo_at_its_best_temperature():
+    ev = _ev()
+    assert ev.temperatures == [1.0, 1.2] and ev.best_temperature("grpo", 4) == 1.2
+    assert ev.pk("eepo", "grpo", 4).estimate == pytest.approx(0.05)
+    assert ev.pk("eepo", "grpo", 4, tb=1.2).estimate == pytest.approx(-0.05)
+    c = {x["id"]: x for x in S.evaluate_claims(ev)}["8b"]
+    labels = [x["label"] for x in c["conditions"]]
+    assert labels == ["eepo − GRPO, test pass@4", "eepo − GRPO at its best T = 1.2, test pass@4"]
+    assert [x["verdict"] for x in c["conditions"]] == ["shown", "opposite"]
+    assert c["verdict"] == "mixed"
+    # one evaluation temperature: the claim has only its main condition
+    one = Evidence(ev.per_run, ev.passk, ev.seeds, None, [1, 4])
+    assert len({x["id"]: x for x in S.evaluate_claims(one)}["8b"]["conditions"]) == 1
+    md = "\n".join(temperature_tables(ev))
+    assert "| grpo | 0.500 | 0.450 | 0.700 | 0.800 | 1.2 |" in md  # T ascending: 1.0, 1.2
+    assert "best temperature T = 1.2" in md
+
+
+def test_final_evals_put_the_main_temperature_first():
+    spec = S.StudySpec(recipes=["grpo"], eval=S.StudyEvalSpec(temperature=1.0,
+                                                              temperatures=[0.8, 1.0, 1.2]))
+    assert [f for f, _ in final_evals(spec)] == ["eval", "eval_T0.8", "eval_T1.2"]
+
+
+# ----------------------------------------------------------------------------- documents
+
+
+def test_pass_at_k_figure_highlights_by_result():
+    km = 4
+    passk = {n: {km: np.full((1, 5), v)} for n, v in
+             [("grpo", 0.5), ("a", 0.9), ("b", 0.1), ("c", 0.6), ("d", 0.4), ("e", 0.7),
+              ("f", 0.2), ("g", 0.55)]}
+    ev = Evidence({}, passk, {}, None, [km])
+    assert highlighted(ev) == ["grpo", "a", "e", "c", "f", "b"]  # best 3, worst 2
+    few = Evidence({}, {n: passk[n] for n in ("grpo", "a", "b")}, {}, None, [km])
+    assert highlighted(few) == ["grpo", "a", "b"]
+
+
+def test_power_and_ablation_tables():
+    ev = _ev()
+    ev.passk["e3_ts"] = ev.passk["eepo"]
+    ev.seeds["e3_ts"] = [0, 1]
+    ev.per_run["e3_ts"] = ev.per_run["eepo"]
+    spec = S.StudySpec(recipes=["grpo"], power=S.spec.PowerSpec(target_mde=0.03),
+                       ablations={"eepo": ["e3_ts"]})
+    lines = power_table(spec, ev)
+    row = next(x for x in lines if x.startswith("| eepo − grpo"))
+    assert "0.000" in row and "2 × 10" in row  # constant differences: no variance, MDE 0
+    abl = "\n".join(ablation_tables(spec, ev))
+    assert "| e3_ts |" in abl and "− eepo, pass@4" in abl
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+def test_v3_specs_plan_tuning_and_final_runs_full_and_quick():
+    for name in ("subset_sum_v3.yaml", "countdown_v3.yaml"):
+        path = ROOT / "studies" / name
+        for quick in (False, True):
+            spec = S.load_spec(path, quick=quick)
+            tune = plan_tuning(spec, path, Path("/tmp/unused"))
+            assert len(tune) == len(spec.tuning.seeds) * sum(len(g.values)
+                                                              for g in spec.tune.values())
+            final = S.plan_runs(spec, path, Path("/tmp/unused"))
+            names = set(S.order_rows(spec, final))
+            assert "grpo" in spec.tune and "grpo" in names
+            assert len(spec.eval.all_temperatures()) >= 3 or quick
+            if not quick:
+                assert {n for c in S.CLAIMS for n in c.needs} <= names
+                assert {"e3_ts", "e3_budget_only", "e3_no_anneal"} <= set(spec.ablations["e3"])
+                assert spec.power.target_mde == 0.03 and spec.jobs == "auto"
+                assert {p.cfg.lab.n_test for p in final} == {1024}
+
+
+@pytest.mark.slow
+def test_tiny_tuned_study_end_to_end(tiny_model, tmp_path, capsys):
+    """A tuned study on the tiny model: the grid runs on the validation split, the choice
+    reaches the final runs, each final policy and the base model are evaluated at every
+    temperature, and the documents carry the grid, temperatures, power and ablations; a rerun
+    trains nothing."""
+    lab = [f"lab.{k}={v}" for k, v in TINY_LAB_CONFIG.items() if k != "params"]
+    lab += [f"lab.params.{k}={v}" for k, v in TINY_LAB_CONFIG["params"].items()]
+    spec = {
+        "name": "tiny", "task": "addition", "recipes": ["grpo", "e3_ts"], "seeds": [0, 1],
+        "max_steps": 2,
+        "set": [f"model.path={tiny_model}", *lab, "data.prompts_per_step=4", "rollout.n_samples=4",
+                "rollout.max_response_len=6", "eval.every=1", "eval.n_samples=2", "eval.k=[1, 2]",
+                "eval.max_problems=4", "reward.num_workers=1", "log.plots=false",
+                "log.checkpoint_every=0"],
+        "tune": {"grpo": {"key": "optim.lr", "values": [1e-3, 1e-5]}},
+        "tuning": {"seeds": [100], "n": 4, "k": 4, "max_problems": 4, "max_steps": 2},
+        "ablations": {"e3_ts": ["grpo"]},
+        "power": {"target_mde": 0.3},
+        "eval": {"n": 4, "k": [1, 4], "split": "test", "max_problems": 4,
+                 "temperatures": [0.7, 1.0]},
+        "jobs": "auto",
+    }
+    path = _write(tmp_path, spec)
+    out = tmp_path / "study"
+    assert main(["study", str(path), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "2 grid runs (2 to do)" in printed and "tuned grpo: optim.lr = " in printed
+    got = json.loads((out / "tune" / "choices.json").read_text())["grpo"]
+    chosen = next(p["value"] for p in got if p["chosen"])
+    assert yaml.safe_load((out / "runs" / "grpo-seed1" / "config.yaml").read_text())[
+        "optim"]["lr"] == chosen
+    for d in ("eval", "eval_T0.7"):
+        assert (out / "runs" / "grpo-seed0" / d / "problems.jsonl").is_file()
+        assert (out / "base" / d / "problems.jsonl").is_file()
+    assert json.loads((out / "runs" / "grpo-seed0" / "eval_T0.7" / "eval.json").read_text())[
+        "settings"]["temperature"] == 0.7
+    md = (out / "study.md").read_text()
+    for section in ("## Tuning", "## Evaluation temperature", "## Power", "## Ablations"):
+        assert section in md
+    data = json.loads((out / "study.json").read_text())
+    assert data["tuning"]["grpo"] and set(data["passk_t"]) == {"1", "0.7"}
+    c8 = [c for c in data["claims"] if c["id"] == "N2"][0]["conditions"][0]["interval"]
+    assert "power" in c8 and c8["power"]["seeds"] == 2
+
+    assert main(["study", str(path), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "(0 to do)" in printed and "0 to train" in printed
+
+
+def test_plan_estimates_cpu_seconds_from_a_reference_report(tmp_path, capsys):
+    """Reference: GRPO 20 CPU-s per 100 steps (0.2 s/step), validations (100//50 + 1) × 2 × 4 =
+    24 samples. Plan: GRPO, 10 steps, validation (10//5 + 1) × 2 × 4 = 24 samples (none extra),
+    evaluated at 2 temperatures × 8 test problems × 4 samples = 64 samples:
+    10 · 0.2 + 64 · 15/16384 = 2.0586 CPU-s; the base model's 64 samples: 0.0586."""
+    from explorl.study.cost import EVAL_CPU_S_PER_SAMPLE, Rates, estimate
+
+    ref = tmp_path / "study.json"
+    ref.write_text(json.dumps({
+        "spec": {"set": ["eval.every=50", "eval.n_samples=2", "eval.max_problems=4"]},
+        "runs": {"grpo-seed0": {"cpu_run_s": 20.0, "steps": 100},
+                 "e3-seed0": {"cpu_run_s": 40.0, "steps": 100}}}))
+    rates = Rates.from_reports([ref])
+    assert rates.per_step == {"grpo": 0.2, "e3": 0.4} and rates.val_samples == 24
+    path = _write(tmp_path, {"recipes": ["grpo"], "max_steps": 10,
+                             "set": ["eval.every=5", "eval.n_samples=2", "eval.k=[1]",
+                                     "eval.max_problems=4"],
+                             "eval": {"n": 4, "k": [1, 4], "max_problems": 8,
+                                      "temperatures": [0.8]}})
+    spec = S.load_spec(path)
+    got = estimate(spec, [], S.plan_runs(spec, path, tmp_path / "o"), rates)
+    assert EVAL_CPU_S_PER_SAMPLE == pytest.approx(15 / 16384)
+    assert got["final"] == pytest.approx(2.0 + 64 * 15 / 16384)
+    assert got["base"] == pytest.approx(64 * 15 / 16384) and got["tuning"] == 0
+    assert main(["study", str(path), "--plan", "--cost-from", str(ref)]) == 0
+    out = capsys.readouterr().out
+    assert "no tuning + 1 final runs (1 rows × 1 seeds)" in out and "estimated CPU-hours" in out
+
+
+def test_early_fit_claim_is_judged_per_grpo_run_and_across_every_run():
+    """Claim 7b: early-fit RMSE − persistence RMSE below 0, over GRPO's runs and over every
+    run of the study (each run one resampling unit)."""
+    def run(seed, fit, naive):
+        return {"seed": seed, "law_rmse": fit, "law_naive_rmse": naive}
+
+    per_run = {"grpo": [run(0, 0.02, 0.05), run(1, 0.03, 0.05)],
+               "eepo": [run(0, 0.07, 0.05), run(1, 0.08, 0.05)]}
+    c = {x["id"]: x for x in S.evaluate_claims(Evidence(per_run))}["7b"]
+    grpo, every = c["conditions"]
+    assert grpo["interval"]["estimate"] == pytest.approx(-0.025) and grpo["verdict"] == "shown"
+    assert every["label"].endswith("(every run)")
+    assert every["interval"]["estimate"] == pytest.approx(0.0) and every["verdict"] == "not shown"
+    assert c["verdict"] == "partial"
+
+
+def test_wall_clock_adds_up_over_interrupted_invocations(tmp_path):
+    from explorl.study.run import add_wall
+
+    assert add_wall(tmp_path / "a", 10.0) == 10.0 and add_wall(tmp_path / "a", 5.0) == 15.0
+    old = tmp_path / "b"  # a study written before wall.json: its study.json's total counts
+    old.mkdir()
+    (old / "study.json").write_text(json.dumps({"timing": {"wall_s": 100.0}}))
+    assert add_wall(old, 1.0) == 101.0 and add_wall(old, 1.0) == 102.0
