@@ -21,6 +21,7 @@ import copy
 import difflib
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -91,7 +92,16 @@ def add_adapters(model: torch.nn.Module, cfg: LoRAConfig) -> torch.nn.Module:
     targets = ALL_LINEAR if cfg.target_modules == [ALL_LINEAR] else list(cfg.target_modules)
     lora = LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
                       target_modules=targets, bias="none", task_type="CAUSAL_LM")
-    return get_peft_model(model, lora)
+    with _quiet():
+        return get_peft_model(model, lora)
+
+
+@contextlib.contextmanager
+def _quiet():
+    """PEFT asks transformers a deprecated question when it wraps a model: noise to a user."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
+        yield
 
 
 def load_policy(base_path: Path, ckpt: Path | None, cfg: ModelConfig,
@@ -106,7 +116,8 @@ def load_policy(base_path: Path, ckpt: Path | None, cfg: ModelConfig,
     if ckpt is not None and is_adapter_checkpoint(ckpt):
         from peft import PeftModel
 
-        model = PeftModel.from_pretrained(base, ckpt, is_trainable=True)
+        with _quiet():
+            model = PeftModel.from_pretrained(base, ckpt, is_trainable=True)
     else:
         model = add_adapters(base, cfg.lora)
     for p in model.parameters():
@@ -128,7 +139,8 @@ def load_for_inference(path: Path, cfg: ModelConfig, device: torch.device,
 
     base_path = base_path or adapter_base(path)
     base = load_model(base_path, cfg, device, frozen=True)
-    merged = PeftModel.from_pretrained(base, path).merge_and_unload()
+    with _quiet():
+        merged = PeftModel.from_pretrained(base, path).merge_and_unload()
     return merged.eval().requires_grad_(False), base_path
 
 
