@@ -289,3 +289,20 @@ def test_sampler_with_lora_dropout_samples_in_eval_mode(make_config, tmp_path, m
     assert {training for sampling, training in seen if sampling} == {False}
     assert {training for sampling, training in seen if not sampling} == {True}
     assert t.policy.training
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher, strategy", [("accelerate", "ddp"), ("torchrun", "fsdp")])
+def test_lora_two_processes_equal_one_and_resume_at_one(tiny_model, tmp_path, launcher,
+                                                        strategy):
+    """DDP and FSDP (adapters in FSDP units of their own over the frozen base) with the KL
+    reference (FSDP: its sampling replica with the adapters disabled) equal one process."""
+    from test_distributed import BASE, _assert_same_run, _launch, _resume_at_one_process
+
+    cfg = tiny_config(tiny_model, {**BASE, **LORA, "algorithm": {"kl_coef": 0.1}})
+    _launch(launcher, cfg, tmp_path / "two", f"dist.strategy={strategy}")
+    Trainer(cfg, tmp_path / "one").train()
+    _assert_same_run(tmp_path / "one", tmp_path / "two")
+    assert read_metrics(tmp_path / "two")[-1]["kl/ref_mean"] > 0
+    _resume_at_one_process(cfg, tmp_path / "two", tmp_path / "resumed")
+    _assert_same_run(tmp_path / "one", tmp_path / "resumed")
