@@ -306,3 +306,15 @@ def test_lora_two_processes_equal_one_and_resume_at_one(tiny_model, tmp_path, la
     assert read_metrics(tmp_path / "two")[-1]["kl/ref_mean"] > 0
     _resume_at_one_process(cfg, tmp_path / "two", tmp_path / "resumed")
     _assert_same_run(tmp_path / "one", tmp_path / "resumed")
+
+
+def test_gradient_checkpointing_with_lora_gives_the_same_adapters(make_config, tmp_path):
+    got = []
+    for gc in (False, True):
+        cfg = make_config({"model": {"gradient_checkpointing": gc, "lora": {"enabled": True}},
+                           "eval": {"every": 0}})
+        t = Trainer(cfg, tmp_path / f"gc-{gc}")
+        t.train()
+        got.append({n: p.detach() for n, p in t.policy.named_parameters() if ".lora_" in n})
+    assert got[0].keys() == got[1].keys()
+    assert all(torch.equal(got[0][k], got[1][k]) for k in got[0])
