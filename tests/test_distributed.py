@@ -113,8 +113,11 @@ def _assert_same_run(one: Path, other: Path) -> None:
                     ra[k],
                     rb[k],
                 )
-    wa = load_file(one / "checkpoints" / f"step-{a[-1]['step']}" / "model.safetensors")
-    wb = load_file(other / "checkpoints" / f"step-{b[-1]['step']}" / "model.safetensors")
+    ca, cb = (run / "checkpoints" / f"step-{rows[-1]['step']}" for run, rows in ((one, a),
+                                                                                (other, b)))
+    name = "model.safetensors" if (ca / "model.safetensors").exists() else (
+        "adapter_model.safetensors")  # LoRA runs checkpoint their adapters only
+    wa, wb = load_file(ca / name), load_file(cb / name)
     assert wa.keys() == wb.keys()
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], rtol=W_REL, atol=W_ABS)

@@ -1,4 +1,4 @@
-"""``explorl`` command line: train, eval, passk, fit, report, study, config.
+"""``explorl`` command line: train, eval, export, passk, fit, report, study, config.
 
 Every error a user can cause (``explorl.errors.ExplorlError``, and ``OSError`` such as a full
 disk) is printed as one ``error: …`` line with exit status 2; ``--debug`` (or
@@ -110,6 +110,14 @@ def _eval(args) -> int:
         seed=args.seed,
         overrides=args.set,
     )
+    return 0
+
+
+def _export(args) -> int:
+    from explorl.eval.export import export_model
+
+    out = export_model(args.model, Path(args.out), overrides=args.set, force=args.force)
+    print(f"wrote a merged Hugging Face model to {out}/")
     return 0
 
 
@@ -265,6 +273,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="config overrides (model.*, reward.*, lab.*)",
     )
     e.set_defaults(fn=_eval)
+
+    x = add("export", help="write a run's policy as a plain HF model dir (LoRA adapters merged)")
+    x.add_argument("model", help="a run dir (its latest checkpoint), a checkpoint dir (LoRA "
+                                 "adapters or full weights) or a model dir")
+    x.add_argument("--out", required=True, help="output model directory")
+    x.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    x.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="config overrides (model.*, lab.*)")
+    x.set_defaults(fn=_export)
 
     k = add("passk", help="pass@k curves of several `explorl eval` outputs in one figure (e.g. "
                            "the model before and after RL)")

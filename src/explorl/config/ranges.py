@@ -67,6 +67,9 @@ RANGES: dict[str, str] = {
     "algorithm.entropy_shaping_alpha": "[0, inf)",  # 0 = off
     "algorithm.entropy_shaping_kappa": "[1, inf)",  # κ ≥ 1 keeps the sign of A
     "model.cpu_threads": "[1, 4096]",
+    "model.lora.rank": "[1, 65536]",
+    "model.lora.alpha": "(0, inf)",
+    "model.lora.dropout": "[0, 1)",
     "optim.lr": "(0, inf)",
     "optim.weight_decay": "[0, inf)",
     "optim.beta1": "[0, 1)",

@@ -16,6 +16,26 @@ SPLIT_SIZES = {"n_train": 2000, "n_val": 128, "n_test": 256}
 
 
 @dataclass
+class LoRAConfig:
+    enabled: bool = False
+    """Train LoRA adapters (PEFT) instead of the whole model: only the adapters reach the
+    optimizer, the base weights stay frozen (in the compute dtype, e.g. bfloat16 on GPUs), the
+    KL reference is the base with the adapters disabled (no second copy) and checkpoints hold
+    the adapters in PEFT's format (docs/lora.md)."""
+    rank: int = 8
+    """LoRA rank r of each adapted layer (PEFT ``r``)."""
+    alpha: float = 16.0
+    """LoRA scaling α: the update is (α / r)·B·A (PEFT ``lora_alpha``)."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input in training passes (PEFT ``lora_dropout``). 0 keeps the
+    loss's log-probs equal to the sampler's, as RL wants (the model's own dropout is off)."""
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    """Layers that get adapters: ``all-linear`` (every linear layer of the decoder, the output
+    layer excluded: PEFT's shorthand), or module names such as ``[q_proj, v_proj]`` (a name
+    matches a module whose dotted path ends with it)."""
+
+
+@dataclass
 class ModelConfig:
     path: str = "lab:addition"
     """Local HF model directory (``from_pretrained``), or ``lab:<task>`` for the built-in lab
@@ -58,6 +78,8 @@ class ModelConfig:
     (``optim.micro_batch_tokens``); the model must support it (transformers' own do)."""
     use_chat_template: bool = True
     """Render prompts with the tokenizer's chat template when it has one."""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    """LoRA adapters (PEFT) instead of full fine-tuning; off by default."""
 
 
 @dataclass

@@ -18,12 +18,12 @@ from rich.progress import (
 
 from explorl import config as C
 from explorl import validation
+from explorl.adapters import adapter_base, is_adapter_checkpoint, load_for_inference
 from explorl.data.sources import load_split
 from explorl.errors import ModelPathError
 from explorl.eval.evaluate import plot_passk, summarize, write_eval_json
 from explorl.eval.validate import EVAL_STREAM, answer
 from explorl.models import (
-    load_model,
     load_tokenizer,
     render_prompt,
     resolve_device,
@@ -40,8 +40,10 @@ from explorl.training.checkpoint import latest_checkpoint
 from explorl.validation.references import DEFAULT_RESPONSE_LEN
 
 
-def _resolve_model(model: str, overrides: list[str] | None) -> tuple[Path, Path, C.RunConfig]:
-    """``(weights dir, tokenizer dir, config)`` for a model dir, ``lab:<task>`` or a run dir."""
+def resolve_model(model: str, overrides: list[str] | None
+                  ) -> tuple[Path, Path, C.RunConfig, Path | None]:
+    """``(weights dir, tokenizer dir, config, base dir)`` for a model dir, ``lab:<task>``, a run
+    dir or an adapter checkpoint (LoRA); the base dir is the adapters' base model, else None."""
     run_dir = Path(model)
     if (run_dir / "config.yaml").is_file() and (run_dir / "checkpoints").is_dir():
         what = f"{run_dir / 'config.yaml'}"
@@ -51,9 +53,11 @@ def _resolve_model(model: str, overrides: list[str] | None) -> tuple[Path, Path,
             C.set_path(data, k, v)
         cfg = validation.from_dict(data)
         ckpt = latest_checkpoint(run_dir)
+        if ckpt is not None and is_adapter_checkpoint(ckpt):  # LoRA: the run's base + adapters
+            return ckpt, ckpt, cfg, resolve_model_path(cfg.model.path, cfg.lab)
         if ckpt is None or not (ckpt / "config.json").exists():
             raise ModelPathError(f"{run_dir} has no checkpoint with model weights")
-        return ckpt, ckpt, cfg
+        return ckpt, ckpt, cfg, None
     # `explorl eval` samples up to 256 new tokens unless told otherwise (--max-new-tokens, or
     # --set rollout.max_response_len), whatever the model: the numbers it reported before lab
     # tasks had their own response lengths stay the same.
@@ -61,9 +65,13 @@ def _resolve_model(model: str, overrides: list[str] | None) -> tuple[Path, Path,
     for text in overrides or []:
         k, v = C.parse_override(text)
         C.set_path(data, k, v)
+    if is_adapter_checkpoint(Path(model)):  # a checkpoint of adapters alone: PEFT names the base
+        data["model"]["path"] = str(adapter_base(Path(model)))
+        cfg = validation.from_dict(data)
+        return Path(model), Path(model), cfg, Path(cfg.model.path)
     cfg = validation.from_dict(data)
     path = resolve_model_path(model, cfg.lab)
-    return path, path, cfg
+    return path, path, cfg, None
 
 
 def run_eval(
@@ -95,7 +103,7 @@ def run_eval(
     k_list = sorted({k for k in k_list if k <= n})
     if not k_list:
         raise C.ConfigError(f"--k: every k exceeds --n {n}")
-    weights, tok_dir, cfg = _resolve_model(model, overrides)
+    weights, tok_dir, cfg, base = resolve_model(model, overrides)
     # Data and verifier before the model: a bad file or name fails in seconds.
     records = load_split(data, cfg, split)[: max_problems or None]
     if verifier != "auto":
@@ -108,10 +116,11 @@ def run_eval(
     torch.manual_seed(seed)
     device = resolve_device(cfg.model.device)
     tokenizer = load_tokenizer(tok_dir, cfg.model)
-    policy = load_model(weights, cfg.model, device, frozen=True)
+    # LoRA: the adapters merged into their base (the engine starts from the base's directory)
+    policy, engine_path = load_for_inference(weights, cfg.model, device, base)
     max_new = max_new_tokens or cfg.rollout.max_response_len
     engine = build_engine(
-        cfg, tokenizer, weights, resolve_dtype(cfg.model.dtype, device)
+        cfg, tokenizer, engine_path, resolve_dtype(cfg.model.dtype, device)
     )  # rollout.engine
     correct: list[list[bool]] = []
     greedy: list[bool] = []

@@ -37,6 +37,7 @@ try:  # transformers >= 4.56: caches made of per-layer objects
 except ImportError:  # older: the plain DynamicCache
     DynamicLayer = None
 
+from explorl.adapters import for_sampling
 from explorl.rollout.lean import lean_logits, lean_sampling_supported
 from explorl.rollout.seeding import NoiseStream, row_keys
 from explorl.rollout.types import Rollouts
@@ -162,7 +163,7 @@ class HFEngine:
         # Inference mode: no autograd bookkeeping on any op (version counters, view tracking),
         # ~5% of the lab's sampling time. The record leaves it as normal tensors (copies), which
         # the loss may save for its backward.
-        with torch.inference_mode():
+        with torch.inference_mode(), for_sampling(model) as model:  # LoRA: the adapted model
             for start in range(0, len(rows), self.batch_size):
                 chunk = rows[start: start + self.batch_size]
                 parts.append(

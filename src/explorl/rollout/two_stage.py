@@ -14,12 +14,12 @@ runs through the trainer's packed forward (``explorl.training.forward``).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Callable, Hashable
 
 import torch
 
+from explorl.adapters import refresh_copy_, rollout_copy
 from explorl.config import EEPOControlConfig
 from explorl.rollout.base import RolloutEngine
 from explorl.rollout.seeding import mix_seed
@@ -202,15 +202,12 @@ class TwoStage(OneStage):
         self._copy: torch.nn.Module | None = None  # θ′, allocated at the first open gate
 
     def rollout_copy(self, policy: torch.nn.Module) -> torch.nn.Module:
-        """θ′ = θ, refreshed in place (allocated once per run)."""
+        """θ′ = θ, refreshed in place (allocated once per run); with LoRA the adapters only,
+        over the policy's own frozen base."""
         if self._copy is None:
-            self._copy = copy.deepcopy(policy)
+            self._copy = rollout_copy(policy)
         else:
-            with torch.no_grad():
-                for dst, src in zip(self._copy.parameters(), policy.parameters(), strict=True):
-                    dst.copy_(src)
-                for dst, src in zip(self._copy.buffers(), policy.buffers(), strict=True):
-                    dst.copy_(src)
+            refresh_copy_(self._copy, policy)
         return self._copy
 
     def sample(self, policy, version, prompt_ids, budgets, temperature, max_new_tokens, seeds, *,

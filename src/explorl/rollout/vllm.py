@@ -60,6 +60,7 @@ from typing import Any
 
 import torch
 
+from explorl.adapters import is_adapted, merged_weights, plain
 from explorl.config.sections import VLLMConfig
 from explorl.rollout.hf import left_pad
 from explorl.rollout.seeding import mix_seed
@@ -75,9 +76,13 @@ def weights_of(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     """``(checkpoint name, tensor)`` of every parameter, the tied output embedding included.
 
     ``named_parameters`` lists a tied ``lm_head.weight`` once, under the input embedding's
-    name; vLLM's reload then leaves its output head as it was, so it is added explicitly.
+    name; vLLM's reload then leaves its output head as it was, so it is added explicitly. An
+    adapted model (LoRA) gives its base's names with the adapters merged in (``merged_weights``).
     """
-    out = [(n, p.detach()) for n, p in model.named_parameters()]
+    if is_adapted(model):
+        out, model = merged_weights(model), plain(model)
+    else:
+        out = [(n, p.detach()) for n, p in model.named_parameters()]
     names = {n for n, _ in out}
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is not None and "lm_head.weight" not in names:

@@ -196,12 +196,12 @@ class Parallel(Single):
             # state) samples instead and is refreshed after each update (``full_model``).
             self._replica = copy.deepcopy(module.policy).requires_grad_(False)
             self._replica_version = None
-            self._param_names = [
-                n for n, _ in module.named_parameters()
-            ]  # the optimizer's order at N = 1
-            if (
-                not self._accelerate_fsdp
-            ):  # accelerate turns FSDP on for GPUs only: same wrapping by hand
+            # the optimizer's order at N = 1 (its parameters: every one, or LoRA's adapters)
+            self._param_names = [n for n, p in module.named_parameters() if p.requires_grad]
+            frozen = any(not p.requires_grad for p in module.parameters())
+            # accelerate turns FSDP on for GPUs only: same wrapping by hand; LoRA's frozen base
+            # needs units of their own for the adapters, which accelerate's policy does not make
+            if not self._accelerate_fsdp or frozen:
                 return _fsdp(module, self.device)
         with (
             warnings.catch_warnings()
@@ -278,20 +278,29 @@ def _fsdp(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     """FSDP (version 1) with one unit per transformer layer, as accelerate's default auto-wrap.
 
     ``use_orig_params=False``: with True, torch 2.13 gathers wrong values for the full optimizer
-    state (checked on CPU/gloo), which checkpoints need.
+    state (checked on CPU/gloo), which checkpoints need. A flat parameter is trainable or frozen
+    as a whole, so with LoRA each trainable leaf (an adapter's linear) gets a unit of its own
+    (PEFT's ``fsdp_auto_wrap_policy`` does the same) and the layers' units hold the frozen base.
     """
     import functools
 
     from torch.distributed.fsdp import FullyShardedDataParallel
-    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+    from torch.distributed.fsdp.wrap import (
+        _or_policy,
+        lambda_auto_wrap_policy,
+        transformer_auto_wrap_policy,
+    )
 
     names = set(getattr(module, "_no_split_modules", None) or [])
     layers = {type(m) for m in module.modules() if type(m).__name__ in names}
-    policy = (
-        functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layers)
+    policies = (
+        [functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layers)]
         if layers
-        else None
+        else []
     )
+    if any(not p.requires_grad for p in module.parameters()):
+        policies.insert(0, functools.partial(lambda_auto_wrap_policy, lambda_fn=_trainable_leaf))
+    policy = functools.partial(_or_policy, policies=policies) if policies else None
     cuda = (
         device.type == "cuda"
     )  # on CPU (tests) FSDP refuses to sync states; every rank loaded the same weights
@@ -302,6 +311,11 @@ def _fsdp(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
         device_id=device if cuda else torch.device("cpu"),
         sync_module_states=cuda,
     )
+
+
+def _trainable_leaf(module: torch.nn.Module) -> bool:
+    weight = getattr(module, "weight", None)
+    return not list(module.children()) and weight is not None and weight.requires_grad
 
 
 def _unwrap(module: torch.nn.Module) -> torch.nn.Module:

@@ -19,6 +19,7 @@ import weakref
 import numpy as np
 import torch
 
+from explorl.adapters import plain
 from explorl.algorithms.logprobs import logprobs_from_hidden, logprobs_from_logits
 from explorl.rollout.hf import position_ids
 from explorl.rollout.lean import additive_mask, lean_hidden, lean_training_supported
@@ -112,6 +113,7 @@ def response_logprobs(
     length of a packed row (default ``pack_length(model)``).
     """
     T = 1.0 if temperature == 0 else temperature
+    model = plain(model)  # LoRA: the transformers model, its adapted layers in place
     body, head = _backbone_and_head(model)
     plan = None
     if pack is not False and body is not None and takes_custom_mask(model) and len(response_ids):

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from explorl import adapters, models, validation
 from explorl import config as C
-from explorl import models, validation
 from explorl.control import Knobs, bank_from_config
 from explorl.data.order import DataOrder
 from explorl.data.sources import in_memory, load_split
@@ -105,25 +105,25 @@ class Trainer:
     def _setup_model(self, ckpt: Path | None) -> None:
         cfg = self.cfg
         base_path = models.resolve_model_path(cfg.model.path, cfg.lab)
-        policy_path = ckpt if (ckpt is not None and (ckpt / "config.json").exists()) else base_path
         self.tokenizer = models.load_tokenizer(base_path, cfg.model)
         self.prompts = models.PromptTokens(self.tokenizer, cfg.model.use_chat_template,
                                     cfg.data.max_prompt_len)
         self.prompts.check(train=self.train_data, val=self.val_data[: cfg.eval.max_problems],
                            anneal=self.anneal_data or [])  # every prompt fits, before the model
-        self.policy = models.load_model(policy_path, cfg.model, self.device)
+        self.policy = adapters.load_policy(base_path, ckpt, cfg.model, self.device)  # model.lora
         self.vocab_size = self.policy.get_output_embeddings().weight.shape[0]
-        self.n_params = sum(p.numel() for p in self.policy.parameters())
+        self.n_params, self.n_trainable = adapters.parameter_counts(self.policy)
         # The loss's forward as a module, wrapped by DDP/FSDP under a launcher (itself at N = 1).
         self.amp = lambda: models.autocast(cfg.model, self.device)  # forwards in the compute dtype
         self.compiled = models.regional_compile(self.policy, cfg.model, self.dist.strategy)
         self.scorer = self.dist.wrap(LogProbModule(self.policy, self.amp, self.compiled))
         models.warm_up(self.compiled, self.scorer, self.vocab_size, self.device)
         a = cfg.control.adaptive
-        # The reference model costs a full copy of the weights: load it only when a loss needs it.
+        # The reference (a full copy of the weights; LoRA: the policy with adapters off) if needed.
         needs_ref = cfg.algorithm.kl_coef > 0 or (a.enabled and a.actuator == "kl_coef")
-        self.ref = (models.load_model(base_path, cfg.model, self.device, frozen=True)
-                    if needs_ref else None)
+        self.ref = None if not needs_ref else (
+            self.dist.full_model(self.scorer, -1) if cfg.model.lora.enabled
+            else models.load_model(base_path, cfg.model, self.device, frozen=True))
 
     def _setup_optimizer(self) -> None:
         cfg = self.cfg
@@ -280,10 +280,10 @@ class Trainer:
                 self.outputs.close()
             self.pool.close()
         self.plot()
-        summary = {"steps": self.step, "max_steps": cfg.max_steps,
+        summary = {"steps": self.step, "max_steps": cfg.max_steps, "n_params": self.n_params,
                    "interrupted": self._stop and self.step < cfg.max_steps,
                    "seconds": time.perf_counter() - t_run, "checkpoint": str(ckpt), "final": last,
-                   "n_params": self.n_params, "processes": self.dist.world_size}
+                   "trainable_params": self.n_trainable, "processes": self.dist.world_size}
         if main:
             text = json.dumps(summary, indent=2, default=json_default)
             (self.out / "summary.json").write_text(text)

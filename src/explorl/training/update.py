@@ -27,6 +27,7 @@ from types import SimpleNamespace
 
 import torch
 
+from explorl.adapters import disabled
 from explorl.algorithms import (
     LOSSES,
     aggregate,
@@ -56,7 +57,8 @@ def make_optimizer(o, params_module: torch.nn.Module, device: torch.device, stra
     on = o.fused is not False and device.type in ("cuda", "cpu")
     fused = True if on and strategy != "fsdp" else None
     foreach = True if fused is None and strategy != "fsdp" else None
-    optimizer = torch.optim.AdamW(params_module.parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
+    trainable = [p for p in params_module.parameters() if p.requires_grad]  # LoRA: adapters only
+    optimizer = torch.optim.AdamW(trainable, lr=o.lr, betas=(o.beta1, o.beta2),
                                   weight_decay=o.weight_decay, fused=fused, foreach=foreach)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps > 0 else 1.0)
@@ -399,9 +401,9 @@ class PolicyUpdate:
             loss = loss - knobs.entropy_coef * bonus
             _add(sums, "loss/entropy_bonus", bonus.detach() * agg["seq_denom"])
         if knobs.kl_coef > 0 and self.ref is not None:
-            with torch.no_grad(), self.amp():
+            with torch.no_grad(), self.amp(), disabled(self.ref) as ref:  # LoRA: adapters off
                 ref_logp, _ = response_logprobs(
-                    self.ref,
+                    ref,
                     sub.prompt_ids,
                     sub.prompt_mask,
                     sub.response_ids,

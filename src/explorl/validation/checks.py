@@ -94,6 +94,13 @@ def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
          "grpo_passk needs at least 2 responses in every group"),
         ("control.entropy_coef.init", ec.min <= ec.init <= ec.max,
          "need control.entropy_coef.min ≤ init ≤ max"),
+        ("model.lora.enabled", not (c.model.lora.enabled and c.model.pure_low_precision),
+         "LoRA keeps the frozen base in model.dtype already and its adapters are float32 master "
+         "weights; model.pure_low_precision would round the adapters' small updates away: set "
+         "it to false"),
+        ("model.lora.target_modules", bool(c.model.lora.target_modules)
+         and all(m.strip() for m in c.model.lora.target_modules),
+         "needs at least one module name (or all-linear), without empty names"),
         ("model.compile", not (c.model.compile and c.dist.strategy == "fsdp"),
          "is not supported with dist.strategy: fsdp (FSDP's flat parameters under compiled "
          "layers); use ddp or model.compile: false"),
