@@ -1,4 +1,4 @@
-"""``explorl`` command line: train, eval, passk, fit, report, study, config.
+"""``explorl`` command line: train, eval, passk, fit, report, study, config, recipes.
 
 Every error a user can cause (``explorl.errors.ExplorlError``, and ``OSError`` such as a full
 disk) is printed as one ``error: …`` line with exit status 2; ``--debug`` (or
@@ -14,9 +14,12 @@ import os
 import sys
 from pathlib import Path
 
-from explorl import __version__
+from rich.console import Console
+
+from explorl import __version__, catalog, cli_recipes
 from explorl import config as C
 from explorl.errors import ExplorlError
+from explorl.outputs.tables import print_tables, stacked
 
 
 def _train(args) -> int:
@@ -59,7 +62,8 @@ def _train(args) -> int:
     else:
         if not args.recipe:
             print(
-                "error: give a RECIPE (e.g. recipes/quickstart.yaml) or --resume RUN_DIR",
+                "error: give a RECIPE (a file, or a built-in name such as quickstart) or --resume "
+                "RUN_DIR",
                 file=sys.stderr,
             )
             return 2
@@ -123,11 +127,10 @@ def _passk(args) -> int:
         curves.append((label or Path(path).name.removesuffix(".json"), summary))
     out = plot_passk_compare(curves, Path(args.out), title=args.title)
     ks = sorted({k for _, s in curves for k in s["k_list"]})
-    print(f"{'':24s}" + "".join(f"{'pass@' + str(k):>10s}" for k in ks))
-    for label, s in curves:
-        print(f"{label[:24]:24s}" + "".join(
-            f"{s['overall'][f'pass@{k}']:10.3f}" if f"pass@{k}" in s["overall"] else f"{'—':>10s}"
-            for k in ks))
+    rows = [[label, *[f"{s['overall'][f'pass@{k}']:.3f}" if f"pass@{k}" in s["overall"] else "—"
+                      for k in ks]] for label, s in curves]
+    console = Console()
+    print_tables(stacked(["run", *[f"pass@{k}" for k in ks]], rows, console.width), console)
     print(f"wrote {out}")
     return 0
 
@@ -171,8 +174,8 @@ def _report(args) -> int:
 def _study(args) -> int:
     from explorl.study import run_study
 
-    return run_study(args.spec, quick=args.quick, out=args.out, jobs=args.jobs,
-                     recipes=args.recipes)
+    return run_study(catalog.resolve(args.spec, "study"), quick=args.quick, out=args.out,
+                     jobs=args.jobs, recipes=args.recipes)
 
 
 def _config(args) -> int:
@@ -208,7 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=[debug], **kwargs)
 
     t = add("train", help="train a policy from a recipe")
-    t.add_argument("recipe", nargs="?", help="YAML recipe (e.g. recipes/quickstart.yaml)")
+    t.add_argument("recipe", nargs="?",
+                   help="a YAML recipe file, or a built-in recipe's name (quickstart, lab/dapo: "
+                        "explorl recipes lists them)")
     t.add_argument(
         "--set",
         action="append",
@@ -286,10 +291,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = add(
         "study", help="recipes × seeds on a lab task: train, eval, report, check the papers' claims"
     )
-    s.add_argument("spec", help="study spec (e.g. studies/lab.yaml)")
+    s.add_argument("spec", help="a study spec file, or a built-in one's name (lab, subset_sum: "
+                                    "explorl recipes --studies)")
     s.add_argument("--quick", action="store_true",
                    help="apply the spec's quick: section (fewer seeds and steps: a pipeline check, "
-                        "2 min for studies/lab.yaml on 2 idle cores)")
+                        "2 min for the lab study on 2 idle cores)")
     s.add_argument(
         "--out", help="study directory (default runs/study-<name>[-quick]); rerun to continue it"
     )
@@ -306,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a config field of the resolved recipe, e.g. optim.lr=1e-5")
     c.set_defaults(fn=_config)
+    cli_recipes.add_parser(sub, [debug])
     return p
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from explorl import catalog
 from explorl.config.checks import _if_dir, from_dict
 from explorl.config.coerce import _show, set_path, to_dict
 from explorl.config.sections import RunConfig
@@ -20,10 +21,11 @@ def load(recipe: str | Path | None = None, overrides: list[str] | None = None, *
     (``env``: see ``validate``).
 
     A recipe may say ``base: other.yaml`` (relative to itself) to start from another recipe.
+    ``recipe`` names a file, else a built-in recipe (``quickstart``, ``lab/grpo``: ``catalog``).
     """
     data: dict = {}
     if recipe is not None:
-        data = _read_recipe(Path(recipe))
+        data = _read_recipe(catalog.resolve(recipe, "recipe"))
         if "name" not in data:
             data["name"] = Path(recipe).stem
     for text in overrides or []:
@@ -55,8 +57,11 @@ def _read_recipe(path: Path, _seen: tuple = ()) -> dict:
         raise ConfigError(f"recipe {path}: base: expected one recipe file name, got "
                           f"{type(base).__name__} {_show(base)}")
     base_path = path.parent / base
+    if not base_path.is_file():  # a built-in (``base: lab/grpo``, as ``explorl recipes cp`` writes)
+        base_path = catalog.find(base) or base_path
     if not base_path.is_file():
-        raise ConfigError(f"recipe {path}: base {base!r} not found (looked for {base_path})")
+        raise ConfigError(f"recipe {path}: base {base!r} not found (looked for {base_path} and "
+                          "a built-in recipe of that name)")
     merged = _read_recipe(base_path, _seen + (path.resolve(),))
     _deep_update(merged, data)
     return merged
