@@ -114,7 +114,7 @@ def explorl_config(base: Path, prompts: int, steps: int, length: int, sets: list
     from explorl import config as C
 
     return C.load(
-        ROOT / "recipes/lab/grpo.yaml",
+        ROOT / "src/explorl/recipes/lab/grpo.yaml",
         [
             f"model.path={base / 'model'}",
             "model.use_chat_template=false",

@@ -4,13 +4,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from explorl import catalog
 from explorl import config as C
 
 RECIPES = sorted(
     p
-    for p in Path(__file__).resolve().parents[1].joinpath("recipes").rglob("*.yaml")
+    for p in catalog.folder("recipe").rglob("*.yaml")
     if "accelerate" not in p.parts
-)  # recipes/accelerate/ holds launcher configs, not recipes
+)  # the recipes' accelerate/ holds launcher configs, not recipes
 
 
 def test_defaults_validate():
