@@ -1,5 +1,8 @@
+"""``python -m explorl``: the ``explorl`` command line."""
+
 import sys
 
 from explorl.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())
