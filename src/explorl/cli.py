@@ -86,7 +86,8 @@ def _train(args) -> int:
     print(f"run directory: {out}")
     print(f"  steps {summary['steps']}/{summary['max_steps']} in {summary['seconds']:.0f}s; "
           f"final reward/mean {final.get('reward/mean', float('nan')):.3f}, "
-          f"entropy/mean {final.get('entropy/mean', float('nan')):.3f}")
+          f"entropy/mean {final.get('entropy/mean', float('nan')):.3f}; "
+          f"{summary.get('skipped_steps', 0)} skipped (non-finite)")
     print(
         f"  metrics: {out / 'metrics.jsonl'}\n  plots:   {out / 'plots'}/\n"
         f"  checkpoint: {summary['checkpoint']}"

@@ -50,6 +50,7 @@ from explorl.config.sections import (
     RunConfig,
     VLLMConfig,
 )
+from explorl.config.watch_sections import WatchConfig
 from explorl.errors import ConfigError
 
 __all__ = [
@@ -58,7 +59,7 @@ __all__ = [
     "DistConfig", "EEPOControlConfig", "EntroPICControlConfig", "EntropyCoefControlConfig",
     "EvalConfig", "Interval", "LabConfig", "LogConfig", "ModelConfig", "OptimConfig",
     "RewardConfig", "RewardFunctionConfig", "RolloutConfig", "RunConfig", "ScheduleConfig",
-    "TemperatureControlConfig", "VLLMConfig", "_deep_update", "build", "field_docs",
+    "TemperatureControlConfig", "VLLMConfig", "WatchConfig", "_deep_update", "build", "field_docs",
     "from_dict", "load", "load_yaml", "parse_override", "read_utf8", "reference", "save",
     "set_path", "to_dict", "validate",
 ]

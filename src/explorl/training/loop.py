@@ -44,6 +44,7 @@ from explorl.training.update import (
     make_optimizer,
     needs_recompute,
 )
+from explorl.training.watch import RunWatch
 
 __all__ = ["TIME_KEYS", "Trainer"]
 
@@ -74,7 +75,9 @@ class Trainer:
         self._setup_rollout(engine)
         self.control = bank_from_config(cfg, vocab_size=self.vocab_size,
                                         dataset_size=len(self.train_data))
-        self.step, self.guard = 0, NonFiniteGuard(cfg.optim.max_bad_steps)
+        self.step, self.guard = 0, NonFiniteGuard(cfg.optim.max_bad_steps,
+                                                  cfg.optim.max_bad_frac, cfg.max_steps)
+        self.watch = RunWatch(cfg.watch)  # collapse and failing rewards (docs/failures.md)
         if ckpt is not None:
             run_state.restore(self, ckpt)
         if self.dist.is_main:
@@ -244,6 +247,7 @@ class Trainer:
 
         # 6. log (global values, the same on every rank)
         metrics.update(batch_metrics(step, sb, knobs))
+        self.watch.check(step, metrics, self.rewarder.problem)
         if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.max_steps):
             with timed(metrics, "time/val_s"):
                 metrics.update(self.validate())
@@ -283,7 +287,8 @@ class Trainer:
         summary = {"steps": self.step, "max_steps": cfg.max_steps,
                    "interrupted": self._stop and self.step < cfg.max_steps,
                    "seconds": time.perf_counter() - t_run, "checkpoint": str(ckpt), "final": last,
-                   "n_params": self.n_params, "processes": self.dist.world_size}
+                   "n_params": self.n_params, "processes": self.dist.world_size,
+                   "skipped_steps": self.guard.skipped}
         if main:
             text = json.dumps(summary, indent=2, default=json_default)
             (self.out / "summary.json").write_text(text)
