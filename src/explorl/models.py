@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from explorl.config import ModelConfig
 from explorl.data.files import tokenize_prompts
-from explorl.errors import ConfigError, ModelPathError
+from explorl.errors import ConfigError, DataError, ModelPathError
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def render_prompt(tokenizer, prompt, use_chat_template: bool) -> list[int]:
         alphabet = tokenizer_alphabet(tokenizer)
         text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
         if alphabet is not None and outside(text, alphabet):
-            raise ValueError(f"prompt {text[:80]!r} has characters {outside(text, alphabet)!r} "
+            raise DataError(f"prompt {text[:80]!r} has characters {outside(text, alphabet)!r} "
                              f"outside the lab model's alphabet {alphabet!r}: a lab model reads "
                              "only its task's characters")
     return ids
