@@ -4,12 +4,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from explorl import catalog
 from explorl import config as C
+from explorl.config import builtin
 
 RECIPES = sorted(
     p
-    for p in catalog.folder("recipe").rglob("*.yaml")
+    for p in builtin.folder("recipe").rglob("*.yaml")
     if "accelerate" not in p.parts
 )  # the recipes' accelerate/ holds launcher configs, not recipes
 

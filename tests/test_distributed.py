@@ -22,8 +22,8 @@ import torch
 from conftest import tiny_config
 from safetensors.torch import load_file
 
-from explorl import catalog
 from explorl import config as C
+from explorl.config import builtin
 from explorl.outputs.runlog import read_metrics
 from explorl.rollout.seeding import NoiseStream, gumbel_sample, row_keys
 from explorl.training.distributed import Single
@@ -76,7 +76,7 @@ def _launch(launcher: str, cfg: C.RunConfig, out: Path, *sets: str) -> None:
             "-m",
             "accelerate.commands.launch",
             "--config_file",
-            str(catalog.folder("recipe") / "accelerate" / "cpu_2proc.yaml"),
+            str(builtin.folder("recipe") / "accelerate" / "cpu_2proc.yaml"),
             "--main_process_port",
             str(_free_port()),
         ]
@@ -173,7 +173,7 @@ def test_controllers_two_processes_equal_one(tiny_model, tmp_path):
 def test_shipped_accelerate_configs_load(name):
     from accelerate.commands.config.config_args import load_config_from_file
 
-    cfg = load_config_from_file(str(catalog.folder("recipe") / "accelerate" / f"{name}.yaml"))
+    cfg = load_config_from_file(str(builtin.folder("recipe") / "accelerate" / f"{name}.yaml"))
     assert cfg.num_processes >= 2 and cfg.num_processes % cfg.num_machines == 0
     if name == "fsdp":  # what explorl supports (see explorl.training.distributed)
         assert (

@@ -69,8 +69,7 @@ def test_a_run_with_nan_on_every_other_step_ends_non_zero(make_config, tmp_path,
 
 def _trace(entropies, accuracies, **cfg):
     mon = CollapseMonitor(WatchConfig(**cfg))
-    return [mon.check(i + 1, {"entropy/mean": h, "reward/accuracy": a})
-            for i, (h, a) in enumerate(zip(entropies, accuracies))]
+    return [mon.check(i + 1, h, a) for i, (h, a) in enumerate(zip(entropies, accuracies))]
 
 
 def test_collapse_warns_once_after_n_low_steps_without_accuracy_gain():
@@ -93,10 +92,10 @@ def test_collapse_monitor_state_resumes():
     cfg = WatchConfig(collapse_steps=4)
     a = CollapseMonitor(cfg)
     for i in range(3):
-        a.check(i + 1, {"entropy/mean": 0.0, "reward/accuracy": 0.0})
+        a.check(i + 1, 0.0, 0.0)
     b = CollapseMonitor(cfg)
     b.load_state_dict(a.state_dict())
-    assert b.check(4, {"entropy/mean": 0.0, "reward/accuracy": 0.0}) is not None
+    assert b.check(4, 0.0, 0.0) is not None
 
 
 def test_a_collapsed_tiny_run_warns_and_a_healthy_one_does_not(make_config, tmp_path, caplog):

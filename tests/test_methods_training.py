@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from explorl import catalog
+from explorl.config import builtin
 from explorl.outputs.runlog import read_metrics
 from explorl.training.loop import Trainer
 
@@ -97,6 +97,6 @@ def test_entropy_coefficient_controller_sets_the_bonus(make_config, tmp_path):
 def test_config_rejects_impossible_method_settings(sets, message):
     from explorl import config as C
 
-    grpo = catalog.find("lab/grpo")
+    grpo = builtin.find("lab/grpo")
     with pytest.raises(ValueError, match=re.escape(message)):  # ConfigError or ControlError
         C.load(grpo, sets, env=False)

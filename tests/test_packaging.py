@@ -18,10 +18,10 @@ import pytest
 import yaml
 from rich.console import Console
 
-from explorl import catalog
 from explorl import config as C
 from explorl.cli import main
 from explorl.cli_recipes import rows
+from explorl.config import builtin
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,8 +44,8 @@ def wheel(tmp_path_factory) -> zipfile.ZipFile:
 
 def test_the_wheel_holds_every_recipe_and_study_spec(wheel):
     inside = set(wheel.namelist())
-    for kind, folder in catalog.KINDS.items():
-        shipped = {f"explorl/{folder}/{n}.yaml" for n in catalog.names(kind)}
+    for kind, folder in builtin.KINDS.items():
+        shipped = {f"explorl/{folder}/{n}.yaml" for n in builtin.names(kind)}
         assert shipped and shipped <= inside, sorted(shipped - inside)
     assert "explorl/__main__.py" in inside
     assert not [n for n in inside if n.startswith(("tests/", "benchmarks/", "docs/"))]
@@ -76,7 +76,7 @@ def test_version_comes_from_the_package_metadata(capsys):
 
 def test_recipes_lists_every_recipe_one_row_each_at_80_columns(capsys):
     got = rows()
-    training = [n for n in catalog.names("recipe") if not n.startswith("accelerate/")]
+    training = [n for n in builtin.names("recipe") if not n.startswith("accelerate/")]
     assert [r[0] for r in got] == training and "quickstart" in training and "lab/grpo" in training
     assert all(r[1] and r[2] for r in got)
     assert dict((r[0], r[1]) for r in got)["lab/grpo"] == "lab:addition"
@@ -89,7 +89,7 @@ def test_recipes_lists_every_recipe_one_row_each_at_80_columns(capsys):
     list_builtins("recipe", console)
     text = console.export_text()
     assert "…" not in text and max(map(len, text.splitlines())) <= 80
-    for name in catalog.names("recipe"):
+    for name in builtin.names("recipe"):
         assert name in text
 
 
@@ -126,7 +126,7 @@ def test_recipes_cp_writes_a_copy_whose_base_still_resolves(tmp_path, monkeypatc
     assert "base: lab/grpo.yaml" in capsys.readouterr().out
     assert main(["recipes", "--studies", "cp", "lab", "mine.yaml"]) == 0
     spec = yaml.safe_load((tmp_path / "mine.yaml").read_text())
-    assert Path(spec["recipe_dir"]) == (catalog.folder("recipe") / "lab").resolve()
+    assert Path(spec["recipe_dir"]) == (builtin.folder("recipe") / "lab").resolve()
     from explorl.study.spec import load_spec, resolve_recipe
 
     loaded = load_spec(tmp_path / "mine.yaml")

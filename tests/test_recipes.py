@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 from conftest import TINY_LAB_CONFIG
 
-from explorl import catalog
 from explorl import config as C
+from explorl.config import builtin
 from explorl.outputs.runlog import read_metrics
 from explorl.training.loop import Trainer
 
-ROOT = catalog.folder("recipe")
+ROOT = builtin.folder("recipe")
 RECIPES = sorted(p for p in ROOT.rglob("*.yaml") if "accelerate" not in p.parts)
 
 

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from explorl import __version__, catalog, cli_recipes
+from explorl import __version__, cli_recipes
 from explorl import config as C
+from explorl.config import builtin
 from explorl.errors import ExplorlError
 from explorl.outputs.tables import print_tables, stacked
 
@@ -87,7 +88,7 @@ def _train(args) -> int:
     print(f"  steps {summary['steps']}/{summary['max_steps']} in {summary['seconds']:.0f}s; "
           f"final reward/mean {final.get('reward/mean', float('nan')):.3f}, "
           f"entropy/mean {final.get('entropy/mean', float('nan')):.3f}; "
-          f"{summary.get('skipped_steps', 0)} skipped (non-finite)")
+          f"{final.get('train/skipped_steps', 0):.0f} skipped (non-finite)")
     print(
         f"  metrics: {out / 'metrics.jsonl'}\n  plots:   {out / 'plots'}/\n"
         f"  checkpoint: {summary['checkpoint']}"
@@ -175,7 +176,7 @@ def _report(args) -> int:
 def _study(args) -> int:
     from explorl.study import run_study
 
-    return run_study(catalog.resolve(args.spec, "study"), quick=args.quick, out=args.out,
+    return run_study(builtin.resolve(args.spec, "study"), quick=args.quick, out=args.out,
                      jobs=args.jobs, recipes=args.recipes)
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from explorl import catalog
 from explorl import config as C
+from explorl.config import builtin
 from explorl.config.recipes import _read_recipe
 from explorl.errors import ConfigError
 from explorl.outputs.tables import print_tables, wrapped
@@ -40,16 +40,16 @@ def rows(kind: str = "recipe") -> list[tuple[str, str, str]]:
     folder gets its next clause too."""
     launcher = kind == "launcher"
     kind = "recipe" if launcher else kind
-    names = [n for n in catalog.names(kind)
-             if (n.partition("/")[0] == catalog.LAUNCHER_DIR) == launcher]
-    heads = {n: catalog.summary(catalog.folder(kind) / f"{n}.yaml") for n in names}
+    names = [n for n in builtin.names(kind)
+             if (n.partition("/")[0] == builtin.LAUNCHER_DIR) == launcher]
+    heads = {n: builtin.summary(builtin.folder(kind) / f"{n}.yaml") for n in names}
     out = []
     for name in names:
-        path = catalog.folder(kind) / f"{name}.yaml"
+        path = builtin.folder(kind) / f"{name}.yaml"
         folder = name.rpartition("/")[0]
         twins = [m for m in names if m != name and m.rpartition("/")[0] == folder
                  and heads[m] == heads[name]]
-        method = catalog.summary(path, detail=True) if twins else heads[name]
+        method = builtin.summary(path, detail=True) if twins else heads[name]
         if kind == "study":
             task = (C.load_yaml(path.read_text(encoding="utf-8"), str(path)) or {}).get("task")
             trains = f"lab:{task or 'addition'}"
@@ -84,7 +84,7 @@ def copy_text(path: Path, kind: str) -> str:
     if kind == "recipe":
         def base(m: re.Match) -> str:
             target = (path.parent / m.group(2).strip("'\"")).resolve()
-            root = catalog.folder("recipe").resolve()
+            root = builtin.folder("recipe").resolve()
             if not target.is_relative_to(root):
                 return m.group(0)
             return f"{m.group(1)}{target.relative_to(root).with_suffix('').as_posix()}"
@@ -104,9 +104,9 @@ def run(args, console: Console | None = None) -> int:
     if args.name is None:
         raise ConfigError(f"explorl recipes {args.action}: give a NAME "
                           "(explorl recipes lists them)")
-    path = catalog.find(args.name, kind)
+    path = builtin.find(args.name, kind)
     if path is None:
-        raise catalog.not_found(args.name, kind)
+        raise builtin.not_found(args.name, kind)
     if args.action == "show":
         print(f"# {path}")
         print(path.read_text(encoding="utf-8"), end="")

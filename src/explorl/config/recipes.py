@@ -8,7 +8,8 @@ from typing import Any
 
 import yaml
 
-from explorl import catalog
+from explorl.config.builtin import find as find_builtin
+from explorl.config.builtin import resolve as resolve_builtin
 from explorl.config.checks import _if_dir, from_dict
 from explorl.config.coerce import _show, set_path, to_dict
 from explorl.config.sections import RunConfig
@@ -21,11 +22,11 @@ def load(recipe: str | Path | None = None, overrides: list[str] | None = None, *
     (``env``: see ``validate``).
 
     A recipe may say ``base: other.yaml`` (relative to itself) to start from another recipe.
-    ``recipe`` names a file, else a built-in recipe (``quickstart``, ``lab/grpo``: ``catalog``).
+    ``recipe`` names a file, else a built-in recipe (``quickstart``, ``lab/grpo``: ``builtin``).
     """
     data: dict = {}
     if recipe is not None:
-        data = _read_recipe(catalog.resolve(recipe, "recipe"))
+        data = _read_recipe(resolve_builtin(recipe, "recipe"))
         if "name" not in data:
             data["name"] = Path(recipe).stem
     for text in overrides or []:
@@ -58,7 +59,7 @@ def _read_recipe(path: Path, _seen: tuple = ()) -> dict:
                           f"{type(base).__name__} {_show(base)}")
     base_path = path.parent / base
     if not base_path.is_file():  # a built-in (``base: lab/grpo``, as ``explorl recipes cp`` writes)
-        base_path = catalog.find(base) or base_path
+        base_path = find_builtin(base) or base_path
     if not base_path.is_file():
         raise ConfigError(f"recipe {path}: base {base!r} not found (looked for {base_path} and "
                           "a built-in recipe of that name)")

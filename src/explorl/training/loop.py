@@ -38,7 +38,6 @@ from explorl.training.checkpoint import NoCheckpoint, latest_checkpoint
 from explorl.training.distributed import LogProbModule, make_dist
 from explorl.training.metrics import TIME_KEYS, batch_metrics, ordered, timed
 from explorl.training.update import (
-    NonFiniteGuard,
     PolicyUpdate,
     loss_metrics,
     make_optimizer,
@@ -75,9 +74,7 @@ class Trainer:
         self._setup_rollout(engine)
         self.control = bank_from_config(cfg, vocab_size=self.vocab_size,
                                         dataset_size=len(self.train_data))
-        self.step, self.guard = 0, NonFiniteGuard(cfg.optim.max_bad_steps,
-                                                  cfg.optim.max_bad_frac, cfg.max_steps)
-        self.watch = RunWatch(cfg.watch)  # collapse and failing rewards (docs/failures.md)
+        self.step, self.watch = 0, RunWatch(cfg)  # non-finite steps, collapse, failing rewards
         if ckpt is not None:
             run_state.restore(self, ckpt)
         if self.dist.is_main:
@@ -238,7 +235,7 @@ class Trainer:
         self._stop = total.pop("stop") > 0
         metrics.update({**upd, **loss_metrics(total, len(rows["reward"]), cfg.optim.ppo_epochs,
                                               upd)})
-        self.guard.check(step, metrics, rows["reward"])
+        self.watch.check(step, metrics, rows["reward"], stats, self.rewarder.problem)
         self.step = step
 
         # 5. controllers read the step's global statistics
@@ -247,7 +244,6 @@ class Trainer:
 
         # 6. log (global values, the same on every rank)
         metrics.update(batch_metrics(step, sb, knobs))
-        self.watch.check(step, metrics, self.rewarder.problem)
         if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.max_steps):
             with timed(metrics, "time/val_s"):
                 metrics.update(self.validate())
@@ -287,8 +283,7 @@ class Trainer:
         summary = {"steps": self.step, "max_steps": cfg.max_steps,
                    "interrupted": self._stop and self.step < cfg.max_steps,
                    "seconds": time.perf_counter() - t_run, "checkpoint": str(ckpt), "final": last,
-                   "n_params": self.n_params, "processes": self.dist.world_size,
-                   "skipped_steps": self.guard.skipped}
+                   "n_params": self.n_params, "processes": self.dist.world_size}
         if main:
             text = json.dumps(summary, indent=2, default=json_default)
             (self.out / "summary.json").write_text(text)

@@ -29,7 +29,7 @@ def state_of(t) -> dict:
     return {"step": t.step, "optimizer": t.dist.optimizer_state(t.scorer, t.optimizer),
             "scheduler": t.scheduler.state_dict(), "rng": rng_state(t.generators),
             "data": t.order.state_dict(), "anneal_data": anneal,
-            "guard": t.guard.state_dict(), "watch": t.watch.state_dict(),
+            "guard": t.watch.guard.state_dict(), "watch": t.watch.state_dict(),
             "torch_threads": torch.get_num_threads(),
             **t.control.state_dict()}
 
@@ -39,7 +39,7 @@ def restore(t, ckpt: Path) -> None:
     with the model)."""
     state = load_state(ckpt)
     t.step = state["step"]
-    t.guard.load_state_dict(state.get("guard", {}))
+    t.watch.guard.load_state_dict(state.get("guard", {}))
     t.watch.load_state_dict(state.get("watch", {}))
     t.dist.load_optimizer_state(t.scorer, t.optimizer, state["optimizer"])
     t.scheduler.load_state_dict(state["scheduler"])

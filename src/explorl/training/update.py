@@ -481,7 +481,8 @@ class NonFiniteGuard:
             )
         if self.skipped > self.max_frac * self.max_steps:
             raise TrainingDiverged(
-                f"step {step}: {self.skipped} steps skipped for a non-finite loss, gradient or "
+                f"step {step}: {self.skipped} step{'s' * (self.skipped != 1)} skipped for a "
+                f"non-finite loss, gradient or "
                 f"reward, more than optim.max_bad_frac={self.max_frac:g} of the run's "
                 f"{self.max_steps} steps (the last: non-finite {what}); " + advice
             )

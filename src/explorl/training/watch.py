@@ -1,5 +1,6 @@
 """Watching a run for trouble it cannot learn through (the recipe's ``watch`` section).
 
+- ``NonFiniteGuard`` (``update``): steps skipped for a non-finite loss, gradient or reward.
 - ``CollapseMonitor``: entropy below a floor for several steps while accuracy does not improve:
   the policy has collapsed onto a few answers. Warns once, naming the knobs that usually help;
   the run goes on (a collapsed policy can still be the user's goal).
@@ -7,7 +8,7 @@
   response for several steps in a row, or on most of them over a window, leaves nothing to learn
   from (all rewards 0): the run stops with the first error's message (exit 2).
 
-Both read the step's global metrics, so every rank decides alike. docs/failures.md has the rules.
+Each reads the step's global statistics, so every rank decides alike (docs/failures.md).
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ from __future__ import annotations
 import logging
 from collections import deque
 
+from explorl.config import RunConfig
 from explorl.config.watch_sections import WatchConfig
+from explorl.control.base import StepStats
 from explorl.errors import RewardError
+from explorl.training.update import NonFiniteGuard
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +31,9 @@ COLLAPSE_ADVICE = (
 
 
 class CollapseMonitor:
-    """Warns once when ``entropy/mean`` < ``collapse_entropy`` for ``collapse_steps`` steps in a
-    row and the mean ``reward/accuracy`` of the window's second half is not more than
+    """Warns once when the policy's entropy (the controllers' ``StepStats.entropy``, at the
+    sampling temperature) < ``collapse_entropy`` for ``collapse_steps`` steps in a row and the
+    mean accuracy of the step's samples over the window's second half is not more than
     ``collapse_min_gain`` above its first half's."""
 
     def __init__(self, cfg: WatchConfig) -> None:
@@ -36,11 +41,11 @@ class CollapseMonitor:
         self.low: deque[float] = deque(maxlen=cfg.collapse_steps)  # accuracy of the low steps
         self.warned = False
 
-    def check(self, step: int, metrics: dict) -> str | None:
-        """The warning, the one time it fires (it is also logged); else None."""
+    def check(self, step: int, H: float, acc: float) -> str | None:
+        """The warning, the one time it fires (it is also logged); else None. ``H``: the
+        step's policy entropy; ``acc``: the fraction of its samples that were correct."""
         c = self.cfg
-        H, acc = metrics.get("entropy/mean"), metrics.get("reward/accuracy")
-        if self.warned or c.collapse_entropy <= 0 or H is None or acc is None:
+        if self.warned or c.collapse_entropy <= 0:
             return None
         if not H < c.collapse_entropy:  # also NaN: not a collapse, the guard handles it
             self.low.clear()
@@ -56,7 +61,7 @@ class CollapseMonitor:
         self.warned = True
         text = (f"step {step}: the policy looks collapsed: entropy/mean has stayed below "
                 f"watch.collapse_entropy={c.collapse_entropy:g} for {c.collapse_steps} steps "
-                f"(now {H:.4f}) while reward/accuracy did not improve ({first:.3f} → "
+                f"(now {H:.4f}) while accuracy did not improve ({first:.3f} → "
                 f"{second:.3f}); {COLLAPSE_ADVICE}")
         log.warning("warning: %s", text)
         return text
@@ -114,14 +119,22 @@ class RewardFailureGuard:
 
 
 class RunWatch:
-    """Both watchers, checked once per step after its metrics are complete (section 6)."""
+    """The three watchers, checked once per step right after its update (section 4)."""
 
-    def __init__(self, cfg: WatchConfig) -> None:
-        self.collapse, self.rewards = CollapseMonitor(cfg), RewardFailureGuard(cfg)
+    def __init__(self, cfg: RunConfig) -> None:
+        o = cfg.optim
+        self.guard = NonFiniteGuard(o.max_bad_steps, o.max_bad_frac, cfg.max_steps)
+        self.collapse = CollapseMonitor(cfg.watch)
+        self.rewards = RewardFailureGuard(cfg.watch)
 
-    def check(self, step: int, metrics: dict, reward_problem: str | None) -> None:
+    def check(self, step: int, metrics: dict, rewards, stats: StepStats,
+              reward_problem: str | None) -> None:
+        """``rewards``: the step's (N,) rewards; ``reward_problem``: the rewarder's latest
+        failure message (``Rewarder.problem``)."""
+        self.guard.check(step, metrics, rewards)
         self.rewards.check(step, metrics, reward_problem)
-        self.collapse.check(step, metrics)
+        samples = sum(stats.prompt_samples)
+        self.collapse.check(step, stats.entropy, sum(stats.prompt_correct) / max(1, samples))
 
     def state_dict(self) -> dict:
         return {"collapse": self.collapse.state_dict(), "rewards": self.rewards.state_dict()}
