@@ -131,3 +131,26 @@ def test_recipes_cp_writes_a_copy_whose_base_still_resolves(tmp_path, monkeypatc
 
     loaded = load_spec(tmp_path / "mine.yaml")
     assert resolve_recipe("grpo", loaded, "recipes[0]", tmp_path / "mine.yaml").is_file()
+
+
+def test_eval_and_passk_tables_fit_80_columns_without_cutting_a_value(capsys):
+    from explorl.eval.run import _print_table
+    from explorl.outputs.tables import print_tables, stacked
+
+    ks = [1, 2, 4, 8, 16, 32, 64]
+    s = {"n_problems": 100, **{f"pass@{k}": 0.123456 for k in ks}, "mean@n": 0.25,
+         "greedy_accuracy": 0.5}
+    console = Console(width=80, record=True)
+    _print_table({"settings": {"k": ks, "n": 64, "temperature": 1.0}, "overall": s,
+                  "by_source": {"countdown_plus_minus": s}}, console)
+    text = console.export_text()
+    assert "…" not in text and max(map(len, text.splitlines())) <= 80
+    for header in ["source", "problems", *[f"pass@{k}" for k in ks], "mean@n", "greedy"]:
+        assert f" {header} " in text
+    assert text.count("countdown_plus_minus") == 2  # stacked: the label column repeats
+    assert text.count("0.123") == 2 * len(ks)
+    wide = stacked(["run", *map(str, range(30))], [["a long run label", *["0.500"] * 30]], 80)
+    console = Console(width=80, record=True)
+    print_tables(wide, console)
+    out = console.export_text()
+    assert len(wide) > 1 and "…" not in out and out.count("0.500") == 30
