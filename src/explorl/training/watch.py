@@ -59,7 +59,7 @@ class CollapseMonitor:
         if second - first > c.collapse_min_gain:
             return None
         self.warned = True
-        text = (f"step {step}: the policy looks collapsed: entropy/mean has stayed below "
+        text = (f"step {step}: the policy looks collapsed: its entropy has stayed below "
                 f"watch.collapse_entropy={c.collapse_entropy:g} for {c.collapse_steps} steps "
                 f"(now {H:.4f}) while accuracy did not improve ({first:.3f} → "
                 f"{second:.3f}); {COLLAPSE_ADVICE}")
