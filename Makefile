@@ -19,7 +19,7 @@ $(BIN)/.installed: pyproject.toml
 setup: $(BIN)/.installed
 
 demo: setup
-	$(BIN)/explorl train recipes/quickstart.yaml --out runs/quickstart
+	$(BIN)/explorl train quickstart --out runs/quickstart
 
 test: setup
 	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)

@@ -36,7 +36,8 @@ def main() -> None:
     hooks = {k: [] for k in VARIANTS}
     for _ in range(args.reps):
         for name, sets in VARIANTS.items():
-            t, rows = step_times("recipes/lab/grpo.yaml", sets, args.steps, cpu=cpu[name])
+            t, rows = step_times("src/explorl/recipes/lab/grpo.yaml", sets, args.steps,
+                                 cpu=cpu[name])
             times[name] += t
             hooks[name] += [r["time/control_s"] for r in rows]
     print(f"machine: {machine()}")

@@ -114,7 +114,7 @@ def explorl_config(base: Path, prompts: int, steps: int, length: int, sets: list
 
     from explorl import validation
     return validation.load(
-        ROOT / "recipes/lab/grpo.yaml",
+        "lab/grpo",
         [
             f"model.path={base / 'model'}",
             "model.use_chat_template=false",

@@ -32,7 +32,7 @@ def main() -> None:
     step = {k: [] for k in LOSSES}
     for _ in range(args.reps):
         for name, sets in LOSSES.items():
-            times, rows = step_times("recipes/lab/grpo.yaml", sets, args.steps)
+            times, rows = step_times("src/explorl/recipes/lab/grpo.yaml", sets, args.steps)
             step[name] += times
             train[name] += [r["time/train_s"] for r in rows]
     print(f"machine: {machine()}")

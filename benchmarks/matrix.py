@@ -4,7 +4,7 @@ step's FLOP floor (figures only, no assertions).
     .venv/bin/pip install 'trl==1.16.0'           # the `bench` extra; torch stays as it is
     .venv/bin/python benchmarks/matrix.py          # 8 and 32 prompts × length 8 and 32 (~6 min)
     .venv/bin/python benchmarks/matrix.py --full   # 8/16/32/64 prompts × length 8/32/64, 3 reps
-    .venv/bin/python benchmarks/matrix.py --quickstart [--ref-src DIR]  # recipes/quickstart.yaml
+    .venv/bin/python benchmarks/matrix.py --quickstart [--ref-src DIR]  # the quickstart recipe
 
 A cell is P prompts × 8 samples per step with every response exactly R tokens long: both sides
 forbid EOS before R tokens (TRL through ``min_new_tokens``, explorl through a hook on the
@@ -47,6 +47,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = 8
+QUICKSTART = "src/explorl/recipes/quickstart.yaml"
+"""The quickstart recipe, relative to ROOT (a file every source tree of --ref-src can read)."""
 
 
 # ------------------------------------------------------------------------------- FLOPs
@@ -308,7 +310,7 @@ def main() -> None:
     p.add_argument(
         "--quickstart",
         action="store_true",
-        help="recipes/quickstart.yaml (natural lengths) instead of the matrix, explorl only",
+        help="the quickstart recipe (natural lengths) instead of the matrix, explorl only",
     )
     p.add_argument(
         "--ref-src",
@@ -403,14 +405,14 @@ def quickstart(args, src: str) -> None:
     }
     steps = max(args.steps, 10)
     print(
-        f"recipes/quickstart.yaml: {args.reps} alternating reps of {args.warmup} warm-up + "
+        f"the quickstart recipe: {args.reps} alternating reps of {args.warmup} warm-up + "
         f"{steps} timed "
         f"steps per side\n"
     )
     runs: dict[str, list[dict]] = {s: [] for s in sides}
     for rep in range(args.reps):
         for side, (path, sets) in sides.items():
-            r = measure({"side": side, "recipe": "recipes/quickstart.yaml", "steps": steps,
+            r = measure({"side": side, "recipe": QUICKSTART, "steps": steps,
                          "warmup": args.warmup, "src": path, "sets": [*PINNED, *sets]})
             runs[side].append(r)
             print(

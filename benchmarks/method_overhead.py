@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/method_overhead.py [--steps 20] [--reps 2] [--threads 1]
 
-Each method runs as its lab recipe (recipes/lab/<name>.yaml = grpo.yaml + the method), plus
+Each method runs as its lab recipe (lab/<name>.yaml = grpo.yaml + the method), plus
 variants that force a method's costly path where the recipe's first steps would skip it: the
 entropy coefficient with a target above any entropy (the bonus, with its entropy pass, on every
 step) and Knapsack budgets on a 16-prompt epoch (success rates known from step 3, bounds open).
@@ -115,7 +115,8 @@ def main() -> None:
     train = {k: [] for k in VARIANTS}
     for _ in range(args.reps):
         for name, (recipe, sets) in VARIANTS.items():
-            t, rows = step_times(f"recipes/lab/{recipe}.yaml", sets, args.steps, cpu=cpu[name])
+            t, rows = step_times(f"src/explorl/recipes/lab/{recipe}.yaml", sets, args.steps,
+                                 cpu=cpu[name])
             wall[name] += t
             train[name] += [r["time/train_s"] for r in rows]
     print(f"machine: {machine()}")

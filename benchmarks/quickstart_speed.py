@@ -15,7 +15,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--steps", type=int, default=30)
     args = p.parse_args()
-    times, rows = step_times("recipes/quickstart.yaml", [], args.steps)
+    times, rows = step_times("src/explorl/recipes/quickstart.yaml", [], args.steps)
     med = statistics.median(times)
     gen = statistics.median(r["time/generate_s"] for r in rows)
     train = statistics.median(r["time/train_s"] for r in rows)

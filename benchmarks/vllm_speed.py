@@ -145,7 +145,8 @@ def step_worker(spec: dict, path: Path) -> dict:
     if spec["model"] != "lab":
         sets.append(f"model.path={path}")
     cpu: list[float] = []
-    walls, rows = step_times("recipes/quickstart.yaml", sets, spec["steps"], warmup=2, cpu=cpu)
+    walls, rows = step_times("src/explorl/recipes/quickstart.yaml", sets, spec["steps"], warmup=2,
+                             cpu=cpu)
     return {"step_s": statistics.median(walls), "step_cpu_s": statistics.median(cpu),
             "tokens_per_step": statistics.median(r["response/length_mean"] * r["rollout/n_samples"]
                                                  for r in rows)}

@@ -38,7 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LR = 2e-5
-MAX_NEW = 8  # recipes/lab/grpo.yaml: rollout.max_response_len
+MAX_NEW = 8  # lab/grpo recipe: rollout.max_response_len
 
 
 def peak_rss_mb() -> float:
@@ -101,7 +101,7 @@ def explorl_config(prompts: int, samples: int, steps: int, max_new: int = MAX_NE
 
     from explorl import validation
     return validation.load(
-        ROOT / "recipes/lab/grpo.yaml",
+        "lab/grpo",
         [
             f"data.prompts_per_step={prompts}",
             f"rollout.n_samples={samples}",

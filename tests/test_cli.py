@@ -118,7 +118,9 @@ def test_eval_fit_report(recipe, tiny_model, tmp_path, capsys):
     )
     printed = capsys.readouterr().out
     assert (tmp_path / "pk.png").read_bytes()[:4] == b"\x89PNG"
-    assert f"before{' ' * 18}{o['pass@1']:10.3f}" in printed and "eval " in printed
+    rows = {line.split("│")[1].strip(): line for line in printed.splitlines()
+            if line.startswith("│")}
+    assert set(rows) == {"before", "eval"} and f"{o['pass@1']:.3f}" in rows["before"]
 
     assert main(["report", *map(str, runs), "--out", str(tmp_path / "report")]) == 0
     rep = tmp_path / "report"

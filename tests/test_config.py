@@ -6,12 +6,13 @@ import yaml
 
 from explorl import config as C
 from explorl import validation
+from explorl.config import builtin
 
 RECIPES = sorted(
     p
-    for p in Path(__file__).resolve().parents[1].joinpath("recipes").rglob("*.yaml")
+    for p in builtin.folder("recipe").rglob("*.yaml")
     if "accelerate" not in p.parts
-)  # recipes/accelerate/ holds launcher configs, not recipes
+)  # the recipes' accelerate/ holds launcher configs, not recipes
 
 
 def test_defaults_validate():

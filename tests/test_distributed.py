@@ -1,7 +1,7 @@
 """Data-parallel training: 2 CPU processes (gloo) equal 1 process with the same global batch.
 
 Each 2-process scenario runs the real CLI under a launcher (``accelerate launch`` with the shipped
-``recipes/accelerate/cpu_2proc.yaml``, or ``torchrun``) and is compared step by step with an
+``accelerate/cpu_2proc.yaml``, or ``torchrun``) and is compared step by step with an
 in-process single-process run. Batch composition changes float round-off only: metrics agree
 to ~2e-6 (relative). Weights agree to ~2e-6 except a rare coordinate whose gradient is ~0, where
 Adam's m/√v amplifies round-off (seen: 3e-5): hence a looser weight tolerance. A gradient scale
@@ -23,6 +23,7 @@ from conftest import tiny_config
 from safetensors.torch import load_file
 
 from explorl import config as C
+from explorl.config import builtin
 from explorl.outputs.runlog import read_metrics
 from explorl.rollout.seeding import NoiseStream, gumbel_sample, row_keys
 from explorl.training.distributed import Single
@@ -75,7 +76,7 @@ def _launch(launcher: str, cfg: C.RunConfig, out: Path, *sets: str) -> None:
             "-m",
             "accelerate.commands.launch",
             "--config_file",
-            str(ROOT / "recipes" / "accelerate" / "cpu_2proc.yaml"),
+            str(builtin.folder("recipe") / "accelerate" / "cpu_2proc.yaml"),
             "--main_process_port",
             str(_free_port()),
         ]
@@ -175,7 +176,7 @@ def test_controllers_two_processes_equal_one(tiny_model, tmp_path):
 def test_shipped_accelerate_configs_load(name):
     from accelerate.commands.config.config_args import load_config_from_file
 
-    cfg = load_config_from_file(str(ROOT / "recipes" / "accelerate" / f"{name}.yaml"))
+    cfg = load_config_from_file(str(builtin.folder("recipe") / "accelerate" / f"{name}.yaml"))
     assert cfg.num_processes >= 2 and cfg.num_processes % cfg.num_machines == 0
     if name == "fsdp":  # what explorl supports (see explorl.training.distributed)
         assert (

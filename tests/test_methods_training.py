@@ -4,11 +4,11 @@ setting trains exactly as GRPO, a switched-on one changes the update) and logs w
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import torch
 
+from explorl.config import builtin
 from explorl.outputs.runlog import read_metrics
 from explorl.training.loop import Trainer
 
@@ -97,6 +97,6 @@ def test_entropy_coefficient_controller_sets_the_bonus(make_config, tmp_path):
 def test_config_rejects_impossible_method_settings(sets, message):
 
     from explorl import validation
-    grpo = Path(__file__).resolve().parents[1] / "recipes" / "lab" / "grpo.yaml"
+    grpo = builtin.find("lab/grpo")
     with pytest.raises(ValueError, match=re.escape(message)):  # ConfigError or ControlError
         validation.load(grpo, sets, env=False)

@@ -26,7 +26,8 @@ def test_a_nan_reward_skips_the_update_and_three_in_a_row_stop_the_run(
     make_config, tmp_path, capsys
 ):
     cfg = make_config({"max_steps": 6, "eval": {"every": 0}, "log": {"checkpoint_every": 1},
-                       "reward": {"num_workers": 0}, "optim": {"max_bad_steps": 3}})
+                       "reward": {"num_workers": 0},
+                       "optim": {"max_bad_steps": 3, "max_bad_frac": 1.0}})
     out = tmp_path / "run"
     t = Trainer(cfg, out)
     t.train_step()  # step 1: fine
@@ -50,7 +51,8 @@ def test_a_nan_reward_skips_the_update_and_three_in_a_row_stop_the_run(
 
 
 def test_a_good_step_resets_the_count(make_config, tmp_path):
-    cfg = make_config({"max_steps": 6, "eval": {"every": 0}, "optim": {"max_bad_steps": 2}})
+    cfg = make_config({"max_steps": 6, "eval": {"every": 0},
+                       "optim": {"max_bad_steps": 2, "max_bad_frac": 1.0}})
     t = Trainer(cfg, tmp_path / "run")
     real = t.update.run
     poison = iter([True, False, True, False])
@@ -67,7 +69,8 @@ def test_exploding_lr_run_exits_2_names_the_step_and_keeps_a_finite_checkpoint(
     make_config, tmp_path, capsys
 ):
     cfg = make_config({"max_steps": 12, "eval": {"every": 0}, "log": {"checkpoint_every": 1},
-                       "optim": {"lr": 1e6, "max_grad_norm": 0.0, "max_bad_steps": 2}})
+                       "optim": {"lr": 1e6, "max_grad_norm": 0.0, "max_bad_steps": 2,
+                                 "max_bad_frac": 1.0}})
     out = tmp_path / "run"
     code = main(["train", _recipe(tmp_path, cfg), "--out", str(out)])
     err = capsys.readouterr().err

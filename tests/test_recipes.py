@@ -1,4 +1,4 @@
-"""Every recipe in recipes/ trains for two steps (math recipes with the lab swapped in)."""
+"""Every built-in recipe trains for two steps (math recipes with the lab swapped in)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from conftest import TINY_LAB_CONFIG
 
 from explorl import config as C
 from explorl import validation
+from explorl.config import builtin
 from explorl.outputs.runlog import read_metrics
 from explorl.training.loop import Trainer
 
-ROOT = Path(__file__).resolve().parents[1] / "recipes"
+ROOT = builtin.folder("recipe")
 RECIPES = sorted(p for p in ROOT.rglob("*.yaml") if "accelerate" not in p.parts)
 
 

@@ -17,6 +17,7 @@ from explorl import config as C
 from explorl import study as S
 from explorl import validation
 from explorl.cli import main
+from explorl.config import builtin
 
 # ----------------------------------------------------------------------------- spec
 
@@ -27,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _write(tmp_path: Path, data: dict, name: str = "spec.yaml") -> Path:
     """A spec in ``tmp_path``; its recipe names are those of the repository's recipes/lab/."""
     path = tmp_path / name
-    path.write_text(yaml.safe_dump({"recipe_dir": str(ROOT / "recipes" / "lab"), **data}))
+    path.write_text(yaml.safe_dump({"recipe_dir": str(builtin.folder("recipe") / "lab"), **data}))
     return path
 
 
@@ -95,7 +96,7 @@ def test_recipe_folder_comes_from_the_spec_or_the_recipes_option(tmp_path, capsy
     """No recipe_dir: a recipe name is an error naming the key; ``recipe_dir`` (relative to the
     spec) or ``--recipes DIR`` (replacing it) supplies the folder."""
     (tmp_path / "mine").mkdir()
-    shutil.copy(ROOT / "recipes" / "lab" / "grpo.yaml", tmp_path / "mine" / "grpo.yaml")
+    shutil.copy(builtin.find("lab/grpo"), tmp_path / "mine" / "grpo.yaml")
     path = tmp_path / "spec.yaml"
     # the recipe resolves, so planning reaches the (deliberately wrong) override
     path.write_text(yaml.safe_dump({"recipes": ["grpo"], "set": ["algorithm.eps_hihg=0.3"]}))
@@ -127,9 +128,8 @@ def test_study_does_not_import_the_command_line():
 
 
 def test_lab_spec_plans_every_required_recipe():
-    root = Path(__file__).resolve().parents[1]
-    spec = S.load_spec(root / "studies" / "lab.yaml")
-    plans = S.plan_runs(spec, root / "studies" / "lab.yaml", Path("/tmp/unused"))
+    spec = S.load_spec(builtin.find("lab", "study"))
+    plans = S.plan_runs(spec, builtin.find("lab", "study"), Path("/tmp/unused"))
     names = set(S.order_rows(spec, plans))
     assert {
         "grpo",
@@ -146,17 +146,17 @@ def test_lab_spec_plans_every_required_recipe():
     assert len(spec.seeds) == 3 and {p.cfg.max_steps for p in plans} == {spec.max_steps}
     # the same rollout budget for every recipe: prompts per step × samples per prompt
     assert {(p.cfg.data.prompts_per_step, p.cfg.rollout.n_samples) for p in plans} == {(8, 8)}
-    quick = S.load_spec(root / "studies" / "lab.yaml", quick=True)
+    quick = S.load_spec(builtin.find("lab", "study"), quick=True)
     assert quick.publish is None and len(quick.seeds) == 1 and quick.max_steps < spec.max_steps
 
 
 @pytest.mark.parametrize(
-    "name", sorted(p.name for p in (Path(__file__).resolve().parents[1] / "studies").glob("*.yaml"))
+    "name", sorted(p.name for p in builtin.folder("study").glob("*.yaml"))
 )
 def test_every_shipped_spec_plans_full_and_quick(name):
     """Every spec in studies/ loads and plans in both forms; study-wide overrides reach every
     run."""
-    path = Path(__file__).resolve().parents[1] / "studies" / name
+    path = builtin.folder("study") / name
     for quick in (False, True):
         spec = S.load_spec(path, quick=quick)
         plans = S.plan_runs(spec, path, Path("/tmp/unused"))
@@ -379,8 +379,7 @@ def test_tiny_study_end_to_end_is_resumable_and_reproducible(tiny_model, tmp_pat
 
 
 def test_exploration_specs_cover_every_claim_and_set_per_task_targets():
-    root = Path(__file__).resolve().parents[1]
-    path = root / "studies" / "subset_sum.yaml"
+    path = builtin.find("subset_sum", "study")
     spec = S.load_spec(path)
     plans = S.plan_runs(spec, path, Path("/tmp/unused"))
     assert {n for c in S.CLAIMS for n in c.needs} <= set(S.order_rows(spec, plans))
@@ -392,7 +391,7 @@ def test_exploration_specs_cover_every_claim_and_set_per_task_targets():
     # clip_cov_more keeps clip_cov's regime
     assert by["clip_cov_more", 0].algorithm.clip_cov_ratio == 0.1
     assert spec.eval.n == 64 and max(spec.eval.k) == 64 and spec.base_eval
-    cd = root / "studies" / "countdown.yaml"
+    cd = builtin.find("countdown", "study")
     cplans = S.plan_runs(S.load_spec(cd), cd, Path("/tmp/unused"))
     assert {p.cfg.lab.params["ops"] for p in cplans} == {"+-"}
 

@@ -7,8 +7,13 @@ The public API. Names resolve lazily, so ``import explorl`` (and the pure math i
 from __future__ import annotations
 
 import importlib
+from importlib import metadata
 
-__version__ = "0.1.0"
+try:
+    __version__ = metadata.version("explorl")
+    """The installed distribution's version (pyproject.toml's ``version``, one place)."""
+except metadata.PackageNotFoundError:  # a source tree on sys.path that was never installed
+    __version__ = "0+unknown"
 
 _EXPORTS = {
     # configuration

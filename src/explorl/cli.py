@@ -1,4 +1,4 @@
-"""``explorl`` command line: train, eval, export, passk, fit, report, study, config.
+"""``explorl`` command line: train, eval, export, passk, fit, report, study, config, recipes.
 
 Every error a user can cause (``explorl.errors.ExplorlError``, and ``OSError`` such as a full
 disk) is printed as one ``error: …`` line with exit status 2; ``--debug`` (or
@@ -14,9 +14,13 @@ import os
 import sys
 from pathlib import Path
 
-from explorl import __version__, validation
+from rich.console import Console
+
+from explorl import __version__, cli_recipes, validation
 from explorl import config as C
+from explorl.config import builtin
 from explorl.errors import ExplorlError
+from explorl.outputs.tables import print_tables, stacked
 
 
 def _train(args) -> int:
@@ -59,7 +63,8 @@ def _train(args) -> int:
     else:
         if not args.recipe:
             print(
-                "error: give a RECIPE (e.g. recipes/quickstart.yaml) or --resume RUN_DIR",
+                "error: give a RECIPE (a file, or a built-in name such as quickstart) or --resume "
+                "RUN_DIR",
                 file=sys.stderr,
             )
             return 2
@@ -82,7 +87,8 @@ def _train(args) -> int:
     print(f"run directory: {out}")
     print(f"  steps {summary['steps']}/{summary['max_steps']} in {summary['seconds']:.0f}s; "
           f"final reward/mean {final.get('reward/mean', float('nan')):.3f}, "
-          f"entropy/mean {final.get('entropy/mean', float('nan')):.3f}")
+          f"entropy/mean {final.get('entropy/mean', float('nan')):.3f}; "
+          f"{final.get('train/skipped_steps', 0):.0f} skipped (non-finite)")
     print(
         f"  metrics: {out / 'metrics.jsonl'}\n  plots:   {out / 'plots'}/\n"
         f"  checkpoint: {summary['checkpoint']}"
@@ -131,11 +137,10 @@ def _passk(args) -> int:
         curves.append((label or Path(path).name.removesuffix(".json"), summary))
     out = plot_passk_compare(curves, Path(args.out), title=args.title)
     ks = sorted({k for _, s in curves for k in s["k_list"]})
-    print(f"{'':24s}" + "".join(f"{'pass@' + str(k):>10s}" for k in ks))
-    for label, s in curves:
-        print(f"{label[:24]:24s}" + "".join(
-            f"{s['overall'][f'pass@{k}']:10.3f}" if f"pass@{k}" in s["overall"] else f"{'—':>10s}"
-            for k in ks))
+    rows = [[label, *[f"{s['overall'][f'pass@{k}']:.3f}" if f"pass@{k}" in s["overall"] else "—"
+                      for k in ks]] for label, s in curves]
+    console = Console()
+    print_tables(stacked(["run", *[f"pass@{k}" for k in ks]], rows, console.width), console)
     print(f"wrote {out}")
     return 0
 
@@ -186,10 +191,10 @@ def _study(args) -> int:
     if args.plan:
         from explorl.study import plan_study
 
-        return plan_study(args.spec, quick=args.quick, jobs=args.jobs, recipes=args.recipes,
-                          cost_from=args.cost_from)
-    return run_study(args.spec, quick=args.quick, out=args.out, jobs=args.jobs,
-                     recipes=args.recipes)
+        return plan_study(builtin.resolve(args.spec, "study"), quick=args.quick, jobs=args.jobs,
+                          recipes=args.recipes, cost_from=args.cost_from)
+    return run_study(builtin.resolve(args.spec, "study"), quick=args.quick, out=args.out,
+                     jobs=args.jobs, recipes=args.recipes)
 
 
 def _config(args) -> int:
@@ -226,7 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=[debug], **kwargs)
 
     t = add("train", help="train a policy from a recipe")
-    t.add_argument("recipe", nargs="?", help="YAML recipe (e.g. recipes/quickstart.yaml)")
+    t.add_argument("recipe", nargs="?",
+                   help="a YAML recipe file, or a built-in recipe's name (quickstart, lab/dapo: "
+                        "explorl recipes lists them)")
     t.add_argument(
         "--set",
         action="append",
@@ -313,10 +320,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = add(
         "study", help="recipes × seeds on a lab task: train, eval, report, check the papers' claims"
     )
-    s.add_argument("spec", help="study spec (e.g. studies/lab.yaml)")
+    s.add_argument("spec", help="a study spec file, or a built-in one's name (lab, subset_sum: "
+                                    "explorl recipes --studies)")
     s.add_argument("--quick", action="store_true",
                    help="apply the spec's quick: section (fewer seeds and steps: a pipeline check, "
-                        "2 min for studies/lab.yaml on 2 idle cores)")
+                        "2 min for the lab study on 2 idle cores)")
     s.add_argument(
         "--out", help="study directory (default runs/study-<name>[-quick]); rerun to continue it"
     )
@@ -341,6 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a config field of the resolved recipe, e.g. optim.lr=1e-5")
     c.set_defaults(fn=_config)
+    cli_recipes.add_parser(sub, [debug])
     return p
 
 

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from explorl.config import ModelConfig
 from explorl.data.files import tokenize_prompts
 from explorl.data.sources import params_for
-from explorl.errors import ConfigError, ModelPathError
+from explorl.errors import ConfigError, DataError, ModelPathError
 from explorl.lab.build import lab_model_path
 from explorl.lab.registry import get_task, parse_lab_spec
 from explorl.lab.tokenizer import outside, tokenizer_alphabet
@@ -154,7 +154,7 @@ def render_prompt(tokenizer, prompt, use_chat_template: bool) -> list[int]:
         alphabet = tokenizer_alphabet(tokenizer)
         text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
         if alphabet is not None and outside(text, alphabet):
-            raise ValueError(f"prompt {text[:80]!r} has characters {outside(text, alphabet)!r} "
+            raise DataError(f"prompt {text[:80]!r} has characters {outside(text, alphabet)!r} "
                              f"outside the lab model's alphabet {alphabet!r}: a lab model reads "
                              "only its task's characters")
     return ids

@@ -53,6 +53,7 @@ from explorl.config.sections import (
     RunConfig,
     VLLMConfig,
 )
+from explorl.config.watch_sections import WatchConfig
 from explorl.errors import ConfigError
 
 __all__ = [
@@ -61,8 +62,7 @@ __all__ = [
     "DistConfig", "EEPOControlConfig", "EntroPICControlConfig", "EntropyCoefControlConfig",
     "EvalConfig", "Interval", "LabConfig", "LogConfig", "LoRAConfig", "ModelConfig", "OptimConfig",
     "RewardConfig", "RewardFunctionConfig", "RolloutConfig", "RolloutCorrectionConfig",
-    "RunConfig", "ScheduleConfig",
-    "TemperatureControlConfig", "VLLMConfig", "_deep_update", "build", "field_docs",
-    "load_yaml", "parse_override", "read_recipe", "read_utf8", "reference", "save",
-    "set_path", "to_dict",
+    "RunConfig", "ScheduleConfig", "TemperatureControlConfig", "VLLMConfig", "WatchConfig",
+    "_deep_update", "build", "field_docs", "load_yaml", "parse_override", "read_recipe",
+    "read_utf8", "reference", "save", "set_path", "to_dict",
 ]

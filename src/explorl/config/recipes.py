@@ -8,6 +8,8 @@ from typing import Any
 
 import yaml
 
+from explorl.config.builtin import find as find_builtin
+from explorl.config.builtin import resolve as resolve_builtin
 from explorl.config.coerce import _show, set_path, to_dict
 from explorl.config.sections import RunConfig
 from explorl.errors import ConfigError
@@ -20,10 +22,11 @@ def read_recipe(recipe: str | Path | None = None, overrides: list[str] | None = 
     applied (not validated: ``explorl.validation.load`` builds and checks it).
 
     A recipe may say ``base: other.yaml`` (relative to itself) to start from another recipe.
+    ``recipe`` names a file, else a built-in recipe (``quickstart``, ``lab/grpo``: ``builtin``).
     """
     data: dict = {}
     if recipe is not None:
-        data = _read_recipe(Path(recipe))
+        data = _read_recipe(resolve_builtin(recipe, "recipe"))
         if "name" not in data:
             data["name"] = Path(recipe).stem
     for text in overrides or []:
@@ -59,8 +62,11 @@ def _read_recipe(path: Path, _seen: tuple = ()) -> dict:
         raise ConfigError(f"recipe {path}: base: expected one recipe file name, got "
                           f"{type(base).__name__} {_show(base)}")
     base_path = path.parent / base
+    if not base_path.is_file():  # a built-in (``base: lab/grpo``, as ``explorl recipes cp`` writes)
+        base_path = find_builtin(base) or base_path
     if not base_path.is_file():
-        raise ConfigError(f"recipe {path}: base {base!r} not found (looked for {base_path})")
+        raise ConfigError(f"recipe {path}: base {base!r} not found (looked for {base_path} and "
+                          "a built-in recipe of that name)")
     merged = _read_recipe(base_path, _seen + (path.resolve(),))
     _deep_update(merged, data)
     return merged

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
 from explorl.config.control_sections import ControlConfig
+from explorl.config.watch_sections import WatchConfig
 
 # Sizes of the lab's train/val/test splits (the lab model is built on the same split).
 SPLIT_SIZES = {"n_train": 2000, "n_val": 128, "n_test": 256}
@@ -392,6 +393,9 @@ class OptimConfig:
     max_bad_steps: int = 3
     """Stop the run after this many consecutive steps whose loss, gradient or rewards were not
     finite (each such step leaves the weights untouched and counts in ``train/skipped_steps``)."""
+    max_bad_frac: float = 0.1
+    """Also stop once more than this fraction of ``max_steps`` was skipped for non-finite
+    values, in a row or not (each skipped step prints one warning line as it happens)."""
 
 
 @dataclass
@@ -478,5 +482,7 @@ class RunConfig:
     """Logging, plots and checkpoints."""
     dist: DistConfig = field(default_factory=DistConfig)
     """Data-parallel training on several processes (README "Scaling out")."""
+    watch: WatchConfig = field(default_factory=WatchConfig)
+    """When a run warns or stops on its own: policy collapse, failing reward functions."""
 
 

@@ -292,9 +292,12 @@ def tokenize_prompts(
     """
     out = []
     for r in records:
-        ids = tokenize(r.prompt)
+        where = r.origin or f"{r.data_source} problem {r.index}"
+        try:
+            ids = tokenize(r.prompt)
+        except DataError as e:  # e.g. characters outside a lab model's alphabet
+            raise DataError(f"{what}: {where}: {e}") from None
         if len(ids) > max_len:
-            where = r.origin or f"{r.data_source} problem {r.index}"
             raise DataError(f"{what}: {where}: the prompt has {len(ids)} tokens, more than "
                             f"data.max_prompt_len={max_len}")
         out.append(ids)

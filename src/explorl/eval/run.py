@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import torch
+from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -31,6 +32,7 @@ from explorl.models import (
     resolve_model_path,
 )
 from explorl.outputs.completions import prompt_text
+from explorl.outputs.tables import print_tables, stacked
 from explorl.rewards.functions import check_reward
 from explorl.rewards.pool import VerifierPool
 from explorl.rewards.rewarder import Rewarder
@@ -174,19 +176,16 @@ def problem_row(index: int, rec, samples: list[tuple[str, float]], greedy_text: 
             "greedy_response": greedy_text, "greedy_score": float(greedy_score)}
 
 
-def _print_table(summary: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
+def _print_table(summary: dict, console=None) -> None:
+    """The summary as a table stacked to the terminal's width (``outputs.tables``), then the
+    overall numbers as one JSON line (for scripts)."""
+    console = console or Console()
     ks = summary["settings"]["k"]
-    table = Table(
-        title=f"pass@k (n={summary['settings']['n']}, T={summary['settings']['temperature']})"
-    )
-    for col in ["source", "problems", *[f"pass@{k}" for k in ks], "mean@n", "greedy"]:
-        table.add_column(col, justify="right")
+    title = f"pass@k (n={summary['settings']['n']}, T={summary['settings']['temperature']})"
+    header = ["source", "problems", *[f"pass@{k}" for k in ks], "mean@n", "greedy"]
     rows = [("overall", summary["overall"])] + list(summary["by_source"].items())
-    for name, s in rows:
-        table.add_row(name, str(s.get("n_problems", "")), *[f"{s[f'pass@{k}']:.3f}" for k in ks],
-                      f"{s['mean@n']:.3f}", f"{s.get('greedy_accuracy', float('nan')):.3f}")
-    Console().print(table)
+    cells = [[name, str(s.get("n_problems", "")), *[f"{s[f'pass@{k}']:.3f}" for k in ks],
+              f"{s['mean@n']:.3f}", f"{s.get('greedy_accuracy', float('nan')):.3f}"]
+             for name, s in rows]
+    print_tables(stacked(header, cells, console.width, title=title), console)
     print(json.dumps({"overall": summary["overall"]}))

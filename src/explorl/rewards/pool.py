@@ -7,6 +7,7 @@ import importlib
 import logging
 import math
 import multiprocessing as mp
+import os
 import signal
 import sys
 import time
@@ -100,6 +101,41 @@ class ScoreResult:
     """Verifications cut off at the time limit (their worker was killed and replaced)."""
     errors: int = 0
     """Verifications that raised or killed their worker (crash, segfault, memory limit)."""
+    problem: str | None = None
+    """The first failure, in user terms: the function as the user named it and why."""
+
+
+def describe(spec) -> str:
+    """A verifier or reward spec as the user wrote it (``my_rewards.py:f``, ``lab:addition``,
+    ``a.py:f + b.py:g``), not its repr; files under the working directory are shown relative."""
+    refs = [spec] if isinstance(spec, str) else [t.ref for t in spec.terms]
+    shown = []
+    for ref in refs:
+        target, sep, attr = ref.rpartition(":")
+        if sep and os.path.isabs(target):
+            rel = os.path.relpath(target)
+            target = target if rel.startswith("..") else rel
+            ref = f"{target}:{attr}"
+        shown.append(ref)
+    return " + ".join(shown)
+
+
+def report_failures(spec, n: int, errors: int, timeouts: int, problem: str | None,
+                    timeout_s: float | None) -> str | None:
+    """Log one warning line for a call with failures; return its first failure's message."""
+    if not (errors or timeouts):
+        return None
+    name = describe(spec)
+    kind = "reward function" if isinstance(spec, RewardSpec) and not spec.bounded else "verifier"
+    parts = []
+    if errors:
+        parts.append(f"{errors} of {n} responses failed, e.g. {problem}")
+    if timeouts:
+        parts.append(f"{timeouts} of {n} responses timed out after "
+                     f"reward.timeout_s={timeout_s:g} s")
+    log.warning("%s %s: %s (scored 0)", kind, name, "; ".join(parts))
+    problem = problem or f"timed out after reward.timeout_s={timeout_s:g} s"
+    return f"{kind} {name}: {problem}"
 
 
 def _worker_main(conn: Connection, memory_limit_mb: int | None,
@@ -262,7 +298,10 @@ class VerifierPool:
         # none of them on a response.
         fn = resolve_scorer(verifier_name)
         if self.num_workers == 0 or self._in_process(verifier_name):
-            return _score_inline(fn, responses, ground_truths, contexts, _bounded(verifier_name))
+            res = _score_inline(fn, responses, ground_truths, contexts, _bounded(verifier_name))
+            problem = report_failures(verifier_name, len(responses), res.errors, 0, res.problem,
+                                      None)
+            return ScoreResult(res.scores, 0, res.errors, problem)
         return self._score_workers(verifier_name, responses, ground_truths, contexts)
 
     def _in_process(self, spec: str | RewardSpec) -> bool:
@@ -335,9 +374,8 @@ class VerifierPool:
                             w.specs.add(spec)
                             call_deadline = min(call_deadline, time.monotonic() + budget)
                             if msg[1] is not None:
-                                log.error(
-                                    "verifier %r failed to load in a worker: %s", spec, msg[1]
-                                )
+                                log.error("%s failed to load in a worker: %s", describe(spec),
+                                          msg[1])
                         else:
                             i, s, why = msg
                             w.items.popleft()
@@ -356,8 +394,8 @@ class VerifierPool:
                 if w.warming:  # no response is to blame; retry the chunk on a fresh worker
                     start_failures += 1
                     log.warning(
-                        "verifier worker failed to start %r (%s)",
-                        spec,
+                        "verifier worker failed to start %s (%s)",
+                        describe(spec),
                         "died" if dead else "timed out",
                     )
                     pending.appendleft(list(w.items))
@@ -374,9 +412,9 @@ class VerifierPool:
                 # Out of budget: what is still queued or in a worker scores 0 as a timeout.
                 cut = sum(len(c) for c in pending) + sum(len(w.items) for w in self._workers)
                 log.warning(
-                    "verifier %r: the call's budget of %.1f s ran out with %d of %d responses "
+                    "%s: the call's budget of %.1f s ran out with %d of %d responses "
                     "unverified (scored 0, counted as timeouts); raise reward.step_timeout_s or "
-                    "reward.num_workers", spec, budget, cut, n,
+                    "reward.num_workers", describe(spec), budget, cut, n,
                 )
                 for w in list(self._workers):
                     if w.items:
@@ -389,14 +427,14 @@ class VerifierPool:
                 # Not a bad response but a broken environment: training on all-zero rewards
                 # would hide it.
                 raise RuntimeError(
-                    f"verifier workers failed to start {start_failures} times for {spec!r} "
+                    f"verifier workers failed to start {start_failures} times for "
+                    f"{describe(spec)} "
                     f"(a worker must import and warm the verifier within "
                     f"{self.startup_timeout_s} s)"
                 )
 
-        if problem is not None:
-            log.warning("verifier %r: %d of %d responses failed, e.g. %s", spec, errors, n, problem)
-        return ScoreResult(scores, timeouts, errors)
+        problem = report_failures(spec, n, errors, timeouts, problem, self.timeout_s)
+        return ScoreResult(scores, timeouts, errors, problem)
 
     def close(self) -> None:
         """Stop the workers (idempotent)."""
@@ -426,12 +464,13 @@ class VerifierPool:
 def _score_inline(fn, responses: list[str], gts: list[str], ctxs: list,
                   bounded: bool = True) -> ScoreResult:
     """In-process scoring with the pool's failure accounting but no time limit."""
-    scores, errors = [], 0
+    scores, errors, problem = [], 0, None
     for response, gt, ctx in zip(responses, gts, ctxs):
         try:
             scores.append(check_score(fn(response, gt, ctx), bounded))
-        except Exception:
+        except Exception as e:
             log.debug("verifier raised", exc_info=True)
             scores.append(0.0)
             errors += 1
-    return ScoreResult(scores, 0, errors)
+            problem = problem or f"{type(e).__name__}: {e}"[:200]
+    return ScoreResult(scores, 0, errors, problem)

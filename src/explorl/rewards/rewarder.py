@@ -29,6 +29,10 @@ class Scored:
     """Verifications cut off at the pool's time limit (scored 0), over both passes."""
     errors: int = 0
     """Verifications that raised or killed their worker (scored 0), over both passes."""
+    checked: int = 0
+    """Verifications made: responses × passes (the verifier's, the reward functions')."""
+    problem: str | None = None
+    """The call's first failure, naming the function as the user wrote it (``pool.describe``)."""
 
 
 def verifier_spec(verifier: str, data_specs: list[str]) -> RewardSpec:
@@ -64,21 +68,28 @@ class Rewarder:
             if reward_cfg.functions else None)
         needs_verifier = self.functions is None or reward_cfg.accuracy == "verifier"
         self.verifier = verifier_spec(name, data_specs) if needs_verifier else None
+        self.problem: str | None = None
+        """The latest failure seen by ``score`` (what a run that stops for failures reports)."""
 
     def score(self, pool: VerifierPool, texts: list[str], records: list[PromptRecord]) -> Scored:
         """Reward and correctness of ``texts[i]`` as an answer to ``records[i]``."""
         gts = [r.ground_truth for r in records]
         ctxs = [(r.prompt, r.data_source, r.extra) for r in records]
-        timeouts = errors = 0
-        verified = None
+        timeouts = errors = checked = 0
+        verified = problem = None
         if self.verifier is not None:
             res = pool.score(self.verifier, texts, gts, ctxs)
-            verified, timeouts, errors = res.scores, res.timeouts, res.errors
+            verified, timeouts, errors, problem = res.scores, res.timeouts, res.errors, res.problem
+            checked += len(texts)
         if self.functions is not None:
             res = pool.score(self.functions, texts, gts, ctxs)
             rewards, timeouts, errors = res.scores, timeouts + res.timeouts, errors + res.errors
+            checked, problem = checked + len(texts), problem or res.problem
         else:
             rewards = [self._to_reward(s, self.cfg.convention) for s in verified]
         basis = verified if self.cfg.accuracy == "verifier" else rewards
         threshold = self.cfg.accuracy_threshold
-        return Scored([float(s >= threshold) for s in basis], rewards, timeouts, errors)
+        if problem is not None:
+            self.problem = problem
+        return Scored([float(s >= threshold) for s in basis], rewards, timeouts, errors, checked,
+                      problem)

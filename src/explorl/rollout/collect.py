@@ -51,7 +51,8 @@ def score_rollouts(pool, rewarder, cfg: RunConfig, ro: Rollouts, records: list,
         rewards = rewards + overlong_penalty(ro.lengths.cpu(), max_response_len, rc.overlong_buffer,
                                              rc.overlong_penalty)
     return scores, rewards, {"reward/verify_timeouts": float(res.timeouts),
-                             "reward/verify_errors": float(res.errors)}
+                             "reward/verify_errors": float(res.errors),
+                             "reward/verify_checked": float(res.checked)}
 
 
 def collect(
@@ -155,6 +156,9 @@ def collect(
     counts = torch.cat([c for c, _ in all_counts])
     correct = torch.cat([c for _, c in all_counts])
     metrics.update({k: v / rounds for k, v in round_sums.items()})
+    checked = metrics.pop("reward/verify_checked", 0.0)
+    failed = metrics.get("reward/verify_timeouts", 0.0) + metrics.get("reward/verify_errors", 0.0)
+    metrics["reward/verify_failed_frac"] = failed / checked if checked else 0.0
     metrics.update(
         {
             "rollout/gen_rounds": float(rounds),

@@ -188,7 +188,7 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
     wall_s = add_wall(out, time.perf_counter() - t0)
     payload = analyse(out, spec, spec_path, quick, plans, failed, wall_s, tuned)
     if spec.publish:
-        dest = spec_path.parent / spec.publish
+        dest = Path(spec.publish)  # relative to the working directory (the repository's root)
         publish(out, dest)
         log(f"published to {dest}")
     log(f"wrote {out / 'study.md'}, {out / 'claims.md'}, {out / 'study.json'} and "

@@ -135,8 +135,9 @@ class StudySpec:
     """Runs trained at once (one torch thread each): the number of cores; ``auto`` = the cores
     this process may use."""
     publish: str | None = None
-    """Directory (relative to the spec) that receives study.md, claims.md, study.json and the
-    report's markdown and PNGs when the study finishes; None = no copy."""
+    """Directory (relative to the working directory; the built-in specs name the repository's
+    ``docs/lab-study/…``) that receives study.md, claims.md, study.json and the report's markdown
+    and PNGs when the study finishes; None = no copy."""
 
 
 SPEC_KEYS = [f.name for f in dataclasses.fields(StudySpec)]

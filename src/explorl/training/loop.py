@@ -38,12 +38,12 @@ from explorl.training.checkpoint import NoCheckpoint, latest_checkpoint
 from explorl.training.distributed import LogProbModule, make_dist
 from explorl.training.metrics import TIME_KEYS, batch_metrics, ordered, timed
 from explorl.training.update import (
-    NonFiniteGuard,
     PolicyUpdate,
     loss_metrics,
     make_optimizer,
     needs_recompute,
 )
+from explorl.training.watch import RunWatch
 
 __all__ = ["TIME_KEYS", "Trainer"]
 
@@ -74,7 +74,7 @@ class Trainer:
         self._setup_rollout(engine)
         self.control = bank_from_config(cfg, vocab_size=self.vocab_size,
                                         dataset_size=len(self.train_data))
-        self.step, self.guard = 0, NonFiniteGuard(cfg.optim.max_bad_steps)
+        self.step, self.watch = 0, RunWatch(cfg)  # non-finite steps, collapse, failing rewards
         if ckpt is not None:
             run_state.restore(self, ckpt)
         if self.dist.is_main:
@@ -235,7 +235,7 @@ class Trainer:
         self._stop = total.pop("stop") > 0
         metrics.update({**upd, **loss_metrics(total, len(rows["reward"]), cfg.optim.ppo_epochs,
                                               upd)})
-        self.guard.check(step, metrics, rows["reward"])
+        self.watch.check(step, metrics, rows["reward"], stats, self.rewarder.problem)
         self.step = step
 
         # 5. controllers read the step's global statistics

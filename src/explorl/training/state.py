@@ -3,10 +3,11 @@
 
 A checkpoint has the policy's weights (``save_pretrained``) and ``trainer_state.pt``: the step,
 the optimizer (complete on rank 0 under FSDP), the LR schedule, the loss/shuffle RNGs, the data
-order, the non-finite guard, the knobs and every controller's state. Sampling seeds depend on
-the step only and the state holds no per-rank stream, so a checkpoint resumes at any number of
-processes, and the resumed run reproduces the uninterrupted one (with the same torch thread
-count: on some CPUs one and two threads round differently; a resume at another count warns).
+order, the non-finite guard, the run watch, the knobs and every controller's state. Sampling
+seeds depend on the step only and the state holds no per-rank stream, so a checkpoint resumes at
+any number of processes, and the resumed run reproduces the uninterrupted one (with the same
+torch thread count: on some CPUs one and two threads round differently; a resume at another count
+warns).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ def state_of(t) -> dict:
     return {"step": t.step, "optimizer": t.dist.optimizer_state(t.scorer, t.optimizer),
             "scheduler": t.scheduler.state_dict(), "rng": rng_state(t.generators),
             "data": t.order.state_dict(), "anneal_data": anneal,
-            "guard": t.guard.state_dict(), "torch_threads": torch.get_num_threads(),
+            "guard": t.watch.guard.state_dict(), "watch": t.watch.state_dict(),
+            "torch_threads": torch.get_num_threads(),
             **t.control.state_dict()}
 
 
@@ -37,7 +39,8 @@ def restore(t, ckpt: Path) -> None:
     with the model)."""
     state = load_state(ckpt)
     t.step = state["step"]
-    t.guard.load_state_dict(state.get("guard", {}))
+    t.watch.guard.load_state_dict(state.get("guard", {}))
+    t.watch.load_state_dict(state.get("watch", {}))
     t.dist.load_optimizer_state(t.scorer, t.optimizer, state["optimizer"])
     t.scheduler.load_state_dict(state["scheduler"])
     t.order.load_state_dict(state["data"])

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
+import math
 from types import SimpleNamespace
 
 import torch
@@ -44,6 +46,8 @@ from explorl.rollout.types import Rollouts
 from explorl.training.batch import StepBatch
 from explorl.training.correction import step_correction
 from explorl.training.forward import response_logprobs
+
+log = logging.getLogger(__name__)
 
 
 def make_optimizer(o, params_module: torch.nn.Module, device: torch.device, strategy: str):
@@ -462,26 +466,41 @@ class TrainingDiverged(ExplorlError):
 
 
 class NonFiniteGuard:
-    """Counts steps whose update was skipped for non-finite values; stops the run after
-    ``max_bad`` in a row (the skipped updates left the weights untouched)."""
+    """Counts steps whose update was skipped for non-finite values, says so on the console as
+    each happens, and stops the run after ``max_bad`` in a row or once more than ``max_frac`` of
+    ``max_steps`` were skipped, in a row or not (the skipped updates left the weights untouched).
+    """
 
-    def __init__(self, max_bad: int) -> None:
+    def __init__(self, max_bad: int, max_frac: float = 1.0, max_steps: int = 0) -> None:
         self.max_bad, self.in_a_row, self.skipped = max_bad, 0, 0
+        self.max_frac, self.max_steps = max_frac, max_steps
 
     def check(self, step: int, metrics: dict, rewards: torch.Tensor) -> None:
-        bad = metrics.get("train/nonfinite_updates", 0.0) > 0 or not bool(
-            torch.isfinite(rewards).all()
-        )
+        reward_ok = bool(torch.isfinite(rewards).all())
+        bad = metrics.get("train/nonfinite_updates", 0.0) > 0 or not reward_ok
         self.in_a_row = self.in_a_row + 1 if bad else 0
         self.skipped += int(bad)
         metrics["train/skipped_steps"] = float(self.skipped)
-        if bad and self.in_a_row >= self.max_bad:
+        if not bad:
+            return
+        what = ("reward" if not reward_ok else
+                "loss" if not math.isfinite(metrics.get("loss/policy", 0.0)) else "gradient norm")
+        log.warning("step %d skipped: non-finite %s (weights not updated; %d skipped so far)",
+                    step, what, self.skipped)
+        advice = ("the weights were not updated by them and the last checkpoint is intact. "
+                  "Lower optim.lr or check the reward function")
+        if self.in_a_row >= self.max_bad:
             raise TrainingDiverged(
                 f"step {step}: {self.in_a_row} consecutive steps with a non-finite loss, "
                 f"gradient or reward (grad/norm={metrics.get('grad/norm')}, "
-                f"reward/mean={float(rewards.mean())}); the weights were not updated by them "
-                "and the last checkpoint is intact. Lower optim.lr or check the "
-                "reward function"
+                f"reward/mean={float(rewards.mean())}); " + advice
+            )
+        if self.skipped > self.max_frac * self.max_steps:
+            raise TrainingDiverged(
+                f"step {step}: {self.skipped} step{'s' * (self.skipped != 1)} skipped for a "
+                f"non-finite loss, gradient or "
+                f"reward, more than optim.max_bad_frac={self.max_frac:g} of the run's "
+                f"{self.max_steps} steps (the last: non-finite {what}); " + advice
             )
 
     def state_dict(self) -> dict:

@@ -1,0 +1,144 @@
+"""Watching a run for trouble it cannot learn through (the recipe's ``watch`` section).
+
+- ``NonFiniteGuard`` (``update``): steps skipped for a non-finite loss, gradient or reward.
+- ``CollapseMonitor``: entropy below a floor for several steps while accuracy does not improve:
+  the policy has collapsed onto a few answers. Warns once, naming the knobs that usually help;
+  the run goes on (a collapsed policy can still be the user's goal).
+- ``RewardFailureGuard``: a verifier or reward function that fails or times out on every
+  response for several steps in a row, or on most of them over a window, leaves nothing to learn
+  from (all rewards 0): the run stops with the first error's message (exit 2).
+
+Each reads the step's global statistics, so every rank decides alike (docs/failures.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+from explorl.config import RunConfig
+from explorl.config.watch_sections import WatchConfig
+from explorl.control.base import StepStats
+from explorl.errors import RewardError
+from explorl.training.update import NonFiniteGuard
+
+log = logging.getLogger(__name__)
+
+COLLAPSE_ADVICE = (
+    "knobs that usually help: a lower optim.lr; algorithm.eps_high 0.28 (clip-higher); an "
+    "entropy bonus (algorithm.entropy_coef); rollout.temperature above 1; or an entropy "
+    "controller (explorl recipes: lab/e3_ts, lab/es_constant, lab/clip_cov)")
+
+
+class CollapseMonitor:
+    """Warns once when the policy's entropy (the controllers' ``StepStats.entropy``, at the
+    sampling temperature) < ``collapse_entropy`` for ``collapse_steps`` steps in a row and the
+    mean accuracy of the step's samples over the window's second half is not more than
+    ``collapse_min_gain`` above its first half's."""
+
+    def __init__(self, cfg: WatchConfig) -> None:
+        self.cfg = cfg
+        self.low: deque[float] = deque(maxlen=cfg.collapse_steps)  # accuracy of the low steps
+        self.warned = False
+
+    def check(self, step: int, H: float, acc: float) -> str | None:
+        """The warning, the one time it fires (it is also logged); else None. ``H``: the
+        step's policy entropy; ``acc``: the fraction of its samples that were correct."""
+        c = self.cfg
+        if self.warned or c.collapse_entropy <= 0:
+            return None
+        if not H < c.collapse_entropy:  # also NaN: not a collapse, the guard handles it
+            self.low.clear()
+            return None
+        self.low.append(float(acc))
+        if len(self.low) < c.collapse_steps:
+            return None
+        half = c.collapse_steps // 2
+        window = list(self.low)
+        first, second = sum(window[:half]) / half, sum(window[-half:]) / half
+        if second - first > c.collapse_min_gain:
+            return None
+        self.warned = True
+        text = (f"step {step}: the policy looks collapsed: its entropy has stayed below "
+                f"watch.collapse_entropy={c.collapse_entropy:g} for {c.collapse_steps} steps "
+                f"(now {H:.4f}) while accuracy did not improve ({first:.3f} → "
+                f"{second:.3f}); {COLLAPSE_ADVICE}")
+        log.warning("warning: %s", text)
+        return text
+
+    def state_dict(self) -> dict:
+        return {"low": list(self.low), "warned": self.warned}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.low = deque(state.get("low", []), maxlen=self.cfg.collapse_steps)
+        self.warned = bool(state.get("warned", False))
+
+
+class RewardFailureGuard:
+    """Stops the run (``RewardError``, exit 2) when ``reward/verify_failed_frac`` is 1 for
+    ``reward_fail_steps`` steps in a row, or its mean over the last ``reward_fail_window`` steps
+    exceeds ``reward_fail_frac``."""
+
+    def __init__(self, cfg: WatchConfig) -> None:
+        self.cfg = cfg
+        self.recent: deque[float] = deque(maxlen=cfg.reward_fail_window)
+        self.in_a_row = 0
+        self.first: str | None = None  # the first failure of the current bad stretch
+
+    def check(self, step: int, metrics: dict, problem: str | None) -> None:
+        c = self.cfg
+        frac = metrics.get("reward/verify_failed_frac")
+        if frac is None:
+            return
+        self.recent.append(float(frac))
+        self.in_a_row = self.in_a_row + 1 if frac >= 1.0 else 0
+        if frac == 0:  # a clean step ends the stretch whose first error is reported
+            self.first = None
+        elif self.first is None:
+            self.first = problem
+        why = None
+        if self.in_a_row >= c.reward_fail_steps:
+            why = (f"every response's verification failed or timed out on {self.in_a_row} steps "
+                   f"in a row (watch.reward_fail_steps={c.reward_fail_steps})")
+        elif (len(self.recent) == c.reward_fail_window
+              and sum(self.recent) / len(self.recent) > c.reward_fail_frac):
+            share = sum(self.recent) / len(self.recent)
+            why = (f"{share:.0%} of the verifications of the last {c.reward_fail_window} steps "
+                   f"failed or timed out (more than watch.reward_fail_frac="
+                   f"{c.reward_fail_frac:g})")
+        if why is not None:
+            raise RewardError(f"step {step}: {why}; nothing can be learned from all-zero "
+                              f"rewards. First error: {self.first or problem or 'unknown'}")
+
+    def state_dict(self) -> dict:
+        return {"recent": list(self.recent), "in_a_row": self.in_a_row, "first": self.first}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.recent = deque(state.get("recent", []), maxlen=self.cfg.reward_fail_window)
+        self.in_a_row, self.first = int(state.get("in_a_row", 0)), state.get("first")
+
+
+class RunWatch:
+    """The three watchers, checked once per step right after its update (section 4)."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        o = cfg.optim
+        self.guard = NonFiniteGuard(o.max_bad_steps, o.max_bad_frac, cfg.max_steps)
+        self.collapse = CollapseMonitor(cfg.watch)
+        self.rewards = RewardFailureGuard(cfg.watch)
+
+    def check(self, step: int, metrics: dict, rewards, stats: StepStats,
+              reward_problem: str | None) -> None:
+        """``rewards``: the step's (N,) rewards; ``reward_problem``: the rewarder's latest
+        failure message (``Rewarder.problem``)."""
+        self.guard.check(step, metrics, rewards)
+        self.rewards.check(step, metrics, reward_problem)
+        samples = sum(stats.prompt_samples)
+        self.collapse.check(step, stats.entropy, sum(stats.prompt_correct) / max(1, samples))
+
+    def state_dict(self) -> dict:
+        return {"collapse": self.collapse.state_dict(), "rewards": self.rewards.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.collapse.load_state_dict(state.get("collapse", {}))
+        self.rewards.load_state_dict(state.get("rewards", {}))
