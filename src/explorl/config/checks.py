@@ -103,7 +103,11 @@ def _check_adaptive(cfg: RunConfig) -> None:
 
 
 def _check_controllers(cfg: RunConfig) -> None:
-    """Each knob has one owner, and two entropy trackers never run together."""
+    """Every knob a controller moves reaches the loss (``control.contract``), each knob has one
+    owner, and two entropy trackers never run together."""
+    from explorl.control.contract import check_knob_contract
+
+    check_knob_contract(cfg)
     if sum(getattr(cfg.control, f.name).enabled for f in dataclasses.fields(cfg.control)) < 2:
         return
     from explorl.control import check_control_config

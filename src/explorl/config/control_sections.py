@@ -133,8 +133,9 @@ class EntroPICControlConfig:
 @dataclass
 class EntropyCoefControlConfig:
     enabled: bool = False
-    """Adaptive entropy coefficient (Skywork-OR1 ``EntController``; TRL #6140; §6g): each step c ← clip(c ± delta) (+ while H < target), then the bonus uses
-    c·1[H < target] (update, then apply, as Skywork's code). Owns ``entropy_coef``."""
+    """Adaptive entropy coefficient (Skywork-OR1 ``EntController``; TRL #6140; §6g): each step
+    c ← clip(c ± delta) (+ while H < target), then the bonus uses c·1[H < target] (update, then
+    apply, as Skywork's code). Owns ``entropy_coef``."""
     target: float = 0.2
     """Target entropy H* (nats; Skywork scripts: 0.2)."""
     delta: float = 1e-4

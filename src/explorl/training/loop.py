@@ -219,7 +219,9 @@ class Trainer:
             metrics.update(rm)
 
         # 3. advantages over the global batch (groups = prompts, never split across ranks), shaping
-        adv, am = step_advantages(cfg.algorithm, sb, got.rollouts, self.dist)
+        if cfg.algorithm.kl_in_reward:  # Σ_t kl_t to the reference enters the reward (§7c)
+            self.update.reward_kl(got.rollouts, sb, knobs.temperature)
+        adv, am = step_advantages(cfg.algorithm, sb, got.rollouts, self.dist, knobs.kl_coef)
         metrics.update(am)
 
         # 4. update (skipped, weights untouched, when the loss or a gradient is not finite), with
