@@ -4,7 +4,8 @@ TRL #6140 (ALGORITHMS §6g), as a controller owning ``entropy_coef``.
 At step t with entropy e_t (global, the pre-update policy's on the step's own rollouts): first
 c_t = clip(c_{t−1} ± Δ, c_min, c_max), + while e_t < H*, then the update's bonus coefficient is
 c_t·1[e_t < H*] (update, then apply: Skywork-OR1's order; c_0 = ``init``). The law steps at
-every step whatever c is: TRL's first version ran it only while c ≠ 0, so a run whose c reached c_min = 0 never raised it again (the dead-at-zero pitfall).
+every step whatever c is: TRL's first version ran it only while c ≠ 0, so a run whose c reached
+c_min = 0 never raised it again (the dead-at-zero pitfall).
 """
 
 from __future__ import annotations

@@ -119,8 +119,7 @@ class Trainer:
         self.compiled = models.regional_compile(self.policy, cfg.model, self.dist.strategy)
         self.scorer = self.dist.wrap(LogProbModule(self.policy, self.amp, self.compiled))
         models.warm_up(self.compiled, self.scorer, self.vocab_size, self.device)
-        a = cfg.control.adaptive
-        # The reference model costs a full copy of the weights: load it only when a loss needs it.
+        a = cfg.control.adaptive  # the reference costs a full copy of the weights: only if used
         needs_ref = cfg.algorithm.kl_coef > 0 or (a.enabled and a.actuator == "kl_coef")
         self.ref = (models.load_model(base_path, cfg.model, self.device, frozen=True)
                     if needs_ref else None)
@@ -219,8 +218,7 @@ class Trainer:
             metrics.update(rm)
 
         # 3. advantages over the global batch (groups = prompts, never split across ranks), shaping
-        if cfg.algorithm.kl_in_reward:  # Σ_t kl_t to the reference enters the reward (§7c)
-            self.update.reward_kl(got.rollouts, sb, knobs.temperature)
+        self.update.reward_kl(got.rollouts, sb, knobs.temperature)  # kl_in_reward only (§7c)
         adv, am = step_advantages(cfg.algorithm, sb, got.rollouts, self.dist, knobs.kl_coef)
         metrics.update(am)
 

@@ -188,8 +188,11 @@ class PolicyUpdate:
                      "rollout/logp_diff_mean": sum(p["diff_sum"] for p in parts) / n if n else 0.0}
 
     def reward_kl(self, ro: Rollouts, sb: StepBatch, temperature: float) -> None:
-        """``sb.rows["kl_sum"]``: Σ_t kl_t to the reference per response (``kl_in_reward``)."""
+        """``sb.rows["kl_sum"]``: Σ_t kl_t to the reference per response, with
+        ``algorithm.kl_in_reward`` (otherwise nothing)."""
         a = self.cfg.algorithm
+        if not a.kl_in_reward:
+            return
         reference_kl_sums(self.ref, ro, sb, self.dist, kind=a.kl_estimator,
                           temperature=temperature, micro_batch_size=self.cfg.optim.micro_batch_size,
                           chunk_size=a.logprob_chunk, amp=self.amp)
