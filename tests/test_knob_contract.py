@@ -255,3 +255,81 @@ def test_knobs_read_and_controller_writes():
     cfg.control.adaptive.enabled, cfg.control.adaptive.actuator = True, "temperature"
     cfg.control.budget.enabled = True
     assert controller_writes(cfg) == {"budget": ("budgets",), "adaptive": ("temperature",)}
+
+
+# ---------------------------------------------- corrections in the update path (§7c), by hand
+
+
+def _on_policy(batch):
+    """The fixed batch with old_logp = the policy's own logp (ratio exactly 1, so PPO's
+    per-token loss is −A) and lengths [4, 4, 4, 3]; row 3 is truncated."""
+    policy, ref, ro, score = batch
+    with torch.no_grad():
+        logp, _ = LogProbModule(policy)(ro.prompt_ids, ro.prompt_mask, ro.response_ids,
+                                        ro.response_mask, 1.0, with_entropy=False)
+    return dataclasses.replace(ro, old_logp=torch.where(ro.response_mask, logp, 0.0))
+
+
+def _policy_loss(batch, ro, algorithm: dict, adv: torch.Tensor) -> float:
+    policy, ref, _, score = batch
+    cfg = C.from_dict({"rollout": {"n_samples": N, "max_response_len": T},
+                       "algorithm": algorithm}, env=False)
+    dist = Single("cpu")
+    scorer = dist.wrap(LogProbModule(copy.deepcopy(policy)))
+    opt = torch.optim.SGD(scorer.parameters(), lr=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    upd = PolicyUpdate(cfg, scorer, opt, sched, None, dist, torch.Generator(), torch.Generator(),
+                       pad_id=0)
+    _, sums = upd.run(ro, adv, base_knobs(cfg), _step_batch(ro, score))
+    return float(sums["loss/policy"])
+
+
+def test_mask_truncated_leaves_the_loss_and_its_denominators(batch):
+    ro = _on_policy(batch)
+    adv = torch.tensor([1.0, -1.0, 0.5, 2.0])  # lengths [4, 4, 4, 3], row 3 truncated
+    # token-mean: −Σ A_i·L_i / Σ L_i. All rows: −(4 − 4 + 2 + 6)/15; kept: −(4 − 4 + 2)/12
+    assert _policy_loss(batch, ro, {}, adv) == pytest.approx(-8 / 15, abs=1e-6)
+    assert _policy_loss(batch, ro, {"mask_truncated": True}, adv) == pytest.approx(-2 / 12,
+                                                                                   abs=1e-6)
+    # seq-mean-token-mean: mean over kept responses of −A: −(1 − 1 + .5)/3 (not /4)
+    got = _policy_loss(batch, ro, {"mask_truncated": True, "agg": "seq-mean-token-mean"}, adv)
+    assert got == pytest.approx(-0.5 / 3, abs=1e-6)
+    # seq-mean-token-sum: Σ_i Σ_t (−A_i) / N_seq over kept ones: −(4 − 4 + 2)/3
+    got = _policy_loss(batch, ro, {"mask_truncated": True, "agg": "seq-mean-token-sum"}, adv)
+    assert got == pytest.approx(-2 / 3, abs=1e-6)
+
+
+def test_mask_truncated_keeps_truncated_responses_in_the_advantages(batch):
+    _, _, ro, score = batch
+    a = C.AlgorithmConfig(mask_truncated=True)
+    adv, _ = step_advantages(a, _step_batch(ro, score), ro, Single("cpu"))
+    plain, _ = step_advantages(C.AlgorithmConfig(), _step_batch(ro, score), ro, Single("cpu"))
+    torch.testing.assert_close(adv, plain)  # the group's statistics still count row 3
+    assert adv[3] != 0
+
+
+def test_kl_in_reward_by_hand(batch):
+    """R − β·Σ_t kl_t: rewards [1, 0, 1, 0], Σ kl [2, .5, 0, 1], β = .1 → [.8, −.05, 1, −.1];
+    kl_sum is Σ over valid tokens of k(old_logp, ref_logp) from the reference's forward."""
+    policy, ref, ro, score = batch
+    a = C.AlgorithmConfig(kl_in_reward=True, kl_coef=0.1, advantage="dr_grpo")
+    sb = _step_batch(ro, score)
+    sb.rows["kl_sum"] = torch.tensor([2.0, 0.5, 0.0, 1.0], dtype=torch.float64)
+    adv, m = step_advantages(a, sb, ro, Single("cpu"), kl_coef=0.1)
+    r = torch.tensor([0.8, -0.05, 1.0, -0.1])
+    torch.testing.assert_close(adv, r - r.mean())  # dr_grpo: one group, r − mean
+    assert m["kl/reward_penalty_mean"] == pytest.approx(3.5 / 4)
+    # the sums from the reference's forward, per response over its valid tokens
+    cfg = C.from_dict({"rollout": {"n_samples": N, "max_response_len": T},
+                       "algorithm": {"kl_in_reward": True, "kl_coef": 0.1,
+                                     "kl_estimator": "k1"}}, env=False)
+    dist = Single("cpu")
+    upd = PolicyUpdate(cfg, dist.wrap(LogProbModule(policy)), None, None, ref, dist,
+                       torch.Generator(), torch.Generator(), pad_id=0)
+    sb = _step_batch(ro, score)
+    upd.reward_kl(ro, sb, 1.0)
+    with torch.no_grad():
+        ref_logp, _ = LogProbModule(ref)(ro.prompt_ids, ro.prompt_mask, ro.response_ids,
+                                         ro.response_mask, 1.0, with_entropy=False)
+    k1 = ((ro.old_logp - ref_logp) * ro.response_mask).sum(-1).double()
+    torch.testing.assert_close(sb.rows["kl_sum"], k1)
