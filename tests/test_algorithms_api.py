@@ -45,7 +45,8 @@ def test_public_names():
 def test_registries():
     assert set(A.ADVANTAGES) == {
         "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_plus_plus",
-        "reinforce_plus_plus_baseline", "grpo_batch_std", "passk_training", "pkpo", "pkpo_loo", "pkpo_loo_minus_one", "grpo_passk",
+        "reinforce_plus_plus_baseline", "grpo_batch_std", "passk_training", "pkpo", "pkpo_loo",
+        "pkpo_loo_minus_one", "grpo_passk",
     }
     assert set(A.LOSSES) == {"ppo", "clip_cov", "kl_cov", "gspo", "cispo"}
     assert A.AGG_MODES == ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",

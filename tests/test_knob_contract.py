@@ -14,6 +14,7 @@ import dataclasses
 
 import pytest
 import torch
+from test_control_eepo import tiny_llama
 
 from explorl import config as C
 from explorl.algorithms import LOSSES, LossParams
@@ -26,7 +27,6 @@ from explorl.training.advantages import step_advantages
 from explorl.training.batch import StepBatch, response_stats
 from explorl.training.distributed import LogProbModule, Single
 from explorl.training.update import PolicyUpdate
-from test_control_eepo import tiny_llama
 
 N, P, T, VOCAB = 4, 2, 4, 16  # responses, prompt and response tokens, the tiny model's vocab
 
@@ -159,8 +159,9 @@ def test_the_matrix_is_not_vacuous_and_refuses_exactly_the_dead_combinations():
 
 def test_cispo_and_kl_cov_with_adaptive_eps_high_are_refused_naming_both():
     for loss, why in (("cispo", "cispo_w_max"), ("kl_cov", "no PPO clip")):
-        with pytest.raises(C.ConfigError, match=rf"control\.adaptive.*eps_high.*{loss}.*{why}"
-                                                r".*would work: entropy_coef, kl_coef, temperature"):
+        pattern = (rf"control\.adaptive.*eps_high.*{loss}.*{why}"
+                   r".*would work: entropy_coef, kl_coef, temperature")
+        with pytest.raises(C.ConfigError, match=pattern):
             _config("adaptive", "eps_high", loss, {"advantage": "grpo"})
 
 

@@ -153,7 +153,8 @@ def _strip(rows):
         {
             "control": {
                 "eepo": {"enabled": True, "alpha": 10.0},
-                "adaptive": {"enabled": True, "warmup": 1},
+                # KL-Cov has no eps_high clip: the controller drives a knob it reads
+                "adaptive": {"enabled": True, "warmup": 1, "actuator": "kl_coef"},
             },
             "algorithm": {"loss": "kl_cov", "entropy_coef": 0.01, "kl_coef": 0.01},
             "optim": {"mini_batches": 2},
@@ -162,7 +163,7 @@ def _strip(rows):
             "model": {"dtype": "bfloat16"},
             "control": {
                 "eepo": {"enabled": True, "alpha": 10.0},
-                "adaptive": {"enabled": True, "warmup": 1},
+                "adaptive": {"enabled": True, "warmup": 1, "actuator": "entropy_coef"},
                 "budget": {"enabled": True},
             },
             "algorithm": {"loss": "kl_cov", "dynamic_sampling": True},
