@@ -432,7 +432,7 @@ def test_every_logged_metric_is_documented(make_config, tmp_path):
         {
             "control": {
                 "eepo": {"enabled": True, "alpha": 10.0},
-                "adaptive": {"enabled": True, "warmup": 1},
+                "adaptive": {"enabled": True, "warmup": 1, "actuator": "kl_coef"},
             },
             "algorithm": {
                 "loss": "kl_cov",
@@ -441,6 +441,8 @@ def test_every_logged_metric_is_documented(make_config, tmp_path):
                 "dynamic_sampling": True,
             },
         },
+        {"algorithm": {"kl_in_reward": True, "kl_coef": 0.01, "kl_estimator": "k1",
+                       "mask_truncated": True, "advantage": "reinforce_plus_plus"}},
         {
             "control": {
                 "entropic": {"enabled": True},
@@ -460,7 +462,8 @@ def test_every_logged_metric_is_documented(make_config, tmp_path):
             logged |= set(row)
     undocumented = sorted(k for k in logged if not any(p.match(k) for p in patterns))
     assert not undocumented, f"logged but not defined in docs/metrics.md: {undocumented}"
-    assert {"cov/selected_mean", "eepo/active", "control/temperature_next", "val/pass@2"} <= logged
+    assert {"cov/selected_mean", "eepo/active", "control/temperature_next", "val/pass@2",
+            "kl/reward_penalty_mean"} <= logged
 
 
 def test_eepo_metrics_with_dynamic_sampling_are_means_over_rounds(make_config, tmp_path):
