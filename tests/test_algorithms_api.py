@@ -12,6 +12,7 @@ def test_public_names():
         "AGG_MODES",
         "KL_ESTIMATORS",
         "LOSSES",
+        "LossParams",
         "TokenMask",
         "aggregate",
         "cispo_loss",
@@ -43,11 +44,13 @@ def test_public_names():
 
 def test_registries():
     assert set(A.ADVANTAGES) == {
-        "grpo", "dr_grpo", "rloo", "reinforce_pp",
-        "passk_training", "pkpo", "pkpo_loo", "pkpo_loo_minus_one", "grpo_passk",
+        "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_plus_plus",
+        "reinforce_plus_plus_baseline", "grpo_batch_std", "passk_training", "pkpo", "pkpo_loo",
+        "pkpo_loo_minus_one", "grpo_passk",
     }
     assert set(A.LOSSES) == {"ppo", "clip_cov", "kl_cov", "gspo", "cispo"}
-    assert A.AGG_MODES == ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+    assert A.AGG_MODES == ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                           "seq-mean-token-sum-norm")
 
 
 def test_imports_torch_only():

@@ -72,13 +72,20 @@ def test_pi_step_is_pure():
 
 SKYWORK = {"target": 0.2, "delta": 1e-4, "c_min": 0.0, "c_max": 5e-3, "coef": 0.0}
 E = [0.15, 0.25, 0.1, 0.1, 0.2, 0.3]
-# strict (Skywork, e < H*):
-#   e 0.15: applied 0 (c = 0),   c 1e-4     e 0.25: applied 0, c 0
-#   e 0.1:  applied 0 (c = 0),   c 1e-4     e 0.1:  applied 1e-4, c 2e-4
-#   e 0.2:  not below: applied 0, c 1e-4    e 0.3:  applied 0, c 0
-STRICT = [(0.0, 1e-4), (0.0, 0.0), (0.0, 1e-4), (1e-4, 2e-4), (0.0, 1e-4), (0.0, 0.0)]
+# strict (Skywork, e < H*): update c, then apply c·1[e < H*] (§6g: c 0, e 0.15 -> c 1e-4, applied)
+#   e 0.15: c 1e-4, applied 1e-4      e 0.25: c 0, applied 0
+#   e 0.1:  c 1e-4, applied 1e-4      e 0.1:  c 2e-4, applied 2e-4
+#   e 0.2:  not below: c 1e-4, applied 0      e 0.3: c 0, applied 0
+STRICT = [(1e-4, 1e-4), (0.0, 0.0), (1e-4, 1e-4), (2e-4, 2e-4), (0.0, 1e-4), (0.0, 0.0)]
 # inclusive (TRL, e ≤ H*): the same until e = 0.2, which now counts as below
-INCLUSIVE = STRICT[:4] + [(2e-4, 3e-4), (0.0, 2e-4)]
+INCLUSIVE = STRICT[:4] + [(3e-4, 3e-4), (0.0, 2e-4)]
+
+
+def test_entropy_coef_algorithms_example_updates_then_applies():
+    """ALGORITHMS §6g: c = 0, e = 0.15 → c = 1e-4, applied; e = 0.25 → c = 0, applied 0."""
+    law = EntropyCoefLaw(**SKYWORK)
+    assert law.step(0.15) == pytest.approx((1e-4, 1e-4), abs=1e-15)
+    assert law.step(0.25) == (0.0, 0.0)
 
 
 @pytest.mark.parametrize("inclusive, expected", [(False, STRICT), (True, INCLUSIVE)])

@@ -88,9 +88,9 @@ def test_entropic_anti_windup_through_the_config():
 
 COEF = {"entropy_coef": {"target": 0.2, "delta": 1e-4, "init": 0.0, "min": 0.0, "max": 2e-4}}
 H_C = [0.15, 0.15, 0.15, 0.25, 0.25, 0.25, 0.1, 0.2]
-# applied_t = c_t·1[H_t < 0.2], then c_{t+1} = clip(c_t ± 1e-4, 0, 2e-4):
-#   c: 0 → 1e-4 → 2e-4 → 2e-4 (cap) → 1e-4 → 0 → 0 (floor) → 1e-4 (not dead at 0) → 0
-APPLIED = [0.0, 1e-4, 2e-4, 0.0, 0.0, 0.0, 0.0, 0.0]
+# c_t = clip(c_{t−1} ± 1e-4, 0, 2e-4), then applied_t = c_t·1[H_t < 0.2] (update, then apply):
+#   c: (0 →) 1e-4 → 2e-4 → 2e-4 (cap) → 1e-4 → 0 → 0 (floor) → 1e-4 (not dead at 0) → 0
+APPLIED = [1e-4, 2e-4, 2e-4, 0.0, 0.0, 0.0, 1e-4, 0.0]
 NEXT = [1e-4, 2e-4, 2e-4, 1e-4, 0.0, 0.0, 1e-4, 0.0]
 
 
@@ -102,7 +102,7 @@ def test_entropy_coef_replays_and_is_not_dead_at_zero():
 
 def test_entropy_coef_inclusive_counts_the_target_as_below():
     log = drive({"entropy_coef": {**COEF["entropy_coef"], "inclusive": True}}, H_C)
-    assert log[-1][0].entropy_coef == pytest.approx(1e-4, abs=1e-15)  # H = 0.2 ≤ 0.2: c_8 = 1e-4
+    assert log[-1][0].entropy_coef == pytest.approx(2e-4, abs=1e-15)  # H = 0.2 ≤ 0.2: c 1e-4 → 2e-4
     assert log[-1][1]["control/entropy_coef_next"] == pytest.approx(2e-4, abs=1e-15)
 
 

@@ -73,10 +73,24 @@ def test_entropy_coefficient_controller_sets_the_bonus(make_config, tmp_path):
     _, rows = _train(make_config, tmp_path, "coef", {
         "control": {"entropy_coef": {"enabled": True, "target": 10.0, "init": 0.01, "delta": 0.01,
                                      "max": 0.05}}})
-    # entropy always below 10: the bonus applies c, which grows by Δ per step
-    assert [r["control/entropy_coef"] for r in rows] == pytest.approx([0.01, 0.02])
+    # entropy always below 10: c grows by Δ per step, then the bonus applies it (update, apply)
+    assert [r["control/entropy_coef"] for r in rows] == pytest.approx([0.02, 0.03])
     assert [r["control/entropy_coef_next"] for r in rows] == pytest.approx([0.02, 0.03])
     assert all("loss/entropy_bonus" in r for r in rows)
+
+
+def test_corrections_train_kl_in_reward_mask_truncated_reinforce_plus_plus(make_config,
+                                                                             tmp_path, grpo):
+    """§7c in the trainer: the KL in the reward (k1, from the reference's forward), overlong
+    filtering, plain REINFORCE++ and seq-mean-token-sum run and change the update."""
+    w, rows = _train(make_config, tmp_path, "corr", {"algorithm": {
+        "kl_in_reward": True, "kl_coef": 0.05, "kl_estimator": "k1", "mask_truncated": True,
+        "advantage": "reinforce_plus_plus", "agg": "seq-mean-token-sum"}})
+    assert not _same(w, grpo[0])
+    for r in rows:
+        assert "kl/reward_penalty_mean" in r and "kl/ref_mean" not in r  # in the reward only
+        assert r["kl/reward_penalty_mean"] == r["kl/reward_penalty_mean"]  # finite, not NaN
+        assert abs(r["loss/policy"]) < 1e3
 
 
 @pytest.mark.parametrize("sets,message", [
@@ -91,6 +105,9 @@ def test_entropy_coefficient_controller_sets_the_bonus(make_config, tmp_path):
     (["control.budget.knapsack_alpha=1.0"], "control.budget.knapsack_alpha: must be in (0, 1)"),
     (["control.entropy_coef.init=0.1"], "control.entropy_coef.init: need"),
     (["control.entropic.enabled=true", "control.adaptive.enabled=true"], "fight"),
+    (["algorithm.loss=cispo", "control.adaptive.enabled=true"],
+     "control.adaptive.actuator: control.adaptive drives eps_high, which nothing reads"),
+    (["algorithm.kl_coef=0.1", "algorithm.kl_estimator=k1"], "zero expected gradient"),
     (["control.entropy_coef.enabled=true", "control.adaptive.enabled=true",
       "control.adaptive.actuator=entropy_coef"], "fight"),
 ])

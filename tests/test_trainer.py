@@ -153,7 +153,8 @@ def _strip(rows):
         {
             "control": {
                 "eepo": {"enabled": True, "alpha": 10.0},
-                "adaptive": {"enabled": True, "warmup": 1},
+                # KL-Cov has no eps_high clip: the controller drives a knob it reads
+                "adaptive": {"enabled": True, "warmup": 1, "actuator": "kl_coef"},
             },
             "algorithm": {"loss": "kl_cov", "entropy_coef": 0.01, "kl_coef": 0.01},
             "optim": {"mini_batches": 2},
@@ -162,7 +163,7 @@ def _strip(rows):
             "model": {"dtype": "bfloat16"},
             "control": {
                 "eepo": {"enabled": True, "alpha": 10.0},
-                "adaptive": {"enabled": True, "warmup": 1},
+                "adaptive": {"enabled": True, "warmup": 1, "actuator": "entropy_coef"},
                 "budget": {"enabled": True},
             },
             "algorithm": {"loss": "kl_cov", "dynamic_sampling": True},
@@ -431,7 +432,7 @@ def test_every_logged_metric_is_documented(make_config, tmp_path):
         {
             "control": {
                 "eepo": {"enabled": True, "alpha": 10.0},
-                "adaptive": {"enabled": True, "warmup": 1},
+                "adaptive": {"enabled": True, "warmup": 1, "actuator": "kl_coef"},
             },
             "algorithm": {
                 "loss": "kl_cov",
@@ -440,6 +441,8 @@ def test_every_logged_metric_is_documented(make_config, tmp_path):
                 "dynamic_sampling": True,
             },
         },
+        {"algorithm": {"kl_in_reward": True, "kl_coef": 0.01, "kl_estimator": "k1",
+                       "mask_truncated": True, "advantage": "reinforce_plus_plus"}},
         {
             "control": {
                 "entropic": {"enabled": True},
@@ -459,7 +462,8 @@ def test_every_logged_metric_is_documented(make_config, tmp_path):
             logged |= set(row)
     undocumented = sorted(k for k in logged if not any(p.match(k) for p in patterns))
     assert not undocumented, f"logged but not defined in docs/metrics.md: {undocumented}"
-    assert {"cov/selected_mean", "eepo/active", "control/temperature_next", "val/pass@2"} <= logged
+    assert {"cov/selected_mean", "eepo/active", "control/temperature_next", "val/pass@2",
+            "kl/reward_penalty_mean"} <= logged
 
 
 def test_eepo_metrics_with_dynamic_sampling_are_means_over_rounds(make_config, tmp_path):

@@ -1,4 +1,5 @@
-"""Pure tensor math for RLVR: advantages (incl. pass@k), policy losses (incl. GSPO, CISPO),
+"""Pure tensor math for RLVR: advantages (incl. pass@k), policy losses (incl. GSPO, CISPO) and
+the parameters they read (``LossParams``),
 aggregation, log-probs, entropy, covariance, KL estimators, DAPO filters, the forking-token
 mask, entropy advantage shaping and Knapsack RL budgets. Imports torch only (see STYLE.md)."""
 
@@ -11,6 +12,7 @@ from explorl.algorithms.advantages import (
     rloo_advantages,
 )
 from explorl.algorithms.aggregation import AGG_MODES, aggregate
+from explorl.algorithms.contract import LossParams
 from explorl.algorithms.covariance import covariance_by_difficulty, masked_mean, token_covariance
 from explorl.algorithms.filters import informative_groups, overlong_penalty
 from explorl.algorithms.knapsack import knapsack_budgets
@@ -36,6 +38,7 @@ __all__ = [
     "AGG_MODES",
     "KL_ESTIMATORS",
     "LOSSES",
+    "LossParams",
     "TokenMask",
     "aggregate",
     "cispo_loss",

@@ -1,14 +1,23 @@
 """Group-relative advantage estimators (ALGORITHMS.md §0) and pass@k estimators (§6d).
 
 Every estimator has one signature, ``fn(rewards, group_index, eps) -> advantages`` (the
-pass@k ones in ``TAKES_K`` also take a keyword ``k``):
+pass@k ones in ``TAKES_K`` also take a keyword ``k``, the REINFORCE++ ones in ``TAKES_LENGTHS``
+a keyword ``lengths``):
 ``rewards`` is (N,) float, ``group_index`` is (N,) long with arbitrary group ids (not
 necessarily contiguous or sorted; groups may have unequal sizes). All statistics are
 computed with ``index_add_`` / ``scatter_reduce`` over groups, never a Python loop.
 
 Shared rule **(ours)**: a response whose group has size 1 or identical rewards gets exactly
 A = 0. Such a group carries no learning signal, and the rule keeps us from dividing by a
-std of ~0 (or of a single sample, where the unbiased std is undefined).
+std of ~0 (or of a single sample, where the unbiased std is undefined). The exceptions follow
+verl where its names are used: ``reinforce_plus_plus`` has no group baseline at all and
+``reinforce_plus_plus_baseline`` whitens over the batch's tokens, so a constant group gets the
+batch-level shift −μ/σ, as in verl.
+
+The pass@k estimators (``READS_CORRECTNESS``) optimise the chance that one of k responses is
+*correct*: the trainer feeds them the verifier's correctness (``reward.accuracy``'s rule, 0/1),
+never the shaped reward (a format credit or the overlong penalty would otherwise count as
+"correct", or turn a correct answer into a wrong one).
 """
 
 from __future__ import annotations
@@ -88,10 +97,12 @@ def rloo_advantages(rewards: torch.Tensor, group_index: torch.Tensor, eps: float
 def reinforce_pp_advantages(
     rewards: torch.Tensor, group_index: torch.Tensor, eps: float
 ) -> torch.Tensor:
-    """REINFORCE++-baseline (Hu et al. 2025): x = r − mean_g, then (x − mean(x)) / (std(x) + eps).
+    """REINFORCE++-baseline (Hu et al. 2025), whitened per response: x = r − mean_g, then
+    (x − mean(x)) / (std(x) + eps), constant groups kept at 0.
 
-    Mean and unbiased std are over all N responses of the batch (per response, not per
-    token as in OpenRLHF, because this function sees no lengths).
+    Mean and unbiased std are over all N responses of the batch (one weight per response).
+    verl's and OpenRLHF's form whitens over tokens: ``reinforce_plus_plus_baseline``; plain
+    REINFORCE++ (no group baseline) is ``reinforce_plus_plus``.
     """
     r, _, _, mean, _, degenerate = _group_mean_count(rewards, group_index)
     x = torch.where(degenerate, torch.zeros_like(r), r - mean)  # (N,)
@@ -102,6 +113,62 @@ def reinforce_pp_advantages(
     std = (centred.pow(2).sum() / max(n - 1, 1)).sqrt()  # N = 1: std 0, not torch.std's NaN
     adv = centred / (std + eps)
     # Σx = 0 by construction, so this only removes float noise from the no-signal groups.
+    return torch.where(degenerate, torch.zeros_like(adv), adv)
+
+
+def _whiten(x: torch.Tensor, weights: torch.Tensor, eps: float) -> torch.Tensor:
+    """(x − μ)/(σ + eps) with μ and the unbiased σ weighted by ``weights`` (tokens per response:
+    the whitening over every valid token of the batch, x being constant along a response)."""
+    w = weights.double()
+    n = w.sum()
+    if x.numel() == 0 or n <= 0:
+        return torch.zeros_like(x)
+    xd = x.double()
+    mean = (w * xd).sum() / n
+    var = (w * (xd - mean) ** 2).sum() / (n - 1).clamp(min=1)  # one token: σ 0, not NaN
+    return ((xd - mean) / (var.sqrt() + eps)).to(x.dtype)
+
+
+def reinforce_plus_plus_advantages(
+    rewards: torch.Tensor, group_index: torch.Tensor, eps: float, *,
+    lengths: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Plain REINFORCE++ (Hu et al. 2025; verl ``reinforce_plus_plus``, outcome reward, γ = 1):
+    the return G_t = R at every token, whitened over all valid tokens of the batch,
+    A_i = (R_i − μ)/(σ + eps) with μ, σ (unbiased) token-weighted by ``lengths`` (None: one
+    weight per response). No group baseline: groups are ignored, size 1 included (verl adds 1e-8
+    to σ² instead of eps to σ)."""
+    r = rewards.float()
+    w = torch.ones_like(r) if lengths is None else lengths.to(r.device)
+    return _whiten(r, w, eps)
+
+
+def reinforce_plus_plus_baseline_advantages(
+    rewards: torch.Tensor, group_index: torch.Tensor, eps: float, *,
+    lengths: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """REINFORCE++-baseline as verl ``reinforce_plus_plus_baseline``: x_i = R_i − mean_g (a
+    group of one keeps x = R, verl's mean 0), then whitened over all valid tokens of the batch
+    like ``reinforce_plus_plus``. Differs from ``reinforce_pp`` (one weight per response, and
+    constant groups kept at 0)."""
+    r, _, _, mean, count, _ = _group_mean_count(rewards, group_index)
+    x = torch.where(count > 1, r - mean, r)  # (N,)
+    w = torch.ones_like(r) if lengths is None else lengths.to(r.device)
+    return _whiten(x, w, eps)
+
+
+def grpo_batch_std_advantages(
+    rewards: torch.Tensor, group_index: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """GRPO with batch-level scaling (TRL ``scale_rewards="batch"``): A_i = (r_i − mean_g) /
+    (std over every reward of the step + eps), the unbiased std of all N rewards (all ranks:
+    the estimator sees the global batch). Constant groups get 0 (the shared rule)."""
+    r, _, _, mean, _, degenerate = _group_mean_count(rewards, group_index)
+    n = r.numel()
+    if n == 0:
+        return r
+    std = ((r - r.mean()).pow(2).sum() / max(n - 1, 1)).sqrt()
+    adv = (r - mean) / (std + eps)
     return torch.where(degenerate, torch.zeros_like(adv), adv)
 
 
@@ -292,6 +359,9 @@ ADVANTAGES = {
     "dr_grpo": dr_grpo_advantages,
     "rloo": rloo_advantages,
     "reinforce_pp": reinforce_pp_advantages,
+    "reinforce_plus_plus": reinforce_plus_plus_advantages,
+    "reinforce_plus_plus_baseline": reinforce_plus_plus_baseline_advantages,
+    "grpo_batch_std": grpo_batch_std_advantages,
     "passk_training": passk_training_advantages,
     "pkpo": pkpo_advantages,
     "pkpo_loo": pkpo_loo_advantages,
@@ -302,6 +372,13 @@ ADVANTAGES = {
 TAKES_K = frozenset({"passk_training", "pkpo", "pkpo_loo", "pkpo_loo_minus_one"})
 """Estimators that optimise pass@k for a given k (``compute_advantages(..., k=)``)."""
 
+READS_CORRECTNESS = TAKES_K | {"grpo_passk"}
+"""Pass@k estimators: they read correctness (0/1, ``compute_advantages(..., correct=)``), not
+the reward."""
+
+TAKES_LENGTHS = frozenset({"reinforce_plus_plus", "reinforce_plus_plus_baseline"})
+"""Estimators that whiten over tokens (``compute_advantages(..., lengths=)``)."""
+
 
 def compute_advantages(
     name: str,
@@ -309,11 +386,18 @@ def compute_advantages(
     group_index: torch.Tensor,
     eps: float = 1e-6,
     k: int | None = None,
+    *,
+    correct: torch.Tensor | None = None,
+    lengths: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Advantages by estimator ``name`` (ALGORITHMS.md §0, §6d) plus zero-advantage metrics.
+    """Advantages by estimator ``name`` (ALGORITHMS.md §0, §6d, §7c) plus zero-advantage metrics.
 
     ``k`` is the pass@k target of the ``TAKES_K`` estimators (required there, ignored by the
-    others). The pass@k estimators see whole groups: call this before sharding (§6j).
+    others). ``correct`` (N,) 0/1: what the pass@k estimators (``READS_CORRECTNESS``) read
+    instead of ``rewards`` (the trainer passes the verifier's correctness; None: ``rewards``).
+    ``lengths`` (N,): valid tokens per response, the whitening weights of ``TAKES_LENGTHS``
+    (None: one per response). The pass@k estimators see whole groups: call this before
+    sharding (§6j).
 
     Metrics (0-dim tensors):
       ``adv/zero_frac``: fraction of responses with |A| < 1e-8;
@@ -321,7 +405,11 @@ def compute_advantages(
     """
     if name not in ADVANTAGES:
         raise ValueError(f"unknown advantage estimator {name!r}; valid: {sorted(ADVANTAGES)}")
-    if name in TAKES_K:
+    if name in READS_CORRECTNESS and correct is not None:
+        rewards = correct.float()
+    if name in TAKES_LENGTHS:
+        adv = ADVANTAGES[name](rewards, group_index, eps, lengths=lengths)  # (N,)
+    elif name in TAKES_K:
         if k is None:
             raise ValueError(f"advantage estimator {name!r} needs k (the pass@k it optimises)")
         adv = ADVANTAGES[name](rewards, group_index, eps, k=k)  # (N,)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 Denom = int | float | torch.Tensor | None
 
@@ -33,6 +33,8 @@ def aggregate(
 
     - ``token-mean`` (DAPO): Σ loss·mask / token_denom; default token_denom = mask.sum().
     - ``seq-mean-token-mean`` (GRPO): Σ_i [Σ_t loss·mask / |o_i|] / seq_denom.
+    - ``seq-mean-token-sum`` (verl): Σ_i Σ_t loss·mask / seq_denom (a response's loss is its
+      token sum, so long responses weigh more).
     - ``seq-mean-token-sum-norm`` (Dr.GRPO): Σ loss·mask / max_len / seq_denom; ``max_len``
       (the constant generation budget) is required.
 
@@ -54,6 +56,8 @@ def aggregate(
     if mode == "seq-mean-token-mean":
         seq_mean = masked.sum(-1) / seq_len.clamp(min=1)  # (N,)
         return _safe_div(seq_mean.sum(), seq_denom)
+    if mode == "seq-mean-token-sum":
+        return _safe_div(masked.sum(), seq_denom)
     if max_len is None:
         raise ValueError("seq-mean-token-sum-norm needs max_len (Dr.GRPO's constant length)")
     return _safe_div(masked.sum() / max_len, seq_denom)

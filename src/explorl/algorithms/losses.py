@@ -279,5 +279,17 @@ LOSSES = {
     "cispo": cispo_loss,
 }
 
+READS = {
+    "ppo": frozenset({"eps_low", "eps_high", "clip_c"}),
+    "clip_cov": frozenset({"eps_low", "eps_high", "clip_c", "clip_cov_ratio", "clip_cov_lb",
+                           "clip_cov_ub"}),
+    "kl_cov": frozenset({"kl_cov_ratio", "kl_cov_coef", "kl_cov_tol"}),
+    "gspo": frozenset({"eps_low", "eps_high", "agg"}),
+    "cispo": frozenset({"cispo_w_max", "cispo_mask", "eps_low"}),  # eps_low: the Eq. 6 mask only
+}
+"""The ``cfg`` fields each loss (and its selector) reads (ALGORITHMS §7d; a test records every
+attribute each one touches). KL-Cov has no clip and CISPO caps with ``cispo_w_max``: neither
+reads eps_high, so a controller moving eps_high does nothing to them."""
+
 SELECTORS = {"clip_cov": clip_cov_select, "kl_cov": kl_cov_select}
 """Losses that select tokens over a batch; the trainer runs these over a whole mini-batch."""

@@ -81,7 +81,8 @@ class AdaptiveControlConfig:
     enabled: bool = False
     """Entropy Scheduling adaptive controller (4a) tracking a target entropy schedule."""
     actuator: str = "eps_high"
-    """Knob it drives: eps_high (the paper), entropy_coef, kl_coef or temperature."""
+    """Knob it drives: eps_high (the paper), entropy_coef, kl_coef or temperature. The loss must
+    read it (refused otherwise: CISPO and KL-Cov have no eps_high clip)."""
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     """Target entropy schedule."""
     warmup: int = 5
@@ -91,7 +92,10 @@ class AdaptiveControlConfig:
     delta: Optional[float] = None
     """Step size of the knob per step. None = the actuator's default (eps_high: 0.01)."""
     init: Optional[float] = None
-    """Initial knob value. None = the actuator's default (eps_high: 0.28)."""
+    """Initial knob value. None = the actuator's default (eps_high: 0.28). The controller owns
+    the knob from the first step, so this replaces the recipe's value (algorithm.eps_high, ...),
+    which must lie in [min, max]: a loss on another scale (GSPO's eps_high 4e-4, Clip-Cov's 1.0)
+    is refused until init, min and max are set on its scale."""
     min: Optional[float] = None
     """Lower clamp. None = the actuator's default (eps_high: 0.2)."""
     max: Optional[float] = None
@@ -133,8 +137,9 @@ class EntroPICControlConfig:
 @dataclass
 class EntropyCoefControlConfig:
     enabled: bool = False
-    """Adaptive entropy coefficient (Skywork-OR1 ``EntController``; TRL #6140; §6g): the bonus uses
-    c·1[H < target], then c ← clip(c ± delta) (+ while H < target). Owns ``entropy_coef``."""
+    """Adaptive entropy coefficient (Skywork-OR1 ``EntController``; TRL #6140; §6g): each step
+    c ← clip(c ± delta) (+ while H < target), then the bonus uses c·1[H < target] (update, then
+    apply, as Skywork's code). Owns ``entropy_coef``."""
     target: float = 0.2
     """Target entropy H* (nats; Skywork scripts: 0.2)."""
     delta: float = 1e-4

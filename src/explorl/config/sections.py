@@ -268,9 +268,14 @@ class RolloutCorrectionConfig:
 @dataclass
 class AlgorithmConfig:
     advantage: str = "grpo"
-    """Advantage estimator: ``grpo``, ``dr_grpo``, ``rloo``, ``reinforce_pp``; pass@k objectives
-    (ALGORITHMS §6d) ``passk_training`` (Pass@k Training), ``pkpo``, ``pkpo_loo``,
-    ``pkpo_loo_minus_one`` (PKPO; the paper recommends the last), ``grpo_passk`` (verl)."""
+    """Advantage estimator: ``grpo``, ``dr_grpo``, ``rloo``, ``grpo_batch_std`` (GRPO with the
+    std of the whole batch, TRL's ``scale_rewards="batch"``), ``reinforce_plus_plus`` (plain
+    REINFORCE++: rewards whitened over the batch's tokens, no group baseline, verl),
+    ``reinforce_plus_plus_baseline`` (group mean first, then token whitening, verl),
+    ``reinforce_pp`` (the baseline variant whitened per response); pass@k objectives (ALGORITHMS
+    §6d) ``passk_training`` (Pass@k Training), ``pkpo``, ``pkpo_loo``, ``pkpo_loo_minus_one``
+    (PKPO; the paper recommends the last), ``grpo_passk`` (verl). The pass@k ones read the
+    verifier's correctness (``reward.accuracy``'s rule), not the shaped reward."""
     passk_k: int | None = None
     """k of the pass@k estimators that take one (``passk_training``, ``pkpo``, ``pkpo_loo``,
     ``pkpo_loo_minus_one``; required there, unused otherwise). Must be ≤ every group's size
@@ -324,8 +329,13 @@ class AlgorithmConfig:
     entropy_shaping_kappa: float = 2.0
     """Entropy advantage shaping: κ, the cap |A_t|/κ (κ ≥ 1 keeps the sign of A)."""
     agg: str = "token-mean"
-    """Loss aggregation over tokens and sequences: ``token-mean``, ``seq-mean-token-mean`` or
+    """Loss aggregation over tokens and sequences: ``token-mean``, ``seq-mean-token-mean``,
+    ``seq-mean-token-sum`` (verl: each response's token sum, mean over responses) or
     ``seq-mean-token-sum-norm`` (``algorithms.AGG_MODES``)."""
+    mask_truncated: bool = False
+    """Overlong filtering (DAPO §3.4, TRL ``mask_truncated_completions``): responses that hit
+    the length limit without EOS keep their place in the group's reward statistics (advantages)
+    but leave the loss and its denominators."""
     agg_max_len: Optional[int] = None
     """Constant length for ``seq-mean-token-sum-norm`` (Dr.GRPO). None =
     rollout.max_response_len."""
@@ -334,7 +344,15 @@ class AlgorithmConfig:
     kl_coef: float = 0.0
     """Coefficient β of the KL to a frozen reference policy (loaded only when > 0 or controlled)."""
     kl_estimator: str = "k3"
-    """KL estimator for the reference penalty."""
+    """KL estimator for the reference penalty: ``k2`` (its gradient follows the reverse
+    KL(π‖ref)), ``k3`` (GRPO's; the gradient follows the forward KL(ref‖π)), ``low_var_kl``
+    (verl: k3 clamped to [−10, 10]), ``k1`` (in the reward only: as a loss its expected
+    gradient is 0, so it is refused there)."""
+    kl_in_reward: bool = False
+    """KL in the reward (verl ``use_kl_in_reward``): instead of a loss term, each response's
+    reward becomes R − kl_coef · Σ_t kl_t (kl_t by ``kl_estimator`` between the sampling pass's
+    log-probs and the reference's, no gradient) before the advantages. Needs kl_coef > 0 or a
+    controller on it; not with the pass@k estimators (they read correctness)."""
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: drop groups with identical rewards, regenerate to refill the batch."""
     dynamic_sampling_metric: Literal["score", "reward"] = "score"

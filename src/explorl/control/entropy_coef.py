@@ -1,10 +1,11 @@
 """The adaptive entropy coefficient of Skywork-OR1 (arXiv 2505.22312, ``EntController``) and
 TRL #6140 (ALGORITHMS §6g), as a controller owning ``entropy_coef``.
 
-At step t with entropy e_t (global, the pre-update policy's on the step's own rollouts): the
-update's bonus coefficient is c_t·1[e_t < H*], then c_{t+1} = clip(c_t ± Δ, c_min, c_max), + while
-e_t < H*. The law steps at every step whatever c is: TRL's first version ran it only while
-c ≠ 0, so a run whose c reached c_min = 0 never raised it again (the dead-at-zero pitfall).
+At step t with entropy e_t (global, the pre-update policy's on the step's own rollouts): first
+c_t = clip(c_{t−1} ± Δ, c_min, c_max), + while e_t < H*, then the update's bonus coefficient is
+c_t·1[e_t < H*] (update, then apply: Skywork-OR1's order; c_0 = ``init``). The law steps at
+every step whatever c is: TRL's first version ran it only while c ≠ 0, so a run whose c reached
+c_min = 0 never raised it again (the dead-at-zero pitfall).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ class EntropyCoefController(Controller):
     delta (1e-4), init (0), min (0), max (5e-3), inclusive (TRL's ≤; off).
 
     Metrics (before_update): ``control/target_entropy`` (H*), ``control/entropy_coef_next``
-    (c for the next step). The coefficient this step's update uses is ``control/entropy_coef``.
+    (c after this step's update, carried to the next step; the applied value when e < H*). The
+    coefficient this step's update uses is ``control/entropy_coef``.
     """
 
     name = "entropy_coef"

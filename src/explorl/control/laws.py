@@ -107,8 +107,9 @@ class EntropyCoefLaw:
     """Adaptive entropy-bonus coefficient (Skywork-OR1 2505.22312 ``EntController``; TRL #6140;
     ALGORITHMS §6g).
 
-    At a step with entropy e: the bonus uses ``applied = c · 1[e < H*]`` (``inclusive``: e ≤ H*,
-    TRL), then c ← clip(c + Δ if e < H* else c − Δ, c_min, c_max) for the next step. The update
+    At a step with entropy e: first c ← clip(c + Δ if e < H* else c − Δ, c_min, c_max), then the
+    bonus uses ``applied = c · 1[e < H*]`` (``inclusive``: e ≤ H*, TRL): update, then apply, as
+    Skywork-OR1's code (ALGORITHMS §6g: c = 0, e = 0.15 → c = 1e-4, applied 1e-4). The update
     always runs: TRL's first version gated it on ``coef != 0``, so with c_min = 0 the first
     step down to 0 killed the controller for good. Skywork scripts: c₀ = 0, H* = 0.2, Δ = 1e-4,
     c ∈ [0, 5e-3]; TRL: Δ = 5e-3, c ∈ [0, 1].
@@ -132,12 +133,11 @@ class EntropyCoefLaw:
         return entropy <= self.target if self.inclusive else entropy < self.target
 
     def step(self, entropy: float) -> tuple[float, float]:
-        """Returns (coefficient applied this step, c for the next step)."""
+        """Returns (coefficient applied this step, c after this step's update)."""
         below = self.below(float(entropy))
-        applied = self.coef if below else 0.0
         moved = self.coef + self.delta if below else self.coef - self.delta
         self.coef = min(self.c_max, max(self.c_min, moved))
-        return applied, self.coef
+        return (self.coef if below else 0.0), self.coef
 
     def state_dict(self) -> dict[str, Any]:
         return {"coef": self.coef}

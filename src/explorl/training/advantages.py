@@ -18,15 +18,34 @@ from explorl.rollout.types import Rollouts
 from explorl.training.batch import StepBatch, covariance_metrics
 
 
-def step_advantages(a: AlgorithmConfig, sb: StepBatch, ro: Rollouts,
-                    dist) -> tuple[torch.Tensor, dict[str, float]]:
+def estimator_rewards(a: AlgorithmConfig, rows: dict, kl_coef: float) -> torch.Tensor:
+    """(N,) what the estimator sees as the reward: the shaped reward, minus kl_coef · Σ_t kl_t
+    with ``algorithm.kl_in_reward`` (verl ``use_kl_in_reward``; ``rows["kl_sum"]`` from
+    ``reward_kl.reference_kl_sums``)."""
+    r = rows["reward"].float()
+    if a.kl_in_reward:
+        r = r - kl_coef * rows["kl_sum"].float()
+    return r
+
+
+def step_advantages(a: AlgorithmConfig, sb: StepBatch, ro: Rollouts, dist,
+                    kl_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
     """This rank's advantages, (n,) or (n, T) with shaping, and the step's metrics (global):
     ``adv/*`` of the estimator and of shaping, and the covariance diagnostics (``cov/*``, on the
-    estimator's per-response A and the sampling pass's log-probs, before the update)."""
+    estimator's per-response A and the sampling pass's log-probs, before the update).
+
+    The estimator reads ``estimator_rewards`` (the KL-penalised reward under ``kl_in_reward``,
+    β = the step's ``kl_coef`` knob); the pass@k ones read the verifier's correctness
+    (``rows["score"]``, ``reward.accuracy``'s rule) instead; the REINFORCE++ ones whiten with
+    the responses' token counts."""
     rows = sb.rows
-    adv_all, am = compute_advantages(a.advantage, rows["reward"].float(), rows["group"],
-                                     eps=a.adv_eps, k=a.passk_k)
+    adv_all, am = compute_advantages(a.advantage, estimator_rewards(a, rows, kl_coef),
+                                     rows["group"], eps=a.adv_eps, k=a.passk_k,
+                                     correct=rows["score"].float(), lengths=rows["length"])
     metrics = {k: float(v) for k, v in am.items()}
+    if a.kl_in_reward:  # mean Σ_t kl_t per response (the reward's penalty before β)
+        metrics["kl/reward_penalty_mean"] = float(rows["kl_sum"].mean()) if len(rows["kl_sum"]) \
+            else 0.0
     metrics.update(covariance_metrics(rows, adv_all))
     adv = adv_all[sb.local]
     if a.entropy_shaping_alpha > 0:

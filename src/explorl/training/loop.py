@@ -219,7 +219,8 @@ class Trainer:
             metrics.update(rm)
 
         # 3. advantages over the global batch (groups = prompts, never split across ranks), shaping
-        adv, am = step_advantages(cfg.algorithm, sb, got.rollouts, self.dist)
+        self.update.reward_kl(got.rollouts, sb, knobs.temperature)  # kl_in_reward only (§7c)
+        adv, am = step_advantages(cfg.algorithm, sb, got.rollouts, self.dist, knobs.kl_coef)
         metrics.update(am)
 
         # 4. update (skipped, weights untouched, when the loss or a gradient is not finite), with

@@ -17,6 +17,8 @@ an unlearning step carry the unlearned copy's, the model that sampled them). Ent
 is known before the update; on the on-policy pass it is the current policy's, as in the code).
 Rollout correction (``algorithm.rollout_correction``, §7a; ``training.correction``) weights the
 policy-gradient term per token and takes dropped tokens out of its denominators.
+Every loss parameter and knob reaches the loss through one ``LossParams`` (built once per step).
+``algorithm.mask_truncated`` takes truncated responses out of the loss and its denominators.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import contextlib
 import dataclasses
 import logging
 import math
-from types import SimpleNamespace
 
 import torch
 
@@ -37,6 +38,7 @@ from explorl.algorithms import (
     forking_token_mask,
     kl_estimate,
 )
+from explorl.algorithms.contract import LossParams
 from explorl.algorithms.losses import SELECTORS
 from explorl.config import RunConfig
 from explorl.control import Knobs
@@ -46,6 +48,7 @@ from explorl.rollout.types import Rollouts
 from explorl.training.batch import StepBatch
 from explorl.training.correction import step_correction
 from explorl.training.forward import response_logprobs
+from explorl.training.reward_kl import reference_kl_sums
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +196,16 @@ class PolicyUpdate:
         return out, {"rollout/logp_diff_max": max(p["diff_max"] for p in parts),
                      "rollout/logp_diff_mean": sum(p["diff_sum"] for p in parts) / n if n else 0.0}
 
+    def reward_kl(self, ro: Rollouts, sb: StepBatch, temperature: float) -> None:
+        """``sb.rows["kl_sum"]``: Σ_t kl_t to the reference per response, with
+        ``algorithm.kl_in_reward`` (otherwise nothing)."""
+        a = self.cfg.algorithm
+        if not a.kl_in_reward:
+            return
+        reference_kl_sums(self.ref, ro, sb, self.dist, kind=a.kl_estimator,
+                          temperature=temperature, micro_batch_size=self.cfg.optim.micro_batch_size,
+                          chunk_size=a.logprob_chunk, amp=self.amp)
+
     def run(
         self, ro: Rollouts, adv: torch.Tensor, knobs: Knobs, sb: StepBatch
     ) -> tuple[dict, dict]:
@@ -210,7 +223,12 @@ class PolicyUpdate:
                 "train/optimizer_steps": 0.0,
             }, {}
         loss_fn = LOSSES[a.loss]
-        lcfg = SimpleNamespace(**{**dataclasses.asdict(a), "eps_high": knobs.eps_high})
+        lcfg = LossParams.build(a, knobs)  # the one record of what the loss reads (§7d)
+        lengths = rows["length"]
+        if a.mask_truncated:  # overlong filtering: out of the loss and its denominators
+            keep = ~rows["truncated"][sb.local].to(ro.response_mask.device)  # (n,)
+            ro = dataclasses.replace(ro, response_mask=ro.response_mask & keep[:, None])
+            lengths = lengths * ~rows["truncated"]
         max_len = a.agg_max_len or cfg.rollout.max_response_len
         n_mb = min(o.mini_batches, N)
         local_row = torch.full((N,), -1, dtype=torch.long)
@@ -228,8 +246,8 @@ class PolicyUpdate:
                      else torch.arange(N))
             for mb in order.tensor_split(n_mb):
                 agg = dict(
-                    token_denom=rows["length"][mb].sum().clamp_min(1),
-                    seq_denom=len(mb),
+                    token_denom=lengths[mb].sum().clamp_min(1),
+                    seq_denom=(lengths[mb] > 0).sum(),
                     max_len=max_len,
                 )
                 mine = local_row[mb]
@@ -237,7 +255,7 @@ class PolicyUpdate:
                 # synchronises gradients (DDP), and FSDP gathers weights in every pass.
                 sizes, n_micro = self._micro_plan(rows, mb)
                 micros = list(mine[mine >= 0].split(sizes)) if sizes else []
-                selections = self._select_tokens(ro, adv, micros, n_micro, knobs, lcfg)
+                selections = self._select_tokens(ro, adv, micros, n_micro, lcfg)
                 weights = [None] * len(micros)
                 if a.entropy_mask_ratio:
                     weights = self._forking_weights(ro, micros, mask_sums)
@@ -253,7 +271,6 @@ class PolicyUpdate:
                             loss = self._micro_loss(
                                 ro.select(micros[k]),
                                 adv[micros[k]],
-                                knobs,
                                 loss_fn,
                                 lcfg,
                                 agg,
@@ -325,8 +342,7 @@ class PolicyUpdate:
         adv: torch.Tensor,
         micros: list[torch.Tensor],
         n_micro: int,
-        knobs: Knobs,
-        lcfg,
+        lcfg: LossParams,
     ) -> list:
         """Clip-Cov/KL-Cov token selection over this rank's whole mini-batch (ALGORITHMS §2d: per
         mini-batch, not per micro-batch). A mini-batch in one micro-batch selects inside its loss;
@@ -345,7 +361,7 @@ class PolicyUpdate:
                 p.prompt_mask,
                 p.response_ids,
                 p.response_mask,
-                knobs.temperature,
+                lcfg.temperature,
                 chunk_size=a.logprob_chunk,
                 with_entropy=False,
             )[0]
@@ -363,23 +379,24 @@ class PolicyUpdate:
         sizes = [len(idx) for idx in micros]
         return list(zip(selected.split(sizes), cov.split(sizes)))
 
-    def _micro_loss(self, sub: Rollouts, adv: torch.Tensor, knobs: Knobs, loss_fn, lcfg, agg: dict,
+    def _micro_loss(self, sub: Rollouts, adv: torch.Tensor, loss_fn, lcfg: LossParams, agg: dict,
                     sums: dict, selection=None, weight: torch.Tensor | None = None,
                     correction: tuple | None = None) -> torch.Tensor:
         """This micro-batch's share of the mini-batch loss; adds its metric sums to ``sums``.
-        ``weight`` (n, T): the forking mask's per-token weight of the policy loss.
-        ``correction``: the rollout correction's (weight, keep, denominators) of these rows."""
+        ``weight`` (n, T): the forking mask's per-token weight of the policy loss. Every knob
+        and setting comes from ``lcfg`` (``LossParams``). ``correction``: the rollout
+        correction's (weight, keep, denominators) of these rows."""
         a = self.cfg.algorithm
         agg = dict(agg)
         confident_denom = agg.pop("confident_denom", None)
         mask = sub.response_mask
-        need_entropy = knobs.entropy_coef > 0
+        need_entropy = lcfg.entropy_coef > 0
         logp, ent = self.scorer(
             sub.prompt_ids,
             sub.prompt_mask,
             sub.response_ids,
             mask,
-            knobs.temperature,
+            lcfg.temperature,
             chunk_size=a.logprob_chunk,
             with_entropy=need_entropy,
         )
@@ -392,19 +409,19 @@ class PolicyUpdate:
         if correction is not None:  # §7a: weighted, and dropped tokens leave the denominators
             w, keep, pg_agg = correction
             per_tok, pg_mask = per_tok * w.to(per_tok.device), mask & keep.to(mask.device)
-        pg = aggregate(per_tok, pg_mask, a.agg, **pg_agg)
+        pg = aggregate(per_tok, pg_mask, lcfg.agg, **pg_agg)
         loss = pg
         if confident_denom is not None:  # EntroPIC: α · token-mean of −ratio·|A| on confident ones
             confident = sub.old_logp.exp() > self.cfg.control.entropic.p_min
             term, em = entropic_confident_term(logp, sub.old_logp, adv, mask,
                                                token_denom=confident_denom, confident=confident)
-            loss = loss + knobs.pos_neg_weight * term
+            loss = loss + lcfg.pos_neg_weight * term
             m = {**m, **em}
         if need_entropy:
-            bonus = aggregate(ent, mask, a.agg, **agg)
-            loss = loss - knobs.entropy_coef * bonus
+            bonus = aggregate(ent, mask, lcfg.agg, **agg)
+            loss = loss - lcfg.entropy_coef * bonus
             _add(sums, "loss/entropy_bonus", bonus.detach() * agg["seq_denom"])
-        if knobs.kl_coef > 0 and self.ref is not None:
+        if lcfg.kl_coef > 0 and self.ref is not None:
             with torch.no_grad(), self.amp(), disabled(self.ref) as ref:  # LoRA: adapters off
                 ref_logp, _ = response_logprobs(
                     ref,
@@ -412,12 +429,12 @@ class PolicyUpdate:
                     sub.prompt_mask,
                     sub.response_ids,
                     mask,
-                    knobs.temperature,
+                    lcfg.temperature,
                     chunk_size=a.logprob_chunk,
                     with_entropy=False,
                 )
-            kl = kl_estimate(logp, ref_logp, a.kl_estimator) * mask
-            loss = loss + knobs.kl_coef * aggregate(kl, mask, a.agg, **agg)
+            kl = kl_estimate(logp, ref_logp, lcfg.kl_estimator) * mask
+            loss = loss + lcfg.kl_coef * aggregate(kl, mask, lcfg.agg, **agg)
             _add(sums, "kl/ref_mean", kl.detach().sum())
         n_tok = mask.sum()
         _add(sums, "tokens", n_tok)

@@ -16,6 +16,7 @@ from explorl.config.ranges import ADAPTIVE_KNOB_FIELDS, RANGES, Interval, _check
 from explorl.config.recipes import _if_dir, read_recipe
 from explorl.config.sections import RunConfig
 from explorl.control import ACTUATOR_DEFAULTS, SCHEDULES, check_control_config
+from explorl.control.contract import check_knob_contract
 from explorl.data.files import EXTENSIONS
 from explorl.outputs.trackers import TRACKERS
 from explorl.rollout.vllm_settings import (
@@ -130,7 +131,9 @@ def _check_adaptive(cfg: RunConfig) -> None:
 
 
 def _check_controllers(cfg: RunConfig) -> None:
-    """Each knob has one owner, and two entropy trackers never run together."""
+    """Every knob a controller moves reaches the loss (``control.contract``), each knob has one
+    owner, and two entropy trackers never run together."""
+    check_knob_contract(cfg)
     if sum(getattr(cfg.control, f.name).enabled for f in dataclasses.fields(cfg.control)) < 2:
         return
     check_control_config(cfg.control)  # a ControlError, printed like a ConfigError
