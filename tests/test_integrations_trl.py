@@ -251,9 +251,11 @@ def test_clip_cov_without_selected_tokens_equals_trls_loss(tmp_path, loss_type):
     trainer = _trainer(tmp_path, [], loss_type=loss_type, explorl_loss="clip_cov",
                        loss_options={"clip_cov_lb": 1e8, "clip_cov_ub": 2e8}, epsilon_high=0.28)
     trainer.current_gradient_accumulation_steps = 1
+    trainer.model.train()  # the training normalisers (steps_per_generation = accumulation = 1)
     inputs = _batch(trainer)
     grads = []
-    for fn in (trainer._explorl_compute_loss, lambda m, i: GRPOTrainer._compute_loss(trainer, m, i)):
+    trl_loss = lambda m, i: GRPOTrainer._compute_loss(trainer, m, i)  # noqa: E731
+    for fn in (trainer._explorl_compute_loss, trl_loss):
         trainer.model.zero_grad()
         loss = fn(trainer.model, inputs)
         loss.backward()

@@ -52,7 +52,7 @@ _EXPLORL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")  # the aggregations we
 
 
 def trl_knob_table(args, explorl_loss: str | None = None) -> KnobTable:
-    """Which knobs a ``GRPOTrainer`` with ``args`` (a ``GRPOConfig``) reads, and why not the rest."""
+    """Which knobs a ``GRPOTrainer`` with ``args`` (a ``GRPOConfig``) reads; why not the rest."""
     loss = f"explorl loss {explorl_loss!r}" if explorl_loss else f"loss_type={args.loss_type!r}"
     reads = {"temperature": "generation_config / vLLM sampling params and the fused LM head "
                             "(log-probs and entropy) at the next generation round"}
@@ -97,7 +97,7 @@ def _temperature_cell(model):
     code = getattr(fn, "__code__", None)
     if code is None or "temperature" not in code.co_freevars:
         raise ControlError("the model has no TRL fused LM head with a temperature (TRL's "
-                           "add_fused_lm_head changed?); explorl.integrations.trl supports TRL 1.16")
+                           "add_fused_lm_head changed?); explorl.integrations.trl needs TRL 1.16")
     return fn.__closure__[code.co_freevars.index("temperature")]
 
 
@@ -182,8 +182,9 @@ class ExplorlGRPOTrainer(GRPOTrainer):
         }
         for key, (value, bad) in unsupported.items():
             if bad:
-                raise ValueError(f"explorl_loss {name!r} does not support GRPOConfig.{key}={value!r}"
-                                 f" (aggregations: loss_type in {list(_EXPLORL_LOSS_TYPES)})")
+                raise ValueError(f"explorl_loss {name!r} does not support GRPOConfig."
+                                 f"{key}={value!r} (aggregations: loss_type in "
+                                 f"{list(_EXPLORL_LOSS_TYPES)})")
         fields = {f.name for f in dataclasses.fields(AlgorithmConfig)}
         wrong = sorted(set(options) - fields)
         if wrong:
@@ -193,7 +194,8 @@ class ExplorlGRPOTrainer(GRPOTrainer):
     def _rounds(self, max_steps: int) -> int:
         """Controller steps (generation rounds) in ``max_steps`` optimizer steps."""
         micro_per_round = self.args.steps_per_generation * self.num_iterations
-        return max(1, math.ceil(max_steps * self.args.gradient_accumulation_steps / micro_per_round))
+        micro = max_steps * self.args.gradient_accumulation_steps
+        return max(1, math.ceil(micro / micro_per_round))
 
     def _explorl_setup(self) -> None:
         if not self._explorl.ready:
@@ -243,7 +245,8 @@ class ExplorlGRPOTrainer(GRPOTrainer):
 
     def _end_round(self) -> None:
         entropy = sum(self._explorl_entropies) / len(self._explorl_entropies)
-        reward = self._metrics["train"]["reward"][-1] if self._metrics["train"]["reward"] else math.nan
+        rewards = self._metrics["train"]["reward"]
+        reward = rewards[-1] if rewards else math.nan
         for key, v in self._explorl.end_step(entropy, reward).items():
             self._metrics["train"][key].append(float(v))
 
@@ -308,7 +311,8 @@ class ExplorlGRPOTrainer(GRPOTrainer):
         else:  # dapo: tokens of the whole generation batch, as TRL
             denom = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
             if mode == "train":
-                denom = denom * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+                accum = self.current_gradient_accumulation_steps
+                denom = denom * accum / self.args.steps_per_generation
             loss = aggregate(per_token, valid, "token-mean", token_denom=denom)
         if self._entropy_bonus_enabled:
             loss = loss - self.entropy_coef * masked_mean(entropies, valid) / accum
