@@ -15,8 +15,8 @@ the dual clip ``actor.clip_ratio_c`` (explorl_ppo only), Clip-Cov/KL-Cov from
 ``actor.policy_loss.{clip_cov_ratio, clip_cov_lb, clip_cov_ub, kl_cov_ratio, ppo_kl_coef}``
 (verl's names); settings verl has no field for (``kl_cov_tol``, ``cispo_w_max``…) from
 ``actor.policy_loss.explorl`` (a dict of explorl ``AlgorithmConfig`` fields) or explorl's defaults.
-Estimators read ``algorithm.adv_eps`` is not a verl field: ``epsilon`` is verl's argument, and the
-pass@k ``k`` comes from ``algorithm.explorl.passk_k``.
+Estimators take verl's ``epsilon`` argument; the pass@k ``k`` comes from
+``algorithm.explorl.passk_k``.
 """
 
 from __future__ import annotations
