@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint docs bench clean setup-vllm test-vllm bench-vllm
+.PHONY: setup demo test lint docs bench clean setup-vllm test-vllm bench-vllm test-integrations
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -61,6 +61,31 @@ test-vllm: setup-vllm
 
 bench-vllm: setup-vllm
 	$(VLLM_BIN)/python benchmarks/vllm_speed.py
+
+# explorl inside TRL and verl (docs/integrations-*.md). TRL's tests run in .venv with the bench
+# pin (trl==1.16.0); verl's in their own venv: verl pins transformers < 5.11 and is installed
+# --no-deps with only what `verl.trainer.ppo.core_algos` imports (verl cannot train on a CPU, so
+# its tests are function-level). ~2 min and ~1 GB for the verl venv.
+VERL_VENV ?= .venv-verl
+VERL_BIN := $(VERL_VENV)/bin
+VERL_PIN ?= verl==0.9.1
+VERL_DEPS ?= packaging omegaconf numpy ray codetiming hydra-core dill pytest \
+	"tensordict>=0.8,<=0.10.0,!=0.9.0" "transformers>=5.5.3,<5.11,!=5.6.0"
+
+$(VERL_BIN)/.installed: pyproject.toml
+	test -x $(VERL_BIN)/python || $(PY) -m venv $(VERL_VENV)
+	$(VERL_BIN)/pip install -q --upgrade pip
+	$(VERL_BIN)/pip install -q $(TORCH_PIN)
+	$(VERL_BIN)/pip install -q --no-deps $(VERL_PIN)
+	$(VERL_BIN)/pip install -q $(TORCH_PIN) $(VERL_DEPS)
+	$(VERL_BIN)/python -c "import verl.trainer.ppo.core_algos"
+	touch $@
+
+test-integrations: setup $(VERL_BIN)/.installed
+	$(BIN)/pip install -q -e '.[dev,bench]'
+	$(BIN)/python -m pytest -m integrations -p no:xdist tests/test_integrations_trl.py $(PYTEST_ARGS)
+	PYTHONPATH=src $(VERL_BIN)/python -m pytest -m integrations -p no:xdist -p no:cacheprovider \
+		tests/test_integrations_verl.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf runs .pytest_cache site
