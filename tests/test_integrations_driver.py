@@ -57,9 +57,10 @@ def test_lagged_update_uses_the_previous_steps_entropy():
     d = _driver([coef], lag=True)
     assert d.begin_step().entropy_coef == 0.0  # step 1: no statistics yet, the framework's value
     d.end_step(entropy=0.3)
-    assert d.begin_step().entropy_coef == 0.02  # step 1's H = 0.3 < 0.5: bonus on at c = 0.02
+    # step 1's H = 0.3 < 0.5: c ← 0.02 + 0.01, then applied (update, then apply: Skywork-OR1)
+    assert d.begin_step().entropy_coef == pytest.approx(0.03)
     d.end_step(entropy=0.9)
-    assert d.begin_step().entropy_coef == 0.0  # step 2's H = 0.9 > 0.5: bonus off
+    assert d.begin_step().entropy_coef == 0.0  # step 2's H = 0.9 > 0.5: c ← 0.02, bonus off
 
 
 def test_state_round_trip_continues_identically():

@@ -223,8 +223,9 @@ def test_adaptive_eps_high_and_entropy_coef_reach_the_loss(tmp_path):
     rec = Record()
     trainer = rec.watch(_trainer(tmp_path / "c", [coef], max_steps=3))
     trainer.train()
-    # entropy < 100 always: step 1 keeps TRL's 0; step t applies c from step t−1's law step
-    assert [log["control/entropy_coef"] for log in rec.logs] == pytest.approx([0.0, 0.0, 0.01])
+    # entropy < 100 always: step 1 keeps TRL's 0; from step 2 the law steps c up by δ on step
+    # t−1's entropy and applies the new c (update, then apply)
+    assert [log["control/entropy_coef"] for log in rec.logs] == pytest.approx([0.0, 0.01, 0.02])
     assert trainer._entropy_bonus_enabled
 
 
