@@ -345,8 +345,11 @@ def test_lab_model_size_reaches_the_build(monkeypatch):
     from explorl import validation
     from explorl.models import resolve_model_path
 
+    import explorl.models
+
     seen = {}
-    monkeypatch.setattr(lab, "lab_model_path", lambda ref, **kw: seen.update(kw, ref=ref))
+    monkeypatch.setattr(explorl.models, "lab_model_path",
+                        lambda ref, **kw: seen.update(kw, ref=ref))
     cfg = validation.load(None, ["model.path=lab:addition", "lab.model_size=large"])
     resolve_model_path(cfg.model.path, cfg.lab)
     assert seen["ref"] == "addition" and seen["size"] == "large"

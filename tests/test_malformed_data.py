@@ -334,7 +334,7 @@ def test_eval_errors_before_the_model_loads(
     def no_model(*a, **k):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(explorl.eval.run, "load_model", no_model)
+    monkeypatch.setattr(explorl.eval.run, "load_for_inference", no_model)
     monkeypatch.chdir(tmp_path)
     sets = [f"lab.{k}={v}" for k, v in TINY_LAB.items()]
     argv = ["eval", str(tiny_model), "--out", str(tmp_path / "ev"), *args]

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _write(tmp_path: Path, data: dict, name: str = "spec.yaml") -> Path:
     path = tmp_path / name
-    path.write_text(yaml.safe_dump({"recipe_dir": str(ROOT / "recipes" / "lab"), **data}))
+    path.write_text(yaml.safe_dump({"recipe_dir": str(ROOT / "src" / "explorl" / "recipes" / "lab"), **data}))
     return path
 
 
@@ -236,7 +236,7 @@ def test_power_and_ablation_tables():
 
 def test_v3_specs_plan_tuning_and_final_runs_full_and_quick():
     for name in ("subset_sum_v3.yaml", "countdown_v3.yaml"):
-        path = ROOT / "studies" / name
+        path = ROOT / "src" / "explorl" / "studies" / name
         for quick in (False, True):
             spec = S.load_spec(path, quick=quick)
             tune = plan_tuning(spec, path, Path("/tmp/unused"))
