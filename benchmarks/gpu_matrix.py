@@ -302,10 +302,15 @@ def main() -> None:
     p.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "explorl-gpu-bench"))
     p.add_argument("--tiny", action="store_true", help="toy shape (check the script on a CPU)")
     p.add_argument("--precision", action="store_true", help="bf16 step checks, then stop")
+    p.add_argument("--smoke", action="store_true", help="--tiny on the CPU, one cell, one step")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return worker(json.loads(args.worker))
+    if args.smoke:
+        global DEVICE
+        DEVICE = os.environ["EXPLORL_BENCH_DEVICE"] = "cpu"  # the workers read it too
+        args.tiny, args.prompts, args.lengths, args.steps, args.warmup = True, [2], [4], 1, 1
     sys.path.insert(0, str(ROOT / "src"))
     import torch
     import transformers

@@ -52,7 +52,10 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, nargs="+", default=[32_000, 151_936])
     ap.add_argument("--rows", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes, one repetition")
     args = ap.parse_args()
+    if args.smoke:
+        args.vocab, args.rows, args.reps = [1000], [4], 1
 
     import numpy as np
     import torch
