@@ -120,11 +120,14 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast over fp32 weights")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes, one repetition: it runs")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return
+    if args.smoke:
+        args.small, args.reps, args.prompts, args.samples, args.prompt = True, 1, 2, 2, 8
     shape = SHAPES["small" if args.small else "default"]
     length = 64 if args.small else args.length
     print(f"model {shape}; {args.prompts} prompts × {args.samples} samples, prompt {args.prompt}"

@@ -120,11 +120,14 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--max-new", type=int, default=8)
     p.add_argument("--sizes", nargs="+", default=["8x8", "32x8"], help="PROMPTSxSAMPLES per call")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes, one repetition: it runs")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         print("RESULT " + json.dumps(worker(json.loads(args.worker))), flush=True)
         return
+    if args.smoke:
+        args.reps, args.calls, args.max_new, args.sizes = 1, 1, 4, ["2x2"]
 
     import platform
 

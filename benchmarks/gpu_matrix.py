@@ -128,7 +128,6 @@ def explorl_config(base: Path, prompts: int, steps: int, length: int, sets: list
             f"optim.lr={LR:.1e}",
             "optim.mini_batches=1",
             "optim.ppo_epochs=1",
-            "optim.micro_batch_size=64",
             "optim.warmup_steps=0",
             "algorithm.kl_coef=0.0",
             "algorithm.agg=token-mean",
@@ -153,6 +152,9 @@ def run_explorl(spec: dict) -> dict:
     secs, rows = [], []
     with tempfile.TemporaryDirectory() as out:
         t = Trainer(cfg, out)
+        o = t.cfg.optim  # the device plan's sizes (training/plan.py)
+        plan = (f"{o.micro_batch_tokens or '—'} tokens / {o.micro_batch_size} rows per "
+                f"micro-batch, old log-probs: {t.plan.old_logp}")
         eos = t.engine.eos_ids.tolist()
 
         def no_eos(module, inputs, logits):
@@ -172,7 +174,8 @@ def run_explorl(spec: dict) -> dict:
     kept = rows[spec["warmup"]:]
     parts = {k: statistics.median(r.get(k, 0.0) for r in kept)
              for k in ("time/generate_s", "time/old_logp_s", "time/train_s")}
-    return {"s": secs, "peak_gb": peak_gb(), "gen_s": parts["time/generate_s"], "parts": parts}
+    return {"s": secs, "peak_gb": peak_gb(), "gen_s": parts["time/generate_s"], "parts": parts,
+            "plan": plan}
 
 
 def run_trl(spec: dict) -> dict:
@@ -299,10 +302,15 @@ def main() -> None:
     p.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "explorl-gpu-bench"))
     p.add_argument("--tiny", action="store_true", help="toy shape (check the script on a CPU)")
     p.add_argument("--precision", action="store_true", help="bf16 step checks, then stop")
+    p.add_argument("--smoke", action="store_true", help="--tiny on the CPU, one cell, one step")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return worker(json.loads(args.worker))
+    if args.smoke:
+        global DEVICE
+        DEVICE = os.environ["EXPLORL_BENCH_DEVICE"] = "cpu"  # the workers read it too
+        args.tiny, args.prompts, args.lengths, args.steps, args.warmup = True, [2], [4], 1, 1
     sys.path.insert(0, str(ROOT / "src"))
     import torch
     import transformers

@@ -114,11 +114,14 @@ def main() -> None:
         default=14.0,
         help="per-worker RLIMIT_DATA; an allocation over it fails the row cleanly",
     )
+    p.add_argument("--smoke", action="store_true", help="tiny shapes, one repetition: it runs")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return
+    if args.smoke:
+        args.small, args.chunks, args.vocab, args.length = True, [64], 1000, 32
 
     size = dict(SMALL if args.small else QWEN)
     for k in size:

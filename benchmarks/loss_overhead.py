@@ -27,7 +27,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--smoke", action="store_true", help="tiny shapes, one repetition: it runs")
     args = p.parse_args()
+    if args.smoke:
+        args.steps, args.reps = 1, 1
     train = {k: [] for k in LOSSES}
     step = {k: [] for k in LOSSES}
     for _ in range(args.reps):

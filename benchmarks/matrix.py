@@ -327,10 +327,13 @@ def main() -> None:
         help="with --quickstart: also time this tree with these overrides (e.g. optim.fused=true);"
         " repeat for more sides",
     )
+    p.add_argument("--smoke", action="store_true", help="tiny shapes, one repetition: it runs")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return worker(json.loads(args.worker))
+    if args.smoke:
+        args.prompts, args.lengths, args.reps, args.steps, args.warmup = [2], [4], 1, 1, 1
     if args.full:
         args.prompts, args.lengths, args.reps = [8, 16, 32, 64], [8, 32, 64], max(args.reps, 3)
 
@@ -345,10 +348,13 @@ def main() -> None:
     if args.quickstart:
         return quickstart(args, src)
 
-    import trl
-
+    try:
+        import trl
+    except ImportError:  # the `bench` extra is missing: explorl's side only
+        trl = None
     print(
-        f"trl {trl.__version__}; {args.reps} alternating reps of {args.warmup} warm-up + "
+        f"trl {trl.__version__ if trl else 'not installed (its side skipped)'}; "
+        f"{args.reps} alternating reps of {args.warmup} warm-up + "
         f"{args.steps} timed "
         f"steps per side and cell; {SAMPLES} samples per prompt, every response exactly R tokens\n"
     )
@@ -360,7 +366,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for R in args.lengths:
         for P in args.prompts:
-            runs: dict[str, list[dict]] = {"explorl": [], "trl": []}
+            runs: dict[str, list[dict]] = {"explorl": [], **({"trl": []} if trl else {})}
             for _ in range(args.reps):
                 for side, got in runs.items():
                     got.append(
@@ -376,7 +382,7 @@ def main() -> None:
                         )
                     )
             e = [statistics.median(r["cpu_s"]) for r in runs["explorl"]]
-            tr = [statistics.median(r["cpu_s"]) for r in runs["trl"]]
+            tr = [statistics.median(r["cpu_s"]) for r in runs.get("trl", [])] or [float("nan")]
             floor = [statistics.median(r["floor_s"]) for r in runs["explorl"]]
             gflop = statistics.median(f for r in runs["explorl"] for f in r["flops"]) / 1e9
             print(
@@ -385,7 +391,7 @@ def main() -> None:
                 f"| {mmm([a / f for a, f in zip(e, floor)], 1, '.1f')} | "
                 f"{statistics.median(floor) * 1e3:.1f} "
                 f"({gflop:.2f}) | {max(r['peak_rss_mb'] for r in runs['explorl']):.0f} / "
-                f"{max(r['peak_rss_mb'] for r in runs['trl']):.0f} MB |",
+                f"{max((r['peak_rss_mb'] for r in runs.get('trl', [])), default=0):.0f} MB |",
                 flush=True,
             )
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")

@@ -104,7 +104,10 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--components-only", action="store_true", help="skip the training runs")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes, one repetition: it runs")
     args = p.parse_args()
+    if args.smoke:
+        args.steps, args.reps = 1, 1
     torch.set_num_threads(args.threads)
     if args.components_only:
         for name, us in components().items():
@@ -129,7 +132,7 @@ def main() -> None:
         print(f"{name:24s} {c * 1000:12.1f} {100 * (c / base - 1):+8.1f}% {w * 1000:13.1f} "
               f"{u * 1000:10.1f}")
     print(f"\n{'computation alone (lab step)':32s} {'µs/step':>8s} {'of a GRPO step':>15s}")
-    for name, us in components().items():
+    for name, us in components(repeat=2 if args.smoke else 200).items():
         print(f"{name:32s} {us:8.1f} {100 * us / (base * 1e6):14.2f}%")
 
 

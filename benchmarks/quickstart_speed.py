@@ -14,7 +14,10 @@ from _common import machine, peak_rss_mb, step_times
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--smoke", action="store_true", help="tiny shapes, one repetition: it runs")
     args = p.parse_args()
+    if args.smoke:
+        args.steps = 1
     times, rows = step_times("src/explorl/recipes/quickstart.yaml", [], args.steps)
     med = statistics.median(times)
     gen = statistics.median(r["time/generate_s"] for r in rows)

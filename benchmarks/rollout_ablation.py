@@ -39,7 +39,10 @@ def main() -> None:
     p.add_argument(
         "--entropy", action="store_true", help="the loss pass also computes the entropy (bonus on)"
     )
+    p.add_argument("--smoke", action="store_true", help="tiny shapes, one repetition: it runs")
     args = p.parse_args()
+    if args.smoke:
+        args.iters, args.sizes = 1, ["2x2"]
 
     import torch
     torch.set_num_threads(args.threads)

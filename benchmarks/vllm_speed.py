@@ -191,23 +191,32 @@ def main() -> None:
         "--child-process", action="store_true", help="vLLM in a child process (default: in-process)"
     )
     p.add_argument("--no-steps", action="store_true", help="skip the training-step measurements")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes, one repetition: it runs")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         print("RESULT " + json.dumps(worker(json.loads(args.worker))), flush=True)
         return
+    if args.smoke:
+        args.reps, args.calls, args.steps = 1, 1, 1
+        args.wide, args.lab_size, args.wide_size = "64x1", "2x2:4", "2x2:4"
 
     import platform
 
     import torch
     import transformers
-    import vllm
+    try:
+        import vllm
+    except ImportError:  # explorl's HF engine only
+        vllm = None
+    engines = ENGINES if vllm else ENGINES[:1]
 
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"load average {os.getloadavg()[0]:.1f} at start; torch {torch.__version__}, "
         f"transformers {transformers.__version__}, "
-        f"vllm {vllm.__version__}; {args.threads} torch thread(s); float32; vLLM "
+        f"vllm {vllm.__version__ if vllm else 'not installed (its side skipped)'}; "
+        f"{args.threads} torch thread(s); float32; vLLM "
         f"{'child process' if args.child_process else 'in-process'}; "
         f"median ± half-range over {args.reps} reps"
     )
@@ -230,16 +239,16 @@ def main() -> None:
                 "in_process": not args.child_process,
                 "steps": args.steps,
             }
-            runs: dict[str, list[dict]] = {e: [] for e in ENGINES}
-            steps: dict[str, list[dict]] = {e: [] for e in ENGINES[:2]}
+            runs: dict[str, list[dict]] = {e: [] for e in engines}
+            steps: dict[str, list[dict]] = {e: [] for e in engines[:2]}
             for _ in range(args.reps):
-                for e in ENGINES:
+                for e in engines:
                     runs[e].append(measure({**base, "kind": "sample", "engine": e}))
                 if not args.no_steps:
                     for e, rs in steps.items():
                         rs.append(measure({**base, "kind": "step", "engine": e}))
             print(f"{name}: sampling {P}x{G} rows per call, <= {max_new} new tokens, T = 1")
-            for e in ENGINES:
+            for e in engines:
                 rs = runs[e]
                 extra = (
                     f"  start-up {statistics.median(r['startup_s'] for r in rs):4.1f} s "

@@ -137,10 +137,10 @@ def run_explorl(prompts: int, samples: int, steps: int, warmup: int, src: str) -
         ends = []
         for _ in range(warmup + steps):
             row = t.train_step()
-            t.metrics_log.write(row)  # what ``Trainer.train`` does per step, minus the progress bar
+            t.outputs.log(row)  # what ``Trainer.train`` does per step, minus the progress bar
             ends.append(stamp())
         assert "entropy/mean" in row
-        t.metrics_log.close()
+        t.outputs.close()
         t.pool.close()
     return rates(ends, warmup, gen)
 
@@ -293,23 +293,31 @@ def main() -> None:
         help="also time explorl from this source tree (e.g. an older commit's src/), "
         "as a third side 'explorl-ref'",
     )
+    p.add_argument("--smoke", action="store_true",
+                   help="2x2, one repetition of one warm-up and one timed step: the script runs")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return worker(json.loads(args.worker))
+    if args.smoke:
+        args.reps, args.steps, args.warmup, args.sizes = 1, 1, 1, ["2x2"]
 
     import platform
 
     import torch
     import transformers
-    import trl
-    sides = ["explorl", "trl"] + (["explorl-ref"] if args.ref_src else [])
+    try:
+        import trl
+    except ImportError:  # the `bench` extra is missing: explorl's side only
+        trl = None
+    sides = ["explorl"] + (["trl"] if trl else []) + (["explorl-ref"] if args.ref_src else [])
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"load average "
         f"{os.getloadavg()[0]:.1f} at start; python {platform.python_version()}, "
         f"torch {torch.__version__}, "
-        f"transformers {transformers.__version__}, trl {trl.__version__}; "
+        f"transformers {transformers.__version__}, "
+        f"{f'trl {trl.__version__}' if trl else 'trl not installed (its side skipped)'}; "
         f"{args.threads} torch thread(s) per side"
     )
     print(
@@ -358,8 +366,9 @@ def main() -> None:
                 f"(per rep: {', '.join(f'{x:.2f}' for x in wall)})"
                 f";  per CPU-second {spread(cpu)}"
             )
-    print("explorl/TRL steps-per-second ratio: "
-          + ", ".join(f"{medians[s]:.2f} ({s})" for s in args.sizes))
+    if medians:
+        print("explorl/TRL steps-per-second ratio: "
+              + ", ".join(f"{medians[s]:.2f} ({s})" for s in args.sizes))
 
 
 if __name__ == "__main__":

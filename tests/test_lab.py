@@ -341,11 +341,10 @@ def test_public_api():
 def test_lab_model_size_reaches_the_build(monkeypatch):
     """``lab.model_size`` picks the build size of ``model.path: lab:<task>``; a bad size names
     the valid ones."""
+    import explorl.models
     from explorl import config as C
     from explorl import validation
     from explorl.models import resolve_model_path
-
-    import explorl.models
 
     seen = {}
     monkeypatch.setattr(explorl.models, "lab_model_path",

@@ -17,7 +17,7 @@ def _weights(model) -> dict[str, torch.Tensor]:
 
 def test_bf16_compute_keeps_fp32_master_weights_and_small_updates(make_config, tmp_path):
     cfg = make_config({"max_steps": 1, "eval": {"every": 0}, "model": {"dtype": "bfloat16"},
-                       "optim": {"lr": 1e-6}})
+                       "optim": {"lr": 1e-6}, "algorithm": {"old_logp": "recompute"}})
     t = Trainer(cfg, tmp_path / "run")
     assert all(p.dtype == torch.float32 for p in t.policy.parameters())
     before = _weights(t.policy)

@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _write(tmp_path: Path, data: dict, name: str = "spec.yaml") -> Path:
     path = tmp_path / name
-    path.write_text(yaml.safe_dump({"recipe_dir": str(ROOT / "src" / "explorl" / "recipes" / "lab"), **data}))
+    recipes = ROOT / "src" / "explorl" / "recipes" / "lab"
+    path.write_text(yaml.safe_dump({"recipe_dir": str(recipes), **data}))
     return path
 
 

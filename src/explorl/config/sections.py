@@ -365,8 +365,10 @@ class AlgorithmConfig:
     """Where the PPO ratio's old log-probs (and the step's entropy) come from. ``sampler``: the
     rollout engine's own values. ``recompute``: one no-grad forward of the policy before the
     update, in the trainer's precision and layout (verl's way), so the on-policy ratio is exactly
-    1. ``auto``: sampler for the HF engine in float32, recompute otherwise (bf16/fp16, other
-    engines)."""
+    1. ``auto``: sampler for the HF engine in float32; otherwise (bf16/fp16, other engines) the
+    update's own forward, detached, when that is exactly what the recompute would give (one
+    optimizer step per rollout batch, no EEPO, no EntroPIC, entropy known: no extra pass), else
+    recompute. The run prints which, and why (docs/gpu.md)."""
     logprob_chunk: int = 512
     """Tokens per chunk when computing log-probs and entropy (bounds the logits memory)."""
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
@@ -398,16 +400,17 @@ class OptimConfig:
     """Passes over each rollout batch."""
     mini_batches: int = 1
     """Optimizer steps per pass (the rollout batch is split into this many mini-batches)."""
-    micro_batch_size: int = 64
-    """Most responses per forward/backward (gradient accumulation inside a mini-batch)."""
+    micro_batch_size: Optional[int] = None
+    """Most responses per forward/backward (gradient accumulation inside a mini-batch). None:
+    64 off CUDA; on CUDA no limit of its own (the token budget decides). The run's
+    ``config.yaml`` records the number used."""
     micro_batch_tokens: Optional[int] = None
     """Most tokens per forward/backward, counted as prompt + response per response (an upper
     bound: the packed layout encodes a shared prompt once). A micro-batch also ends before the
     response that would pass it; a longer response gets one of its own. Bounds memory when
-    lengths vary, so a GPU can take ``micro_batch_size`` in the hundreds (on a 0.5B model,
-    64-response passes plus the bf16 old-log-prob pass left explorl at 0.45–1.08× TRL's speed,
-    one pass at 0.74–1.26×: benchmarks/README.md). Applies to the update and the old-log-prob
-    pass; None: rows only."""
+    lengths vary. Applies to the update and the old-log-prob pass. None: off CUDA, rows only;
+    on CUDA, planned at the start from the free memory and the model's shape (docs/gpu.md),
+    printed, and recorded in the run's ``config.yaml``."""
     max_bad_steps: int = 3
     """Stop the run after this many consecutive steps whose loss, gradient or rewards were not
     finite (each such step leaves the weights untouched and counts in ``train/skipped_steps``)."""

@@ -31,18 +31,15 @@ from explorl.rewards.rewarder import Rewarder
 from explorl.rollout.base import build_engine, pop_metrics
 from explorl.rollout.collect import collect
 from explorl.rollout.two_stage import make_sampler
+from explorl.training import plan as device_plan
 from explorl.training import state as run_state
 from explorl.training.advantages import step_advantages
 from explorl.training.batch import step_stats
 from explorl.training.checkpoint import NoCheckpoint, latest_checkpoint
 from explorl.training.distributed import LogProbModule, make_dist
+from explorl.training.forward import pack_length, takes_custom_mask
 from explorl.training.metrics import TIME_KEYS, batch_metrics, ordered, timed
-from explorl.training.update import (
-    PolicyUpdate,
-    loss_metrics,
-    make_optimizer,
-    needs_recompute,
-)
+from explorl.training.update import PolicyUpdate, loss_metrics, make_optimizer
 from explorl.training.watch import RunWatch
 
 __all__ = ["TIME_KEYS", "Trainer"]
@@ -79,7 +76,11 @@ class Trainer:
             run_state.restore(self, ckpt)
         if self.dist.is_main:
             (self.out / "plots").mkdir(exist_ok=True)
-            C.save(cfg, self.out / "config.yaml")
+            C.save(self.cfg, self.out / "config.yaml")
+            text = (self.out / "config.yaml").read_text()
+            lines = self.plan.lines()
+            (self.out / "config.yaml").write_text("".join(f"# {x}\n" for x in lines) + text)
+            print("\n".join(lines), flush=True)
         self.pool = VerifierPool.from_config(cfg.reward)
         # metrics.jsonl, completions.jsonl and the trackers hold global values: rank 0 writes.
         main = self.dist.is_main
@@ -136,17 +137,34 @@ class Trainer:
 
     def _setup_rollout(self, engine) -> None:
         cfg = self.cfg
-        path = models.resolve_model_path(cfg.model.path, cfg.lab)
-        dtype = models.resolve_dtype(cfg.model.dtype, self.device)
-        engine = engine or build_engine(cfg, self.tokenizer, path, dtype, self.device)
+        engine = engine or build_engine(cfg, self.tokenizer,
+                                        models.resolve_model_path(cfg.model.path, cfg.lab),
+                                        models.resolve_dtype(cfg.model.dtype, self.device))
+        self._setup_plan(engine)
+        cfg = self.cfg
         pad = getattr(engine, "pad_id", 0)
         self.sampler = make_sampler(engine, cfg.control.eepo, pad_id=pad,
                                     micro_batch_size=cfg.optim.micro_batch_size,
                                     chunk_size=cfg.algorithm.logprob_chunk)
         self.update = PolicyUpdate(cfg, self.scorer, self.optimizer, self.scheduler, self.ref,
                                    self.dist, self.generators["loss"], self.generators["shuffle"],
-                                   pad, amp=self.amp)
-        self.recompute = needs_recompute(cfg, engine, self.device)
+                                   pad, amp=self.amp,
+                                   old_logp_from_forward=self.plan.old_logp == "update")
+        self.recompute = self.plan.old_logp == "recompute"
+
+    def _setup_plan(self, engine) -> None:
+        """Micro-batch sizes (on CUDA a token budget from the least free memory of any rank, the
+        weights and engine in place) and the old-log-prob source, written into ``self.cfg``."""
+        free = device_plan.free_bytes(self.device)
+        if free is not None:
+            free = min(p["free"] for p in self.dist.gather({"free": free}))
+        pack = pack_length(self.policy) if takes_custom_mask(self.policy) else 0
+        shape = device_plan.ModelShape.of(self.policy, pack) if free is not None else None
+        shards = self.dist.world_size if self.dist.strategy == "fsdp" else 1
+        self.plan = device_plan.make_plan(
+            self.cfg, self.device, shape=shape, free=free, shards=shards,
+            engine_exact=device_plan.engine_exact(self.cfg, engine, self.device))
+        self.cfg = device_plan.apply(self.cfg, self.plan)
 
     def state_dict(self) -> dict:
         return run_state.state_of(self)

@@ -72,18 +72,8 @@ def make_optimizer(o, params_module: torch.nn.Module, device: torch.device, stra
     return optimizer, scheduler
 
 
-def needs_recompute(cfg: RunConfig, engine, device: torch.device) -> bool:
-    """``algorithm.old_logp``: recompute unless told ``sampler``, or ``auto`` with an engine whose
-    float32 log-probs are the trainer's own (the HF engine in float32)."""
-    mode = cfg.algorithm.old_logp
-    exact = (
-        getattr(engine, "logprobs_match_trainer", False)
-        and resolve_dtype(cfg.model.dtype, device) == torch.float32
-    )
-    return mode == "recompute" or (mode == "auto" and not exact)
-
-
-def micro_batch_sizes(tokens: list[int], max_rows: int, max_tokens: int | None) -> list[int]:
+def micro_batch_sizes(tokens: list[int], max_rows: int | None,
+                      max_tokens: int | None) -> list[int]:
     """Sizes of consecutive micro-batches over rows with these token counts: at most
     ``max_rows`` rows and ``max_tokens`` tokens each (``optim.micro_batch_size`` / ``_tokens``);
     a row longer than ``max_tokens`` gets a micro-batch of its own."""
@@ -109,7 +99,7 @@ class PolicyUpdate:
 
     def __init__(self, cfg: RunConfig, scorer: torch.nn.Module, optimizer, scheduler, ref, dist,
                  loss_generator: torch.Generator, shuffle_generator: torch.Generator, pad_id: int,
-                 amp=contextlib.nullcontext) -> None:
+                 amp=contextlib.nullcontext, old_logp_from_forward: bool = False) -> None:
         self.cfg, self.scorer, self.optimizer, self.scheduler, self.ref = (
             cfg,
             scorer,
@@ -119,6 +109,9 @@ class PolicyUpdate:
         )
         self.dist, self.pad_id, self.amp = dist, pad_id, amp
         self.loss_gen, self.shuffle_gen = loss_generator, shuffle_generator
+        # ``algorithm.old_logp`` resolved to ``update`` (training/plan.py): one optimizer step per
+        # batch, so the update's own forward, detached, is what a recompute would have given.
+        self.old_from_forward = old_logp_from_forward
         self.device = dist.device
         # float16 compute over float32 master weights needs loss scaling (bf16 does not).
         fp16 = (
@@ -372,7 +365,7 @@ class PolicyUpdate:
         if not parts:
             return []
         mask = torch.cat([p.response_mask for p in parts])
-        old = torch.cat([p.old_logp for p in parts])
+        old = torch.cat(logps if self.old_from_forward else [p.old_logp for p in parts])
         selected, cov = select(
             torch.cat(logps), old, adv[torch.cat(micros)], mask, lcfg, generator=self.loss_gen
         )
@@ -400,8 +393,9 @@ class PolicyUpdate:
             chunk_size=a.logprob_chunk,
             with_entropy=need_entropy,
         )
+        old_logp = logp.detach() if self.old_from_forward else sub.old_logp
         per_tok, m = loss_fn(
-            logp, sub.old_logp, adv, mask, lcfg, generator=self.loss_gen, selection=selection
+            logp, old_logp, adv, mask, lcfg, generator=self.loss_gen, selection=selection
         )
         if weight is not None:
             per_tok = per_tok * weight.to(per_tok.device)
@@ -412,8 +406,8 @@ class PolicyUpdate:
         pg = aggregate(per_tok, pg_mask, lcfg.agg, **pg_agg)
         loss = pg
         if confident_denom is not None:  # EntroPIC: α · token-mean of −ratio·|A| on confident ones
-            confident = sub.old_logp.exp() > self.cfg.control.entropic.p_min
-            term, em = entropic_confident_term(logp, sub.old_logp, adv, mask,
+            confident = old_logp.exp() > self.cfg.control.entropic.p_min
+            term, em = entropic_confident_term(logp, old_logp, adv, mask,
                                                token_denom=confident_denom, confident=confident)
             loss = loss + lcfg.pos_neg_weight * term
             m = {**m, **em}

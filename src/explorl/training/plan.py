@@ -1,0 +1,233 @@
+"""The run's device plan: how many tokens one forward/backward takes and where the PPO ratio's old
+log-probs come from, decided once at setup from the device, the model's shape and the config.
+
+docs/gpu.md explains the arithmetic. Two pure functions decide, so both are tested by hand
+without a GPU: ``token_budget`` (free bytes, shape, precision -> tokens per micro-batch) and
+``old_logp_source`` (config -> ``sampler`` / ``update`` / ``recompute``); ``make_plan`` joins
+them and ``apply`` writes the chosen sizes into the config the run saves (``config.yaml``), so
+a resume reuses them whatever the memory free then.
+
+On a CPU nothing changes: 64-row micro-batches (``CPU_MICRO_BATCH_ROWS``), no token budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from explorl.config import RunConfig
+from explorl.models import resolve_dtype
+
+CPU_MICRO_BATCH_ROWS = 64
+"""``optim.micro_batch_size: null`` off CUDA: responses per forward/backward (the CPU lab's)."""
+GIB = 2**30
+TOKEN_QUANTUM = 256
+"""Planned budgets are a multiple of this many tokens (and at least one quantum)."""
+MAX_TOKENS = 1 << 20
+"""Largest planned budget (``optim.micro_batch_size``'s upper bound)."""
+RESERVE_FRACTION, RESERVE_MIN = 0.10, 1 * GIB
+"""Kept free for the allocator's fragmentation, cuBLAS workspaces and the sampler's KV cache
+growth: 10% of the free memory, at least 1 GiB."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the memory arithmetic reads from a decoder-only model."""
+
+    hidden: int  # H
+    layers: int  # L
+    vocab: int  # V, rows of the output projection
+    intermediate: int  # I, the MLP's inner width
+    kv_dim: int  # key/value width per layer: kv heads × head dim
+    params: int  # every parameter (P)
+    trainable: int  # parameters with a gradient and AdamW state
+    pack_len: int = 0  # packed-row length of the loss pass (forward.pack_length); 0: padded
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, pack_len: int = 0) -> ModelShape:
+        c = model.config
+        H, heads = c.hidden_size, c.num_attention_heads
+        head_dim = getattr(c, "head_dim", None) or H // heads
+        kv = getattr(c, "num_key_value_heads", None) or heads
+        return cls(hidden=H, layers=c.num_hidden_layers,
+                   vocab=model.get_output_embeddings().weight.shape[0],
+                   intermediate=getattr(c, "intermediate_size", None) or 4 * H,
+                   kv_dim=kv * head_dim,
+                   params=sum(p.numel() for p in model.parameters()),
+                   trainable=sum(p.numel() for p in model.parameters() if p.requires_grad),
+                   pack_len=pack_len)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """``token_budget``'s answer and every term it used (bytes)."""
+
+    tokens: int
+    per_token: int  # activations kept for the backward, per token
+    fixed: int  # optimizer state and gradients to come, weight casts, the log-prob workspace
+    usable: int  # free − reserve − fixed
+    note: str = ""
+
+
+def token_budget(free: int, shape: ModelShape, *, compute_bytes: int, master_bytes: int,
+                 checkpointing: bool, logprob_chunk: int, shards: int = 1) -> Budget:
+    """Tokens (prompt + response, as ``optim.micro_batch_tokens`` counts them) one forward and
+    backward can take in ``free`` bytes, measured with the weights already in place.
+
+    Per token and decoder layer the backward keeps, in the compute dtype (b bytes), the inputs
+    of q/k/v, q, k, v, rotated q and k, the attention output (4H + 3·kv) and the MLP's input,
+    gate, up, act(gate) and act·up (H + 4I); and in the master dtype (m) the residual stream and
+    the two RMSNorms' inputs and outputs (4H): ``layer = b·(5H + 3kv + 4I) + 4H·m``. Per token:
+    ``(L + 1)·layer`` (the +1: one layer's gradients in flight in the backward), the embedding
+    output, final norm and head input and its gradient ``4H·m``, and the packed layout's mask
+    row ``pack_len·(m + 1)``. Gradient checkpointing keeps only each layer's input (``L·H·m``)
+    and recomputes one layer at a time: ``2·layer`` instead of ``(L + 1)·layer``. The vocabulary
+    never scales with tokens: the log-probs are taken ``logprob_chunk`` tokens at a time with two
+    float32 chunk × V buffers and the head's chunk of logits (``chunk·V·(8 + b)``, fixed).
+
+    Fixed: gradients and AdamW's two moments of the trainable weights (``3·m`` per parameter,
+    over ``shards`` FSDP shards; they appear at the first step), the autocast copies of the
+    weights when the compute dtype is narrower than the master (``b·P``), the log-prob workspace,
+    and a reserve (10% of ``free``, ≥ 1 GiB). The budget is what is left divided by the
+    per-token bytes, rounded down to ``TOKEN_QUANTUM`` tokens, within [quantum, ``MAX_TOKENS``].
+    """
+    H, L, b, m = shape.hidden, shape.layers, compute_bytes, master_bytes
+    layer = b * (5 * H + 3 * shape.kv_dim + 4 * shape.intermediate) + 4 * H * m
+    outside = 4 * H * m + shape.pack_len * (m + 1)
+    per_token = (L * H * m + 2 * layer if checkpointing else (L + 1) * layer) + outside
+    state = 3 * m * shape.trainable // shards
+    casts = b * shape.params if b < m else 0
+    workspace = logprob_chunk * shape.vocab * (8 + b)
+    reserve = max(RESERVE_MIN, int(RESERVE_FRACTION * free))
+    fixed = state + casts + workspace
+    usable = free - reserve - fixed
+    raw = usable // per_token if usable > 0 else 0
+    tokens = min(MAX_TOKENS, raw // TOKEN_QUANTUM * TOKEN_QUANTUM)
+    note = ""
+    if tokens < TOKEN_QUANTUM:
+        tokens = TOKEN_QUANTUM
+        note = ("the model barely fits: a longer pass may run out of memory "
+                "(model.gradient_checkpointing: true keeps ~1/L of the activations)")
+    return Budget(tokens=tokens, per_token=per_token, fixed=fixed, usable=usable, note=note)
+
+
+def old_logp_source(cfg: RunConfig, engine_exact: bool) -> tuple[str, str]:
+    """Where the PPO ratio's old log-probs come from, and why (``algorithm.old_logp``).
+
+    ``sampler``: the engine's values. ``recompute``: one no-grad pass of the policy before the
+    update. ``update``: the update's own forward, detached (no pass of its own): under ``auto``
+    when it gives exactly what the recompute would, i.e. one optimizer step per rollout batch
+    (the weights are still the sampling ones), every row sampled by the policy itself, and no
+    part of the step that reads old log-probs before the update. ``engine_exact``: the engine's
+    float32 log-probs are the trainer's own (then ``auto`` keeps them, as before).
+    """
+    mode = cfg.algorithm.old_logp
+    if mode != "auto":
+        return mode, f"algorithm.old_logp: {mode}"
+    if engine_exact:
+        return "sampler", "the engine's float32 log-probs are the trainer's own"
+    o, c, r = cfg.optim, cfg.control, cfg.rollout
+    rc = cfg.algorithm.rollout_correction
+    blockers = [
+        (o.ppo_epochs > 1, f"optim.ppo_epochs={o.ppo_epochs}: later passes see updated weights"),
+        (o.mini_batches > 1, f"optim.mini_batches={o.mini_batches}: later mini-batches see "
+                             "updated weights"),
+        (c.eepo.enabled, "control.eepo: stage-2 rows come from the unlearned copy"),
+        (c.entropic.enabled, "control.entropic counts confident tokens before the update"),
+        (r.engine == "vllm" and not r.vllm.recompute,
+         "rollout.vllm.recompute: false leaves the entropy to the trainer"),
+        (rc.mode not in ("off", "auto") or (rc.mode == "auto" and r.engine == "vllm"),
+         "algorithm.rollout_correction weighs the trainer's log-probs against the engine's "
+         "before the update"),
+        (cfg.algorithm.kl_in_reward,
+         "algorithm.kl_in_reward puts the policy's KL into the rewards before the update"),
+    ]
+    why = [text for hit, text in blockers if hit]
+    if why:
+        return "recompute", "; ".join(why)
+    return "update", ("one update per rollout batch with the same weights and dtype: the "
+                      "update's own forward gives them (the first ratio is exactly 1)")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The run's choice: micro-batch sizes, the old-log-prob source, and the reasons."""
+
+    device: str
+    micro_batch_size: int
+    micro_batch_tokens: int | None
+    old_logp: str  # sampler | update | recompute
+    sizes_why: str
+    old_logp_why: str
+    budget: Budget | None = None
+
+    @property
+    def passes(self) -> int:
+        """Passes of the policy over the rollout batch per step (each over every micro-batch)."""
+        return 2 if self.old_logp == "recompute" else 1
+
+    def lines(self) -> list[str]:
+        """The plan in words: printed once at the start and written atop ``config.yaml``."""
+        tok, n = self.micro_batch_tokens, self.micro_batch_size
+        rows = (f"≤ {tok:,} tokens" if tok and n >= tok else f"≤ {n} responses"
+                + (f" and ≤ {tok:,} tokens" if tok else ""))
+        src = {"sampler": "the sampler", "update": "the update's own forward",
+               "recompute": "a separate no-grad pass"}[self.old_logp]
+        return [f"device plan ({self.device}): micro-batches of {rows}: {self.sizes_why}",
+                f"  old log-probs from {src} ({self.old_logp_why}); {self.passes} pass"
+                f"{'es' if self.passes > 1 else ''} of the policy over the batch per step"]
+
+
+def make_plan(cfg: RunConfig, device: torch.device, *, shape: ModelShape | None,
+              free: int | None, engine_exact: bool, shards: int = 1) -> Plan:
+    """The plan for ``cfg`` on ``device``. ``free``: bytes free on the device with the weights
+    loaded (CUDA; None elsewhere). Sizes set in the config are kept as written."""
+    o, src = cfg.optim, old_logp_source(cfg, engine_exact)
+    rows, tokens, budget = o.micro_batch_size, o.micro_batch_tokens, None
+    if device.type != "cuda" or free is None or shape is None:
+        why = "as set" if rows is not None else f"{CPU_MICRO_BATCH_ROWS} responses off CUDA"
+        rows = CPU_MICRO_BATCH_ROWS if rows is None else rows
+        return Plan(device.type, rows, tokens, src[0], why, src[1])
+    if tokens is None:
+        c = resolve_dtype(cfg.model.dtype, device).itemsize
+        budget = token_budget(free, shape, compute_bytes=c,
+                              master_bytes=c if cfg.model.pure_low_precision else 4,
+                              checkpointing=cfg.model.gradient_checkpointing,
+                              logprob_chunk=cfg.algorithm.logprob_chunk, shards=shards)
+        tokens = budget.tokens
+        why = (f"{free / GIB:.1f} GiB free, {budget.fixed / GIB:.1f} GiB fixed, "
+               f"{budget.per_token / 2**20:.2f} MiB of activations per token "
+               f"({shape.layers} layers × hidden {shape.hidden}"
+               f"{', checkpointed' if cfg.model.gradient_checkpointing else ''})")
+        if budget.note:
+            why += f"; {budget.note}"
+    else:
+        why = "optim.micro_batch_tokens as set"
+    # A micro-batch of T tokens never holds more than T responses: no separate row limit.
+    rows = min(tokens, MAX_TOKENS) if rows is None else rows
+    return Plan(device.type, rows, tokens, src[0], why, src[1], budget)
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Bytes a new allocation can get on a CUDA ``device`` (free plus the allocator's cached
+    blocks); None elsewhere."""
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+
+
+def apply(cfg: RunConfig, plan: Plan) -> RunConfig:
+    """``cfg`` with the planned micro-batch sizes written in (what ``config.yaml`` records)."""
+    optim = dataclasses.replace(cfg.optim, micro_batch_size=plan.micro_batch_size,
+                                micro_batch_tokens=plan.micro_batch_tokens)
+    return dataclasses.replace(cfg, optim=optim)
+
+
+def engine_exact(cfg: RunConfig, engine, device: torch.device) -> bool:
+    """Whether ``engine``'s old log-probs are the trainer's own: it says so
+    (``logprobs_match_trainer``) and the run computes in float32."""
+    return (getattr(engine, "logprobs_match_trainer", False)
+            and resolve_dtype(cfg.model.dtype, device) == torch.float32)

@@ -1,0 +1,166 @@
+"""The device plan (training/plan.py): the CUDA micro-batch token budget worked out by hand for
+Qwen2.5-0.5B's shape, the old-log-prob source, and what a run prints and records."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from explorl import config as C
+from explorl import validation
+from explorl.training import plan as P
+from explorl.training.loop import Trainer
+
+GIB = 2**30
+# Qwen2.5-0.5B: hidden 896, 24 layers, 14 heads of 64 (2 key/value heads: kv width 128),
+# MLP 4864, vocabulary 151,936; a round 494M parameters; packed rows of 1024 tokens.
+QWEN05 = P.ModelShape(hidden=896, layers=24, vocab=151936, intermediate=4864, kv_dim=128,
+                      params=494_000_000, trainable=494_000_000, pack_len=1024)
+BF16 = dict(compute_bytes=2, master_bytes=4, logprob_chunk=512)
+CUDA = torch.device("cuda")  # a device object only: nothing here touches a GPU
+
+
+def test_budget_for_the_half_billion_shape_by_hand():
+    # layer  = 2·(5·896 + 3·128 + 4·4864) + 4·896·4 = 2·24320 + 14336 = 62,976 B per token
+    # outside = 4·896·4 + 1024·(4 + 1) = 19,456;  per token = 25·62,976 + 19,456 = 1,593,856 B
+    # fixed  = 3·4·P (grads + AdamW) + 2·P (bf16 casts) + 512·151,936·(8 + 2) (log-prob chunk)
+    #        = 5,928,000,000 + 988,000,000 + 777,912,320 = 7,693,912,320 B
+    # 75 GiB free: reserve 10% = 8,053,063,680; usable = 64,783,660,800 B
+    # 64,783,660,800 // 1,593,856 = 40,645 tokens -> 40,448 (158 × 256)
+    b = P.token_budget(75 * GIB, QWEN05, checkpointing=False, **BF16)
+    assert (b.per_token, b.fixed, b.usable, b.tokens) == (
+        1_593_856, 7_693_912_320, 64_783_660_800, 40_448)
+    assert b.note == ""
+
+
+def test_checkpointing_keeps_one_layer_of_activations():
+    # per token = 24·896·4 (layer inputs) + 2·62,976 + 19,456 = 231,424 B
+    # 64,783,660,800 // 231,424 = 279,935 -> 279,808 (1093 × 256): ~6.9× the tokens
+    b = P.token_budget(75 * GIB, QWEN05, checkpointing=True, **BF16)
+    assert (b.per_token, b.tokens) == (231_424, 279_808)
+
+
+def test_vocabulary_costs_a_fixed_workspace_not_per_token_bytes():
+    big = P.token_budget(75 * GIB, QWEN05, checkpointing=False, **BF16)
+    small = P.token_budget(75 * GIB, P.ModelShape(**{**QWEN05.__dict__, "vocab": 1000}),
+                           checkpointing=False, **BF16)
+    assert big.per_token == small.per_token
+    assert big.fixed - small.fixed == 512 * (151936 - 1000) * 10
+
+
+def test_a_model_that_barely_fits_gets_one_quantum_and_a_note():
+    # 8 GiB free: reserve 1 GiB (10% is less), fixed 7.69e9 B: nothing left for activations
+    b = P.token_budget(8 * GIB, QWEN05, checkpointing=False, **BF16)
+    assert b.usable == 8 * GIB - GIB - 7_693_912_320 < 0
+    assert b.tokens == P.TOKEN_QUANTUM and "gradient_checkpointing" in b.note
+
+
+def test_fsdp_shards_divide_the_optimizer_state():
+    one = P.token_budget(75 * GIB, QWEN05, checkpointing=False, **BF16)
+    four = P.token_budget(75 * GIB, QWEN05, checkpointing=False, shards=4, **BF16)
+    assert one.fixed - four.fixed == 3 * 4 * 494_000_000 - 3 * 4 * 494_000_000 // 4
+
+
+def test_pure_bf16_weights_have_no_casts_and_half_the_state():
+    b = P.token_budget(75 * GIB, QWEN05, checkpointing=False, compute_bytes=2, master_bytes=2,
+                       logprob_chunk=512)
+    assert b.fixed == 3 * 2 * 494_000_000 + 512 * 151936 * 10
+
+
+def _cfg(**optim) -> C.RunConfig:
+    return validation.from_dict({"model": {"dtype": "bfloat16"}, "optim": optim}, env=False)
+
+
+def test_plan_on_cuda_sizes_by_tokens_with_no_separate_row_limit():
+    plan = P.make_plan(_cfg(), CUDA, shape=QWEN05, free=75 * GIB, engine_exact=False)
+    assert (plan.micro_batch_tokens, plan.micro_batch_size) == (40_448, 40_448)
+    assert plan.old_logp == "update" and plan.passes == 1
+    cfg = P.apply(_cfg(), plan)
+    assert (cfg.optim.micro_batch_size, cfg.optim.micro_batch_tokens) == (40_448, 40_448)
+    text = "\n".join(plan.lines())
+    assert "≤ 40,448 tokens" in text and "75.0 GiB free" in text and "1 pass " in text
+
+
+def test_sizes_set_in_the_config_are_kept():
+    plan = P.make_plan(_cfg(micro_batch_tokens=4096), CUDA, shape=QWEN05, free=75 * GIB,
+                       engine_exact=False)
+    assert (plan.micro_batch_size, plan.micro_batch_tokens) == (4096, 4096)
+    plan = P.make_plan(_cfg(micro_batch_size=32), CUDA, shape=QWEN05, free=75 * GIB,
+                       engine_exact=False)
+    assert (plan.micro_batch_size, plan.micro_batch_tokens) == (32, 40_448)
+
+
+def test_off_cuda_the_cpu_defaults_stay():
+    cpu = torch.device("cpu")
+    plan = P.make_plan(_cfg(), cpu, shape=QWEN05, free=75 * GIB, engine_exact=True)
+    assert (plan.micro_batch_size, plan.micro_batch_tokens) == (64, None)
+    assert plan.old_logp == "sampler" and plan.budget is None
+    plan = P.make_plan(_cfg(micro_batch_tokens=24), cpu, shape=None, free=None,
+                       engine_exact=True)
+    assert (plan.micro_batch_size, plan.micro_batch_tokens) == (64, 24)
+
+
+@pytest.mark.parametrize(("sets", "source", "why"), [
+    ({}, "update", "one update per rollout batch"),
+    ({"optim": {"ppo_epochs": 2}}, "recompute", "optim.ppo_epochs=2"),
+    ({"optim": {"mini_batches": 2}}, "recompute", "optim.mini_batches=2"),
+    ({"control": {"eepo": {"enabled": True}}}, "recompute", "control.eepo"),
+    ({"control": {"entropic": {"enabled": True}}}, "recompute", "control.entropic"),
+    ({"algorithm": {"old_logp": "recompute"}}, "recompute", "algorithm.old_logp: recompute"),
+    ({"algorithm": {"old_logp": "sampler"}}, "sampler", "algorithm.old_logp: sampler"),
+    ({"algorithm": {"kl_in_reward": True, "kl_coef": 0.01}}, "recompute",
+     "algorithm.kl_in_reward"),
+    ({"rollout": {"engine": "vllm"}, "algorithm": {"rollout_correction": {"mode": "token-mask"}}},
+     "recompute", "algorithm.rollout_correction"),
+    ({"rollout": {"engine": "vllm"}}, "recompute", "algorithm.rollout_correction"),
+])
+def test_old_logp_source(sets, source, why):
+    cfg = validation.from_dict(sets, env=False)
+    got, reason = P.old_logp_source(cfg, engine_exact=False)
+    assert got == source and why in reason
+    if cfg.algorithm.old_logp == "auto":  # the fp32 HF engine's values are the trainer's own
+        assert P.old_logp_source(cfg, engine_exact=True)[0] == "sampler"
+
+
+def test_vllm_without_its_own_recompute_needs_the_trainers_pass():
+    cfg = validation.from_dict({"rollout": {"engine": "vllm", "vllm": {"recompute": False}}},
+                               env=False)
+    assert P.old_logp_source(cfg, engine_exact=False)[0] == "recompute"
+
+
+def test_model_shape_of_a_transformers_model():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    m = Qwen2ForCausalLM(Qwen2Config(hidden_size=32, intermediate_size=80, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2,
+                                     vocab_size=100))
+    s = P.ModelShape.of(m, pack_len=128)
+    assert (s.hidden, s.layers, s.vocab, s.intermediate, s.kv_dim, s.pack_len) == (
+        32, 2, 100, 80, 2 * 8, 128)
+    assert s.params == s.trainable == sum(p.numel() for p in m.parameters())
+
+
+@pytest.mark.slow
+def test_update_forward_as_old_logp_equals_the_recompute_under_bf16(make_config, tmp_path):
+    """``auto`` in bf16 with one update per batch skips the old-log-prob pass; the update it
+    makes is the one the recompute's values give (ratio exactly 1 on both)."""
+    runs = {}
+    for mode in ("auto", "recompute"):
+        cfg = make_config({"max_steps": 1, "eval": {"every": 0}, "model": {"dtype": "bfloat16"},
+                           "algorithm": {"old_logp": mode}, "optim": {"lr": 1e-3}})
+        t = Trainer(cfg, tmp_path / mode)
+        m = t.train_step()
+        runs[mode] = (t, m, [p.detach().clone() for p in t.policy.parameters()])
+        t.pool.close()
+    (auto, m_auto, w_auto), (rec, m_rec, w_rec) = runs["auto"], runs["recompute"]
+    assert auto.plan.old_logp == "update" and not auto.recompute
+    assert rec.plan.old_logp == "recompute" and rec.recompute
+    assert "time/old_logp_s" not in m_auto and "time/old_logp_s" in m_rec
+    assert m_auto["loss/clip_frac"] == m_rec["loss/clip_frac"] == 0.0
+    assert m_auto["loss/ratio_mean"] == 1.0
+    for a, b in zip(w_auto, w_rec):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    text = (tmp_path / "auto" / "config.yaml").read_text()
+    assert text.startswith("# device plan (cpu)") and "the update's own forward" in text
+    again = validation.load(tmp_path / "auto" / "config.yaml", env=False)  # the comments load back
+    assert again.optim.micro_batch_size == 64 and again.algorithm.old_logp == "auto"
