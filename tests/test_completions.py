@@ -128,7 +128,7 @@ def test_training_and_validation_rows_of_a_real_step(make_config, tmp_path, monk
             pool=t.pool,
             rewarder=t.rewarder,
             data=data,
-            prompt_ids=t._prompt_ids(t.val_data, "val"),
+            prompt_ids=t.prompts.ids_of(t.val_data, "val"),
             n_samples=e.n_samples,
             ks=e.k,
             temperature=1.0,

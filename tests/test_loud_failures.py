@@ -17,8 +17,12 @@ from explorl.cli import main
 from explorl.config.watch_sections import WatchConfig
 from explorl.errors import RewardError
 from explorl.training.loop import Trainer
-from explorl.training.update import NonFiniteGuard, TrainingDiverged
-from explorl.training.watch import CollapseMonitor, RewardFailureGuard
+from explorl.training.watch import (
+    CollapseMonitor,
+    NonFiniteGuard,
+    RewardFailureGuard,
+    TrainingDiverged,
+)
 
 # --------------------------------------------------------------------------- non-finite steps
 

@@ -106,7 +106,7 @@ def test_dynamic_sampling_in_a_run_drops_the_overlong_all_wrong_group(make_confi
                        "algorithm": {"dynamic_sampling": True, "max_gen_rounds": 1},
                        "reward": {"overlong_buffer": 2, "overlong_penalty": 1.0}})
     t = Trainer(cfg, tmp_path / "run")
-    ids = t._prompt_ids(t.train_data, "train")
+    ids = t.prompts.ids_of(t.train_data, "train")
     truth = {tuple(ids(i)): r.ground_truth for i, r in enumerate(t.train_data)}
     # every answer wrong; sample 0 of each prompt runs to the length limit (overlong penalty)
     t.engine = FakeEngine(t.tokenizer, lambda p, j: "9" * 10 if j == 0 else "x")

@@ -175,7 +175,7 @@ def _mismatched_trainer(make_config, tmp_path, name, shift, correction):
     tok = models.load_tokenizer(models.resolve_model_path(cfg.model.path, cfg.lab), cfg.model)
     engine = Mismatched(tok, lambda p, j: truths[tuple(p)] + ("" if j == 0 else "99"))
     t = Trainer(cfg, tmp_path / name, engine=engine)  # an engine given: none is built
-    truths.update({tuple(t._prompt_ids(t.train_data, "train")(i)): r.ground_truth
+    truths.update({tuple(t.prompts.ids_of(t.train_data, "train")(i)): r.ground_truth
                    for i, r in enumerate(t.train_data)})
     return t
 

@@ -80,7 +80,7 @@ def _answer_engine(t: Trainer, pattern):
     """Scripted responses: sample j of a prompt answers right iff pattern(prompt_pos, j)."""
     truths = {}
     for i, rec in enumerate(t.train_data):
-        truths[tuple(t._prompt_ids(t.train_data, "train")(i))] = (i, rec.ground_truth)
+        truths[tuple(t.prompts.ids_of(t.train_data, "train")(i))] = (i, rec.ground_truth)
 
     def respond(prompt_ids, j):
         i, gt = truths[tuple(prompt_ids)]
@@ -224,7 +224,7 @@ def test_resume_reproduces_uninterrupted_run(make_config, tmp_path, extra):
 @pytest.mark.parametrize("fused, cpu", [(None, True), (True, True), (False, None)])
 def test_fused_adamw_unless_turned_off(fused, cpu):
     from explorl.config import OptimConfig
-    from explorl.training.update import make_optimizer
+    from explorl.training.optim import make_optimizer
 
     model = torch.nn.Linear(3, 2)
     o = OptimConfig(fused=fused)
@@ -336,7 +336,8 @@ def test_validation_metrics(make_config, tmp_path):
     cfg = make_config({"max_steps": 1, "eval": {"every": 1, "n_samples": 2, "k": [1, 2]},
                        "data": {"val": [], "train": ["lab:addition"]}})
     t = Trainer(cfg, tmp_path / "run")
-    val_ids, train_ids = t._prompt_ids(t.val_data, "val"), t._prompt_ids(t.train_data, "train")
+    val_ids = t.prompts.ids_of(t.val_data, "val")
+    train_ids = t.prompts.ids_of(t.train_data, "train")
     truths = {tuple(val_ids(i)): r.ground_truth for i, r in enumerate(t.val_data)}
     truths.update({tuple(train_ids(i)): r.ground_truth for i, r in enumerate(t.train_data)})
     # sample 0 right, sample 1 wrong: accuracy 1/2, pass@2 = 1; greedy (one sample, j = 0) right
@@ -502,7 +503,7 @@ def test_cpu_adamw_off_fused_is_multi_tensor_and_bit_for_bit_torchs_default():
     # optim.fused: false takes the foreach path (faster than torch's CPU default); it must
     # compute exactly what torch's one-tensor-at-a-time default does, or the lab studies that
     # pin it would drift. The fused default rounds differently in the last bit.
-    from explorl.training.update import make_optimizer
+    from explorl.training.optim import make_optimizer
 
     def run(opt_for):
         torch.manual_seed(0)
@@ -548,7 +549,7 @@ def test_resume_at_another_thread_count_warns(make_config, tmp_path, caplog):
 
 
 def test_micro_batch_sizes_by_rows_and_tokens():
-    from explorl.training.update import micro_batch_sizes
+    from explorl.training.optim import micro_batch_sizes
 
     assert micro_batch_sizes([5] * 7, 3, None) == [3, 3, 1]
     assert micro_batch_sizes([4, 4, 4, 9, 1, 1], 64, 10) == [2, 1, 2, 1]  # 4+4 | 4 | 9+1 | 1

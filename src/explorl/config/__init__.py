@@ -8,11 +8,12 @@ This package is plain data at the bottom of the dependency graph: it imports no 
 Building and checking a config against the features' registries (loss names, controllers,
 verifiers, tasks, files) is ``explorl.validation``'s job (``load``, ``from_dict``, ``validate``).
 
-Modules: ``sections`` and ``control_sections`` (the dataclasses), ``coerce`` (typed building
-from plain data), ``ranges`` (every number's interval), ``recipes`` (YAML files, ``base:``,
-``--set``), ``reference`` (the docs).
+Modules: ``sections``, ``algorithm_sections``, ``control_sections`` and ``watch_sections`` (the
+dataclasses), ``coerce`` (typed building from plain data), ``ranges`` (every number's interval),
+``recipes`` (YAML files, ``base:``, ``--set``), ``reference`` (the docs).
 """
 
+from explorl.config.algorithm_sections import AlgorithmConfig, RolloutCorrectionConfig
 from explorl.config.coerce import build, set_path, to_dict
 from explorl.config.control_sections import (
     AdaptiveControlConfig,
@@ -37,7 +38,6 @@ from explorl.config.recipes import (
 from explorl.config.reference import field_docs, reference
 from explorl.config.sections import (
     SPLIT_SIZES,
-    AlgorithmConfig,
     DataConfig,
     DistConfig,
     EvalConfig,
@@ -49,7 +49,6 @@ from explorl.config.sections import (
     RewardConfig,
     RewardFunctionConfig,
     RolloutConfig,
-    RolloutCorrectionConfig,
     RunConfig,
     VLLMConfig,
 )

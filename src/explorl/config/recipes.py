@@ -156,8 +156,10 @@ def _deep_update(dst: dict, src: dict) -> None:
             dst[k] = v
 
 
-def save(cfg: RunConfig, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+def save(cfg: RunConfig, path: str | Path, comments: list[str] = ()) -> None:
+    """``cfg`` as YAML at ``path``, below ``comments`` (each a ``#`` line; it loads back)."""
+    head = "".join(f"# {line}\n" for line in comments)
+    Path(path).write_text(head + yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
 def parse_override(text: str) -> tuple[str, Any]:

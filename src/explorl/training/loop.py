@@ -37,9 +37,9 @@ from explorl.training.advantages import step_advantages
 from explorl.training.batch import step_stats
 from explorl.training.checkpoint import NoCheckpoint, latest_checkpoint
 from explorl.training.distributed import LogProbModule, make_dist
-from explorl.training.forward import pack_length, takes_custom_mask
-from explorl.training.metrics import TIME_KEYS, batch_metrics, ordered, timed
-from explorl.training.update import PolicyUpdate, loss_metrics, make_optimizer
+from explorl.training.metrics import TIME_KEYS, batch_metrics, loss_metrics, ordered, timed
+from explorl.training.optim import make_optimizer
+from explorl.training.update import PolicyUpdate
 from explorl.training.watch import RunWatch
 
 __all__ = ["TIME_KEYS", "Trainer"]
@@ -76,11 +76,8 @@ class Trainer:
             run_state.restore(self, ckpt)
         if self.dist.is_main:
             (self.out / "plots").mkdir(exist_ok=True)
-            C.save(self.cfg, self.out / "config.yaml")
-            text = (self.out / "config.yaml").read_text()
-            lines = self.plan.lines()
-            (self.out / "config.yaml").write_text("".join(f"# {x}\n" for x in lines) + text)
-            print("\n".join(lines), flush=True)
+            C.save(self.cfg, self.out / "config.yaml", comments=self.plan.lines())
+            print("\n".join(self.plan.lines()), flush=True)
         self.pool = VerifierPool.from_config(cfg.reward)
         # metrics.jsonl, completions.jsonl and the trackers hold global values: rank 0 writes.
         main = self.dist.is_main
@@ -137,11 +134,12 @@ class Trainer:
 
     def _setup_rollout(self, engine) -> None:
         cfg = self.cfg
-        engine = engine or build_engine(cfg, self.tokenizer,
-                                        models.resolve_model_path(cfg.model.path, cfg.lab),
-                                        models.resolve_dtype(cfg.model.dtype, self.device))
-        self._setup_plan(engine)
-        cfg = self.cfg
+        path = models.resolve_model_path(cfg.model.path, cfg.lab)
+        dtype = models.resolve_dtype(cfg.model.dtype, self.device)
+        engine = engine or build_engine(cfg, self.tokenizer, path, dtype, self.device)
+        # Micro-batch sizes (CUDA: a token budget) and the old-log-prob source (training/plan.py).
+        self.plan = device_plan.plan_for(cfg, self.device, self.policy, self.dist, engine)
+        self.cfg = cfg = device_plan.apply(cfg, self.plan)
         pad = getattr(engine, "pad_id", 0)
         self.sampler = make_sampler(engine, cfg.control.eepo, pad_id=pad,
                                     micro_batch_size=cfg.optim.micro_batch_size,
@@ -151,20 +149,6 @@ class Trainer:
                                    pad, amp=self.amp,
                                    old_logp_from_forward=self.plan.old_logp == "update")
         self.recompute = self.plan.old_logp == "recompute"
-
-    def _setup_plan(self, engine) -> None:
-        """Micro-batch sizes (on CUDA a token budget from the least free memory of any rank, the
-        weights and engine in place) and the old-log-prob source, written into ``self.cfg``."""
-        free = device_plan.free_bytes(self.device)
-        if free is not None:
-            free = min(p["free"] for p in self.dist.gather({"free": free}))
-        pack = pack_length(self.policy) if takes_custom_mask(self.policy) else 0
-        shape = device_plan.ModelShape.of(self.policy, pack) if free is not None else None
-        shards = self.dist.world_size if self.dist.strategy == "fsdp" else 1
-        self.plan = device_plan.make_plan(
-            self.cfg, self.device, shape=shape, free=free, shards=shards,
-            engine_exact=device_plan.engine_exact(self.cfg, engine, self.device))
-        self.cfg = device_plan.apply(self.cfg, self.plan)
 
     def state_dict(self) -> dict:
         return run_state.state_of(self)
@@ -190,9 +174,6 @@ class Trainer:
         """The policy with its current full weights: sampling, validation and checkpoints use it."""
         return self.dist.full_model(self.scorer, version=self.scheduler.last_epoch)
 
-    def _prompt_ids(self, data: list, tag: str):
-        return self.prompts.ids_of(data, tag)
-
     def validate(self) -> dict:
         e = self.cfg.eval
         data = self.val_data[: e.max_problems]
@@ -201,7 +182,7 @@ class Trainer:
         with self.amp():
             out = validate(engine=self.engine, policy=self._policy_now(), pool=self.pool,
                            rewarder=self.rewarder, data=data, n_samples=e.n_samples, ks=e.k,
-                           prompt_ids=self._prompt_ids(self.val_data, "val"), temperature=T,
+                           prompt_ids=self.prompts.ids_of(self.val_data, "val"), temperature=T,
                            max_new_tokens=self.knobs.max_response_len, seed=self.cfg.seed,
                            step=self.step, greedy=e.greedy, dist=self.dist, samples=samples)
         if self.outputs is not None:
@@ -224,7 +205,7 @@ class Trainer:
         # 1. sample  2. score (this rank's share; ``sb`` holds the whole batch's statistics)
         with self.amp():
             got = collect(cfg=cfg, step=step, knobs=knobs, batch=batch, order=order, data=data,
-                          prompt_ids=self._prompt_ids(data, tag), sampler=self.sampler,
+                          prompt_ids=self.prompts.ids_of(data, tag), sampler=self.sampler,
                           policy=self._policy_now(), version=self.scheduler.last_epoch,
                           pool=self.pool, rewarder=self.rewarder, dist=self.dist)
         sb, rows = got.batch, got.batch.rows

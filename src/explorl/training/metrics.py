@@ -52,3 +52,24 @@ def timed(metrics: dict, key: str):
     t0 = time.perf_counter()
     yield
     metrics[key] = metrics.get(key, 0.0) + time.perf_counter() - t0
+
+
+def loss_metrics(
+    total: dict[str, float], n_rows: int, ppo_epochs: int, upd: dict
+) -> dict[str, float]:
+    """Metrics from the update's sums over all ranks: token-weighted means, except the three
+    below."""
+    tokens = max(total.pop("tokens", 0.0), 1.0)
+    if "cov/selected_n" in total:  # mean covariance over every selected token of the update
+        n_sel, sel_sum = total.pop("cov/selected_n"), total.pop("cov/selected_sum")
+        total["cov/selected_mean"] = sel_sum / n_sel * tokens if n_sel > 0 else 0.0
+    out = {
+        k: v / tokens for k, v in total.items() if k not in ("loss/entropy_bonus", "loss/policy")
+    }
+    if (
+        "loss/entropy_bonus" in total
+    ):  # seq-weighted sum of per-mini-batch aggregates → mean aggregate
+        out["loss/entropy_bonus"] = total["loss/entropy_bonus"] / (n_rows * ppo_epochs)
+    if "loss/policy" in total:  # sum over optimizer steps of the mini-batch losses → mean
+        out["loss/policy"] = total["loss/policy"] / max(1.0, upd["train/optimizer_steps"])
+    return out

@@ -19,6 +19,7 @@ import torch
 
 from explorl.config import RunConfig
 from explorl.models import resolve_dtype
+from explorl.training.forward import pack_length, takes_custom_mask
 
 CPU_MICRO_BATCH_ROWS = 64
 """``optim.micro_batch_size: null`` off CUDA: responses per forward/backward (the CPU lab's)."""
@@ -231,3 +232,17 @@ def engine_exact(cfg: RunConfig, engine, device: torch.device) -> bool:
     (``logprobs_match_trainer``) and the run computes in float32."""
     return (getattr(engine, "logprobs_match_trainer", False)
             and resolve_dtype(cfg.model.dtype, device) == torch.float32)
+
+
+def plan_for(cfg: RunConfig, device: torch.device, policy: torch.nn.Module, dist,
+             engine) -> Plan:
+    """The plan of a run set up this far: on CUDA a token budget from the least free memory of
+    any rank (every rank joins the gather), measured with the weights and the engine in place."""
+    free = free_bytes(device)
+    if free is not None:
+        free = min(p["free"] for p in dist.gather({"free": free}))
+    pack = pack_length(policy) if takes_custom_mask(policy) else 0
+    shape = ModelShape.of(policy, pack) if free is not None else None
+    shards = dist.world_size if dist.strategy == "fsdp" else 1
+    return make_plan(cfg, device, shape=shape, free=free, shards=shards,
+                     engine_exact=engine_exact(cfg, engine, device))

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 
 import torch
 
@@ -42,51 +41,15 @@ from explorl.algorithms.contract import LossParams
 from explorl.algorithms.losses import SELECTORS
 from explorl.config import RunConfig
 from explorl.control import Knobs
-from explorl.errors import ExplorlError
 from explorl.models import resolve_dtype
 from explorl.rollout.types import Rollouts
 from explorl.training.batch import StepBatch
 from explorl.training.correction import step_correction
 from explorl.training.forward import response_logprobs
+from explorl.training.optim import micro_batch_sizes
 from explorl.training.reward_kl import reference_kl_sums
 
 log = logging.getLogger(__name__)
-
-
-def make_optimizer(o, params_module: torch.nn.Module, device: torch.device, strategy: str):
-    """AdamW over the (float32 master) parameters and its linear warm-up schedule (``optim``).
-
-    Fused AdamW (one kernel for every parameter) on CUDA and CPU with replicated parameters
-    unless ``optim.fused`` is false. Otherwise the multi-tensor (foreach) path with replicated
-    parameters: on CPU it computes what torch's CPU default (one tensor at a time) computes, bit
-    for bit, in ~15% less time (tests/test_trainer.py); FSDP's shards keep torch's default.
-    """
-    on = o.fused is not False and device.type in ("cuda", "cpu")
-    fused = True if on and strategy != "fsdp" else None
-    foreach = True if fused is None and strategy != "fsdp" else None
-    trainable = [p for p in params_module.parameters() if p.requires_grad]  # LoRA: adapters only
-    optimizer = torch.optim.AdamW(trainable, lr=o.lr, betas=(o.beta1, o.beta2),
-                                  weight_decay=o.weight_decay, fused=fused, foreach=foreach)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps > 0 else 1.0)
-    return optimizer, scheduler
-
-
-def micro_batch_sizes(tokens: list[int], max_rows: int | None,
-                      max_tokens: int | None) -> list[int]:
-    """Sizes of consecutive micro-batches over rows with these token counts: at most
-    ``max_rows`` rows and ``max_tokens`` tokens each (``optim.micro_batch_size`` / ``_tokens``);
-    a row longer than ``max_tokens`` gets a micro-batch of its own."""
-    sizes: list[int] = []
-    rows = used = 0
-    for n in tokens:
-        if rows and (rows == max_rows or (max_tokens is not None and used + n > max_tokens)):
-            sizes.append(rows)
-            rows = used = 0
-        rows, used = rows + 1, used + n
-    if rows:
-        sizes.append(rows)
-    return sizes
 
 
 def _add(sums: dict, key: str, value: torch.Tensor) -> None:
@@ -449,73 +412,3 @@ class PolicyUpdate:
         yes = torch.ones((1, 1), dtype=torch.bool, device=self.device)
         logp, _ = self.scorer(tok, yes, tok, yes, 1.0, with_entropy=False)
         return logp.sum() * 0.0
-
-
-def loss_metrics(
-    total: dict[str, float], n_rows: int, ppo_epochs: int, upd: dict
-) -> dict[str, float]:
-    """Metrics from the update's sums over all ranks: token-weighted means, except the three
-    below."""
-    tokens = max(total.pop("tokens", 0.0), 1.0)
-    if "cov/selected_n" in total:  # mean covariance over every selected token of the update
-        n_sel, sel_sum = total.pop("cov/selected_n"), total.pop("cov/selected_sum")
-        total["cov/selected_mean"] = sel_sum / n_sel * tokens if n_sel > 0 else 0.0
-    out = {
-        k: v / tokens for k, v in total.items() if k not in ("loss/entropy_bonus", "loss/policy")
-    }
-    if (
-        "loss/entropy_bonus" in total
-    ):  # seq-weighted sum of per-mini-batch aggregates → mean aggregate
-        out["loss/entropy_bonus"] = total["loss/entropy_bonus"] / (n_rows * ppo_epochs)
-    if "loss/policy" in total:  # sum over optimizer steps of the mini-batch losses → mean
-        out["loss/policy"] = total["loss/policy"] / max(1.0, upd["train/optimizer_steps"])
-    return out
-
-
-class TrainingDiverged(ExplorlError):
-    """Too many consecutive steps with a non-finite loss, gradient or reward."""
-
-
-class NonFiniteGuard:
-    """Counts steps whose update was skipped for non-finite values, says so on the console as
-    each happens, and stops the run after ``max_bad`` in a row or once more than ``max_frac`` of
-    ``max_steps`` were skipped, in a row or not (the skipped updates left the weights untouched).
-    """
-
-    def __init__(self, max_bad: int, max_frac: float = 1.0, max_steps: int = 0) -> None:
-        self.max_bad, self.in_a_row, self.skipped = max_bad, 0, 0
-        self.max_frac, self.max_steps = max_frac, max_steps
-
-    def check(self, step: int, metrics: dict, rewards: torch.Tensor) -> None:
-        reward_ok = bool(torch.isfinite(rewards).all())
-        bad = metrics.get("train/nonfinite_updates", 0.0) > 0 or not reward_ok
-        self.in_a_row = self.in_a_row + 1 if bad else 0
-        self.skipped += int(bad)
-        metrics["train/skipped_steps"] = float(self.skipped)
-        if not bad:
-            return
-        what = ("reward" if not reward_ok else
-                "loss" if not math.isfinite(metrics.get("loss/policy", 0.0)) else "gradient norm")
-        log.warning("step %d skipped: non-finite %s (weights not updated; %d skipped so far)",
-                    step, what, self.skipped)
-        advice = ("the weights were not updated by them and the last checkpoint is intact. "
-                  "Lower optim.lr or check the reward function")
-        if self.in_a_row >= self.max_bad:
-            raise TrainingDiverged(
-                f"step {step}: {self.in_a_row} consecutive steps with a non-finite loss, "
-                f"gradient or reward (grad/norm={metrics.get('grad/norm')}, "
-                f"reward/mean={float(rewards.mean())}); " + advice
-            )
-        if self.skipped > self.max_frac * self.max_steps:
-            raise TrainingDiverged(
-                f"step {step}: {self.skipped} step{'s' * (self.skipped != 1)} skipped for a "
-                f"non-finite loss, gradient or "
-                f"reward, more than optim.max_bad_frac={self.max_frac:g} of the run's "
-                f"{self.max_steps} steps (the last: non-finite {what}); " + advice
-            )
-
-    def state_dict(self) -> dict:
-        return {"in_a_row": self.in_a_row, "skipped": self.skipped}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.in_a_row, self.skipped = int(state.get("in_a_row", 0)), int(state.get("skipped", 0))

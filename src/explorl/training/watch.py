@@ -1,6 +1,6 @@
 """Watching a run for trouble it cannot learn through (the recipe's ``watch`` section).
 
-- ``NonFiniteGuard`` (``update``): steps skipped for a non-finite loss, gradient or reward.
+- ``NonFiniteGuard``: steps skipped for a non-finite loss, gradient or reward.
 - ``CollapseMonitor``: entropy below a floor for several steps while accuracy does not improve:
   the policy has collapsed onto a few answers. Warns once, naming the knobs that usually help;
   the run goes on (a collapsed policy can still be the user's goal).
@@ -14,13 +14,15 @@ Each reads the step's global statistics, so every rank decides alike (docs/failu
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
+
+import torch
 
 from explorl.config import RunConfig
 from explorl.config.watch_sections import WatchConfig
 from explorl.control.base import StepStats
-from explorl.errors import RewardError
-from explorl.training.update import NonFiniteGuard
+from explorl.errors import ExplorlError, RewardError
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +30,56 @@ COLLAPSE_ADVICE = (
     "knobs that usually help: a lower optim.lr; algorithm.eps_high 0.28 (clip-higher); an "
     "entropy bonus (algorithm.entropy_coef); rollout.temperature above 1; or an entropy "
     "controller (explorl recipes: lab/e3_ts, lab/es_constant, lab/clip_cov)")
+
+
+
+class TrainingDiverged(ExplorlError):
+    """Too many consecutive steps with a non-finite loss, gradient or reward."""
+
+
+class NonFiniteGuard:
+    """Counts steps whose update was skipped for non-finite values, says so on the console as
+    each happens, and stops the run after ``max_bad`` in a row or once more than ``max_frac`` of
+    ``max_steps`` were skipped, in a row or not (the skipped updates left the weights untouched).
+    """
+
+    def __init__(self, max_bad: int, max_frac: float = 1.0, max_steps: int = 0) -> None:
+        self.max_bad, self.in_a_row, self.skipped = max_bad, 0, 0
+        self.max_frac, self.max_steps = max_frac, max_steps
+
+    def check(self, step: int, metrics: dict, rewards: torch.Tensor) -> None:
+        reward_ok = bool(torch.isfinite(rewards).all())
+        bad = metrics.get("train/nonfinite_updates", 0.0) > 0 or not reward_ok
+        self.in_a_row = self.in_a_row + 1 if bad else 0
+        self.skipped += int(bad)
+        metrics["train/skipped_steps"] = float(self.skipped)
+        if not bad:
+            return
+        what = ("reward" if not reward_ok else
+                "loss" if not math.isfinite(metrics.get("loss/policy", 0.0)) else "gradient norm")
+        log.warning("step %d skipped: non-finite %s (weights not updated; %d skipped so far)",
+                    step, what, self.skipped)
+        advice = ("the weights were not updated by them and the last checkpoint is intact. "
+                  "Lower optim.lr or check the reward function")
+        if self.in_a_row >= self.max_bad:
+            raise TrainingDiverged(
+                f"step {step}: {self.in_a_row} consecutive steps with a non-finite loss, "
+                f"gradient or reward (grad/norm={metrics.get('grad/norm')}, "
+                f"reward/mean={float(rewards.mean())}); " + advice
+            )
+        if self.skipped > self.max_frac * self.max_steps:
+            raise TrainingDiverged(
+                f"step {step}: {self.skipped} step{'s' * (self.skipped != 1)} skipped for a "
+                f"non-finite loss, gradient or "
+                f"reward, more than optim.max_bad_frac={self.max_frac:g} of the run's "
+                f"{self.max_steps} steps (the last: non-finite {what}); " + advice
+            )
+
+    def state_dict(self) -> dict:
+        return {"in_a_row": self.in_a_row, "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.in_a_row, self.skipped = int(state.get("in_a_row", 0)), int(state.get("skipped", 0))
 
 
 class CollapseMonitor:
