@@ -48,7 +48,7 @@ def worker(spec: dict) -> dict:
     from explorl import adapters
     from explorl.config import LoRAConfig, OptimConfig
     from explorl.training.forward import response_logprobs
-    from explorl.training.update import make_optimizer
+    from explorl.training.optim import make_optimizer
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -132,7 +132,7 @@ def main() -> None:
         print(f"{name:24s} {c * 1000:12.1f} {100 * (c / base - 1):+8.1f}% {w * 1000:13.1f} "
               f"{u * 1000:10.1f}")
     print(f"\n{'computation alone (lab step)':32s} {'µs/step':>8s} {'of a GRPO step':>15s}")
-    for name, us in components(repeat=2 if args.smoke else 200).items():
+    for name, us in components(repeat=10 if args.smoke else 200).items():
         print(f"{name:32s} {us:8.1f} {100 * us / (base * 1e6):14.2f}%")
 
 

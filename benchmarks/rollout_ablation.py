@@ -42,7 +42,7 @@ def main() -> None:
     p.add_argument("--smoke", action="store_true", help="tiny shapes, one repetition: it runs")
     args = p.parse_args()
     if args.smoke:
-        args.iters, args.sizes = 1, ["2x2"]
+        args.iters, args.sizes = 2, ["2x2"]
 
     import torch
     torch.set_num_threads(args.threads)
