@@ -85,7 +85,8 @@ def worker(spec: dict) -> dict:
     for i in range(spec["calls"]):
         tokens += call(i)
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-    return {"tokens_per_s": tokens / wall, "tokens_per_cpu_s": tokens / cpu,
+    return {"tokens_per_s": tokens / wall if wall > 0 else float("nan"),
+            "tokens_per_cpu_s": tokens / cpu if cpu > 0 else float("nan"),
             "ms_per_call": 1000 * wall / spec["calls"], "tokens_per_call": tokens / spec["calls"],
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 

@@ -133,7 +133,9 @@ def worker(spec: dict) -> dict:
     wall, cpu = time.perf_counter() - w0, cpu_seconds() - c0
     if hasattr(engine, "close"):
         engine.close()
-    return {**out, "tokens_per_s": tokens / wall, "tokens_per_cpu_s": tokens / cpu,
+    # A smoke run can finish inside the CPU clock's resolution: no rate then, not a crash.
+    return {**out, "tokens_per_s": tokens / wall if wall > 0 else float("nan"),
+            "tokens_per_cpu_s": tokens / cpu if cpu > 0 else float("nan"),
             "s_per_call": wall / spec["calls"], "tokens_per_call": tokens / spec["calls"]}
 
 
