@@ -1,9 +1,17 @@
-"""The ``control`` section: one dataclass per exploration controller."""
+"""The ``control`` section: one dataclass per exploration controller.
+
+Each section's ``RANGES`` gives the interval of its numeric fields (keys relative to the
+section; ``config.ranges.RANGES`` gathers them under ``control.<name>.``). The controller itself
+(class, checks, knobs, metrics) is in ``explorl.control.<name>``, registered in
+``explorl.control.registry``.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import ClassVar, Literal, Optional
+
+from explorl.config.intervals import SAMPLES, TEMPERATURE, TOKENS
 
 
 @dataclass
@@ -20,6 +28,10 @@ class TemperatureControlConfig:
     """Fraction of steps at the end of the run that anneal."""
     beta: float = 0.9
     """Final target as a fraction of H0."""
+
+    RANGES: ClassVar[dict[str, str]] = {
+        "t_min": TEMPERATURE, "t_max": TEMPERATURE, "annealing_ratio": "[0, 1)", "beta": "(0, 1]",
+    }
 
 
 @dataclass
@@ -41,6 +53,11 @@ class BudgetControlConfig:
     """knapsack: a valued prompt needs only ln(1 − α)/ln max(p, 1 − p) samples and the excess goes
     to unsolved prompts (the code's fallback, 0.9). None = off (all to valued prompts)."""
 
+    RANGES: ClassVar[dict[str, str]] = {
+        "n_min_limit": SAMPLES, "n_max_limit": SAMPLES, "widen": "[0, 4096]",
+        "knapsack_alpha": "(0, 1)",
+    }
+
 
 @dataclass
 class EEPOControlConfig:
@@ -56,6 +73,11 @@ class EEPOControlConfig:
     """Lower clip of the sampled token's probability in log(1 − p)."""
     eps_r: float = 1e-2
     """Upper clip margin: p ≤ 1 − eps_r."""
+
+    RANGES: ClassVar[dict[str, str]] = {
+        "window": "[1, 100000]", "alpha": "[0, inf)", "lr": "(0, inf)", "eps_l": "[0, 1)",
+        "eps_r": "(0, 1)",  # 0 lets p reach 1: log(1 − p) = −inf
+    }
 
 
 @dataclass
@@ -74,6 +96,10 @@ class ScheduleConfig:
     release: bool = False
     """wsd: in the anneal phase release the controller (knob returns to its floor) instead of
     decaying the target."""
+
+    RANGES: ClassVar[dict[str, str]] = {
+        "target": "[0, inf)", "start": "[0, inf)", "end": "[0, inf)", "anneal_ratio": "[0, 1)",
+    }
 
 
 @dataclass
@@ -114,6 +140,13 @@ class AdaptiveControlConfig:
     anti_windup: bool = True
     """pi: stop integrating an error that pushes further into a bound the knob is pinned at."""
 
+    RANGES: ClassVar[dict[str, str]] = {
+        "warmup": "[0, 100000000]", "window": "[1, 100000]", "delta": "[0, inf)",
+        "init": "(-inf, inf)",  # and inside the actuator's own range (control.adaptive's check)
+        "min": "(-inf, inf)", "max": "(-inf, inf)", "deadband": "[0, inf)", "kp": "[0, inf)",
+        "ki": "[0, inf)",
+    }
+
 
 @dataclass
 class EntroPICControlConfig:
@@ -132,6 +165,11 @@ class EntroPICControlConfig:
     p_min: float = 0.95
     """A token is confident when its probability under the sampling policy exceeds this
     (official: 0.95)."""
+
+    RANGES: ClassVar[dict[str, str]] = {
+        "target": "(-inf, inf)",  # < 0 = off
+        "kp": "[0, inf)", "ki": "[0, inf)", "p_min": "(0, 1)",
+    }
 
 
 @dataclass
@@ -153,6 +191,11 @@ class EntropyCoefControlConfig:
     inclusive: bool = False
     """Count H = target as below it (TRL's ≤); Skywork uses <."""
 
+    RANGES: ClassVar[dict[str, str]] = {
+        "target": "(-inf, inf)", "delta": "[0, inf)", "init": "[0, inf)", "min": "[0, inf)",
+        "max": "[0, inf)",
+    }
+
 
 @dataclass
 class CurriculumControlConfig:
@@ -164,6 +207,10 @@ class CurriculumControlConfig:
     """Samples per prompt in the annealing phase (paper: 8 → 32). None = unchanged."""
     max_response_len: Optional[int] = None
     """Length limit in the annealing phase (paper: 4k → 16k). None = unchanged."""
+
+    RANGES: ClassVar[dict[str, str]] = {
+        "start_ratio": "(0, 1)", "n_samples": SAMPLES, "max_response_len": TOKENS,
+    }
 
 
 @dataclass

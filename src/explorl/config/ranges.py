@@ -1,22 +1,46 @@
-"""Every number's allowed interval (``RANGES``), in one table, and the check that reads it."""
+"""Every number's allowed interval (``RANGES``), in one table, and the check that reads it.
+
+The controller sections declare their own intervals beside their fields (each section's
+``RANGES`` in ``control_sections``); ``section_ranges`` gathers them into the table.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import typing
 from dataclasses import dataclass
 from typing import Any
 
 from explorl.config.coerce import _fail
+from explorl.config.control_sections import ControlConfig
+from explorl.config.intervals import SAMPLES as _SAMPLES
+from explorl.config.intervals import SEED as _SEED
+from explorl.config.intervals import STEPS as _STEPS
+from explorl.config.intervals import TEMPERATURE as _TEMPERATURE
+from explorl.config.intervals import TOKENS as _TOKENS
 from explorl.config.sections import RunConfig
 
 # ----------------------------------------------------------------------------- validation
 
 
-_SEED = "[0, 4294967295]"  # numpy's seed range (2**32 - 1)
-_STEPS = "[1, 100000000]"
-_TOKENS = "[1, 1048576]"  # lengths in tokens; 2**20 is beyond any model's context
-_SAMPLES = "[1, 4096]"  # responses per prompt
-_TEMPERATURE = "(0, 100]"
+def section_ranges(cls: type, prefix: str) -> dict[str, str]:
+    """``prefix + field -> interval`` from the ``RANGES`` of ``cls`` and of its nested sections,
+    in field order; a ``RANGES`` key that is not a field of its section is an error."""
+    own: dict[str, str] = getattr(cls, "RANGES", {})
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    stray = sorted(set(own) - set(names))
+    if stray:
+        raise TypeError(f"{cls.__name__}.RANGES names no field: {stray}")
+    out: dict[str, str] = {}
+    for name in names:
+        if dataclasses.is_dataclass(hints[name]):
+            out |= section_ranges(hints[name], f"{prefix}{name}.")
+        elif name in own:
+            out[f"{prefix}{name}"] = own[name]
+    return out
+
 
 RANGES: dict[str, str] = {
     "seed": _SEED,
@@ -88,44 +112,7 @@ RANGES: dict[str, str] = {
     "watch.reward_fail_steps": "[1, 100000000]",
     "watch.reward_fail_frac": "(0, 1]",
     "watch.reward_fail_window": "[1, 100000000]",
-    "control.temperature.t_min": _TEMPERATURE,
-    "control.temperature.t_max": _TEMPERATURE,
-    "control.temperature.annealing_ratio": "[0, 1)",
-    "control.temperature.beta": "(0, 1]",
-    "control.budget.n_min_limit": _SAMPLES,
-    "control.budget.n_max_limit": _SAMPLES,
-    "control.budget.widen": "[0, 4096]",
-    "control.budget.knapsack_alpha": "(0, 1)",
-    "control.eepo.window": "[1, 100000]",
-    "control.eepo.alpha": "[0, inf)",
-    "control.eepo.lr": "(0, inf)",
-    "control.eepo.eps_l": "[0, 1)",
-    "control.eepo.eps_r": "(0, 1)",  # 0 lets p reach 1: log(1 − p) = −inf
-    "control.adaptive.schedule.target": "[0, inf)",
-    "control.adaptive.schedule.start": "[0, inf)",
-    "control.adaptive.schedule.end": "[0, inf)",
-    "control.adaptive.schedule.anneal_ratio": "[0, 1)",
-    "control.adaptive.warmup": "[0, 100000000]",
-    "control.adaptive.window": "[1, 100000]",
-    "control.adaptive.delta": "[0, inf)",
-    "control.adaptive.init": "(-inf, inf)",  # and inside the actuator's own range, see below
-    "control.adaptive.min": "(-inf, inf)",
-    "control.adaptive.max": "(-inf, inf)",
-    "control.adaptive.deadband": "[0, inf)",
-    "control.adaptive.kp": "[0, inf)",
-    "control.adaptive.ki": "[0, inf)",
-    "control.entropic.target": "(-inf, inf)",  # < 0 = off
-    "control.entropic.kp": "[0, inf)",
-    "control.entropic.ki": "[0, inf)",
-    "control.entropic.p_min": "(0, 1)",
-    "control.entropy_coef.target": "(-inf, inf)",
-    "control.entropy_coef.delta": "[0, inf)",
-    "control.entropy_coef.init": "[0, inf)",
-    "control.entropy_coef.min": "[0, inf)",
-    "control.entropy_coef.max": "[0, inf)",
-    "control.curriculum.start_ratio": "(0, 1)",
-    "control.curriculum.n_samples": _SAMPLES,
-    "control.curriculum.max_response_len": _TOKENS,
+    **section_ranges(ControlConfig, "control."),
     "eval.every": "[0, 100000000]",
     "eval.n_samples": _SAMPLES,
     "eval.k": _SAMPLES,

@@ -11,10 +11,9 @@
 Hooks return a ``Decision``; the bank applies its knob changes, rejecting a knob the controller
 did not claim, so "one owner per knob" is enforced, not declared.
 
-Order (``CONTROLLER_ORDER``): curriculum, temperature, budget, adaptive, entropic, entropy_coef,
-eepo. The curriculum comes first because it sets ``n_samples``, which the budget reads as
-n_default in the same ``before_step``; the others own disjoint knobs, so their order fixes the
-metric order only. ``before_update`` may change only the knobs the update alone reads
+Each controller is registered by its ``ControllerSpec`` in ``CONTROLLER_SPECS``
+(``control.registry``), whose order is the order they run (``CONTROLLER_ORDER``: the curriculum
+before the budget, see there). ``before_update`` may change only the knobs the update alone reads
 (``UPDATE_KNOBS``): the step is sampled by then.
 
 The knobs are part of the trainer's checkpoint (``ControlBank.state_dict``), beside each
@@ -25,7 +24,6 @@ controller owns is rewritten from that controller's state every step.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from typing import Any
 
 from explorl.config import ControlConfig
@@ -47,65 +45,27 @@ from explorl.control.eepo import EEPOGate
 from explorl.control.entropic import EntroPICController
 from explorl.control.entropy_coef import EntropyCoefController
 from explorl.control.laws import EntroPICLaw, EntropyCoefLaw, PIGains, PILaw, pi_step
+from explorl.control.registry import (
+    CONTROLLER_ORDER,
+    CONTROLLER_SPECS,
+    CONTROLLERS,
+    check_control_config,
+    enabled_controllers,
+)
 from explorl.control.schedules import SCHEDULES, Schedule, make_schedule
+from explorl.control.spec import ControllerSpec
 from explorl.control.temperature import TemperatureScheduler
-
-CONTROLLERS: dict[str, type[Controller]] = {
-    "curriculum": Curriculum,
-    "temperature": TemperatureScheduler,
-    "budget": BudgetAllocator,
-    "adaptive": AdaptiveController,
-    "entropic": EntroPICController,
-    "entropy_coef": EntropyCoefController,
-    "eepo": EEPOGate,
-}
-
-CONTROLLER_ORDER = tuple(CONTROLLERS)
 
 # Knobs only the update reads: the ones ``before_update`` may still change.
 UPDATE_KNOBS = ("eps_high", "entropy_coef", "kl_coef", "pos_neg_weight")
-
-# Controllers that each steer entropy towards their own target. Run together they fight over the
-# same quantity (and each logs control/target_entropy), so a recipe may enable only one.
-ENTROPY_TRACKERS = ("temperature", "adaptive", "entropic", "entropy_coef")
-EXCLUSIVE = tuple(itertools.combinations(ENTROPY_TRACKERS, 2))
-
-
-def enabled_controllers(cfg: ControlConfig) -> list[str]:
-    """Names of the enabled controller sections, in ``CONTROLLER_ORDER``."""
-    return [name for name in CONTROLLER_ORDER if getattr(cfg, name).enabled]
-
-
-def check_control_config(cfg: ControlConfig) -> None:
-    """Conflicts between enabled controllers, checkable before anything is built."""
-    on = set(enabled_controllers(cfg))
-    for a, b in EXCLUSIVE:
-        if a in on and b in on:
-            raise ControlError(
-                f"control.{a} and control.{b} both steer entropy towards their own target "
-                "and would fight each other; enable one of them"
-            )
-    owners: dict[str, str] = {}
-    for name in on:
-        claimed = (cfg.adaptive.actuator,) if name == "adaptive" else CONTROLLERS[name].actuators
-        for act in claimed:
-            if act in owners:
-                raise ControlError(f"actuator {act!r} is owned by both control.{owners[act]} and "
-                                   f"control.{name}; each knob may have one controller")
-            owners[act] = name
 
 
 def build_controllers(cfg: ControlConfig, ctx: ControlContext, knobs: Knobs, *,
                       anneal_dataset: bool = False) -> list[Controller]:
     """Instantiate the enabled controllers of ``cfg`` in ``CONTROLLER_ORDER`` and set them up."""
     check_control_config(cfg)
-    controllers: list[Controller] = []
-    for name in enabled_controllers(cfg):
-        section = getattr(cfg, name)
-        if name == "curriculum":
-            controllers.append(Curriculum(section, anneal_dataset=anneal_dataset))
-        else:
-            controllers.append(CONTROLLERS[name](section))
+    controllers = [CONTROLLER_SPECS[name].make(getattr(cfg, name), anneal_dataset=anneal_dataset)
+                   for name in enabled_controllers(cfg)]
     check_actuators(controllers)
     for c in controllers:
         c.setup(ctx, knobs)
@@ -200,6 +160,7 @@ __all__ = [
     "ACTUATOR_DEFAULTS",
     "CONTROLLERS",
     "CONTROLLER_ORDER",
+    "CONTROLLER_SPECS",
     "SCHEDULES",
     "ActuatorSpec",
     "AdaptiveController",
@@ -208,6 +169,7 @@ __all__ = [
     "ControlContext",
     "ControlError",
     "Controller",
+    "ControllerSpec",
     "Curriculum",
     "Decision",
     "EEPOGate",

@@ -51,10 +51,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from explorl.config import AdaptiveControlConfig
+from explorl.config import AdaptiveControlConfig, RunConfig
+from explorl.config.ranges import ADAPTIVE_KNOB_FIELDS, RANGES, Interval
 from explorl.control.base import ControlContext, Controller, Decision, Knobs, StepStats
 from explorl.control.laws import PIGains, PILaw
-from explorl.control.schedules import Schedule, make_schedule
+from explorl.control.schedules import SCHEDULES, Schedule, make_schedule
+from explorl.control.spec import ControllerSpec, check_choice, fail
 
 
 @dataclass(frozen=True)
@@ -161,3 +163,49 @@ class AdaptiveController(Controller):
         self.c = float(state["c"])
         self.history = [(int(s), float(h)) for s, h in state["history"]]
         self.pi.load_state_dict({"integral": state.get("integral", 0.0)})  # bang-bang runs: none
+
+
+def knob_range(ad: AdaptiveControlConfig) -> tuple[float, float, float] | None:
+    """(init, min, max) of the knob, with the actuator's defaults (None: unknown actuator)."""
+    spec = ACTUATOR_DEFAULTS.get(ad.actuator)
+    if spec is None:
+        return None
+    pick = lambda v, d: d if v is None else v  # noqa: E731
+    return pick(ad.init, spec.c0), pick(ad.min, spec.c_min), pick(ad.max, spec.c_max)
+
+
+def check(cfg: RunConfig) -> None:
+    """Known actuator and schedule; when enabled, the knob's values with the actuator's defaults
+    filled in satisfy min ≤ init ≤ max inside the knob's own range (e.g. temperature > 0)."""
+    ad = cfg.control.adaptive
+    check_choice("control.adaptive.actuator", ad.actuator, ACTUATOR_DEFAULTS, "actuator")
+    check_choice("control.adaptive.schedule.kind", ad.schedule.kind, SCHEDULES, "schedule")
+    if not ad.enabled:
+        return
+    init, lo, hi = knob_range(ad)
+    knob = ADAPTIVE_KNOB_FIELDS[ad.actuator]
+    interval = Interval.parse(RANGES[knob])
+    for key, v in (("min", lo), ("max", hi), ("init", init)):
+        if v not in interval:
+            fail(f"control.adaptive.{key}", f"{ad.actuator} must be {interval.describe()} "
+                 f"(the range of {knob}), got {v!r}")
+    if not lo <= hi:
+        fail("control.adaptive.max", f"must be ≥ control.adaptive.min ({lo}), got {hi}")
+    if not lo <= init <= hi:
+        fail("control.adaptive.init", f"must be in [min, max] = [{lo}, {hi}], got {init}")
+
+
+SPEC = ControllerSpec(
+    name="adaptive",
+    cls=AdaptiveController,
+    check=check,
+    knobs=lambda ad: (ad.actuator,),
+    knob_key="actuator",
+    knob_range=knob_range,
+    steers_entropy=True,
+    metrics={
+        "control/target_entropy": "the schedule's target entropy of this step",
+        "control/adaptive_released": "1 while a WSD release holds the knob at its floor",
+        "control/tracking_error": "window mean entropy minus window mean target; > 0 = too high",
+    },
+)

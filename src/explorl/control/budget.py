@@ -32,7 +32,7 @@ import math
 from typing import Any
 
 from explorl.algorithms.knapsack import knapsack_budgets
-from explorl.config import BudgetControlConfig
+from explorl.config import BudgetControlConfig, RunConfig
 from explorl.control.base import (
     ControlContext,
     ControlError,
@@ -41,6 +41,7 @@ from explorl.control.base import (
     Knobs,
     StepStats,
 )
+from explorl.control.spec import ControllerSpec, require
 
 # Floor with a tolerance: n_min + extra·r_i is an integer in exact arithmetic surprisingly
 # often (uniform ranks give exactly n_default), and float rounding must not drop it by one.
@@ -203,3 +204,25 @@ class BudgetAllocator(Controller):
         rates = state.get("last_rate", [None] * len(self.rank))  # absent in older checkpoints
         self.last_rate = [None if x is None else float(x) for x in rates]
         self.widenings = int(state["widenings"])
+
+
+def check(cfg: RunConfig) -> None:
+    """The limits never exclude n_default (``rollout.n_samples``)."""
+    b, n = cfg.control.budget, cfg.rollout.n_samples
+    require("control.budget.n_min_limit", not b.enabled or b.n_min_limit <= n,
+            "must be ≤ rollout.n_samples")
+    require("control.budget.n_max_limit", not b.enabled or b.n_max_limit >= n,
+            "must be ≥ rollout.n_samples")
+
+
+SPEC = ControllerSpec(
+    name="budget",
+    cls=BudgetAllocator,
+    check=check,
+    metrics={
+        "rollout/budget_min": "the smallest per-prompt sample count of this step's batch",
+        "rollout/budget_max": "the largest per-prompt sample count of this step's batch",
+        "control/budget_n_min": "the lower bound n_min in force this step (widens per epoch)",
+        "control/budget_n_max": "the upper bound n_max in force this step (widens per epoch)",
+    },
+)

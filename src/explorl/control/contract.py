@@ -1,9 +1,11 @@
 """The knob contract, controller side (ALGORITHMS.md §7d): every knob a controller moves must
 reach the loss, and start from the recipe's value on the loss's scale.
 
-Each controller declares the actuators it writes (``Controller.actuators``; the adaptive
-controller's is ``control.adaptive.actuator``); ``algorithms.contract.knobs_read`` says which
-knobs the configured loss and advantage estimator read. ``check_knob_contract`` refuses, before
+Each controller's spec (``control.spec.ControllerSpec``, registered in ``CONTROLLER_SPECS``)
+declares the actuators it writes (``writes``: the class's ``actuators``; the adaptive
+controller's is ``control.adaptive.actuator``) and the range of a loss-side knob it owns
+(``knob_range``); ``algorithms.contract.knobs_read`` says which knobs the configured loss and
+advantage estimator read. ``check_knob_contract`` refuses, before
 anything is built:
 
 - a controller whose knob nothing reads (Entropy Scheduling's eps_high with CISPO or KL-Cov, a
@@ -24,20 +26,9 @@ from explorl.algorithms.regularisers import ZERO_GRADIENT_KL
 from explorl.config import RunConfig
 from explorl.config.ranges import ADAPTIVE_KNOB_FIELDS
 from explorl.control.adaptive import ACTUATOR_DEFAULTS
-from explorl.control.base import Controller
-from explorl.control.budget import BudgetAllocator
-from explorl.control.curriculum import Curriculum
-from explorl.control.eepo import EEPOGate
-from explorl.control.entropic import EntroPICController
-from explorl.control.entropy_coef import EntropyCoefController
-from explorl.control.temperature import TemperatureScheduler
-from explorl.errors import ConfigError
-
-FIXED_WRITES: dict[str, type[Controller]] = {
-    "curriculum": Curriculum, "temperature": TemperatureScheduler, "budget": BudgetAllocator,
-    "entropic": EntroPICController, "entropy_coef": EntropyCoefController, "eepo": EEPOGate,
-}
-"""Controllers whose actuators are fixed by their class (the adaptive one's come from config)."""
+from explorl.control.registry import CONTROLLER_SPECS
+from explorl.control.registry import controller_writes as _writes
+from explorl.control.spec import fail as _fail
 
 SAMPLER_READS = frozenset({"temperature", "budgets", "unlearn", "curriculum"})
 """Actuators the sampling side always reads (whatever the loss): the sampling temperature,
@@ -45,34 +36,8 @@ per-prompt budgets, EEPO's unlearning gate, the curriculum's data/samples/length
 
 
 def controller_writes(cfg: RunConfig) -> dict[str, tuple[str, ...]]:
-    """Enabled controller name -> the actuators it writes."""
-    out = {}
-    for name in ("curriculum", "temperature", "budget", "adaptive", "entropic", "entropy_coef",
-                 "eepo"):
-        section = getattr(cfg.control, name)
-        if section.enabled:
-            out[name] = ((section.actuator,) if name == "adaptive"
-                         else FIXED_WRITES[name].actuators)
-    return out
-
-
-def _fail(path: str, msg: str):
-    raise ConfigError(f"{path}: {msg}")
-
-
-def _controller_range(cfg: RunConfig, name: str) -> tuple[float, float, float] | None:
-    """(start, min, max) of the knob a controller drives, with the actuator's defaults."""
-    if name == "adaptive":
-        ad = cfg.control.adaptive
-        spec = ACTUATOR_DEFAULTS.get(ad.actuator)
-        if spec is None:
-            return None
-        pick = lambda v, d: d if v is None else v  # noqa: E731
-        return pick(ad.init, spec.c0), pick(ad.min, spec.c_min), pick(ad.max, spec.c_max)
-    if name == "entropy_coef":
-        ec = cfg.control.entropy_coef
-        return ec.init, ec.min, ec.max
-    return None
+    """Enabled controller name -> the actuators it writes (its spec's ``writes``)."""
+    return _writes(cfg.control)
 
 
 RECIPE_FIELD = {**ADAPTIVE_KNOB_FIELDS}
@@ -106,7 +71,8 @@ def check_knob_contract(cfg: RunConfig) -> None:
     a, writes = cfg.algorithm, controller_writes(cfg)
     reads = knobs_read(a)
     for name, actuators in writes.items():
-        path = f"control.{name}.actuator" if name == "adaptive" else f"control.{name}.enabled"
+        spec = CONTROLLER_SPECS[name]
+        path = f"control.{name}.{spec.knob_key}"
         for act in actuators:
             if act not in LOSS_KNOBS:
                 continue  # budgets, unlearn, curriculum: read by the sampling side
@@ -115,7 +81,7 @@ def check_knob_contract(cfg: RunConfig) -> None:
                 _fail(path, f"control.{name} drives {act}, which nothing reads with loss "
                       f"{a.loss!r} and advantage {a.advantage!r} ({why_not_read(a, act)}); "
                       f"actuators that would work: {', '.join(working)}")
-            rng = _controller_range(cfg, name)
+            rng = None if spec.knob_range is None else spec.knob_range(spec.section(cfg.control))
             if rng is None or act not in RECIPE_FIELD:
                 continue
             start, lo, hi = rng

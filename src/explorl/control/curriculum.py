@@ -27,6 +27,7 @@ from typing import Any
 from explorl.config import CurriculumControlConfig
 from explorl.control.base import ControlContext, ControlError, Controller, Decision, Knobs
 from explorl.control.schedules import anneal_start
+from explorl.control.spec import ControllerSpec
 
 
 class Curriculum(Controller):
@@ -87,3 +88,11 @@ class Curriculum(Controller):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
+
+
+SPEC = ControllerSpec(
+    name="curriculum",
+    cls=Curriculum,
+    build=lambda section, anneal_dataset=False: Curriculum(section, anneal_dataset=anneal_dataset),
+    metrics={"control/curriculum_phase": "1 in the annealing phase, else 0"},
+)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from explorl.config import EEPOControlConfig
+from explorl.config import EEPOControlConfig, RunConfig
 from explorl.control.base import ControlContext, Controller, Decision, Knobs, StepStats
+from explorl.control.spec import ControllerSpec, require
 
 
 class EEPOGate(Controller):
@@ -55,3 +56,19 @@ class EEPOGate(Controller):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.history = [float(h) for h in state["history"]]
+
+
+def check(cfg: RunConfig) -> None:
+    """p_clip's interval is not empty; the gate needs groups it can split into two stages."""
+    e = cfg.control.eepo
+    require("control.eepo.eps_r", e.eps_l < 1 - e.eps_r, "need control.eepo.eps_l < 1 − eps_r")
+    require("control.eepo.enabled", not e.enabled or cfg.rollout.n_samples >= 2,
+            "EEPO needs rollout.n_samples ≥ 2")
+
+
+SPEC = ControllerSpec(
+    name="eepo",
+    cls=EEPOGate,
+    check=check,
+    metrics={"eepo/entropy_ma": "the moving-average entropy the gate compared with α"},
+)

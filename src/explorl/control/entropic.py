@@ -17,6 +17,7 @@ from typing import Any
 from explorl.config import EntroPICControlConfig
 from explorl.control.base import ControlContext, Controller, Decision, Knobs, StepStats
 from explorl.control.laws import EntroPICLaw
+from explorl.control.spec import ControllerSpec
 
 
 class EntroPICController(Controller):
@@ -52,3 +53,15 @@ class EntroPICController(Controller):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.law.load_state_dict(state)
+
+
+SPEC = ControllerSpec(
+    name="entropic",
+    cls=EntroPICController,
+    steers_entropy=True,
+    metrics={
+        "control/target_entropy": "the target entropy H*",
+        "control/pos_neg_weight": "α of this step's update; > 0 sharpens, < 0 raises entropy",
+        "control/entropic_integral": "the integral I after this step's error H − H*",
+    },
+)

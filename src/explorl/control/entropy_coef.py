@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from explorl.config import EntropyCoefControlConfig
+from explorl.config import EntropyCoefControlConfig, RunConfig
 from explorl.control.base import ControlContext, Controller, Decision, Knobs, StepStats
 from explorl.control.laws import EntropyCoefLaw
+from explorl.control.spec import ControllerSpec, require
 
 
 class EntropyCoefController(Controller):
@@ -54,3 +55,23 @@ class EntropyCoefController(Controller):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.law.load_state_dict(state)
+
+
+def check(cfg: RunConfig) -> None:
+    """c₀ lies inside the clamp."""
+    ec = cfg.control.entropy_coef
+    require("control.entropy_coef.init", ec.min <= ec.init <= ec.max,
+            "need control.entropy_coef.min ≤ init ≤ max")
+
+
+SPEC = ControllerSpec(
+    name="entropy_coef",
+    cls=EntropyCoefController,
+    check=check,
+    knob_range=lambda s: (s.init, s.min, s.max),
+    steers_entropy=True,
+    metrics={
+        "control/target_entropy": "the target entropy H*",
+        "control/entropy_coef_next": "the coefficient c the next step starts from",
+    },
+)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from explorl.config import TemperatureControlConfig
+from explorl.config import RunConfig, TemperatureControlConfig
 from explorl.control.base import (
     ControlContext,
     ControlError,
@@ -35,6 +35,7 @@ from explorl.control.base import (
     StepStats,
 )
 from explorl.control.schedules import anneal_progress
+from explorl.control.spec import ControllerSpec, require
 
 _TINY = 1e-12  # floor for entropies in ln(target/H): a collapsed policy (H = 0) asks for T_max
 
@@ -113,3 +114,25 @@ class TemperatureScheduler(Controller):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.T = float(state["T"])
         self.H0 = None if state["H0"] is None else float(state["H0"])
+
+
+def check(cfg: RunConfig) -> None:
+    """The clamp is an interval, and the run's first temperature lies inside it."""
+    t = cfg.control.temperature
+    require("control.temperature.t_min", t.t_min <= t.t_max, "must be ≤ control.temperature.t_max")
+    require("rollout.temperature", not t.enabled or t.t_min <= cfg.rollout.temperature <= t.t_max,
+            f"the temperature scheduler starts here, so it must be in control.temperature's "
+            f"[t_min, t_max] = [{t.t_min}, {t.t_max}]")
+
+
+SPEC = ControllerSpec(
+    name="temperature",
+    cls=TemperatureScheduler,
+    check=check,
+    steers_entropy=True,
+    metrics={
+        "control/target_entropy": "the entropy this step was steered towards (H0, or annealed)",
+        "control/temperature_next": "the temperature of the next step, after clamping",
+        "control/temperature_clamped": "1 when the formula's value was clamped to [t_min, t_max]",
+    },
+)

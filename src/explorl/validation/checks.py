@@ -12,11 +12,12 @@ from explorl.algorithms import ADVANTAGES, AGG_MODES, KL_ESTIMATORS, LOSSES
 from explorl.algorithms.advantages import TAKES_K
 from explorl.algorithms.losses import REQUIRED_AGG
 from explorl.config.coerce import _fail, build, to_dict
-from explorl.config.ranges import ADAPTIVE_KNOB_FIELDS, RANGES, Interval, _check_ranges
+from explorl.config.ranges import _check_ranges
 from explorl.config.recipes import _if_dir, read_recipe
 from explorl.config.sections import RunConfig
-from explorl.control import ACTUATOR_DEFAULTS, SCHEDULES, check_control_config
 from explorl.control.contract import check_knob_contract
+from explorl.control.registry import CONTROLLER_SPECS, check_control_config
+from explorl.control.spec import check_choice
 from explorl.data.files import EXTENSIONS
 from explorl.outputs.trackers import TRACKERS
 from explorl.rollout.vllm_settings import (
@@ -40,9 +41,8 @@ def _smallest_group(c: RunConfig) -> int:
 
 # (path, predicate, message) checks of relations between fields, run after the ranges.
 def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
-    a, r, ctl = c.algorithm, c.rollout, c.control
-    t, b, e = ctl.temperature, ctl.budget, ctl.eepo
-    pk, n_group, ec = a.passk_k, _smallest_group(c), ctl.entropy_coef
+    a, r, e = c.algorithm, c.rollout, c.control.eepo
+    pk, n_group = a.passk_k, _smallest_group(c)
     return [
         ("name", bool(c.name.strip()) and "/" not in c.name and "\\" not in c.name,
          f"must be a non-empty name without '/' (it names the run directory), got {c.name!r}"),
@@ -72,17 +72,6 @@ def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
           "dual-clipped token could not be a Clip-Cov candidate); set algorithm.clip_c: null "
           "with loss clip_cov")),
         ("algorithm.clip_cov_ub", a.clip_cov_ub > a.clip_cov_lb, "must be > algorithm.clip_cov_lb"),
-        ("control.temperature.t_min", t.t_min <= t.t_max, "must be ≤ control.temperature.t_max"),
-        ("rollout.temperature", not t.enabled or t.t_min <= r.temperature <= t.t_max,
-         (f"the temperature scheduler starts here, so it must be in control.temperature's "
-          f"[t_min, t_max] = [{t.t_min}, {t.t_max}]")),
-        ("control.budget.n_min_limit", not b.enabled or b.n_min_limit <= r.n_samples,
-         "must be ≤ rollout.n_samples"),
-        ("control.budget.n_max_limit", not b.enabled or b.n_max_limit >= r.n_samples,
-         "must be ≥ rollout.n_samples"),
-        ("control.eepo.eps_r", e.eps_l < 1 - e.eps_r, "need control.eepo.eps_l < 1 − eps_r"),
-        ("control.eepo.enabled", not e.enabled or r.n_samples >= 2,
-         "EEPO needs rollout.n_samples ≥ 2"),
         ("eval.k", all(k <= c.eval.n_samples for k in c.eval.k),
          "every k must be ≤ eval.n_samples"),
         ("log.report_to", len(set(c.log.report_to)) == len(c.log.report_to),
@@ -93,8 +82,6 @@ def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
          f"pkpo_loo needs k < n in every group (the smallest group has {n_group} responses)"),
         ("algorithm.advantage", a.advantage != "grpo_passk" or n_group >= 2,
          "grpo_passk needs at least 2 responses in every group"),
-        ("control.entropy_coef.init", ec.min <= ec.init <= ec.max,
-         "need control.entropy_coef.min ≤ init ≤ max"),
         ("model.lora.enabled", not (c.model.lora.enabled and c.model.pure_low_precision),
          "LoRA keeps the frozen base in model.dtype already and its adapters are float32 master "
          "weights; model.pure_low_precision would round the adapters' small updates away: set "
@@ -108,26 +95,11 @@ def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
     ]
 
 
-def _check_adaptive(cfg: RunConfig) -> None:
-    """The adaptive controller's knob values, with the actuator's defaults filled in, must
-    satisfy min ≤ init ≤ max inside the knob's own range (e.g. temperature > 0)."""
-    ad = cfg.control.adaptive
-    if not ad.enabled:
-        return
-    spec = ACTUATOR_DEFAULTS[ad.actuator]
-    lo = spec.c_min if ad.min is None else ad.min
-    hi = spec.c_max if ad.max is None else ad.max
-    init = spec.c0 if ad.init is None else ad.init
-    knob = ADAPTIVE_KNOB_FIELDS[ad.actuator]
-    interval = Interval.parse(RANGES[knob])
-    for key, v in (("min", lo), ("max", hi), ("init", init)):
-        if v not in interval:
-            _fail(f"control.adaptive.{key}", f"{ad.actuator} must be {interval.describe()} "
-                  f"(the range of {knob}), got {v!r}")
-    if not lo <= hi:
-        _fail("control.adaptive.max", f"must be ≥ control.adaptive.min ({lo}), got {hi}")
-    if not lo <= init <= hi:
-        _fail("control.adaptive.init", f"must be in [min, max] = [{lo}, {hi}], got {init}")
+def _check_each_controller(cfg: RunConfig) -> None:
+    """Each controller's own checks (its spec's ``check``, beside its class in ``control/``)."""
+    for spec in CONTROLLER_SPECS.values():
+        if spec.check is not None:
+            spec.check(cfg)
 
 
 def _check_controllers(cfg: RunConfig) -> None:
@@ -146,7 +118,7 @@ def _closest(value: str, choices: list[str]) -> str:
 
 def _check_names(cfg: RunConfig) -> None:
     """Plug-point names are checked against the dicts that define them (no copied lists)."""
-    a, ad = cfg.algorithm, cfg.control.adaptive
+    a = cfg.algorithm
     if a.advantage in TAKES_K and a.passk_k is None:
         _fail("algorithm.passk_k",
               f"advantage {a.advantage!r} optimises pass@k: set k (≤ rollout.n_samples)")
@@ -158,17 +130,12 @@ def _check_names(cfg: RunConfig) -> None:
         ("algorithm.advantage", a.advantage, ADVANTAGES, "advantage estimator"),
         ("algorithm.agg", a.agg, AGG_MODES, "aggregation mode"),
         ("algorithm.kl_estimator", a.kl_estimator, KL_ESTIMATORS, "KL estimator"),
-        ("control.adaptive.actuator", ad.actuator, ACTUATOR_DEFAULTS, "actuator"),
-        ("control.adaptive.schedule.kind", ad.schedule.kind, SCHEDULES, "schedule"),
         *[
             (f"log.report_to[{i}]", name, TRACKERS, "tracker")
             for i, name in enumerate(cfg.log.report_to)
         ],
     ]:
-        if value not in table:
-            close = difflib.get_close_matches(value, list(table), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            _fail(path, f"{value!r} is not a known {kind}{hint} (choices: {', '.join(table)})")
+        check_choice(path, value, table, kind)
 
 
 def _check_sources(cfg: RunConfig, env: bool) -> None:
@@ -249,11 +216,11 @@ def validate(cfg: RunConfig, *, env: bool = True) -> RunConfig:
     for path, ok, msg in _cross_checks(cfg):
         if not ok:
             _fail(path, msg)
+    _check_each_controller(cfg)
     _check_sources(cfg, env)  # these import no torch: a typo fails in about a second
     # Lab and reasoning-gym tasks, reward functions and verifiers: loaded (with env) and checked.
     check_references(cfg, env)
     _check_names(cfg)
-    _check_adaptive(cfg)
     _check_controllers(cfg)
     if env:
         _check_device(cfg.model.device)
