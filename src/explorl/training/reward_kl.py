@@ -22,7 +22,7 @@ from explorl.training.forward import response_logprobs
 def reference_kl_sums(ref: torch.nn.Module, ro: Rollouts, sb: StepBatch, dist, *, kind: str,
                       temperature: float, micro_batch_size: int, chunk_size: int,
                       amp) -> None:
-    """Fill ``sb.rows["kl_sum"]`` (N,) with Σ_t kl_t of every response of the global batch."""
+    """Fill ``sb.rows.kl_sum`` (N,) with Σ_t kl_t of every response of the global batch."""
     mask = ro.response_mask
     sums = []
     for idx in torch.arange(len(ro)).split(max(1, micro_batch_size)):
@@ -34,7 +34,7 @@ def reference_kl_sums(ref: torch.nn.Module, ro: Rollouts, sb: StepBatch, dist, *
         kl = kl_estimate(sub.old_logp.float(), ref_logp.float(), kind)  # (n_mb, T)
         sums.append(torch.where(mask[idx], kl, torch.zeros_like(kl)).sum(-1).cpu().double())
     local = torch.cat(sums) if sums else torch.zeros(0, dtype=torch.float64)
-    out = torch.zeros(len(sb.rows["reward"]), dtype=torch.float64)
+    out = torch.zeros(len(sb.rows.reward), dtype=torch.float64)
     for part in dist.gather({"local": sb.local.cpu(), "kl": local}):
         out[part["local"]] = part["kl"]
-    sb.rows["kl_sum"] = out
+    sb.rows.kl_sum = out
