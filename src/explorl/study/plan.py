@@ -15,6 +15,7 @@ from explorl import config as C
 from explorl import validation
 from explorl.study.spec import StudyEvalSpec, StudySpec, resolve_recipe, spec_error, tuning_k
 from explorl.training.checkpoint import latest_checkpoint
+from explorl.training.plan import PLANNED_FIELDS
 
 
 @dataclass
@@ -197,6 +198,9 @@ def run_state(plan: RunPlan) -> str:
     if (out / "config.yaml").exists():
         found = C.to_dict(validation.from_dict(yaml.safe_load((out / "config.yaml").read_text())))
         want = C.to_dict(plan.cfg)
+        for key in PLANNED_FIELDS:  # left to the device plan (None): whatever it chose
+            if want["optim"][key] is None:
+                want["optim"][key] = found["optim"][key]
         if found != want:
             diff = ", ".join(f"{k}: {a!r} ≠ {b!r}" for k, a, b in _dict_diff(found, want)[:5])
             raise C.ConfigError(f"{out} holds a run with another configuration ({diff}); "

@@ -23,6 +23,8 @@ from explorl.training.forward import pack_length, takes_custom_mask
 
 CPU_MICRO_BATCH_ROWS = 64
 """``optim.micro_batch_size: null`` off CUDA: responses per forward/backward (the CPU lab's)."""
+PLANNED_FIELDS = ("micro_batch_size", "micro_batch_tokens")
+"""``optim`` fields the plan fills in where the config leaves them None (``apply``)."""
 GIB = 2**30
 TOKEN_QUANTUM = 256
 """Planned budgets are a multiple of this many tokens (and at least one quantum)."""

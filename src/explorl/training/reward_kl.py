@@ -20,12 +20,12 @@ from explorl.training.forward import response_logprobs
 
 @torch.no_grad()
 def reference_kl_sums(ref: torch.nn.Module, ro: Rollouts, sb: StepBatch, dist, *, kind: str,
-                      temperature: float, micro_batch_size: int, chunk_size: int,
-                      amp) -> None:
-    """Fill ``sb.rows.kl_sum`` (N,) with Σ_t kl_t of every response of the global batch."""
+                      temperature: float, sizes: list[int], chunk_size: int, amp) -> None:
+    """Fill ``sb.rows.kl_sum`` (N,) with Σ_t kl_t of every response of the global batch;
+    ``sizes``: this rank's micro-batches (``optim.micro_batch_size`` / ``_tokens``)."""
     mask = ro.response_mask
     sums = []
-    for idx in torch.arange(len(ro)).split(max(1, micro_batch_size)):
+    for idx in torch.arange(len(ro)).split(sizes):
         sub = ro.select(idx)
         with amp():
             ref_logp, _ = response_logprobs(ref, sub.prompt_ids, sub.prompt_mask,

@@ -158,9 +158,12 @@ class PolicyUpdate:
         a = self.cfg.algorithm
         if not a.kl_in_reward:
             return
+        o = self.cfg.optim
+        tokens = (ro.response_mask.sum(-1) + ro.prompt_mask.sum(-1)).tolist()
         reference_kl_sums(self.ref, ro, sb, self.dist, kind=a.kl_estimator,
-                          temperature=temperature, micro_batch_size=self.cfg.optim.micro_batch_size,
-                          chunk_size=a.logprob_chunk, amp=self.amp)
+                          temperature=temperature, chunk_size=a.logprob_chunk, amp=self.amp,
+                          sizes=micro_batch_sizes(tokens, o.micro_batch_size,
+                                                  o.micro_batch_tokens))
 
     def run(
         self, ro: Rollouts, adv: torch.Tensor, knobs: Knobs, sb: StepBatch
