@@ -101,7 +101,7 @@ def test_gate_fed_the_policy_entropy_stays_open_and_the_mixed_one_would_not():
         return opened
 
     assert loop(policy_entropy) == [False] + [True] * 19
-    mixed = loop(lambda rows: float(rows["entropy_sum"].sum() / rows["length"].sum()))
+    mixed = loop(lambda rows: float(rows.entropy_sum.sum() / rows.length.sum()))
     assert mixed == [False, True, True, False] * 5 and sum(mixed) == 10  # the pattern
 
 

@@ -316,7 +316,7 @@ def test_kl_in_reward_by_hand(batch):
     policy, ref, ro, score = batch
     a = C.AlgorithmConfig(kl_in_reward=True, kl_coef=0.1, advantage="dr_grpo")
     sb = _step_batch(ro, score)
-    sb.rows["kl_sum"] = torch.tensor([2.0, 0.5, 0.0, 1.0], dtype=torch.float64)
+    sb.rows.kl_sum = torch.tensor([2.0, 0.5, 0.0, 1.0], dtype=torch.float64)
     adv, m = step_advantages(a, sb, ro, Single("cpu"), kl_coef=0.1)
     r = torch.tensor([0.8, -0.05, 1.0, -0.1])
     torch.testing.assert_close(adv, r - r.mean())  # dr_grpo: one group, r − mean
@@ -334,4 +334,4 @@ def test_kl_in_reward_by_hand(batch):
         ref_logp, _ = LogProbModule(ref)(ro.prompt_ids, ro.prompt_mask, ro.response_ids,
                                          ro.response_mask, 1.0, with_entropy=False)
     k1 = ((ro.old_logp - ref_logp) * ro.response_mask).sum(-1).double()
-    torch.testing.assert_close(sb.rows["kl_sum"], k1)
+    torch.testing.assert_close(sb.rows.kl_sum, k1)

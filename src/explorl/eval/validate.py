@@ -16,7 +16,6 @@ from explorl.eval.passk import pass_at_k
 from explorl.outputs.completions import completions_of
 from explorl.rollout.seeding import mix_seed
 from explorl.rollout.types import Rollouts
-from explorl.training.batch import concat_rows
 
 VAL_STREAM = 1  # first component of the validation sampling seeds after the run seed
 EVAL_STREAM = 2  # ... and of ``explorl eval``'s
@@ -104,7 +103,8 @@ def validate(
         )
         if greedy:
             local["greedy"] = torch.tensor(got.greedy_correct, dtype=torch.float64)
-    rows = concat_rows(dist.gather(local))
+    parts = dist.gather(local)  # every rank's columns, in rank order
+    rows = {k: torch.cat([p[k] for p in parts]) for k in local}
     correct = torch.zeros(len(data), dtype=torch.float64).index_add_(
         0, rows["problem"], rows["score"]
     )

@@ -21,7 +21,7 @@ from explorl.control import Knobs
 from explorl.rollout.seeding import mix_seed
 from explorl.rollout.two_stage import OneStage
 from explorl.rollout.types import Rollouts
-from explorl.training.batch import StepBatch, concat_rows, response_stats, stage_entropy
+from explorl.training.batch import StepBatch, StepRows, response_stats, stage_entropy
 
 TRAIN_STREAM = (
     0  # first component of the training sampling seeds after the run seed (validation: 1)
@@ -121,17 +121,17 @@ def collect(
         parts = dist.gather(
             {"rows": response_stats(ro, scores, rewards, rank, stage2_own=own), **sm}
         )
-        rows = concat_rows([p["rows"] for p in parts])
-        offset = sum(len(p["rows"]["group"]) for p in parts[:rank])  # this rank's first row
+        rows = StepRows.cat([p["rows"] for p in parts])
+        offset = sum(len(p["rows"]) for p in parts[:rank])  # this rank's first row
         for k in sm:
             metrics[k] = metrics.get(k, 0.0) + sum(p[k] for p in parts)
         for k, v in {**m, **stage_entropy(rows, m)}.items():
             round_sums[k] = round_sums.get(k, 0.0) + v
-        pi = rows["group"]
+        pi = rows.group
         counts = torch.bincount(pi, minlength=len(idx))
-        correct = torch.zeros(len(idx), dtype=torch.float64).index_add_(0, pi, rows["score"])
+        correct = torch.zeros(len(idx), dtype=torch.float64).index_add_(0, pi, rows.score)
         if a.dynamic_sampling:
-            informative = informative_groups(rows[a.dynamic_sampling_metric], pi)
+            informative = informative_groups(getattr(rows, a.dynamic_sampling_metric), pi)
             keep_groups = sorted(set(pi[informative].tolist()))[: B - n_kept_groups]
             keep = torch.isin(pi, torch.as_tensor(keep_groups, dtype=torch.long))  # (rows,) global
             n_kept_groups += len(keep_groups)
@@ -143,8 +143,8 @@ def collect(
         ro_k.prompt_index = ro_k.prompt_index + len(all_idx)  # position among all sampled prompts
         kept.append((ro_k, scores[sel], rewards[sel]))
         kept_local.append(n_kept_rows + (keep.long().cumsum(0) - 1)[offset: offset + len(ro)][sel])
-        rows = {k: v[keep] for k, v in rows.items()}
-        rows["group"] = rows["group"] + len(all_idx)
+        rows = rows.select(keep)
+        rows.group = rows.group + len(all_idx)
         kept_rows.append(rows)
         n_kept_rows += int(keep.sum())
         all_idx += idx
@@ -171,9 +171,9 @@ def collect(
             "time/score_s": t_score,
         }
     )
-    sb = StepBatch(rows=concat_rows(kept_rows), local=torch.cat(kept_local), prompt_indices=all_idx,
-                   prompt_correct=correct.tolist(), prompt_samples=counts.tolist(), epoch=epoch,
-                   epoch_end=epoch_end)
+    sb = StepBatch(rows=StepRows.cat(kept_rows), local=torch.cat(kept_local),
+                   prompt_indices=all_idx, prompt_correct=correct.tolist(),
+                   prompt_samples=counts.tolist(), epoch=epoch, epoch_end=epoch_end)
     return Collected(
         ro, torch.cat([k[1] for k in kept]), torch.cat([k[2] for k in kept]), sb, metrics
     )

@@ -15,16 +15,19 @@ import torch
 from explorl.algorithms import compute_advantages, entropy_advantage_shaping
 from explorl.config import AlgorithmConfig
 from explorl.rollout.types import Rollouts
-from explorl.training.batch import StepBatch, covariance_metrics
+from explorl.training.batch import StepBatch, StepRows, covariance_metrics
 
 
-def estimator_rewards(a: AlgorithmConfig, rows: dict, kl_coef: float) -> torch.Tensor:
+def estimator_rewards(a: AlgorithmConfig, rows: StepRows, kl_coef: float) -> torch.Tensor:
     """(N,) what the estimator sees as the reward: the shaped reward, minus kl_coef · Σ_t kl_t
-    with ``algorithm.kl_in_reward`` (verl ``use_kl_in_reward``; ``rows["kl_sum"]`` from
+    with ``algorithm.kl_in_reward`` (verl ``use_kl_in_reward``; ``rows.kl_sum`` from
     ``reward_kl.reference_kl_sums``)."""
-    r = rows["reward"].float()
+    r = rows.reward.float()
     if a.kl_in_reward:
-        r = r - kl_coef * rows["kl_sum"].float()
+        if rows.kl_sum is None:
+            raise RuntimeError("algorithm.kl_in_reward: the rows have no kl_sum "
+                               "(reward_kl.reference_kl_sums runs before the advantages)")
+        r = r - kl_coef * rows.kl_sum.float()
     return r
 
 
@@ -36,15 +39,15 @@ def step_advantages(a: AlgorithmConfig, sb: StepBatch, ro: Rollouts, dist,
 
     The estimator reads ``estimator_rewards`` (the KL-penalised reward under ``kl_in_reward``,
     β = the step's ``kl_coef`` knob); the pass@k ones read the verifier's correctness
-    (``rows["score"]``, ``reward.accuracy``'s rule) instead; the REINFORCE++ ones whiten with
+    (``rows.score``, ``reward.accuracy``'s rule) instead; the REINFORCE++ ones whiten with
     the responses' token counts."""
     rows = sb.rows
     adv_all, am = compute_advantages(a.advantage, estimator_rewards(a, rows, kl_coef),
-                                     rows["group"], eps=a.adv_eps, k=a.passk_k,
-                                     correct=rows["score"].float(), lengths=rows["length"])
+                                     rows.group, eps=a.adv_eps, k=a.passk_k,
+                                     correct=rows.score.float(), lengths=rows.length)
     metrics = {k: float(v) for k, v in am.items()}
     if a.kl_in_reward:  # mean Σ_t kl_t per response (the reward's penalty before β)
-        metrics["kl/reward_penalty_mean"] = float(rows["kl_sum"].mean()) if len(rows["kl_sum"]) \
+        metrics["kl/reward_penalty_mean"] = float(rows.kl_sum.mean()) if len(rows.kl_sum) \
             else 0.0
     metrics.update(covariance_metrics(rows, adv_all))
     adv = adv_all[sb.local]

@@ -18,19 +18,65 @@ from explorl.control.base import StepStats
 from explorl.rollout.types import Rollouts
 
 
-@dataclasses.dataclass
-class StepBatch:
-    """The step's responses as every rank sees them: one row per response of the global batch.
+@dataclasses.dataclass(slots=True)
+class StepRows:
+    """The step's per-response statistics: one (N,) column per field, one row per response, in
+    the order one process would have them (prompt by prompt).
 
-    ``rows`` holds (N,) columns in the order one process would have them (prompt by prompt):
-    ``group`` (the prompt's position among the step's sampled prompts), ``reward``, ``score``,
-    ``length`` (valid tokens), ``entropy_sum`` and ``logp_sum`` (sums over the response's tokens
-    at the sampling temperature), ``truncated``, ``stage`` (EEPO; 0 otherwise), ``own`` (sampled
-    by the policy itself, not EEPO's unlearned copy) and ``rank`` (the rank holding the
-    response). ``local`` (n,) maps this rank's kept rollouts to their rows.
+    ``slots``: a misspelt column is an ``AttributeError`` on read and on write, never a new
+    column or a silent default. Each rank builds its share with ``response_stats``; ``cat``
+    joins the ranks' shares (in rank order) and the generation rounds.
     """
 
-    rows: dict[str, torch.Tensor]
+    group: torch.Tensor  # (N,) int64: the prompt's position among the step's sampled prompts
+    reward: torch.Tensor  # (N,) float64: the shaped reward (verifier + overlong penalty)
+    score: torch.Tensor  # (N,) float64: the verifier's correctness (0/1)
+    length: torch.Tensor  # (N,) int64: valid response tokens
+    prompt_length: torch.Tensor  # (N,) int64: valid prompt tokens
+    # (N,) float64: Σ_t entropy at the sampling temperature (the trainer's after ``recompute``)
+    entropy_sum: torch.Tensor
+    logp_sum: torch.Tensor  # (N,) float64: Σ_t old log-prob (the trainer's after ``recompute``)
+    truncated: torch.Tensor  # (N,) bool: stopped by the length limit, not by EOS
+    stage: torch.Tensor  # (N,) int64: EEPO's sampling stage (1 or 2); 0 without EEPO
+    own: torch.Tensor  # (N,) bool: sampled by the policy itself, not EEPO's unlearned copy
+    rank: torch.Tensor  # (N,) int64: the data-parallel rank holding the response
+    # (N,) float64: Σ_t kl_t to the reference; set on the global rows by
+    # ``reward_kl.reference_kl_sums`` with ``algorithm.kl_in_reward``, None otherwise
+    kl_sum: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.group)
+
+    def columns(self) -> dict[str, torch.Tensor | None]:
+        """The columns by name, in field order (None for an optional column not set)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def select(self, idx: torch.Tensor) -> StepRows:
+        """The rows ``idx`` (indices or a (N,) bool mask), in that order, as new tensors."""
+        return StepRows(**{k: None if v is None else v[idx] for k, v in self.columns().items()})
+
+    @staticmethod
+    def cat(parts: list[StepRows]) -> StepRows:
+        """``parts``' rows one after the other (e.g. the ranks' shares in rank order)."""
+        out = {}
+        for f in dataclasses.fields(StepRows):
+            cols = [getattr(p, f.name) for p in parts]
+            if all(c is None for c in cols):
+                out[f.name] = None
+            elif any(c is None for c in cols):
+                raise ValueError(f"StepRows.cat: column {f.name!r} is set on some parts only")
+            else:
+                out[f.name] = torch.cat(cols)
+        return StepRows(**out)
+
+
+@dataclasses.dataclass
+class StepBatch:
+    """The step's responses as every rank sees them: ``rows`` (``StepRows``) holds one row per
+    response of the global batch; ``local`` (n,) maps this rank's kept rollouts to their rows.
+    """
+
+    rows: StepRows
     local: torch.Tensor
     prompt_indices: list[int]  # dataset index of every prompt sampled this step (all rounds)
     prompt_correct: list[float]
@@ -40,34 +86,30 @@ class StepBatch:
 
 
 def response_stats(ro: Rollouts, scores: torch.Tensor, rewards: torch.Tensor, rank: int, *,
-                   stage2_own: bool = True) -> dict[str, torch.Tensor]:
+                   stage2_own: bool = True) -> StepRows:
     """This rank's rows of ``StepBatch.rows``. ``own`` marks responses the policy itself sampled
     (all but EEPO's stage 2 after an unlearning step, which an unlearned copy sampled)."""
     mask = ro.response_mask.cpu()
     n = len(ro)
     stage = ro.stage.cpu().long() if ro.stage is not None else torch.zeros(n, dtype=torch.long)
-    return {
-        "group": ro.prompt_index.cpu().long(),
-        "reward": rewards.double(),
-        "score": scores.double(),
-        "length": mask.sum(-1).long(),
-        "prompt_length": ro.prompt_mask.cpu().sum(-1).long(),
-        "entropy_sum": (ro.entropy.cpu() * mask).sum(-1).double(),
-        "logp_sum": (ro.old_logp.cpu() * mask).sum(-1).double(),
-        "truncated": ro.truncated.cpu().bool()
+    return StepRows(
+        group=ro.prompt_index.cpu().long(),
+        reward=rewards.double(),
+        score=scores.double(),
+        length=mask.sum(-1).long(),
+        prompt_length=ro.prompt_mask.cpu().sum(-1).long(),
+        entropy_sum=(ro.entropy.cpu() * mask).sum(-1).double(),
+        logp_sum=(ro.old_logp.cpu() * mask).sum(-1).double(),
+        truncated=ro.truncated.cpu().bool()
         if ro.truncated is not None
         else torch.zeros(n, dtype=torch.bool),
-        "stage": stage,
-        "own": (stage != 2) | stage2_own,
-        "rank": torch.full((n,), rank, dtype=torch.long),
-    }
+        stage=stage,
+        own=(stage != 2) | stage2_own,
+        rank=torch.full((n,), rank, dtype=torch.long),
+    )
 
 
-def concat_rows(tables: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    return {k: torch.cat([t[k] for t in tables]) for k in tables[0]}
-
-
-def covariance_metrics(rows: dict[str, torch.Tensor], adv: torch.Tensor) -> dict[str, float]:
+def covariance_metrics(rows: StepRows, adv: torch.Tensor) -> dict[str, float]:
     """``cov/mean`` and ``cov/by_difficulty/*`` of the global batch from per-response sums.
 
     A is constant along a response, so the token covariance of Entropy Mechanism Eq. 10 summed
@@ -75,43 +117,43 @@ def covariance_metrics(rows: dict[str, torch.Tensor], adv: torch.Tensor) -> dict
     batch: no token tensor has to cross ranks. The bucket means spread each response's sum
     evenly over its tokens, which leaves every token-weighted mean unchanged.
     """
-    n = rows["length"].double()  # (N,)
+    n = rows.length.double()  # (N,)
     a = adv.double()
     n_tok = n.sum().clamp_min(1)
-    l_bar = rows["logp_sum"].sum() / n_tok
+    l_bar = rows.logp_sum.sum() / n_tok
     a_bar = (a * n).sum() / n_tok
     cov = (a - a_bar) * (
-        rows["logp_sum"] - n * l_bar
+        rows.logp_sum - n * l_bar
     )  # (N,) per-response sums of the token covariance
     out = {"cov/mean": float(cov.sum() / n_tok)}
-    group = rows["group"]
+    group = rows.group
     size = torch.bincount(group).clamp_min(1) if len(group) else torch.ones(0)
-    acc = (torch.zeros(len(size), dtype=torch.float64).index_add_(0, group, rows["score"]) / size)[
+    acc = (torch.zeros(len(size), dtype=torch.float64).index_add_(0, group, rows.score) / size)[
         group
     ]
     width = int(n.max()) if len(n) else 0
-    mask = torch.arange(width)[None, :] < rows["length"][:, None]  # (N, T)
+    mask = torch.arange(width)[None, :] < rows.length[:, None]  # (N, T)
     spread = (cov / n.clamp_min(1))[:, None].expand(-1, width)  # (N, T)
     out.update({k: float(v) for k, v in covariance_by_difficulty(spread, mask, acc).items()})
     return out
 
 
-def stage_entropy(rows: dict[str, torch.Tensor], sample_metrics: dict) -> dict[str, float]:
+def stage_entropy(rows: StepRows, sample_metrics: dict) -> dict[str, float]:
     """EEPO's per-stage entropies of the round's global batch (replacing the rank-local ones)."""
     out = {}
     for s in (1, 2):
         if f"entropy/stage{s}" in sample_metrics:
-            sel = rows["stage"] == s
-            n = rows["length"][sel].sum()
-            out[f"entropy/stage{s}"] = float(rows["entropy_sum"][sel].sum() / n) if n > 0 else 0.0
+            sel = rows.stage == s
+            n = rows.length[sel].sum()
+            out[f"entropy/stage{s}"] = float(rows.entropy_sum[sel].sum() / n) if n > 0 else 0.0
     return out
 
 
-def policy_entropy(rows: dict[str, torch.Tensor]) -> float:
+def policy_entropy(rows: StepRows) -> float:
     """Mean token entropy of the responses the policy itself sampled (what controllers read)."""
-    own = rows["own"]
-    n = rows["length"][own].sum()
-    return float(rows["entropy_sum"][own].sum() / n) if n > 0 else 0.0
+    own = rows.own
+    n = rows.length[own].sum()
+    return float(rows.entropy_sum[own].sum() / n) if n > 0 else 0.0
 
 
 def step_stats(step: int, max_steps: int, sb: StepBatch):

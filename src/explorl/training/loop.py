@@ -233,9 +233,9 @@ class Trainer:
         # The step's one reduction: loss and token sums, and the Ctrl-C flag (ranks stop together).
         total = self.dist.sum_dict({**sums, "stop": float(self._stop)})
         self._stop = total.pop("stop") > 0
-        metrics.update({**upd, **loss_metrics(total, len(rows["reward"]), cfg.optim.ppo_epochs,
+        metrics.update({**upd, **loss_metrics(total, len(rows.reward), cfg.optim.ppo_epochs,
                                               upd)})
-        self.watch.check(step, metrics, rows["reward"], stats, self.rewarder.problem)
+        self.watch.check(step, metrics, rows.reward, stats, self.rewarder.problem)
         self.step = step
 
         # 5. controllers read the step's global statistics

@@ -21,19 +21,19 @@ TIME_KEYS = ("time/", "perf/")  # wall-clock metrics: excluded from resume-equal
 def batch_metrics(step: int, sb: StepBatch, used: Knobs) -> dict[str, float]:
     """Reward, entropy, length and rollout-size metrics of the step's global batch."""
     rows = sb.rows
-    entropy = float(rows["entropy_sum"].sum() / rows["length"].sum().clamp_min(1))
-    n = len(rows["reward"])
-    lengths = rows["length"].double()
+    entropy = float(rows.entropy_sum.sum() / rows.length.sum().clamp_min(1))
+    n = len(rows.reward)
+    lengths = rows.length.double()
     out = {
         "step": step,
         "epoch": sb.epoch,
-        "reward/mean": float(rows["reward"].mean()) if n else 0.0,
-        "reward/std": float(rows["reward"].std(unbiased=False)) if n else 0.0,
-        "reward/accuracy": float(rows["score"].mean()) if n else 0.0,
+        "reward/mean": float(rows.reward.mean()) if n else 0.0,
+        "reward/std": float(rows.reward.std(unbiased=False)) if n else 0.0,
+        "reward/accuracy": float(rows.score.mean()) if n else 0.0,
         "entropy/mean": entropy,
         "response/length_mean": float(lengths.mean()) if n else 0.0,
         "response/length_max": float(lengths.max()) if n else 0.0,
-        "response/truncated_frac": float(rows["truncated"].double().mean()) if n else 0.0,
+        "response/truncated_frac": float(rows.truncated.double().mean()) if n else 0.0,
         "rollout/n_samples": float(sum(sb.prompt_samples)),
         "rollout/n_trained": float(n),
     }

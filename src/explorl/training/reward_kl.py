@@ -21,7 +21,7 @@ from explorl.training.forward import response_logprobs
 @torch.no_grad()
 def reference_kl_sums(ref: torch.nn.Module, ro: Rollouts, sb: StepBatch, dist, *, kind: str,
                       temperature: float, sizes: list[int], chunk_size: int, amp) -> None:
-    """Fill ``sb.rows["kl_sum"]`` (N,) with Σ_t kl_t of every response of the global batch;
+    """Fill ``sb.rows.kl_sum`` (N,) with Σ_t kl_t of every response of the global batch;
     ``sizes``: this rank's micro-batches (``optim.micro_batch_size`` / ``_tokens``)."""
     mask = ro.response_mask
     sums = []
@@ -34,7 +34,7 @@ def reference_kl_sums(ref: torch.nn.Module, ro: Rollouts, sb: StepBatch, dist, *
         kl = kl_estimate(sub.old_logp.float(), ref_logp.float(), kind)  # (n_mb, T)
         sums.append(torch.where(mask[idx], kl, torch.zeros_like(kl)).sum(-1).cpu().double())
     local = torch.cat(sums) if sums else torch.zeros(0, dtype=torch.float64)
-    out = torch.zeros(len(sb.rows["reward"]), dtype=torch.float64)
+    out = torch.zeros(len(sb.rows.reward), dtype=torch.float64)
     for part in dist.gather({"local": sb.local.cpu(), "kl": local}):
         out[part["local"]] = part["kl"]
-    sb.rows["kl_sum"] = out
+    sb.rows.kl_sum = out

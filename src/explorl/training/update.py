@@ -43,7 +43,7 @@ from explorl.config import RunConfig
 from explorl.control import Knobs
 from explorl.models import resolve_dtype
 from explorl.rollout.types import Rollouts
-from explorl.training.batch import StepBatch
+from explorl.training.batch import StepBatch, StepRows
 from explorl.training.correction import step_correction
 from explorl.training.forward import response_logprobs
 from explorl.training.optim import micro_batch_sizes
@@ -83,12 +83,12 @@ class PolicyUpdate:
         )
         self.scaler = torch.amp.GradScaler(self.device.type) if fp16 else None
 
-    def _micro_plan(self, rows: dict, idx: torch.Tensor) -> tuple[list[int], int]:
+    def _micro_plan(self, rows: StepRows, idx: torch.Tensor) -> tuple[list[int], int]:
         """This rank's micro-batch sizes over its rows among the global rows ``idx`` (in that
         order), and the most micro-batches any rank has (every rank runs that many passes)."""
         o = self.cfg.optim
-        tokens = rows["length"][idx] + rows["prompt_length"][idx]
-        rank = rows["rank"][idx]
+        tokens = rows.length[idx] + rows.prompt_length[idx]
+        rank = rows.rank[idx]
         plans = [micro_batch_sizes(tokens[rank == r].tolist(), o.micro_batch_size,
                                    o.micro_batch_tokens) for r in range(self.dist.world_size)]
         return plans[self.dist.rank], max(len(p) for p in plans)
@@ -107,7 +107,7 @@ class PolicyUpdate:
         (``rollout/logp_diff_max``, ``rollout/logp_diff_mean`` over valid tokens).
         """
         a = self.cfg.algorithm
-        sizes, n_micro = self._micro_plan(sb.rows, torch.arange(len(sb.rows["rank"])))
+        sizes, n_micro = self._micro_plan(sb.rows, torch.arange(len(sb.rows.rank)))
         chunks = torch.arange(len(ro)).split(sizes) if len(ro) else ()
         logps, ents = [], []
         for k in range(n_micro):
@@ -127,7 +127,7 @@ class PolicyUpdate:
             else:
                 self._idle_loss()
         mask = ro.response_mask
-        own = sb.rows["own"][sb.local].to(mask.device)  # (n,) sampled by the policy itself
+        own = sb.rows.own[sb.local].to(mask.device)  # (n,) sampled by the policy itself
         new_logp = torch.cat(logps) if logps else ro.old_logp
         new_ent = torch.cat(ents) if ents else ro.entropy
         new_logp = torch.where(own[:, None], new_logp.to(ro.old_logp.dtype), ro.old_logp)
@@ -146,14 +146,14 @@ class PolicyUpdate:
             }
         )
         for p in parts:
-            sb.rows["entropy_sum"][p["local"]] = p["ent"]
-            sb.rows["logp_sum"][p["local"]] = p["logp"]
+            sb.rows.entropy_sum[p["local"]] = p["ent"]
+            sb.rows.logp_sum[p["local"]] = p["logp"]
         n = sum(p["diff_n"] for p in parts)
         return out, {"rollout/logp_diff_max": max(p["diff_max"] for p in parts),
                      "rollout/logp_diff_mean": sum(p["diff_sum"] for p in parts) / n if n else 0.0}
 
     def reward_kl(self, ro: Rollouts, sb: StepBatch, temperature: float) -> None:
-        """``sb.rows["kl_sum"]``: Σ_t kl_t to the reference per response, with
+        """``sb.rows.kl_sum``: Σ_t kl_t to the reference per response, with
         ``algorithm.kl_in_reward`` (otherwise nothing)."""
         a = self.cfg.algorithm
         if not a.kl_in_reward:
@@ -173,7 +173,7 @@ class PolicyUpdate:
         (added over ranks by the caller)."""
         cfg, a, o = self.cfg, self.cfg.algorithm, self.cfg.optim
         rows, W = sb.rows, self.dist.world_size
-        N = len(rows["reward"])  # global
+        N = len(rows.reward)  # global
         if N == 0:
             return {
                 "loss/policy": 0.0,
@@ -183,11 +183,11 @@ class PolicyUpdate:
             }, {}
         loss_fn = LOSSES[a.loss]
         lcfg = LossParams.build(a, knobs)  # the one record of what the loss reads (§7d)
-        lengths = rows["length"]
+        lengths = rows.length
         if a.mask_truncated:  # overlong filtering: out of the loss and its denominators
-            keep = ~rows["truncated"][sb.local].to(ro.response_mask.device)  # (n,)
+            keep = ~rows.truncated[sb.local].to(ro.response_mask.device)  # (n,)
             ro = dataclasses.replace(ro, response_mask=ro.response_mask & keep[:, None])
-            lengths = lengths * ~rows["truncated"]
+            lengths = lengths * ~rows.truncated
         max_len = a.agg_max_len or cfg.rollout.max_response_len
         n_mb = min(o.mini_batches, N)
         local_row = torch.full((N,), -1, dtype=torch.long)
