@@ -19,6 +19,7 @@ import torch
 from explorl import adapters, models, validation
 from explorl import config as C
 from explorl.control import Knobs, bank_from_config
+from explorl.control.registry import controller_writes
 from explorl.data.order import DataOrder
 from explorl.data.sources import in_memory, load_split
 from explorl.eval.validate import validate
@@ -102,7 +103,7 @@ class Trainer:
 
     def _setup_model(self, ckpt: Path | None) -> None:
         cfg = self.cfg
-        base_path = models.resolve_model_path(cfg.model.path, cfg.lab)
+        self.base_path = base_path = models.resolve_model_path(cfg.model.path, cfg.lab)
         self.tokenizer = models.load_tokenizer(base_path, cfg.model)
         self.prompts = models.PromptTokens(self.tokenizer, cfg.model.use_chat_template,
                                     cfg.data.max_prompt_len)
@@ -116,9 +117,9 @@ class Trainer:
         self.compiled = models.regional_compile(self.policy, cfg.model, self.dist.strategy)
         self.scorer = self.dist.wrap(LogProbModule(self.policy, self.amp, self.compiled))
         models.warm_up(self.compiled, self.scorer, self.vocab_size, self.device)
-        a = cfg.control.adaptive
         # The reference (a full copy of the weights; LoRA: the policy with adapters off) if needed.
-        needs_ref = cfg.algorithm.kl_coef > 0 or (a.enabled and a.actuator == "kl_coef")
+        needs_ref = cfg.algorithm.kl_coef > 0 or any(
+            "kl_coef" in knobs for knobs in controller_writes(cfg.control).values())
         self.ref = None if not needs_ref else (
             self.dist.full_model(self.scorer, -1) if cfg.model.lora.enabled
             else models.load_model(base_path, cfg.model, self.device, frozen=True))
@@ -134,9 +135,8 @@ class Trainer:
 
     def _setup_rollout(self, engine) -> None:
         cfg = self.cfg
-        path = models.resolve_model_path(cfg.model.path, cfg.lab)
         dtype = models.resolve_dtype(cfg.model.dtype, self.device)
-        engine = engine or build_engine(cfg, self.tokenizer, path, dtype, self.device)
+        engine = engine or build_engine(cfg, self.tokenizer, self.base_path, dtype, self.device)
         # Micro-batch sizes (CUDA: a token budget) and the old-log-prob source (training/plan.py).
         self.plan = device_plan.plan_for(cfg, self.device, self.policy, self.dist, engine)
         self.cfg = cfg = device_plan.apply(cfg, self.plan)
