@@ -45,13 +45,13 @@ def test_correction_with_a_bf16_engine_and_a_float32_trainer(make_config, tmp_pa
     t = Trainer(cfg, tmp_path / "run")
     assert t.recompute or t.engine.recompute  # old_logp: the float32 trainer's forward
     seen = []
-    micro_loss = t.update._micro_loss
+    micro_loss = t.update.passes.micro_loss
 
     def spy(*args, correction=None, **kwargs):
         seen.append(correction)
         return micro_loss(*args, correction=correction, **kwargs)
 
-    monkeypatch.setattr(t.update, "_micro_loss", spy)
+    monkeypatch.setattr(t.update.passes, "micro_loss", spy)
     m = t.train_step()
     t.engine.close()
     assert m["rollout_corr/mismatch_k3"] > 0 and m["rollout_corr/mismatch_k1"] != 0
