@@ -233,8 +233,9 @@ def test_verl_control_loss_side_controller_uses_the_steps_own_entropy():
                                                           init=0.02, max=0.05))
     ctl = ev.VerlControl([coef], config, vocab_size=100, dataset_size=32, max_steps=5)
     ctl.begin_step(config)
-    assert ctl.before_update(config, entropy=0.3).entropy_coef == 0.02  # 0.3 < 0.5: bonus on
-    assert config.actor_rollout_ref.actor.entropy_coeff == 0.02
+    # 0.3 < 0.5: c is raised first (0.02 + 0.01), then applied (update, then apply)
+    assert ctl.before_update(config, entropy=0.3).entropy_coef == pytest.approx(0.03)
+    assert config.actor_rollout_ref.actor.entropy_coeff == pytest.approx(0.03)
 
 
 def test_verl_control_refuses_what_verl_does_not_read():
