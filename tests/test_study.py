@@ -34,19 +34,21 @@ def _write(tmp_path: Path, data: dict, name: str = "spec.yaml") -> Path:
 
 def test_spec_quick_section_replaces_keys_and_appends_set(tmp_path):
     path = _write(tmp_path, {"name": "s", "recipes": ["grpo"], "seeds": [0, 1, 2], "max_steps": 300,
-                             "set": ["eval.every=20"], "eval": {"n": 16, "split": "test"},
+                             "set": ["eval.every=20", "optim.lr=1e-4"],
+                             "eval": {"n": 16, "split": "test"},
                              "quick": {"seeds": [0], "max_steps": 50, "set": ["eval.every=10"],
                                        "eval": {"max_problems": 32}}})
     full = S.load_spec(path)
     assert (full.seeds, full.max_steps, full.set, full.eval.max_problems) == (
         [0, 1, 2],
         300,
-        ["eval.every=20"],
+        ["eval.every=20", "optim.lr=1e-4"],
         None,
     )
     quick = S.load_spec(path, quick=True)
     assert (quick.seeds, quick.max_steps) == ([0], 50)
-    assert quick.set == ["eval.every=20", "eval.every=10"]  # appended: the quick value wins
+    # appended, and the spec's own override of the same key dropped: the quick value wins
+    assert quick.set == ["optim.lr=1e-4", "eval.every=10"]
     assert (quick.eval.n, quick.eval.split, quick.eval.max_problems) == (16, "test", 32)
 
 

@@ -158,7 +158,8 @@ def spec_error(path: Path, msg: str) -> C.ConfigError:
 def load_spec(path: str | Path, quick: bool = False) -> StudySpec:
     """Read and validate a study spec; with ``quick`` apply its ``quick:`` section first.
 
-    ``quick`` keys replace the top-level ones, except ``set`` (appended, so it wins) and
+    ``quick`` keys replace the top-level ones, except ``set`` (appended, replacing the spec's
+    overrides of the same keys) and
     ``eval``, ``tuning``, ``power`` (merged key by key). Errors name the key, as the recipe
     config does.
     """
@@ -183,8 +184,10 @@ def load_spec(path: str | Path, quick: bool = False) -> StudySpec:
                                    f"(valid keys here: {', '.join(SPEC_KEYS)})")
     if quick:
         for key, value in overrides.items():
-            if key == "set":
-                data["set"] = list(data.get("set") or []) + list(value or [])
+            if key == "set":  # quick's overrides win; the spec's for the same key are dropped
+                mine = {str(x).split("=", 1)[0].strip() for x in value or []}
+                data["set"] = [x for x in data.get("set") or []
+                               if str(x).split("=", 1)[0].strip() not in mine] + list(value or [])
             elif (key in ("eval", "tuning", "power") and isinstance(value, dict)
                   and isinstance(data.get(key), dict)):
                 data[key] = {**data[key], **value}
