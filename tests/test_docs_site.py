@@ -1,6 +1,7 @@
 """The documentation site's structure, checked without mkdocs: every page in the nav exists,
 every hand-written page is in the nav, the README stays short with the two quickstart commands,
-and no user-facing page cites internal issue numbers. `make docs` (--strict, in CI) checks links."""
+no user-facing page cites internal issue numbers, and the architecture page's import diagram
+matches the code. `make docs` (--strict, in CI) checks links."""
 
 from __future__ import annotations
 
@@ -50,3 +51,55 @@ def test_no_internal_issue_numbers_in_user_pages():
     hits = [f"{p.relative_to(ROOT)}:{m.group(0)}" for p in pages
             for m in re.finditer(r"\bissues? #?\d+", p.read_text(), re.IGNORECASE)]
     assert not hits, hits
+
+
+def _diagram_lines() -> list[list[str]]:
+    """The import diagram of docs/architecture.md, top line first: each line's modules as
+    ``explorl.…`` names (``training/loop, update`` -> explorl.training.loop, …update)."""
+    text = (DOCS / "architecture.md").read_text()
+    start = text.index("- Imports flow one way.")
+    block = text[text.index("```", start) + 3:]
+    block = block[block.index("\n") + 1:block.index("```")]
+    lines = []
+    for row in block.splitlines():
+        entries, prefix, names = re.split(r"\s{2,}", row.strip())[0], "", []
+        for item in (e.strip() for e in entries.split(",")):
+            if "/" in item:
+                prefix, item = item.split("/")
+            names.append("explorl" if item == "explorl" else
+                         ".".join(["explorl", *([prefix] if prefix else []), item]))
+        lines.append(names)
+    return lines
+
+
+def _diagram_line(module: str, lines: list[list[str]]) -> int | None:
+    """Index of the line holding ``module``: its own entry, else its package's (longest match);
+    a split package's ``__init__`` goes with the package's highest line."""
+    best, where = -1, None
+    for i, names in enumerate(lines):
+        for n in names:
+            hit = module == n or (n != "explorl" and module.startswith(n + "."))
+            if hit and len(n) > best:
+                best, where = len(n), i
+    if where is None:
+        for i, names in enumerate(lines):
+            if any(n.startswith(module + ".") for n in names):
+                return i
+    return where
+
+
+def test_architecture_import_diagram_matches_the_code():
+    """Every explorl module has a line in docs/architecture.md's import diagram, and every
+    import (function-level ones included) points to its own line or a line beneath."""
+    from test_layout import _imports
+
+    graph, _ = _imports(lazy_too=True)
+    lines = _diagram_lines()
+    where = {m: _diagram_line(m, lines) for m in graph}
+    missing = sorted(m for m, i in where.items() if i is None)
+    assert not missing, f"modules missing from docs/architecture.md's import diagram: {missing}"
+    # ``from explorl import refs`` names the root package too; it imports nothing itself (its
+    # public names resolve lazily), so only the module imported counts.
+    upward = sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps
+                    if d != "explorl" and where[d] < where[m])
+    assert not upward, f"imports pointing up docs/architecture.md's diagram: {upward}"
