@@ -154,3 +154,12 @@ def test_eval_and_passk_tables_fit_80_columns_without_cutting_a_value(capsys):
     print_tables(wide, console)
     out = console.export_text()
     assert len(wide) > 1 and "…" not in out and out.count("0.500") == 30
+
+
+def test_recipes_cp_of_a_launcher_config_says_how_to_launch_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["recipes", "cp", "accelerate/cpu_2proc"]) == 0
+    out = capsys.readouterr().out
+    assert (tmp_path / "cpu_2proc.yaml").is_file()
+    assert "accelerate launch --config_file cpu_2proc.yaml -m explorl train" in out
+    assert "explorl train cpu_2proc.yaml" not in out

@@ -118,7 +118,11 @@ def run(args, console: Console | None = None) -> int:
         raise ConfigError(f"{dest} exists; pass --force to overwrite it")
     dest.write_text(copy_text(path, kind), encoding="utf-8")
     command = "train" if kind == "recipe" else "study"
-    print(f"wrote {dest} (from {args.name}); run it with: explorl {command} {dest}")
+    if args.name.startswith("accelerate/"):  # a launcher config, not a recipe
+        run = f"accelerate launch --config_file {dest} -m explorl train RECIPE"
+    else:
+        run = f"explorl {command} {dest}"
+    print(f"wrote {dest} (from {args.name}); run it with: {run}")
     return 0
 
 
