@@ -95,6 +95,8 @@ def test_off_cuda_the_cpu_defaults_stay():
     plan = P.make_plan(_cfg(), cpu, shape=QWEN05, free=75 * GIB, engine_exact=True)
     assert (plan.micro_batch_size, plan.micro_batch_tokens) == (64, None)
     assert plan.old_logp == "sampler" and plan.budget is None
+    assert plan.lines()[0] == ("device plan (cpu): micro-batches of ≤ 64 responses: "
+                               "the default off CUDA")
     plan = P.make_plan(_cfg(micro_batch_tokens=24), cpu, shape=None, free=None,
                        engine_exact=True)
     assert (plan.micro_batch_size, plan.micro_batch_tokens) == (64, 24)

@@ -190,7 +190,7 @@ def make_plan(cfg: RunConfig, device: torch.device, *, shape: ModelShape | None,
     o, src = cfg.optim, old_logp_source(cfg, engine_exact)
     rows, tokens, budget = o.micro_batch_size, o.micro_batch_tokens, None
     if device.type != "cuda" or free is None or shape is None:
-        why = "as set" if rows is not None else f"{CPU_MICRO_BATCH_ROWS} responses off CUDA"
+        why = "as set" if rows is not None else "the default off CUDA"
         rows = CPU_MICRO_BATCH_ROWS if rows is None else rows
         return Plan(device.type, rows, tokens, src[0], why, src[1])
     if tokens is None:
