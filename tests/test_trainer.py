@@ -718,3 +718,19 @@ def test_cpu_threads_out_of_range_is_a_config_error(make_config):
 
     with pytest.raises(ConfigError, match="model.cpu_threads"):
         make_config({"model": {"cpu_threads": 0}})
+
+
+def test_a_controller_that_writes_kl_coef_gets_the_reference(make_config, tmp_path):
+    """The reference model loads when a controller writes ``kl_coef``, even with the recipe's own
+    ``algorithm.kl_coef`` at 0; otherwise the knob would reach no KL term (a silent no-op)."""
+    cfg = make_config({"max_steps": 1, "eval": {"every": 0},
+                       "control": {"adaptive": {"enabled": True, "actuator": "kl_coef",
+                                                "init": 0.01, "min": 0.0, "max": 0.05}},
+                       "algorithm": {"kl_coef": 0.0}})
+    t = Trainer(cfg, tmp_path / "kl")
+    m = t.train_step()
+    t.pool.close()
+    assert t.ref is not None and m["control/kl_coef"] == 0.01 and "kl/ref_mean" in m
+    plain = Trainer(make_config({"max_steps": 1, "eval": {"every": 0}}), tmp_path / "plain")
+    plain.pool.close()
+    assert plain.ref is None
