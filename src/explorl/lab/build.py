@@ -32,6 +32,7 @@ import torch
 
 from explorl.config import SPLIT_SIZES
 from explorl.data.records import PromptRecord
+from explorl.hf_compat import cache_kwarg
 from explorl.lab.registry import get_task, make_splits, task_params
 from explorl.lab.tasks import LabTask
 from explorl.lab.tokenizer import (
@@ -439,6 +440,7 @@ def sample(
     the build never touches the global RNG. ``vocab`` maps a list of ids to their characters.
     """
     texts: list[str] = []
+    cache_name = cache_kwarg(model)
     for c in range(0, len(prompts), batch_size):
         chunk = prompts[c : c + batch_size]
         B, P = len(chunk), max(len(p) for p in chunk)
@@ -449,6 +451,7 @@ def sample(
             mask[i, P - len(p) :] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, P)
         out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+        cache = getattr(out, cache_name)
         next_pos = pos[:, -1:] + 1  # (B, 1)
         done = torch.zeros(B, dtype=torch.bool)
         new = []
@@ -470,9 +473,10 @@ def sample(
                 input_ids=tok[:, None],
                 attention_mask=mask,
                 position_ids=next_pos,
-                past_key_values=out.past_key_values,
                 use_cache=True,
+                **{cache_name: cache},
             )
+            cache = getattr(out, cache_name)
             next_pos = next_pos + 1
         gen = torch.stack(new, 1).tolist()  # (B, R)
         for row in gen:

@@ -38,6 +38,7 @@ except ImportError:  # older: the plain DynamicCache
     DynamicLayer = None
 
 from explorl.adapters import for_sampling
+from explorl.hf_compat import cache_kwarg
 from explorl.rollout.lean import lean_logits, lean_sampling_supported
 from explorl.rollout.seeding import NoiseStream, row_keys
 from explorl.rollout.types import Rollouts
@@ -313,7 +314,7 @@ def _model_logits(model, input_ids, attention_mask, position_ids, cache) -> torc
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids,
-        past_key_values=cache,
         use_cache=True,
         logits_to_keep=1,
+        **{cache_kwarg(model): cache},
     ).logits[:, -1, :]
