@@ -241,3 +241,22 @@ def test_knob_panels_only_for_knobs_that_moved_or_differ(tmp_path):
     assert "eps_high" not in files([run("e", [1.0, 1.1])])
     title = {p.file: p.title for p in _panels([], [run("f", [1.0, 1.0])])}["entropy"]
     assert "EEPO" not in title  # no run logged stage entropies
+
+
+def test_fraction_axes_stay_within_zero_and_one(tmp_path, monkeypatch):
+    """A fraction that is 0 at every step is drawn on an axis starting at 0 (matplotlib's own
+    limits for a flat line would show −0.05); an unbounded metric keeps matplotlib's limits."""
+    import explorl.analysis.report as report
+
+    limits, save = {}, report.save_figure
+
+    def keep(fig, path):
+        limits[path.stem] = fig.axes[0].get_ylim()
+        return save(fig, path)
+
+    monkeypatch.setattr(report, "save_figure", keep)
+    recs = [dict(r, **{"response/truncated_frac": 0.0, "grad/norm": 0.0}) for r in records()]
+    make_report([write_run(tmp_path / "a", recs, "grpo", 0)], tmp_path / "out")
+    assert limits["truncated"][0] == 0.0 and 0.0 < limits["truncated"][1] <= 1.0
+    assert limits["all_wrong"][0] == 0.0 and limits["all_wrong"][1] <= 1.0
+    assert limits["grad_norm"][0] < 0.0  # not a fraction: matplotlib's limits stand

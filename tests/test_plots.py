@@ -72,6 +72,27 @@ def test_update_and_response_figures(tmp_path):
     assert names(plot_training_curves(run)) == ["responses.png", "update.png"]
 
 
+def test_fraction_panels_keep_their_axis_within_zero_and_one(tmp_path, monkeypatch):
+    """A flat-zero truncated fraction is drawn from 0 up (matplotlib alone shows −0.05..0.05);
+    the gradient norm, unbounded, keeps matplotlib's limits."""
+    import explorl.outputs.plots as plots
+
+    limits, save = {}, plots.save_figure
+
+    def keep(fig, path):
+        limits[path.stem] = [ax.get_ylim() for ax in fig.axes]
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "save_figure", keep)
+    recs = [{"step": s, "grad/norm": 0.0, "loss/clip_frac": 0.0, "response/length_mean": 3.0,
+             "response/length_max": 5.0, "response/truncated_frac": 0.0} for s in range(1, 6)]
+    plot_training_curves(write_run(tmp_path / "run", recs))
+    (g_lo, _), (c_lo, c_hi) = limits["update"]
+    (_, _), (t_lo, t_hi) = limits["responses"]
+    assert (c_lo, t_lo) == (0.0, 0.0) and c_hi <= 1.0 and t_hi <= 1.0
+    assert g_lo < 0.0
+
+
 def test_step_axes_integer_ticks_and_no_offset():
     from explorl.analysis.runs import new_figure, step_axes
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from explorl.analysis.runs import (
     PASSK_KEY,
     Run,
+    bound_axis,
     changes,
     clip_band,
     load_run,
@@ -219,6 +220,7 @@ def _draw(panel: Panel, groups: list[Group], path: Path, window: int) -> Path | 
         notes.append("band = min–max over seeds")
     ax.set_xlabel("training step" + (f" ({'; '.join(notes)})" if notes else ""))
     ax.set_ylabel(panel.ylabel)
+    bound_axis(ax, metric_range(panel.lines[0][0], groups[0].runs[0].config))
     ax.grid(alpha=0.3)
     step_axes(ax)
     place_legend(ax, fig, entries)

@@ -114,6 +114,14 @@ def clip_band(lo: list[float], hi: list[float], bounds: tuple[float, float] | No
     return [min(max(v, a), b) for v in lo], [min(max(v, a), b) for v in hi]
 
 
+def bound_axis(ax, bounds: tuple[float, float] | None) -> None:
+    """Keep the y axis inside the values the metric can take (``metric_range``): a fraction's
+    axis stops at 0 and 1, so a flat zero is not drawn between −0.05 and 0.05."""
+    if bounds is not None:
+        low, high = ax.get_ylim()
+        ax.set_ylim(max(low, bounds[0]), min(high, bounds[1]))
+
+
 def step_axes(ax) -> None:
     """Axes over training steps: integer step ticks (no 2.5), and plain y tick labels (no
     matplotlib offset such as "+6.917" above the axis, which hides the values read off it)."""

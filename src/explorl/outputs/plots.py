@@ -13,6 +13,7 @@ from pathlib import Path
 
 from explorl.analysis.runs import (
     Run,
+    bound_axis,
     clip_band,
     load_run,
     metric_range,
@@ -125,6 +126,7 @@ def _panels(run: Run, path: Path, title: str, panels: list[tuple]) -> Path | Non
             _line(ax, run, key, label, **{"color": f"C{i}", **kw})
         if ref and ref[0] is not None:
             ax.axhline(ref[0][0], color="0.4", linestyle=":", linewidth=1, label=ref[0][1])
+        bound_axis(ax, metric_range(lines[0][0], run.config))
         _finish(ax, sub, ylabel, legend=len(lines) > 1 or bool(ref and ref[0]))
     fig.suptitle(f"{title} — {run.label}")
     return save_figure(fig, path)
