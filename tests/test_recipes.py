@@ -73,3 +73,19 @@ def test_recipe_trains_two_steps(recipe, tiny_model, tmp_path):
         assert "control/pos_neg_weight" in last and "loss/entropic_confident_frac" in last
     if ctl.entropy_coef.enabled:
         assert "control/entropy_coef_next" in last
+
+
+def test_display_names_a_builtin_by_name_and_a_file_by_its_relative_path(tmp_path, monkeypatch):
+    assert builtin.display(builtin.resolve("subset_sum_v3", "study"), "study") == "subset_sum_v3"
+    assert builtin.display(builtin.resolve("lab/grpo"), "recipe") == "lab/grpo"
+    spec = tmp_path / "specs" / "mine.yaml"
+    spec.parent.mkdir()
+    spec.write_text("name: mine\n")
+    monkeypatch.chdir(tmp_path)
+    assert builtin.display(spec, "study") == "specs/mine.yaml"
+    monkeypatch.chdir(spec.parent.parent.parent)
+    assert builtin.display(spec, "study") == f"{tmp_path.name}/specs/mine.yaml"
+    other = tmp_path / "other"
+    other.mkdir()
+    monkeypatch.chdir(other)  # not under the working directory: the whole path
+    assert builtin.display(spec, "study") == str(spec.resolve())

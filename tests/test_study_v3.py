@@ -230,6 +230,29 @@ def test_power_and_ablation_tables():
     assert "0.000" in row and "2 × 10" in row  # constant differences: no variance, MDE 0
     abl = "\n".join(ablation_tables(spec, ev))
     assert "| e3_ts |" in abl and "− eepo, pass@4" in abl
+    assert "e3_ts: the same runs as eepo, number for number" in abl  # a copy of eepo's runs
+    ev.passk["e3_ts"] = {k: v + 0.01 for k, v in ev.passk["eepo"].items()}
+    assert "the same runs" not in "\n".join(ablation_tables(spec, ev))
+
+
+def test_grpo_best_at_the_main_temperature_is_said_not_tabled_twice():
+    ev = _ev()
+    cold = {1: np.full((2, 10), 0.45), 4: np.full((2, 10), 0.6)}
+    ev.passk_t[1.2] = {"grpo": cold, "eepo": cold}
+    assert ev.best_temperature("grpo", 4) == 1.0
+    md = "\n".join(temperature_tables(ev))
+    assert "highest at the main temperature T = 1" in md and "best T=" not in md
+
+
+def test_annealing_claim_needs_a_beta_below_one():
+    def claim(beta):
+        runs = [{"seed": s, "anneal_beta": beta, "anneal_entropy_ratio": 0.9 - 0.01 * s}
+                for s in (0, 1, 2)]
+        return {x["id"]: x for x in S.evaluate_claims(Evidence({"e3": runs}))}["2b"]
+
+    flat = claim(1.0)  # Eq. 5 with β = 1 keeps the target at H0: nothing anneals
+    assert flat["verdict"] == "n/a" and "β = 1" in json.dumps(flat, ensure_ascii=False)
+    assert claim(0.9)["verdict"] == "shown"  # H falls 10% in the annealing phase
 
 
 # ----------------------------------------------------------------------------- end to end

@@ -49,6 +49,17 @@ def find(ref: str | Path, kind: str = "recipe") -> Path | None:
     return path if key and path.is_file() else None
 
 
+def display(path: str | Path, kind: str = "recipe") -> str:
+    """How a command line names ``path``: a built-in by its name (``subset_sum_v3``), a file
+    under the working directory by its relative path, any other by the path itself."""
+    path = Path(path).resolve()
+    root = folder(kind).resolve()
+    if path.is_relative_to(root) and path.suffix in (".yaml", ".yml"):
+        return path.relative_to(root).with_suffix("").as_posix()
+    cwd = Path.cwd().resolve()
+    return path.relative_to(cwd).as_posix() if path.is_relative_to(cwd) else str(path)
+
+
 def resolve(ref: str | Path, kind: str = "recipe") -> Path:
     """The file ``ref`` names: the path itself when it is a file (a file always wins), else the
     built-in of that name; otherwise a ``ConfigError`` listing the closest built-in names."""

@@ -113,6 +113,10 @@ def _c_ts(ev):
 
 
 def _c_anneal(ev):
+    betas = [r.get("anneal_beta") for r in ev.per_run.get("e3", [])]
+    if betas and all(b is not None and b >= 1 for b in betas):  # Eq. 5 at β = 1: target = H0
+        return Precondition(f"e3 ran at β = {betas[0]:g}, whose annealed target is H0 itself: "
+                            "there is no annealing to judge")
     return [Cond("e3 H last 10% / H before annealing − 1",
                  ev.one("e3", lambda r: r["anneal_entropy_ratio"] - 1), -1)]
 

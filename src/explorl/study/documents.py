@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from explorl.config import builtin
 from explorl.study.claims import RULE_NOTES
 from explorl.study.jobs import JobResult
 from explorl.study.numbers import Stat, columns
@@ -105,7 +106,7 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
     fp = fingerprint(table_json, claims, timing)
     seeds = ", ".join(map(str, spec.seeds))
     a_run = next((runs[0] for runs in per_run.values() if runs), {})
-    cmd = f"explorl study {spec_path}" + (" --quick" if quick else "")
+    cmd = f"explorl study {builtin.display(spec_path, 'study')}" + (" --quick" if quick else "")
     title_quick = " (quick)" if quick else ""
 
     claims_md = _claims_table(claims)

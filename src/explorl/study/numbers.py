@@ -80,6 +80,7 @@ def run_numbers(run: Run, cfg: dict, eval_summary: dict | None,
     t = cfg.get("control", {}).get("temperature", {})
     start = (anneal_start(n, t.get("annealing_ratio", 0.0))
              if t.get("enabled") and t.get("anneal") else None)
+    out["anneal_beta"] = t.get("beta") if start is not None else None  # β = 1: a flat target
     if start is not None and start - 1 >= w:
         pre = H[start - 1 - w: start - 1]
         out["anneal_entropy_ratio"] = statistics.fmean(H[-w:]) / statistics.fmean(pre)

@@ -3,6 +3,8 @@ minimum detectable effects, the evaluation temperatures, the power table and the
 
 from __future__ import annotations
 
+import numpy as np
+
 from explorl.study.evidence import Evidence
 from explorl.study.spec import StudySpec
 from explorl.study.stats import MDE_Z, Interval
@@ -61,11 +63,15 @@ def temperature_tables(ev: Evidence | None) -> list[str]:
     best = ev.best_temperature("grpo", km)
     if best is None or "grpo" not in ev.passk:
         return lines
+    if best == ev.temperature:
+        return lines + ["", f"GRPO's pass@{km} is highest at the main temperature T = "
+                            f"{ev.temperature:g} on these test problems, so the large-k claims "
+                            "face GRPO at its best temperature in the comparisons above."]
     lines += ["", f"Each method (at T = {ev.temperature:g}) − GRPO at T = {ev.temperature:g} and "
                   f"at its best temperature T = {best:g} (chosen on these test problems, which "
                   "favours GRPO: the stringent comparison of the large-k claims):", "",
-              f"| recipe | − GRPO T={ev.temperature:g}, pass@{km} | − GRPO T={best:g}, "
-              f"pass@{km} | − GRPO T={best:g}, pass@1 |", "|---|---|---|---|"]
+              f"| recipe | − GRPO T={ev.temperature:g}, pass@{km} | − GRPO best T={best:g}, "
+              f"pass@{km} | − GRPO best T={best:g}, pass@1 |", "|---|---|---|---|"]
     for name in ev.passk:
         if name != "grpo":
             lines.append(f"| {name} | {cell(ev.pk(name, 'grpo', km))} | "
@@ -132,4 +138,21 @@ def ablation_tables(spec: StudySpec, ev: Evidence | None) -> list[str]:
                        f"{'—' if name == method else cell(ev.pk(name, method, km))} | "
                        f"{cell(dh, mde=False)} |")
         out.append("")
+        same = [n for n in present[1:] if _same_runs(ev, n, method)]
+        if same:
+            out += [f"{', '.join(same)}: the same runs as {method}, number for number (the arm's "
+                    f"override changes nothing at {method}'s tuned setting).", ""]
     return out
+
+
+def _same_runs(ev: Evidence, a: str, b: str) -> bool:
+    """Whether arms ``a`` and ``b`` trained identical runs: the same seeds, every seed's final
+    entropy and reward equal, and the same per-problem test pass@k (an ablation that the tuned
+    setting had already switched off)."""
+    ra, rb = ev.runs(a), ev.runs(b)
+    if not ra or ra.keys() != rb.keys() or ev.seeds.get(a) != ev.seeds.get(b):
+        return False
+    if any(ra[s].get(k) != rb[s].get(k) for s in ra for k in ("final_entropy", "final_reward")):
+        return False
+    pa, pb = ev.passk.get(a, {}), ev.passk.get(b, {})
+    return pa.keys() == pb.keys() and all(np.array_equal(pa[k], pb[k]) for k in pa)
