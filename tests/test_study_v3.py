@@ -131,6 +131,42 @@ def test_tuning_plans_every_value_and_seed_and_the_choice_reaches_the_final_runs
         ("eval", 1.0), ("eval_T0.8", 0.8), ("eval_T1.2", 1.2)]
 
 
+def test_beyond_edge_steps_by_the_edge_ratio_or_step():
+    from explorl.study.tuning import beyond_edge
+
+    assert beyond_edge([5e-5, 1e-4, 2e-4], 5e-5) == 2.5e-5  # positive: the edge's ratio
+    assert beyond_edge([5e-5, 1e-4, 2e-4], 2e-4) == 4e-4
+    assert beyond_edge([0.27, 0.34, 0.43], 0.43) == 0.544  # 0.43 · 0.43/0.34, 3 digits
+    assert beyond_edge([2, 4, 8], 8) == 16 and isinstance(beyond_edge([2, 4, 8], 8), int)
+    assert beyond_edge([-0.1, 0.0, 0.1], -0.1) == pytest.approx(-0.2)  # not positive: the step
+    assert beyond_edge([5e-5, 1e-4, 2e-4], 1e-4) is None  # inside the grid
+    assert beyond_edge(["a", "b"], "a") is None and beyond_edge([1.0], 1.0) is None
+
+
+def test_edge_notes_say_why_an_edge_choice_was_not_extended():
+    from explorl.study.tuning import edge_notes
+
+    def table(*points):
+        return {"grpo": [GridPoint(v, pk, 0.5, 2, chosen=c, added=a) for v, pk, c, a in points]}
+
+    spec = S.StudySpec(recipes=["grpo"], tune={"grpo": S.spec.TuneGrid("optim.lr", [1e-4, 2e-4])},
+                       tuning=S.spec.TuningSpec(extend=2))
+    inside = table((1e-4, 0.8, False, False), (2e-4, 0.7, False, False), (5e-5, 0.9, False, True),
+                   (2.5e-5, 0.85, True, True))
+    assert edge_notes(spec, inside) == [
+        "grpo: added 5.0e-05, 2.5e-05; the choice, 2.5e-05, is still the grid's edge after 2 "
+        "added values: the knob's best value may lie beyond it"]
+    interior = table((1e-4, 0.8, False, False), (2e-4, 0.7, False, False),
+                     (5e-5, 0.9, True, True), (2.5e-5, 0.85, False, True))
+    assert edge_notes(spec, interior) == [
+        "grpo: added 5.0e-05, 2.5e-05; the choice, 5.0e-05, lies inside the grid"]
+    spec.tuning.extend = 0  # the grid as written: an edge choice is flagged, nothing added
+    assert edge_notes(spec, table((1e-4, 0.9, True, False), (2e-4, 0.7, False, False))) == [
+        "grpo: the choice, 0.0001, is still the grid's edge: the knob's best value may lie "
+        "beyond it"]
+    assert edge_notes(spec, {"grpo": [GridPoint(1e-4, 0.9, 0.5, 2, chosen=True)]}) == []
+
+
 def test_value_text_reads_back_as_the_same_value():
     for v in (5e-05, 1e-4, 0.9, 2, True, "cosine", 1.0e-10):
         assert yaml.safe_load(value_text(v)) == v
@@ -293,7 +329,8 @@ def test_tiny_tuned_study_end_to_end(tiny_model, tmp_path, capsys):
                 "eval.max_problems=4", "reward.num_workers=1", "log.plots=false",
                 "log.checkpoint_every=0"],
         "tune": {"grpo": {"key": "optim.lr", "values": [1e-3, 1e-5]}},
-        "tuning": {"seeds": [100], "n": 4, "k": 4, "max_problems": 4, "max_steps": 2},
+        "tuning": {"seeds": [100], "n": 4, "k": 4, "max_problems": 4, "max_steps": 2,
+                   "extend": 1},
         "ablations": {"e3_ts": ["grpo"]},
         "power": {"target_mde": 0.3},
         "eval": {"n": 4, "k": [1, 4], "split": "test", "max_problems": 4,
@@ -307,6 +344,10 @@ def test_tiny_tuned_study_end_to_end(tiny_model, tmp_path, capsys):
     assert "2 grid runs (2 to do)" in printed and "tuned grpo: optim.lr = " in printed
     got = json.loads((out / "tune" / "choices.json").read_text())["grpo"]
     chosen = next(p["value"] for p in got if p["chosen"])
+    # a two-value grid's choice is always an edge: one value added beyond it (extend: 1)
+    assert "is its grid's edge; adding" in printed and "3 grid runs (1 to do)" in printed
+    assert [p["added"] for p in got] == [False, False, True]
+    assert got[2]["value"] in (0.1, 1e-7)  # 1e-3 · 100 or 1e-5 / 100
     assert yaml.safe_load((out / "runs" / "grpo-seed1" / "config.yaml").read_text())[
         "optim"]["lr"] == chosen
     for d in ("eval", "eval_T0.7"):
@@ -317,6 +358,7 @@ def test_tiny_tuned_study_end_to_end(tiny_model, tmp_path, capsys):
     md = (out / "study.md").read_text()
     for section in ("## Tuning", "## Evaluation temperature", "## Power", "## Ablations"):
         assert section in md
+    assert " (added) |" in md and "- grpo: added " in md
     data = json.loads((out / "study.json").read_text())
     assert data["tuning"]["grpo"] and set(data["passk_t"]) == {"1", "0.7"}
     c8 = [c for c in data["claims"] if c["id"] == "N2"][0]["conditions"][0]["interval"]

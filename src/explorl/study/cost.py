@@ -104,8 +104,10 @@ def plan_text(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
               rates: Rates | None, jobs: int) -> list[str]:
     """The lines ``explorl study SPEC --plan`` prints."""
     steps = sum(p.cfg.max_steps for p in [*tuning, *final])
+    extend = (f", up to {spec.tuning.extend * len(spec.tune) * len(spec.tuning.seeds)} more "
+              "where a choice is its grid's edge" if spec.tuning.extend else "")
     tuned = (f"{len(tuning)} tuning runs ({len(spec.tune)} grids × {len(spec.tuning.seeds)} "
-             "seeds)" if spec.tune else "no tuning")
+             f"seeds{extend})" if spec.tune else "no tuning")
     lines = [f"study {spec.name}: {tuned} + {len(final)} final runs "
              f"({len(final) // max(1, len(spec.seeds))} rows × {len(spec.seeds)} seeds); "
              f"{steps} training steps; {len(spec.eval.all_temperatures())} evaluation "

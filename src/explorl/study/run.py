@@ -3,12 +3,14 @@ report, per-run numbers, table, claims, figures and documents."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from explorl import config as C
 from explorl.analysis import make_report
@@ -33,7 +35,7 @@ from explorl.study.plan import (
 )
 from explorl.study.spec import StudySpec, auto_jobs, load_spec
 from explorl.study.stats import problem_passk
-from explorl.study.tuning import GridPoint, choices, grid_table
+from explorl.study.tuning import GridPoint, beyond_edge, choices, grid_table
 
 
 def gather_evidence(out: Path, spec: StudySpec, done: list[RunPlan], rows: list[str],
@@ -81,27 +83,70 @@ def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: lis
 def run_tuning(spec: StudySpec, spec_path: Path, out: Path,
                log: Callable[[str], None]) -> dict[str, list[GridPoint]] | int:
     """Train and evaluate every ``tune:`` grid point (finished ones are skipped) and pick each
-    recipe's value; the grid table, or an exit code when interrupted or a point failed."""
-    plans = plan_tuning(spec, spec_path, out)
-    todo = sum(run_state(p) != "done" or not eval_done(p) for p in plans)
-    log(f"tuning: {len(spec.tune)} recipes, {len(plans)} grid runs ({todo} to do) on the "
-        f"{spec.tuning.split} split")
-    results = run_jobs(plans, spec, out / "tune" / "logs", log)
-    if results is None or any(r.status == "interrupted" for r in results):
-        log("interrupted; rerun the same command to continue")
-        return 130
-    failed = [r for r in results if r.status == "failed"]
-    if failed:
-        log("failed tuning runs (rerun to retry): "
-            + "; ".join(f"{r.plan.key} ({r.detail})" for r in failed))
-        return 1
-    table = grid_table(spec, plans)
+    recipe's value, extending a grid past the edge its choice sits on (``tuning.extend``); the
+    grid table, or an exit code when interrupted or a point failed.
+
+    The extension is replayed from the finished runs on every invocation, so an interrupted
+    study extends its grids the same way when it continues."""
+    grids = {name: list(g.values) for name, g in spec.tune.items()}
+    first = True
+    while True:
+        current = dataclasses.replace(spec, tune={
+            n: dataclasses.replace(g, values=grids[n]) for n, g in spec.tune.items()})
+        plans = plan_tuning(current, spec_path, out)
+        todo = sum(run_state(p) != "done" or not eval_done(p) for p in plans)
+        if todo or first:
+            first = False
+            log(f"tuning: {len(spec.tune)} recipes, {len(plans)} grid runs ({todo} to do) on "
+                f"the {spec.tuning.split} split")
+        results = run_jobs(plans, current, out / "tune" / "logs", log)
+        if results is None or any(r.status == "interrupted" for r in results):
+            log("interrupted; rerun the same command to continue")
+            return 130
+        failed = [r for r in results if r.status == "failed"]
+        if failed:
+            log("failed tuning runs (rerun to retry): "
+                + "; ".join(f"{r.plan.key} ({r.detail})" for r in failed))
+            return 1
+        table = grid_table(current, plans)
+        grow = _extensions(spec, current, spec_path, out, table, log)
+        if not grow:
+            break
+        for name, value in grow.items():
+            grids[name].append(value)
+    for name, pts in table.items():
+        for p in pts:
+            p.added = p.value not in spec.tune[name].values
     (out / "tune").mkdir(parents=True, exist_ok=True)
     (out / "tune" / "choices.json").write_text(json.dumps(
         {n: [p.to_json() for p in pts] for n, pts in table.items()}, indent=1) + "\n")
     for name, value in choices(table).items():
         log(f"  tuned {name}: {spec.tune[name].key} = {value_text(value)}")
     return table
+
+
+def _extensions(spec: StudySpec, current: StudySpec, spec_path: Path, out: Path,
+                table: dict[str, list[GridPoint]], log: Callable[[str], None]) -> dict[str, Any]:
+    """``{recipe: next value}`` for each recipe whose choice sits on its grid's edge and that
+    has added fewer than ``tuning.extend`` values, when its config accepts the value."""
+    grow: dict[str, Any] = {}
+    for name, value in choices(table).items():
+        values = current.tune[name].values
+        if len(values) - len(spec.tune[name].values) >= spec.tuning.extend:
+            continue
+        new = beyond_edge(values, value)
+        if new is None or new in values:
+            continue
+        one = dataclasses.replace(current, tune={name: dataclasses.replace(
+            current.tune[name], values=[new])})
+        try:
+            plan_tuning(one, spec_path, out)
+        except C.ConfigError:
+            continue  # past the knob's range: the grid stays as it is (the report says so)
+        log(f"  {name}: the choice {spec.tune[name].key} = {value_text(value)} is its grid's "
+            f"edge; adding {value_text(new)}")
+        grow[name] = new
+    return grow
 
 
 def add_wall(out: Path, seconds: float) -> float:

@@ -79,6 +79,11 @@ class TuningSpec:
     """Training steps of a grid point; None = the study's ``max_steps``."""
     seed: int = 0
     """Sampling seed of the grid points' evaluations."""
+    extend: int = 0
+    """When a recipe's choice is its grid's lowest or highest value, train the next value beyond
+    that edge (times the edge's ratio for a grid of positive numbers, plus its step otherwise)
+    and choose again, adding at most this many values per recipe; a value the recipe's config
+    refuses ends the extension. 0 = the grid as written."""
 
 
 @dataclass
@@ -250,6 +255,7 @@ def _tuning_checks(spec: StudySpec) -> list[tuple[str, bool, str]]:
         ("tuning.tie", t.tie >= 0, "must be ≥ 0"),
         ("tuning.max_steps", t.max_steps is None or t.max_steps >= 1, "must be ≥ 1"),
         ("tuning.max_problems", t.max_problems is None or t.max_problems >= 1, "must be ≥ 1"),
+        ("tuning.extend", t.extend >= 0, "must be ≥ 0"),
     ]
 
 

@@ -27,10 +27,11 @@ class GridPoint:
     pass1: float
     seeds: int
     chosen: bool = False
+    added: bool = False  # beyond the written grid (``tuning.extend``)
 
     def to_json(self) -> dict:
         return {"value": self.value, "passk": self.passk, "pass1": self.pass1,
-                "seeds": self.seeds, "chosen": self.chosen}
+                "seeds": self.seeds, "chosen": self.chosen, "added": self.added}
 
 
 def pick(points: list[GridPoint], tie: float) -> int:
@@ -39,6 +40,22 @@ def pick(points: list[GridPoint], tie: float) -> int:
     best = max(p.passk for p in points)
     tied = [i for i, p in enumerate(points) if p.passk >= best - tie - 1e-12]
     return max(tied, key=lambda i: (points[i].pass1, -i))
+
+
+def beyond_edge(values: list[Any], chosen: Any) -> Any | None:
+    """The next value past the grid edge that ``chosen`` sits on, or None (an interior choice,
+    or a grid that is not of numbers). A grid of positive numbers steps by the edge's ratio
+    (lr 5e-5, 1e-4, 2e-4 → 2.5e-5), any other by the edge's step; integers stay integers,
+    other values keep 3 significant digits."""
+    nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if len(nums) != len(values) or len(set(nums)) < 2 or chosen not in (min(nums), max(nums)):
+        return None
+    ordered = sorted(set(nums))
+    edge, inner = (ordered[0], ordered[1]) if chosen == ordered[0] else (ordered[-1], ordered[-2])
+    new = edge * (edge / inner) if min(nums) > 0 else edge + (edge - inner)
+    if all(isinstance(v, int) for v in nums):
+        return int(round(new))
+    return float(f"{new:.3g}")
 
 
 def grid_table(spec: StudySpec, plans: list[RunPlan]) -> dict[str, list[GridPoint]]:
@@ -89,6 +106,40 @@ def tuning_markdown(spec: StudySpec, table: dict[str, list[GridPoint]]) -> list[
     for name, pts in table.items():
         for p in pts:
             mark = "**✓**" if p.chosen else ""
-            lines.append(f"| {name} | `{spec.tune[name].key}` | {value_text(p.value)} | "
+            added = " (added)" if p.added else ""
+            lines.append(f"| {name} | `{spec.tune[name].key}` | {value_text(p.value)}{added} | "
                          f"{p.passk:.3f} | {p.pass1:.3f} | {p.seeds} | {mark} |")
+    notes = edge_notes(spec, table)
+    if notes:
+        lead = (f"A choice on its grid's edge adds the next value beyond it (at most {t.extend} "
+                "per recipe, marked *added*):" if t.extend else
+                "Choices on their grid's edge (the knob's best value may lie beyond them):")
+        lines += ["", lead, *[f"- {n}" for n in notes]]
+    elif t.extend:
+        lines += ["", "No choice sits on its grid's edge."]
     return lines
+
+
+def edge_notes(spec: StudySpec, table: dict[str, list[GridPoint]]) -> list[str]:
+    """One line per recipe whose grid was extended or whose choice still sits on its grid's
+    edge (its best value may lie beyond), with the reason the extension stopped."""
+    out = []
+    for name, pts in table.items():
+        values = [p.value for p in pts]
+        chosen = next(p.value for p in pts if p.chosen)
+        added = [value_text(p.value) for p in pts if p.added]
+        nxt = beyond_edge(values, chosen)
+        text = f"{name}: added {', '.join(added)}; " if added else f"{name}: "
+        if nxt is None:
+            if not added:
+                continue
+            text += f"the choice, {value_text(chosen)}, lies inside the grid"
+        elif len(added) >= spec.tuning.extend:
+            text += (f"the choice, {value_text(chosen)}, is still the grid's edge"
+                     + (f" after {len(added)} added value{'s' * (len(added) > 1)}" if added else "")
+                     + ": the knob's best value may lie beyond it")
+        else:
+            text += (f"the choice, {value_text(chosen)}, is the grid's edge and the next value, "
+                     f"{value_text(nxt)}, is outside the knob's range")
+        out.append(text)
+    return out
