@@ -19,7 +19,7 @@ from explorl.study.figures import highlighted
 from explorl.study.plan import final_evals, plan_tuning, value_text
 from explorl.study.stats import MDE_Z, passk_diff, variance_components
 from explorl.study.tables import ablation_tables, power_table, temperature_tables
-from explorl.study.tuning import GridPoint, grid_table, pick
+from explorl.study.tuning import GridPoint, grid_table, pick, tuning_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -129,6 +129,40 @@ def test_tuning_plans_every_value_and_seed_and_the_choice_reaches_the_final_runs
     # every final run is evaluated at each temperature, the main one into eval/
     assert [(f, e.temperature) for f, e in final[0].evals] == [
         ("eval", 1.0), ("eval_T0.8", 0.8), ("eval_T1.2", 1.2)]
+
+
+def test_shared_key_takes_the_source_choice_unless_a_row_tunes_it(tmp_path):
+    """tuning.share {optim.lr: grpo}: e3's grid runs and every final run without an lr grid of
+    its own train at GRPO's chosen lr; a recipe that tunes the lr keeps its own."""
+    path = _tuned_spec(tmp_path, recipes=["grpo", "e3", "e3_ts"],
+                       tune={"grpo": {"key": "optim.lr", "values": [5e-05, 1e-4]},
+                             "e3_ts": {"key": "optim.lr", "values": [2e-4, 3e-4]},
+                             "e3": {"key": "control.temperature.beta", "values": [0.8, 0.9]}},
+                       tuning={"seeds": [100], "k": 4, "max_steps": 10, "n": 8,
+                               "share": {"optim.lr": "grpo"}})
+    spec = S.load_spec(path)
+    stage2 = plan_tuning(spec, path, tmp_path / "out", {"grpo": 5e-05})
+    lr = {(p.name, p.value): p.cfg.optim.lr for p in stage2}
+    assert lr[("e3", 0.8)] == lr[("e3", 0.9)] == 5e-05  # shared
+    assert lr[("e3_ts", 2e-4)] == 2e-4 and lr[("grpo", 1e-4)] == 1e-4  # their own grids
+    final = S.plan_runs(spec, path, tmp_path / "out", {"grpo": 1e-4, "e3_ts": 3e-4, "e3": 0.9})
+    by = {p.name: p.cfg for p in final if p.seed == 0}
+    assert by["e3"].optim.lr == 1e-4 and by["e3_no_anneal"].optim.lr == 1e-4
+    assert by["e3_ts"].optim.lr == 3e-4 and by["grpo"].optim.lr == 1e-4
+    assert by["e3"].control.temperature.beta == 0.9
+    lines = tuning_markdown(spec, {n: [GridPoint(v, 0.5, 0.5, 1, chosen=True)] for n, v in
+                                   {"grpo": 1e-4, "e3_ts": 3e-4, "e3": 0.9}.items()})
+    assert "uses grpo's choice, 0.0001, in its grid runs and its final runs" in lines[0]
+
+
+@pytest.mark.parametrize("share, message", [
+    ({"optim.lr": "e3"}, "e3 must tune optim.lr"),
+    ({"optim.lr": "nobody"}, "nobody must tune optim.lr"),
+])
+def test_share_needs_a_source_that_tunes_the_key(tmp_path, share, message):
+    path = _tuned_spec(tmp_path, tuning={"seeds": [100], "k": 4, "n": 8, "share": share})
+    with pytest.raises(C.ConfigError, match=message):
+        S.load_spec(path)
 
 
 def test_beyond_edge_steps_by_the_edge_ratio_or_step():
@@ -330,7 +364,7 @@ def test_tiny_tuned_study_end_to_end(tiny_model, tmp_path, capsys):
                 "log.checkpoint_every=0"],
         "tune": {"grpo": {"key": "optim.lr", "values": [1e-3, 1e-5]}},
         "tuning": {"seeds": [100], "n": 4, "k": 4, "max_problems": 4, "max_steps": 2,
-                   "extend": 1},
+                   "extend": 1, "share": {"optim.lr": "grpo"}},
         "ablations": {"e3_ts": ["grpo"]},
         "power": {"target_mde": 0.3},
         "eval": {"n": 4, "k": [1, 4], "split": "test", "max_problems": 4,
@@ -348,8 +382,9 @@ def test_tiny_tuned_study_end_to_end(tiny_model, tmp_path, capsys):
     assert "is its grid's edge; adding" in printed and "3 grid runs (1 to do)" in printed
     assert [p["added"] for p in got] == [False, False, True]
     assert got[2]["value"] in (0.1, 1e-7)  # 1e-3 · 100 or 1e-5 / 100
-    assert yaml.safe_load((out / "runs" / "grpo-seed1" / "config.yaml").read_text())[
-        "optim"]["lr"] == chosen
+    for run in ("grpo-seed1", "e3_ts-seed0"):  # e3_ts shares GRPO's tuned lr
+        assert yaml.safe_load((out / "runs" / run / "config.yaml").read_text())[
+            "optim"]["lr"] == chosen
     for d in ("eval", "eval_T0.7"):
         assert (out / "runs" / "grpo-seed0" / d / "problems.jsonl").is_file()
         assert (out / "base" / d / "problems.jsonl").is_file()

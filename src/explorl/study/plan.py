@@ -93,18 +93,27 @@ def _rows(spec: StudySpec, spec_path: Path,
             return []
         return [f"{spec.tune[name].key}={value_text(chosen[name])}"]
 
+    def shared(*names: str) -> list[str]:
+        """``tuning.share``: the source's choice of each key, unless the row tunes it."""
+        tuned = {spec.tune[n].key for n in names if n in spec.tune}
+        return [f"{key}={value_text(chosen[src])}" for key, src in spec.tuning.share.items()
+                if src in chosen and key not in tuned]
+
     for i, ref in enumerate(spec.recipes):
         path = resolve_recipe(ref, spec, f"recipes[{i}]", spec_path)
         name = validation.load(path).name
-        rows.append((name, path, [*task_sets, *spec.set, *own.get(name, []), *pick(name)], name))
+        rows.append((name, path, [*task_sets, *spec.set, *shared(name), *own.get(name, []),
+                                  *pick(name)], name))
     for i, v in enumerate(spec.variants):
         path = resolve_recipe(v.recipe, spec, f"variants[{i}].recipe", spec_path)
         parent = validation.load(path).name
-        rows.append((v.name, path, [*task_sets, *spec.set, *own.get(parent, []), *pick(parent),
-                                    *v.set, *own.get(v.name, []), *pick(v.name),
-                                    f"name={v.name}"], parent))
+        rows.append((v.name, path, [*task_sets, *spec.set, *shared(parent, v.name),
+                                    *own.get(parent, []), *pick(parent), *v.set,
+                                    *own.get(v.name, []), *pick(v.name), f"name={v.name}"],
+                     parent))
     names = [r[0] for r in rows]
     named = [("recipe_set", k) for k in own] + [("tune", k) for k in spec.tune]
+    named += [("tuning.share", src) for src in spec.tuning.share.values()]
     named += [("ablations", k) for k in spec.ablations]
     named += [(f"ablations.{k}", a) for k, arms in spec.ablations.items() for a in arms]
     for where, key in named:
@@ -124,11 +133,13 @@ def _load(spec_path: Path, name: str, path: Path, sets: list[str], steps: int,
         raise spec_error(spec_path, f"recipe {name} ({path}): {e}") from None
 
 
-def plan_tuning(spec: StudySpec, spec_path: Path, out: Path) -> list[RunPlan]:
+def plan_tuning(spec: StudySpec, spec_path: Path, out: Path,
+                chosen: dict[str, Any] | None = None) -> list[RunPlan]:
     """Every (tuned recipe, grid value, tuning seed) run, seed-major, under ``out/tune/``; each
-    is evaluated on the tuning split (``tuning_eval``). Validated here, before any work."""
+    is evaluated on the tuning split (``tuning_eval``). Validated here, before any work.
+    ``chosen``: choices already made (the ``tuning.share`` sources'), shared with the others."""
     spec_path = Path(spec_path)
-    rows = {r[0]: r for r in _rows(spec, spec_path, {})}
+    rows = {r[0]: r for r in _rows(spec, spec_path, chosen or {})}
     steps = spec.tuning.max_steps or spec.max_steps
     ev = [("eval", tuning_eval(spec))]
     plans = []

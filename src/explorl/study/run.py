@@ -86,34 +86,23 @@ def run_tuning(spec: StudySpec, spec_path: Path, out: Path,
     recipe's value, extending a grid past the edge its choice sits on (``tuning.extend``); the
     grid table, or an exit code when interrupted or a point failed.
 
-    The extension is replayed from the finished runs on every invocation, so an interrupted
-    study extends its grids the same way when it continues."""
-    grids = {name: list(g.values) for name, g in spec.tune.items()}
-    first = True
-    while True:
-        current = dataclasses.replace(spec, tune={
-            n: dataclasses.replace(g, values=grids[n]) for n, g in spec.tune.items()})
-        plans = plan_tuning(current, spec_path, out)
-        todo = sum(run_state(p) != "done" or not eval_done(p) for p in plans)
-        if todo or first:
-            first = False
-            log(f"tuning: {len(spec.tune)} recipes, {len(plans)} grid runs ({todo} to do) on "
-                f"the {spec.tuning.split} split")
-        results = run_jobs(plans, current, out / "tune" / "logs", log)
-        if results is None or any(r.status == "interrupted" for r in results):
-            log("interrupted; rerun the same command to continue")
-            return 130
-        failed = [r for r in results if r.status == "failed"]
-        if failed:
-            log("failed tuning runs (rerun to retry): "
-                + "; ".join(f"{r.plan.key} ({r.detail})" for r in failed))
-            return 1
-        table = grid_table(current, plans)
-        grow = _extensions(spec, current, spec_path, out, table, log)
-        if not grow:
-            break
-        for name, value in grow.items():
-            grids[name].append(value)
+    The ``tuning.share`` sources are tuned first and their choices shared with the other grids.
+    Extensions are replayed from the finished runs on every invocation, so an interrupted study
+    extends its grids the same way when it continues."""
+    sources = set(spec.tuning.share.values())
+    stages = [[n for n in spec.tune if n in sources], [n for n in spec.tune if n not in sources]]
+    table: dict[str, list[GridPoint]] = {}
+    for names in (s for s in stages if s):
+        chosen = choices(table)
+        for key, src in spec.tuning.share.items():
+            if src in chosen:
+                log(f"  shared with the other grids: {key} = {value_text(chosen[src])} ({src}'s "
+                    "choice)")
+        got = _tune_stage(spec, names, chosen, spec_path, out, log)
+        if isinstance(got, int):
+            return got
+        table.update(got)
+    table = {n: table[n] for n in spec.tune}
     for name, pts in table.items():
         for p in pts:
             p.added = p.value not in spec.tune[name].values
@@ -125,8 +114,41 @@ def run_tuning(spec: StudySpec, spec_path: Path, out: Path,
     return table
 
 
-def _extensions(spec: StudySpec, current: StudySpec, spec_path: Path, out: Path,
-                table: dict[str, list[GridPoint]], log: Callable[[str], None]) -> dict[str, Any]:
+def _tune_stage(spec: StudySpec, names: list[str], chosen: dict[str, Any], spec_path: Path,
+                out: Path, log: Callable[[str], None]) -> dict[str, list[GridPoint]] | int:
+    """The grids of ``names`` (the earlier stages' ``chosen`` shared), extended at edge choices
+    until none grows; their table, or an exit code."""
+    grids = {name: list(spec.tune[name].values) for name in names}
+    first = True
+    while True:
+        current = dataclasses.replace(spec, tune={
+            n: dataclasses.replace(spec.tune[n], values=grids[n]) for n in names})
+        plans = plan_tuning(current, spec_path, out, chosen)
+        todo = sum(run_state(p) != "done" or not eval_done(p) for p in plans)
+        if todo or first:
+            first = False
+            log(f"tuning: {len(names)} recipes, {len(plans)} grid runs ({todo} to do) on the "
+                f"{spec.tuning.split} split")
+        results = run_jobs(plans, current, out / "tune" / "logs", log)
+        if results is None or any(r.status == "interrupted" for r in results):
+            log("interrupted; rerun the same command to continue")
+            return 130
+        failed = [r for r in results if r.status == "failed"]
+        if failed:
+            log("failed tuning runs (rerun to retry): "
+                + "; ".join(f"{r.plan.key} ({r.detail})" for r in failed))
+            return 1
+        table = grid_table(current, plans)
+        grow = _extensions(spec, current, chosen, spec_path, out, table, log)
+        if not grow:
+            return table
+        for name, value in grow.items():
+            grids[name].append(value)
+
+
+def _extensions(spec: StudySpec, current: StudySpec, chosen: dict[str, Any], spec_path: Path,
+                out: Path, table: dict[str, list[GridPoint]],
+                log: Callable[[str], None]) -> dict[str, Any]:
     """``{recipe: next value}`` for each recipe whose choice sits on its grid's edge and that
     has added fewer than ``tuning.extend`` values, when its config accepts the value."""
     grow: dict[str, Any] = {}
@@ -140,7 +162,7 @@ def _extensions(spec: StudySpec, current: StudySpec, spec_path: Path, out: Path,
         one = dataclasses.replace(current, tune={name: dataclasses.replace(
             current.tune[name], values=[new])})
         try:
-            plan_tuning(one, spec_path, out)
+            plan_tuning(one, spec_path, out, chosen)
         except C.ConfigError:
             continue  # past the knob's range: the grid stays as it is (the report says so)
         log(f"  {name}: the choice {spec.tune[name].key} = {value_text(value)} is its grid's "

@@ -84,6 +84,11 @@ class TuningSpec:
     that edge (times the edge's ratio for a grid of positive numbers, plus its step otherwise)
     and choose again, adding at most this many values per recipe; a value the recipe's config
     refuses ends the extension. 0 = the grid as written."""
+    share: dict[str, str] = field(default_factory=dict)
+    """``{config key: recipe}``: that recipe's tuned value of the key (its ``tune`` grid's key)
+    is used by every other recipe and variant that does not tune the key itself, in its grid
+    runs and its final runs; the recipe is tuned first. ``{optim.lr: grpo}`` gives every method
+    the baseline's tuned learning rate and tunes each method's own knob at it."""
 
 
 @dataclass
@@ -256,6 +261,9 @@ def _tuning_checks(spec: StudySpec) -> list[tuple[str, bool, str]]:
         ("tuning.max_steps", t.max_steps is None or t.max_steps >= 1, "must be ≥ 1"),
         ("tuning.max_problems", t.max_problems is None or t.max_problems >= 1, "must be ≥ 1"),
         ("tuning.extend", t.extend >= 0, "must be ≥ 0"),
+        *[(f"tuning.share.{key}", src in spec.tune and spec.tune[src].key == key,
+           f"{src} must tune {key} (tune.{src}.key: {key}) for the others to share its choice")
+          for key, src in t.share.items()],
     ]
 
 

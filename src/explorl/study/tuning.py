@@ -103,6 +103,12 @@ def tuning_markdown(spec: StudySpec, table: dict[str, list[GridPoint]]) -> list[
              f"{spec.eval.split} split.", "",
              f"| recipe | knob | value | {t.split} pass@{k} | {t.split} pass@1 | seeds | chosen |",
              "|---|---|---|---|---|---|---|"]
+    picked = choices(table)
+    for key, src in t.share.items():
+        if src in picked:
+            lines[0] += (f" Every recipe that does not tune `{key}` itself uses {src}'s choice, "
+                         f"{value_text(picked[src])}, in its grid runs and its final runs "
+                         f"({src} is tuned first).")
     for name, pts in table.items():
         for p in pts:
             mark = "**✓**" if p.chosen else ""
