@@ -3,6 +3,7 @@ spec's checks, and a tiny tuned study end to end."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -141,10 +142,12 @@ def test_shared_key_takes_the_source_choice_unless_a_row_tunes_it(tmp_path):
                        tuning={"seeds": [100], "k": 4, "max_steps": 10, "n": 8,
                                "share": {"optim.lr": "grpo"}})
     spec = S.load_spec(path)
-    stage2 = plan_tuning(spec, path, tmp_path / "out", {"grpo": 5e-05})
+    # the second stage, as run_tuning plans it: GRPO's grid done, its choice shared
+    later = dataclasses.replace(spec, tune={n: g for n, g in spec.tune.items() if n != "grpo"})
+    stage2 = plan_tuning(later, path, tmp_path / "out", {"grpo": 5e-05})
     lr = {(p.name, p.value): p.cfg.optim.lr for p in stage2}
     assert lr[("e3", 0.8)] == lr[("e3", 0.9)] == 5e-05  # shared
-    assert lr[("e3_ts", 2e-4)] == 2e-4 and lr[("grpo", 1e-4)] == 1e-4  # their own grids
+    assert lr[("e3_ts", 2e-4)] == 2e-4 and len(lr) == 4  # its own grid; GRPO's is not rerun
     final = S.plan_runs(spec, path, tmp_path / "out", {"grpo": 1e-4, "e3_ts": 3e-4, "e3": 0.9})
     by = {p.name: p.cfg for p in final if p.seed == 0}
     assert by["e3"].optim.lr == 1e-4 and by["e3_no_anneal"].optim.lr == 1e-4
@@ -362,7 +365,8 @@ def test_tiny_tuned_study_end_to_end(tiny_model, tmp_path, capsys):
                 "rollout.max_response_len=6", "eval.every=1", "eval.n_samples=2", "eval.k=[1, 2]",
                 "eval.max_problems=4", "reward.num_workers=1", "log.plots=false",
                 "log.checkpoint_every=0"],
-        "tune": {"grpo": {"key": "optim.lr", "values": [1e-3, 1e-5]}},
+        "tune": {"grpo": {"key": "optim.lr", "values": [1e-3, 1e-5]},
+                 "e3_ts": {"key": "control.temperature.t_max", "values": [2.0]}},
         "tuning": {"seeds": [100], "n": 4, "k": 4, "max_problems": 4, "max_steps": 2,
                    "extend": 1, "share": {"optim.lr": "grpo"}},
         "ablations": {"e3_ts": ["grpo"]},
@@ -380,6 +384,10 @@ def test_tiny_tuned_study_end_to_end(tiny_model, tmp_path, capsys):
     chosen = next(p["value"] for p in got if p["chosen"])
     # a two-value grid's choice is always an edge: one value added beyond it (extend: 1)
     assert "is its grid's edge; adding" in printed and "3 grid runs (1 to do)" in printed
+    # then e3_ts's grid, at GRPO's chosen lr (tuning.share)
+    assert f"shared with the other grids: optim.lr = {value_text(chosen)}" in printed
+    assert yaml.safe_load((out / "tune" / "runs" / "e3_ts@2.0-seed100" / "config.yaml")
+                          .read_text())["optim"]["lr"] == chosen
     assert [p["added"] for p in got] == [False, False, True]
     assert got[2]["value"] in (0.1, 1e-7)  # 1e-3 · 100 or 1e-5 / 100
     for run in ("grpo-seed1", "e3_ts-seed0"):  # e3_ts shares GRPO's tuned lr

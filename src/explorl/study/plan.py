@@ -89,7 +89,7 @@ def _rows(spec: StudySpec, spec_path: Path,
     own = spec.recipe_set
 
     def pick(name: str) -> list[str]:
-        if name not in chosen:
+        if name not in chosen or name not in spec.tune:  # a later tuning stage: tuned already
             return []
         return [f"{spec.tune[name].key}={value_text(chosen[name])}"]
 
