@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from explorl import study as S
 from explorl.cli import main
 from explorl.study.evidence import Evidence
 from explorl.study.figures import highlighted
+from explorl.study.jobs import JobResult
 from explorl.study.plan import final_evals, plan_tuning, value_text
 from explorl.study.stats import MDE_Z, passk_diff, variance_components
 from explorl.study.tables import ablation_tables, power_table, temperature_tables
@@ -189,7 +191,7 @@ def test_edge_notes_say_why_an_edge_choice_was_not_extended():
     spec = S.StudySpec(recipes=["grpo"], tune={"grpo": S.spec.TuneGrid("optim.lr", [1e-4, 2e-4])},
                        tuning=S.spec.TuningSpec(extend=2))
     inside = table((1e-4, 0.8, False, False), (2e-4, 0.7, False, False), (5e-5, 0.9, False, True),
-                   (2.5e-5, 0.85, True, True))
+                   (2.5e-5, 0.95, True, True))
     assert edge_notes(spec, inside) == [
         "grpo: added 5.0e-05, 2.5e-05; the choice, 2.5e-05, is still the grid's edge after 2 "
         "added values: the knob's best value may lie beyond it"]
@@ -202,6 +204,66 @@ def test_edge_notes_say_why_an_edge_choice_was_not_extended():
         "grpo: the choice, 0.0001, is still the grid's edge: the knob's best value may lie "
         "beyond it"]
     assert edge_notes(spec, {"grpo": [GridPoint(1e-4, 0.9, 0.5, 2, chosen=True)]}) == []
+    flat = table((1e-4, 0.9, True, False), (2e-4, 0.9, False, False))  # a tie: grid order
+    assert edge_notes(spec, flat) == [
+        "grpo: the choice, 0.0001, is the grid's edge only by grid order (its neighbour scores "
+        "the same): no direction to extend in"]
+
+
+def test_tuning_stages_share_the_source_choice_and_extend_edges(tmp_path, monkeypatch):
+    """run_tuning with a fake trainer whose validation pass@k is a known function of the value:
+    GRPO (the share source) first, its lr grid extended twice downwards (the edge keeps
+    winning), then e3's β grid at GRPO's lr, not extended (its choice is inside); the log,
+    choices.json and the Tuning table say so."""
+    import explorl.study.run as R
+
+    path = _tuned_spec(tmp_path, tuning={"seeds": [100], "k": 4, "max_steps": 10, "n": 8,
+                                         "extend": 2, "share": {"optim.lr": "grpo"}},
+                       tune={"grpo": {"key": "optim.lr", "values": [5e-05, 1e-4]},
+                             "e3": {"key": "control.temperature.beta", "values": [0.8, 0.9, 1.0]}})
+    spec = S.load_spec(path)
+    trained = []
+
+    def fake_jobs(plans, spec, logs, log):
+        for p in plans:
+            if p.name == "grpo":  # smaller lr is better, down to 1.25e-5
+                score = 1.0 - abs(math.log2(p.value / 1.25e-5)) / 10
+            else:
+                score = 1.0 - abs(p.value - 0.9)
+            trained.append((p.name, p.value, p.cfg.optim.lr))
+            (p.out / "eval").mkdir(parents=True, exist_ok=True)
+            (p.out / "eval" / "eval.json").write_text(json.dumps(
+                {"overall": {"pass@4": score, "pass@1": 0.5}}))
+        return [JobResult(p, "done") for p in plans]
+
+    monkeypatch.setattr(R, "run_jobs", fake_jobs)
+    printed = []
+    table = R.run_tuning(spec, path, tmp_path / "out", printed.append)
+    assert [p.value for p in table["grpo"]] == [5e-05, 1e-4, 2.5e-05, 1.25e-05]
+    assert S.tuning.choices(table) == {"grpo": 1.25e-05, "e3": 0.9}
+    assert [p.added for p in table["grpo"]] == [False, False, True, True]
+    assert {lr for name, _, lr in trained if name == "e3"} == {1.25e-05}  # shared
+    assert any("adding 2.5e-05" in x for x in printed) and any(
+        "shared with the other grids: optim.lr = 1.25e-05" in x for x in printed)
+    md = "\n".join(tuning_markdown(spec, table))
+    assert "| grpo | `optim.lr` | 1.25e-05 (added) |" in md
+    assert "- grpo: added 2.5e-05, 1.25e-05; the choice, 1.25e-05, is still the grid's edge " \
+           "after 2 added values" in md and "- e3" not in md
+    saved = json.loads((tmp_path / "out" / "tune" / "choices.json").read_text())
+    assert [p["added"] for p in saved["grpo"]] == [False, False, True, True]
+
+
+def test_an_edge_is_extended_only_when_it_beats_its_neighbour():
+    from explorl.study.tuning import edge_won
+
+    def pts(*scores, chosen):
+        return [GridPoint(v, pk, p1, 2, chosen=v == chosen)
+                for v, (pk, p1) in zip([0.8, 0.9, 1.0], scores)]
+
+    assert edge_won(pts((0.9, 0.5), (0.8, 0.5), (0.7, 0.5), chosen=0.8), tie=0.01)
+    assert not edge_won(pts((0.9, 0.5), (0.9, 0.5), (0.7, 0.5), chosen=0.8), tie=0.01)
+    assert edge_won(pts((0.7, 0.5), (0.895, 0.5), (0.9, 0.6), chosen=1.0), tie=0.01)  # pass@1
+    assert not edge_won(pts((0.7, 0.5), (0.9, 0.6), (0.9, 0.5), chosen=1.0), tie=0.01)
 
 
 def test_value_text_reads_back_as_the_same_value():
@@ -382,14 +444,10 @@ def test_tiny_tuned_study_end_to_end(tiny_model, tmp_path, capsys):
     assert "2 grid runs (2 to do)" in printed and "tuned grpo: optim.lr = " in printed
     got = json.loads((out / "tune" / "choices.json").read_text())["grpo"]
     chosen = next(p["value"] for p in got if p["chosen"])
-    # a two-value grid's choice is always an edge: one value added beyond it (extend: 1)
-    assert "is its grid's edge; adding" in printed and "3 grid runs (1 to do)" in printed
     # then e3_ts's grid, at GRPO's chosen lr (tuning.share)
     assert f"shared with the other grids: optim.lr = {value_text(chosen)}" in printed
     assert yaml.safe_load((out / "tune" / "runs" / "e3_ts@2.0-seed100" / "config.yaml")
                           .read_text())["optim"]["lr"] == chosen
-    assert [p["added"] for p in got] == [False, False, True]
-    assert got[2]["value"] in (0.1, 1e-7)  # 1e-3 · 100 or 1e-5 / 100
     for run in ("grpo-seed1", "e3_ts-seed0"):  # e3_ts shares GRPO's tuned lr
         assert yaml.safe_load((out / "runs" / run / "config.yaml").read_text())[
             "optim"]["lr"] == chosen
@@ -401,7 +459,6 @@ def test_tiny_tuned_study_end_to_end(tiny_model, tmp_path, capsys):
     md = (out / "study.md").read_text()
     for section in ("## Tuning", "## Evaluation temperature", "## Power", "## Ablations"):
         assert section in md
-    assert " (added) |" in md and "- grpo: added " in md
     data = json.loads((out / "study.json").read_text())
     assert data["tuning"]["grpo"] and set(data["passk_t"]) == {"1", "0.7"}
     c8 = [c for c in data["claims"] if c["id"] == "N2"][0]["conditions"][0]["interval"]

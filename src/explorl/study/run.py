@@ -35,7 +35,7 @@ from explorl.study.plan import (
 )
 from explorl.study.spec import StudySpec, auto_jobs, load_spec
 from explorl.study.stats import problem_passk
-from explorl.study.tuning import GridPoint, beyond_edge, choices, grid_table
+from explorl.study.tuning import GridPoint, beyond_edge, choices, edge_won, grid_table
 
 
 def gather_evidence(out: Path, spec: StudySpec, done: list[RunPlan], rows: list[str],
@@ -157,7 +157,7 @@ def _extensions(spec: StudySpec, current: StudySpec, chosen: dict[str, Any], spe
         if len(values) - len(spec.tune[name].values) >= spec.tuning.extend:
             continue
         new = beyond_edge(values, value)
-        if new is None or new in values:
+        if new is None or new in values or not edge_won(table[name], spec.tuning.tie):
             continue
         one = dataclasses.replace(current, tune={name: dataclasses.replace(
             current.tune[name], values=[new])})

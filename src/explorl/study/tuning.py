@@ -58,6 +58,16 @@ def beyond_edge(values: list[Any], chosen: Any) -> Any | None:
     return float(f"{new:.3g}")
 
 
+def edge_won(points: list[GridPoint], tie: float) -> bool:
+    """Whether the chosen point, on its grid's edge, beats its inner neighbour by the criterion
+    itself, not by coming first in grid order (a flat grid gives no direction to extend in)."""
+    chosen = next(p for p in points if p.chosen)
+    ordered = sorted(points, key=lambda p: p.value)
+    i = ordered.index(chosen)
+    inner = ordered[1] if i == 0 else ordered[-2]
+    return pick([inner, chosen], tie) == 1
+
+
 def grid_table(spec: StudySpec, plans: list[RunPlan]) -> dict[str, list[GridPoint]]:
     """Per tuned recipe: each grid value's mean pass@k (criterion k) and pass@1 over the tuning
     seeds, read from the runs' ``eval/eval.json``, with the chosen value marked.
@@ -110,7 +120,8 @@ def tuning_markdown(spec: StudySpec, table: dict[str, list[GridPoint]]) -> list[
                          f"{value_text(picked[src])}, in its grid runs and its final runs "
                          f"({src} is tuned first).")
     for name, pts in table.items():
-        for p in pts:
+        numeric = all(isinstance(p.value, (int, float)) for p in pts)
+        for p in sorted(pts, key=lambda p: p.value) if numeric else pts:
             mark = "**✓**" if p.chosen else ""
             added = " (added)" if p.added else ""
             lines.append(f"| {name} | `{spec.tune[name].key}` | {value_text(p.value)}{added} | "
@@ -140,6 +151,9 @@ def edge_notes(spec: StudySpec, table: dict[str, list[GridPoint]]) -> list[str]:
             if not added:
                 continue
             text += f"the choice, {value_text(chosen)}, lies inside the grid"
+        elif not edge_won(pts, spec.tuning.tie):
+            text += (f"the choice, {value_text(chosen)}, is the grid's edge only by grid order "
+                     "(its neighbour scores the same): no direction to extend in")
         elif len(added) >= spec.tuning.extend:
             text += (f"the choice, {value_text(chosen)}, is still the grid's edge"
                      + (f" after {len(added)} added value{'s' * (len(added) > 1)}" if added else "")
