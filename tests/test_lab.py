@@ -282,10 +282,16 @@ def test_failed_build_leaves_nothing(tmp_path, monkeypatch):
     assert [p.suffix for p in tmp_path.iterdir()] == [".lock"]
 
 
-def test_build_is_deterministic_and_leaves_global_state(tiny, tmp_path):
+def test_build_is_deterministic_and_leaves_global_state(tiny, tmp_path, capfd):
+    from transformers.utils import logging as hf_logging
+
     rng, threads = torch.get_rng_state(), torch.get_num_threads()
+    bars = hf_logging.is_progress_bar_enabled()
     again = lab.lab_model_path("addition", cache_dir=tmp_path, size="tiny")
     assert torch.equal(torch.get_rng_state(), rng) and torch.get_num_threads() == threads
+    assert hf_logging.is_progress_bar_enabled() == bars
+    printed = capfd.readouterr()
+    assert "Writing model shards" not in printed.err + printed.out  # only the build's own lines
     assert (again / "model.safetensors").read_bytes() == (tiny / "model.safetensors").read_bytes()
     a, b = (json.loads((p / "lab.json").read_text()) for p in (tiny, again))
     assert {k: v for k, v in a.items() if k != "build_seconds"} == {

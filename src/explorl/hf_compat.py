@@ -1,4 +1,5 @@
-"""What differs between the transformers versions explorl supports (``transformers>=4.45``).
+"""Glue to transformers that every layer may use: its progress bars silenced, and what differs
+between the versions explorl supports (``transformers>=4.45``).
 
 transformers renamed the KV-cache argument of the models' ``forward`` from ``past_key_values``
 to ``cache`` (and the output's field with it) between 5.19 and 5.24, and warns on the old name.
@@ -8,6 +9,7 @@ signature (never from a version number), so neither side of the rename warns or 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 
@@ -37,3 +39,18 @@ def _declared(cls: type) -> str | None:
         if name in params:
             return name
     return None
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """Silence transformers' own progress bars ("Loading weights", "Writing model shards") for
+    the duration: the trainer loads and checkpoints models while its own progress bar runs."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()

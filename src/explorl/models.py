@@ -13,6 +13,7 @@ from explorl.config import ModelConfig
 from explorl.data.files import tokenize_prompts
 from explorl.data.sources import params_for
 from explorl.errors import ConfigError, DataError, ModelPathError
+from explorl.hf_compat import quiet_transformers
 from explorl.lab.build import lab_model_path
 from explorl.lab.registry import get_task, parse_lab_spec
 from explorl.lab.tokenizer import outside, tokenizer_alphabet
@@ -82,21 +83,6 @@ def load_tokenizer(path: Path, cfg: ModelConfig):
     if isinstance(warned, dict):
         warned["sequence-length-is-longer-than-the-specified-maximum"] = True
     return tok
-
-
-@contextlib.contextmanager
-def quiet_transformers():
-    """Silence transformers' own progress bars ("Loading weights", "Writing model shards") for
-    the duration: the trainer loads and checkpoints models while its own progress bar runs."""
-    from transformers.utils import logging as hf_logging
-
-    was = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was:
-            hf_logging.enable_progress_bar()
 
 
 def load_model(

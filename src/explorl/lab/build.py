@@ -32,7 +32,7 @@ import torch
 
 from explorl.config import SPLIT_SIZES
 from explorl.data.records import PromptRecord
-from explorl.hf_compat import cache_kwarg
+from explorl.hf_compat import cache_kwarg, quiet_transformers
 from explorl.lab.registry import get_task, make_splits, task_params
 from explorl.lab.tasks import LabTask
 from explorl.lab.tokenizer import (
@@ -383,7 +383,8 @@ def _build(task: LabTask, params: dict[str, Any], cfg: BuildConfig, out: Path) -
 
     model.generation_config.pad_token_id = pad_id
     model.generation_config.eos_token_id = eos_id
-    model.save_pretrained(out)  # config.json, generation_config.json, model.safetensors
+    with quiet_transformers():  # no "Writing model shards" bar between the build's own lines
+        model.save_pretrained(out)  # config.json, generation_config.json, model.safetensors
     save_lab_tokenizer(tok, out)
     meta = {
         "task": task.name,
