@@ -18,8 +18,9 @@ $(BIN)/.installed: pyproject.toml
 
 setup: $(BIN)/.installed
 
+# --force: the demo is rerunnable, each run replacing the last one in runs/quickstart
 demo: setup
-	$(BIN)/explorl train quickstart --out runs/quickstart
+	$(BIN)/explorl train quickstart --out runs/quickstart --force
 
 test: setup
 	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
