@@ -522,3 +522,15 @@ def test_wall_clock_adds_up_over_interrupted_invocations(tmp_path):
     old.mkdir()
     (old / "study.json").write_text(json.dumps({"timing": {"wall_s": 100.0}}))
     assert add_wall(old, 1.0) == 101.0 and add_wall(old, 1.0) == 102.0
+
+
+def test_eta_is_the_runs_left_times_the_mean_trained_run_over_the_jobs():
+    from explorl.study.jobs import eta
+
+    def r(status, s):
+        return JobResult(None, status, seconds=s)
+
+    got = [r("done", 100.0), r("skipped", 0.0), r("done", 200.0)]
+    assert eta(got, 10, 2) == ", ~9 min left"  # 7 left × 150 s ÷ 2 jobs = 525 s
+    assert eta(got, 4, 2) == ", ~2 min left"  # 1 left: one job runs it, 150 s
+    assert eta([r("skipped", 0.0)], 10, 2) == "" and eta(got, 3, 2) == ""

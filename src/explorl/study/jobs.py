@@ -109,7 +109,8 @@ def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
     t0 = time.perf_counter()
     stop = threading.Event()
     results: list[JobResult] = []
-    pool = ThreadPoolExecutor(max_workers=auto_jobs() if spec.jobs == "auto" else spec.jobs)
+    workers = auto_jobs() if spec.jobs == "auto" else spec.jobs
+    pool = ThreadPoolExecutor(max_workers=workers)
     futures = {pool.submit(execute, p, spec, logs, stop): p for p in plans}
     try:
         for i, fut in enumerate(as_completed(futures), 1):
@@ -121,7 +122,7 @@ def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
             done = (f" ({r.detail})" if r.status in ("failed", "interrupted")
                     else f" in {r.seconds:.0f}s")
             log(f"  [{i}/{len(plans)}] {r.plan.key}: {r.status}{done}"
-                f"  [{(time.perf_counter() - t0) / 60:.1f} min]")
+                f"  [{(time.perf_counter() - t0) / 60:.1f} min{eta(results, len(plans), workers)}]")
     except KeyboardInterrupt:
         stop.set()
         log("interrupt: the running jobs checkpoint and stop; rerun the same command to continue")
@@ -131,6 +132,16 @@ def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
         return None
     pool.shutdown(wait=True)
     return results
+
+
+def eta(results: list[JobResult], total: int, workers: int) -> str:
+    """``, ~N min left``: the runs still to end × the mean time of the runs trained so far
+    (skipped ones excluded) ÷ the jobs at a time; empty before the first trained run ends."""
+    trained = [r.seconds for r in results if r.status == "done"]
+    left = total - len(results)
+    if not trained or not left:
+        return ""
+    return f", ~{left * (sum(trained) / len(trained)) / min(workers, left) / 60:.0f} min left"
 
 
 def base_eval_args(plan: RunPlan, spec: StudySpec, out: Path,
