@@ -12,6 +12,7 @@ from pathlib import Path
 
 from explorl.analysis.runs import new_figure, save_figure
 from explorl.eval.passk import mean_at_n, pass_at_k_batch
+from explorl.files import write_text_atomic
 
 
 def _stats(n_list: list[int], c_list: list[int], ks: list[int]) -> dict:
@@ -62,10 +63,7 @@ def summarize(
 
 def write_eval_json(summary: dict, path: str | Path) -> Path:
     """Write a ``summarize`` result as indented JSON; returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(summary, indent=2) + "\n")
-    return path
+    return write_text_atomic(path, json.dumps(summary, indent=2) + "\n")
 
 
 def _curve(stats: dict) -> tuple[list[int], list[float]]:

@@ -24,6 +24,7 @@ from explorl.data.sources import load_split
 from explorl.errors import ModelPathError
 from explorl.eval.evaluate import plot_passk, summarize, write_eval_json
 from explorl.eval.validate import EVAL_STREAM, answer
+from explorl.files import write_text_atomic
 from explorl.models import (
     load_tokenizer,
     render_prompt,
@@ -157,11 +158,10 @@ def run_eval(
                            "temperature": temperature, "max_new_tokens": max_new, "verifier": name,
                            "seed": seed, "seconds": time.perf_counter() - t0}
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_eval_json(summary, out_dir / "eval.json")
-    with open(out_dir / "problems.jsonl", "w") as fh:
-        fh.writelines(json.dumps(row) + "\n" for row in problems)
+    # eval.json last: a study takes it as the mark of a finished evaluation
+    write_text_atomic(out_dir / "problems.jsonl", (json.dumps(row) + "\n" for row in problems))
     plot_passk(summary, out_dir / "passk.png")
+    write_eval_json(summary, out_dir / "eval.json")
     _print_table(summary)
     return summary
 

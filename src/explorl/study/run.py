@@ -14,6 +14,7 @@ from typing import Any
 
 from explorl import config as C
 from explorl.analysis import make_report
+from explorl.files import write_text_atomic
 from explorl.models import resolve_model_path
 from explorl.study.claims import evaluate_claims
 from explorl.study.cost import Rates, plan_text
@@ -106,8 +107,7 @@ def run_tuning(spec: StudySpec, spec_path: Path, out: Path,
     for name, pts in table.items():
         for p in pts:
             p.added = p.value not in spec.tune[name].values
-    (out / "tune").mkdir(parents=True, exist_ok=True)
-    (out / "tune" / "choices.json").write_text(json.dumps(
+    write_text_atomic(out / "tune" / "choices.json", json.dumps(
         {n: [p.to_json() for p in pts] for n, pts in table.items()}, indent=1) + "\n")
     for name, value in choices(table).items():
         log(f"  tuned {name}: {spec.tune[name].key} = {value_text(value)}")
@@ -183,7 +183,7 @@ def add_wall(out: Path, seconds: float) -> float:
     else:
         total = 0.0
     out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"wall_s": total + seconds}) + "\n")
+    write_text_atomic(path, json.dumps({"wall_s": total + seconds}) + "\n")
     return total + seconds
 
 

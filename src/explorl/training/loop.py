@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from explorl import adapters, models, validation
+from explorl import adapters, files, models, validation
 from explorl import config as C
 from explorl.control import Knobs, bank_from_config
 from explorl.control.registry import controller_writes
@@ -284,9 +284,9 @@ class Trainer:
                    "interrupted": self._stop and self.step < cfg.max_steps,
                    "seconds": time.perf_counter() - t_run, "checkpoint": str(ckpt), "final": last,
                    "trainable_params": self.n_trainable, "processes": self.dist.world_size}
-        if main:
-            text = json.dumps(summary, indent=2, default=json_default)
-            (self.out / "summary.json").write_text(text)
+        if main:  # atomic: a study reads it as the run's "finished" mark
+            files.write_text_atomic(self.out / "summary.json",
+                                    json.dumps(summary, indent=2, default=json_default))
         return summary
 
     def _log(self, metrics: dict, bar: ProgressBar) -> dict:
