@@ -191,10 +191,31 @@ def test_run_state_skips_finished_resumes_interrupted_and_refuses_other_configs(
         json.dumps({"steps": 10, "max_steps": 10, "interrupted": False})
     )
     assert S.run_state(plan) == "done"
+    (plan.out / "summary.json").write_text('{"steps": 10, "max_st')  # cut by a kill
+    assert S.run_state(plan) == "resume"
     other = validation.load(plan.recipe, [*plan.sets, "optim.lr=1.0e-3"], max_steps=10, seed=0)
     C.save(other, plan.out / "config.yaml")
     with pytest.raises(C.ConfigError, match="another configuration"):
         S.run_state(plan)
+
+
+def test_an_evaluation_cut_short_is_not_finished(tmp_path):
+    """eval.json truncated, or problems.jsonl shorter than eval.json's problem count (older
+    versions wrote eval.json first): the evaluation reruns."""
+    from explorl.study.plan import eval_done_at
+
+    e = S.StudyEvalSpec(n=4, k=[1, 4])
+    settings = {"n": 4, "k": [1, 4], "temperature": e.temperature, "split": e.split,
+                "seed": e.seed}
+    whole = json.dumps({"overall": {"n_problems": 3}, "settings": settings})
+    (tmp_path / "eval.json").write_text(whole)
+    (tmp_path / "problems.jsonl").write_text("{}\n{}\n{}\n")
+    assert eval_done_at(tmp_path, e)
+    (tmp_path / "problems.jsonl").write_text("{}\n{}\n{\"resp")
+    assert not eval_done_at(tmp_path, e)
+    (tmp_path / "problems.jsonl").write_text("{}\n{}\n{}\n")
+    (tmp_path / "eval.json").write_text(whole[:20])
+    assert not eval_done_at(tmp_path, e)
 
 
 # ----------------------------------------------------------------------------- claims

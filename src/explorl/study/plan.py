@@ -216,11 +216,9 @@ def run_state(plan: RunPlan) -> str:
             diff = ", ".join(f"{k}: {a!r} ≠ {b!r}" for k, a, b in _dict_diff(found, want)[:5])
             raise C.ConfigError(f"{out} holds a run with another configuration ({diff}); "
                                 "delete it or use another --out")
-    summary = out / "summary.json"
-    if summary.exists():
-        s = json.loads(summary.read_text())
-        if s.get("steps") == plan.cfg.max_steps and not s.get("interrupted"):
-            return "done"
+    s = _json_or_none(out / "summary.json")  # unreadable (cut by a kill): not finished
+    if s and s.get("steps") == plan.cfg.max_steps and not s.get("interrupted"):
+        return "done"
     return "resume" if latest_checkpoint(out) is not None else "restart"
 
 
@@ -243,10 +241,29 @@ def eval_done(plan: RunPlan, spec: StudySpec | None = None) -> bool:
 def eval_done_at(folder: Path, e: StudySpec | StudyEvalSpec) -> bool:
     """Whether ``folder`` holds an evaluation with the protocol ``e`` (a spec: its ``eval``)."""
     e = e.eval if isinstance(e, StudySpec) else e
-    path = folder / "eval.json"
-    if not path.exists():
+    data = _json_or_none(folder / "eval.json")
+    if data is None:
         return False
-    s = json.loads(path.read_text()).get("settings", {})
-    return (s.get("n") == e.n and s.get("k") == sorted(set(e.k))
+    s = data.get("settings", {})
+    same = (s.get("n") == e.n and s.get("k") == sorted(set(e.k))
             and s.get("temperature") == e.temperature and s.get("split") == e.split
             and s.get("seed") == e.seed)
+    # problems.jsonl whole: one line per problem (a kill can cut it short of eval.json's count)
+    want = data.get("overall", {}).get("n_problems")
+    return same and (want is None or _lines(folder / "problems.jsonl") == want)
+
+
+def _json_or_none(path: Path) -> dict | None:
+    """A JSON file's content, or None when it is missing or unreadable (a truncated write)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _lines(path: Path) -> int:
+    """Complete lines of ``path`` (a last line without its newline is cut, not counted)."""
+    if not path.exists():
+        return 0
+    with open(path, "rb") as fh:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
