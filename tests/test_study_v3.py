@@ -530,7 +530,7 @@ def test_eta_is_the_runs_left_times_the_mean_trained_run_over_the_jobs():
     def r(status, s):
         return JobResult(None, status, seconds=s)
 
-    got = [r("done", 100.0), r("skipped", 0.0), r("done", 200.0)]
-    assert eta(got, 10, 2) == ", ~9 min left"  # 7 left × 150 s ÷ 2 jobs = 525 s
-    assert eta(got, 4, 2) == ", ~2 min left"  # 1 left: one job runs it, 150 s
-    assert eta([r("skipped", 0.0)], 10, 2) == "" and eta(got, 3, 2) == ""
+    got = [r("done", 100.0), r("skipped", 0.0), r("done", 200.0)]  # of 9 to train
+    assert eta(got, 9, 2) == ", ~9 min left"  # 7 left × 150 s ÷ 2 jobs = 525 s
+    assert eta(got, 3, 2) == ", ~2 min left"  # 1 left: one job runs it, 150 s
+    assert eta([r("skipped", 0.0)], 10, 2) == "" and eta(got, 2, 2) == ""

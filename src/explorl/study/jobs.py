@@ -110,6 +110,7 @@ def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
     stop = threading.Event()
     results: list[JobResult] = []
     workers = auto_jobs() if spec.jobs == "auto" else spec.jobs
+    todo = sum(not _finished(p) for p in plans)  # the runs that will train or evaluate
     pool = ThreadPoolExecutor(max_workers=workers)
     futures = {pool.submit(execute, p, spec, logs, stop): p for p in plans}
     try:
@@ -122,7 +123,7 @@ def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
             done = (f" ({r.detail})" if r.status in ("failed", "interrupted")
                     else f" in {r.seconds:.0f}s")
             log(f"  [{i}/{len(plans)}] {r.plan.key}: {r.status}{done}"
-                f"  [{(time.perf_counter() - t0) / 60:.1f} min{eta(results, len(plans), workers)}]")
+                f"  [{(time.perf_counter() - t0) / 60:.1f} min{eta(results, todo, workers)}]")
     except KeyboardInterrupt:
         stop.set()
         log("interrupt: the running jobs checkpoint and stop; rerun the same command to continue")
@@ -134,11 +135,18 @@ def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
     return results
 
 
-def eta(results: list[JobResult], total: int, workers: int) -> str:
-    """``, ~N min left``: the runs still to end × the mean time of the runs trained so far
-    (skipped ones excluded) ÷ the jobs at a time; empty before the first trained run ends."""
+def _finished(plan: RunPlan) -> bool:
+    try:
+        return run_state(plan) == "done" and eval_done(plan)
+    except Exception:  # noqa: BLE001 — the job itself reports what is wrong
+        return False
+
+
+def eta(results: list[JobResult], todo: int, workers: int) -> str:
+    """``, ~N min left``: the runs still to train or evaluate (of ``todo``) × the mean time of
+    those that ended so far ÷ the jobs at a time; empty before the first one ends."""
     trained = [r.seconds for r in results if r.status == "done"]
-    left = total - len(results)
+    left = todo - sum(r.status != "skipped" for r in results)
     if not trained or not left:
         return ""
     return f", ~{left * (sum(trained) / len(trained)) / min(workers, left) / 60:.0f} min left"
