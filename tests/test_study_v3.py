@@ -252,6 +252,16 @@ def test_tuning_stages_share_the_source_choice_and_extend_edges(tmp_path, monkey
     saved = json.loads((tmp_path / "out" / "tune" / "choices.json").read_text())
     assert [p["added"] for p in saved["grpo"]] == [False, False, True, True]
 
+    # --plan reports progress: tuning finished, no final run yet; while tuning reruns (a
+    # choices.json from an earlier invocation is gone), it counts the grid runs evaluated
+    assert R.progress(spec, path, tmp_path / "out") == (
+        f"progress in {tmp_path / 'out'}: tuning finished; 0 of 6 final runs finished (seeds "
+        "with every row finished: none)")
+    monkeypatch.setattr(R, "_tune_stage", lambda *a, **k: 130)
+    assert R.run_tuning(spec, path, tmp_path / "out", printed.append) == 130
+    assert R.progress(spec, path, tmp_path / "out").startswith(
+        f"progress in {tmp_path / 'out'}: tuning, 7 grid runs evaluated (of 7 started")
+
 
 def test_an_edge_is_extended_only_when_it_beats_its_neighbour():
     from explorl.study.tuning import edge_won

@@ -192,7 +192,7 @@ def _study(args) -> int:
         from explorl.study import plan_study
 
         return plan_study(builtin.resolve(args.spec, "study"), quick=args.quick, jobs=args.jobs,
-                          recipes=args.recipes, cost_from=args.cost_from)
+                          recipes=args.recipes, cost_from=args.cost_from, out=args.out)
     return run_study(builtin.resolve(args.spec, "study"), quick=args.quick, out=args.out,
                      jobs=args.jobs, recipes=args.recipes)
 
@@ -335,8 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder of the recipes the spec names without a path (default: the spec's "
                         "recipe_dir, relative to the spec)")
     s.add_argument("--plan", action="store_true",
-                   help="print the runs, steps and (with --cost-from) the estimated CPU-hours; "
-                        "run nothing")
+                   help="print the runs, steps, (with --cost-from) the estimated CPU-hours and "
+                        "how far the study in --out has got; run nothing")
     s.add_argument("--cost-from", nargs="+", metavar="STUDY_JSON", default=None,
                    help="with --plan: committed study.json files whose per-run CPU seconds give "
                         "the estimate")

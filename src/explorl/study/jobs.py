@@ -110,7 +110,7 @@ def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
     stop = threading.Event()
     results: list[JobResult] = []
     workers = auto_jobs() if spec.jobs == "auto" else spec.jobs
-    todo = sum(not _finished(p) for p in plans)  # the runs that will train or evaluate
+    todo = sum(not finished(p) for p in plans)  # the runs that will train or evaluate
     pool = ThreadPoolExecutor(max_workers=workers)
     futures = {pool.submit(execute, p, spec, logs, stop): p for p in plans}
     try:
@@ -135,7 +135,8 @@ def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
     return results
 
 
-def _finished(plan: RunPlan) -> bool:
+def finished(plan: RunPlan) -> bool:
+    """Whether the run is trained and every evaluation of it done (nothing left to run)."""
     try:
         return run_state(plan) == "done" and eval_done(plan)
     except Exception:  # noqa: BLE001 — the job itself reports what is wrong

@@ -21,7 +21,7 @@ from explorl.study.cost import Rates, plan_text
 from explorl.study.documents import publish, write_documents
 from explorl.study.evidence import Evidence
 from explorl.study.figures import draw_figures
-from explorl.study.jobs import JobResult, run_base_eval, run_jobs
+from explorl.study.jobs import JobResult, finished, run_base_eval, run_jobs
 from explorl.study.numbers import build_table, collect, collect_passk, pooled_law
 from explorl.study.plan import (
     RunPlan,
@@ -90,6 +90,7 @@ def run_tuning(spec: StudySpec, spec_path: Path, out: Path,
     The ``tuning.share`` sources are tuned first and their choices shared with the other grids.
     Extensions are replayed from the finished runs on every invocation, so an interrupted study
     extends its grids the same way when it continues."""
+    (out / "tune" / "choices.json").unlink(missing_ok=True)  # rewritten when tuning ends
     sources = set(spec.tuning.share.values())
     stages = [[n for n in spec.tune if n in sources], [n for n in spec.tune if n not in sources]]
     table: dict[str, list[GridPoint]] = {}
@@ -270,18 +271,42 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
 
 def plan_study(spec_path: str | Path, *, quick: bool = False, jobs: int | str | None = None,
                recipes: str | Path | None = None, cost_from: list[str] | None = None,
-               log: Callable[[str], None] = print) -> int:
-    """``explorl study SPEC --plan``: check the spec, print its runs and (with ``cost_from``,
-    committed ``study.json`` files) the estimated CPU-hours; run nothing."""
+               out: str | Path | None = None, log: Callable[[str], None] = print) -> int:
+    """``explorl study SPEC --plan``: check the spec, print its runs, (with ``cost_from``,
+    committed ``study.json`` files) the estimated CPU-hours and, when the study directory
+    exists, how far it has got; run nothing."""
     spec_path = Path(spec_path)
     spec = load_spec(spec_path, quick=quick)
     if recipes is not None:
         spec.recipe_dir = str(Path(recipes).resolve())
     jobs = jobs or spec.jobs
-    out = Path("runs") / "unused"
+    out = Path(out) if out else Path("runs") / f"study-{spec.name}{'-quick' if quick else ''}"
     tuning = plan_tuning(spec, spec_path, out) if spec.tune else []
     final = plan_runs(spec, spec_path, out)
     rates = Rates.from_reports([Path(p) for p in cost_from]) if cost_from else None
     for line in plan_text(spec, tuning, final, rates, auto_jobs() if jobs == "auto" else jobs):
         log(line)
+    if out.is_dir():
+        log(progress(spec, spec_path, out))
     return 0
+
+
+def progress(spec: StudySpec, spec_path: Path, out: Path) -> str:
+    """How far the study in ``out`` has got: tuning (its grid runs finished, or the choices
+    made) and the final runs finished, whole seeds first."""
+    choices_path = out / "tune" / "choices.json"
+    if spec.tune and not choices_path.exists():
+        runs = [d for d in (out / "tune" / "runs").glob("*") if d.is_dir()]
+        done = sum((d / "eval" / "eval.json").exists() for d in runs)
+        return (f"progress in {out}: tuning, {done} grid runs evaluated (of {len(runs)} started; "
+                "a grid extended at an edge adds runs)")
+    chosen = {}
+    if spec.tune:
+        table = json.loads(choices_path.read_text())
+        chosen = {n: next(p["value"] for p in pts if p["chosen"]) for n, pts in table.items()}
+    plans = plan_runs(spec, spec_path, out, chosen)
+    done = {(p.name, p.seed) for p in plans if finished(p)}
+    whole = [s for s in spec.seeds if all((p.name, s) in done for p in plans if p.seed == s)]
+    tuned = "tuning finished; " if spec.tune else ""
+    return (f"progress in {out}: {tuned}{len(done)} of {len(plans)} final runs finished "
+            f"(seeds with every row finished: {', '.join(map(str, whole)) or 'none'})")
