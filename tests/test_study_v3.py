@@ -544,3 +544,25 @@ def test_eta_is_the_runs_left_times_the_mean_trained_run_over_the_jobs():
     assert eta(got, 9, 2) == ", ~9 min left"  # 7 left × 150 s ÷ 2 jobs = 525 s
     assert eta(got, 3, 2) == ", ~2 min left"  # 1 left: one job runs it, 150 s
     assert eta([r("skipped", 0.0)], 10, 2) == "" and eta(got, 2, 2) == ""
+
+
+def test_claims_on_two_arms_that_trained_the_same_runs_are_not_judged():
+    """WSD vs constant when the controller never acted differently, and a "stronger" variant at
+    its recipe's tuned value: the same runs, so n/a with the reason, not a zero-width "not
+    shown"; a pair that differs is still judged."""
+    def arm(h, pk):
+        runs = [{"seed": s, "final_entropy": h + 0.01 * s, "final_reward": 0.5} for s in (0, 1, 2)]
+        return runs, {1: np.full((3, 4), pk)}
+
+    names = {"es_constant": (0.3, 0.5), "es_wsd": (0.3, 0.5), "clip_cov": (0.3, 0.5),
+             "clip_cov_more": (0.3, 0.5), "kl_cov": (0.3, 0.5), "kl_cov_strong": (0.4, 0.5)}
+    per_run, passk = {}, {}
+    for n, (h, pk) in names.items():
+        per_run[n], passk[n] = arm(h, pk)
+    ev = Evidence(per_run, passk, {n: [0, 1, 2] for n in names}, None, [1])
+    claims = {c["id"]: c for c in S.evaluate_claims(ev)}
+    assert claims["5b"]["verdict"] == "n/a" and "same runs" in json.dumps(claims["5b"])
+    assert [c["label"] for c in claims["3b"]["conditions"]] == ["H final kl_cov_strong − kl_cov"]
+    assert claims["3b"]["verdict"] == "shown"  # +0.1 nats in every seed
+    per_run["kl_cov_strong"], passk["kl_cov_strong"] = arm(0.3, 0.5)
+    assert {c["id"]: c for c in S.evaluate_claims(ev)}["3b"]["verdict"] == "n/a"

@@ -127,10 +127,13 @@ def _c_cov(ev):
 
 
 def _c_cov_more(ev):
-    return [Cond("H final clip_cov_more − clip_cov",
-                 ev.pair("clip_cov_more", "clip_cov", _key("final_entropy")), +1),
-            Cond("H final kl_cov_strong − kl_cov",
-                 ev.pair("kl_cov_strong", "kl_cov", _key("final_entropy")), +1)]
+    pairs = [(a, b) for a, b in (("clip_cov_more", "clip_cov"), ("kl_cov_strong", "kl_cov"))
+             if not ev.same_runs(a, b)]  # a variant at its recipe's tuned value: nothing to judge
+    if not pairs:
+        return Precondition("each variant trained the same runs as its recipe (the tuned "
+                            "value already was the variant's)")
+    return [Cond(f"H final {a} − {b}", ev.pair(a, b, _key("final_entropy")), +1)
+            for a, b in pairs]
 
 
 def _c_eepo(ev):
@@ -156,6 +159,10 @@ def _c_track(ev):
 
 
 def _c_wsd(ev):
+    if ev.same_runs("es_wsd", "es_constant"):
+        return Precondition("es_wsd and es_constant trained the same runs: the controller set "
+                            "the same eps_high under both schedules (entropy stayed on one side "
+                            "of both targets)")
     return [Cond("H final es_constant − es_wsd",
                  ev.pair("es_constant", "es_wsd", _key("final_entropy")), +1),
             Cond("es_wsd − es_constant, test pass@1", ev.pk("es_wsd", "es_constant", 1), +1)]

@@ -77,6 +77,18 @@ class Evidence:
         got = [g for g in got if g[0] is not None]
         return max(got)[2] if got else None
 
+    def same_runs(self, a: str, b: str) -> bool:
+        """Whether arms ``a`` and ``b`` trained identical runs: the same seeds, every seed's final
+        entropy and reward equal, and the same per-problem test pass@k (a variant whose change
+        the tuned setting had already made, or a controller that never acted differently)."""
+        ra, rb = self.runs(a), self.runs(b)
+        if not ra or ra.keys() != rb.keys() or self.seeds.get(a) != self.seeds.get(b):
+            return False
+        if any(ra[s].get(k) != rb[s].get(k) for s in ra for k in ("final_entropy", "final_reward")):
+            return False
+        pa, pb = self.passk.get(a, {}), self.passk.get(b, {})
+        return pa.keys() == pb.keys() and all(np.array_equal(pa[k], pb[k]) for k in pa)
+
     def runs(self, name: str) -> dict[int, dict]:
         return {r["seed"]: r for r in self.per_run.get(name, [])}
 

@@ -3,8 +3,6 @@ minimum detectable effects, the evaluation temperatures, the power table and the
 
 from __future__ import annotations
 
-import numpy as np
-
 from explorl.study.evidence import Evidence
 from explorl.study.spec import StudySpec
 from explorl.study.stats import MDE_Z, Interval
@@ -138,21 +136,8 @@ def ablation_tables(spec: StudySpec, ev: Evidence | None) -> list[str]:
                        f"{'—' if name == method else cell(ev.pk(name, method, km))} | "
                        f"{cell(dh, mde=False)} |")
         out.append("")
-        same = [n for n in present[1:] if _same_runs(ev, n, method)]
+        same = [n for n in present[1:] if ev.same_runs(n, method)]
         if same:
             out += [f"{', '.join(same)}: the same runs as {method}, number for number (the arm's "
                     f"override changes nothing at {method}'s tuned setting).", ""]
     return out
-
-
-def _same_runs(ev: Evidence, a: str, b: str) -> bool:
-    """Whether arms ``a`` and ``b`` trained identical runs: the same seeds, every seed's final
-    entropy and reward equal, and the same per-problem test pass@k (an ablation that the tuned
-    setting had already switched off)."""
-    ra, rb = ev.runs(a), ev.runs(b)
-    if not ra or ra.keys() != rb.keys() or ev.seeds.get(a) != ev.seeds.get(b):
-        return False
-    if any(ra[s].get(k) != rb[s].get(k) for s in ra for k in ("final_entropy", "final_reward")):
-        return False
-    pa, pb = ev.passk.get(a, {}), ev.passk.get(b, {})
-    return pa.keys() == pb.keys() and all(np.array_equal(pa[k], pb[k]) for k in pa)
