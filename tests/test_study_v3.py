@@ -251,6 +251,7 @@ def test_tuning_stages_share_the_source_choice_and_extend_edges(tmp_path, monkey
            "after 2 added values" in md and "- e3" not in md
     saved = json.loads((tmp_path / "out" / "tune" / "choices.json").read_text())
     assert [p["added"] for p in saved["grpo"]] == [False, False, True, True]
+    assert md in (tmp_path / "out" / "tune" / "tuning.md").read_text()  # readable before the end
 
     # --plan reports progress: tuning finished, no final run yet; while tuning reruns (a
     # choices.json from an earlier invocation is gone), it counts the grid runs evaluated

@@ -36,7 +36,14 @@ from explorl.study.plan import (
 )
 from explorl.study.spec import StudySpec, auto_jobs, load_spec
 from explorl.study.stats import problem_passk
-from explorl.study.tuning import GridPoint, beyond_edge, choices, edge_won, grid_table
+from explorl.study.tuning import (
+    GridPoint,
+    beyond_edge,
+    choices,
+    edge_won,
+    grid_table,
+    tuning_markdown,
+)
 
 
 def gather_evidence(out: Path, spec: StudySpec, done: list[RunPlan], rows: list[str],
@@ -110,6 +117,9 @@ def run_tuning(spec: StudySpec, spec_path: Path, out: Path,
             p.added = p.value not in spec.tune[name].values
     write_text_atomic(out / "tune" / "choices.json", json.dumps(
         {n: [p.to_json() for p in pts] for n, pts in table.items()}, indent=1) + "\n")
+    # readable while the final runs train (study.md repeats it when they are done)
+    write_text_atomic(out / "tune" / "tuning.md", "\n".join(
+        [f"# Tuning: study {spec.name}", "", *tuning_markdown(spec, table), ""]))
     for name, value in choices(table).items():
         log(f"  tuned {name}: {spec.tune[name].key} = {value_text(value)}")
     return table
