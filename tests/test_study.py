@@ -473,3 +473,19 @@ def test_run_cpu_numbers_skip_validation_steps(tmp_path):
             for s, c in ((1, 0.2), (2, 0.9), (3, 0.4))]
     nums = S.run_numbers(Run(tmp_path, "grpo", 0, recs), {}, None, [1])
     assert nums["cpu_step_s"] == pytest.approx(0.3) and nums["cpu_run_s"] == pytest.approx(1.5)
+
+
+def test_run_numbers_anneal_ratio_and_beta_by_hand(tmp_path):
+    """20 steps, annealing_ratio 0.4: the phase starts at step 12 (20 − ⌊8⌋); the 10% window is
+    2 steps, so the ratio is mean H of steps 19–20 (0.8) over steps 10–11 (1.0) = 0.8, and the
+    run's β is reported for claim 2b; no annealing: both None."""
+    from explorl.analysis.runs import Run
+
+    H = {s: 1.0 if s <= 11 else 0.9 if s <= 18 else 0.8 for s in range(1, 21)}
+    recs = [{"step": s, "entropy/mean": h, "reward/mean": 0.5} for s, h in H.items()]
+    run = Run(tmp_path, "e3", 0, recs)
+    temp = {"enabled": True, "anneal": True, "annealing_ratio": 0.4, "beta": 0.9}
+    nums = S.run_numbers(run, {"control": {"temperature": temp}}, None, [1])
+    assert nums["anneal_entropy_ratio"] == pytest.approx(0.8) and nums["anneal_beta"] == 0.9
+    off = S.run_numbers(run, {"control": {"temperature": {**temp, "anneal": False}}}, None, [1])
+    assert off["anneal_entropy_ratio"] is None and off["anneal_beta"] is None
