@@ -286,7 +286,8 @@ def test_claim_verdicts_come_from_intervals():
 
 def test_narrowing_claims_compare_pass_at_k_with_the_base_model():
     """GRPO better than base at k = 1 and worse at k = 4 on every problem: N1 and N2 shown;
-    a method equal to GRPO: its large-k claim is not shown (interval = the point 0)."""
+    a method that trained GRPO's runs is not judged (n/a, same runs); one whose pass@k equals
+    GRPO's on average but not per problem is not shown."""
     base = {1: np.full((1, 20), 0.3), 4: np.full((1, 20), 0.9)}
     grpo = {1: np.full((3, 20), 0.5), 4: np.full((3, 20), 0.7)}
     runs = {"grpo": [_run() for _ in range(3)], "eepo": [_run() for _ in range(3)]}
@@ -295,6 +296,11 @@ def test_narrowing_claims_compare_pass_at_k_with_the_base_model():
     assert c["N1"]["verdict"] == "shown" and c["N2"]["verdict"] == "shown"
     n2 = c["N2"]["conditions"][0]["interval"]
     assert n2["estimate"] == pytest.approx(-0.2) and n2["high"] == pytest.approx(-0.2)
+    assert c["8b"]["verdict"] == "n/a" and "same runs as GRPO" in c["9b"]["numbers"]
+    swapped = {k: np.concatenate([v[:, 10:], v[:, :10]], axis=1) + np.linspace(-.1, .1, 20)
+               for k, v in grpo.items()}  # pass@k moved between problems, the same mean
+    c = _claims(runs, passk={"grpo": grpo, "eepo": swapped}, seeds={"grpo": [0, 1, 2],
+                "eepo": [0, 1, 2]}, base=base, k_list=[1, 4])
     assert c["8b"]["verdict"] == "not shown" and c["9b"]["verdict"] == "not shown"
     assert _claims(runs)["N1"]["verdict"] == "n/a"  # no per-problem numbers: cannot judge
 

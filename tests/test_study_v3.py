@@ -21,7 +21,7 @@ from explorl.study.figures import highlighted
 from explorl.study.jobs import JobResult
 from explorl.study.plan import final_evals, plan_tuning, value_text
 from explorl.study.stats import MDE_Z, passk_diff, variance_components
-from explorl.study.tables import ablation_tables, power_table, temperature_tables
+from explorl.study.tables import ablation_tables, passk_tables, power_table, temperature_tables
 from explorl.study.tuning import GridPoint, grid_table, pick, tuning_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -567,3 +567,50 @@ def test_claims_on_two_arms_that_trained_the_same_runs_are_not_judged():
     assert claims["3b"]["verdict"] == "shown"  # +0.1 nats in every seed
     per_run["kl_cov_strong"], passk["kl_cov_strong"] = arm(0.3, 0.5)
     assert {c["id"]: c for c in S.evaluate_claims(ev)}["3b"]["verdict"] == "n/a"
+
+
+def test_a_method_that_trained_grpos_runs_is_not_compared_with_grpo():
+    """EEPO at an α whose gate never opens trains GRPO's runs number for number: its large-k and
+    pass@1 claims are n/a with the gate's fraction (not GRPO at T = 1 against GRPO at its best
+    T, labelled EEPO), its table cells read "same runs", the pass@k section names the group."""
+    ev = _ev()
+    ev.passk["eepo"] = ev.passk["grpo"]
+    ev.passk_t[1.0]["eepo"] = ev.passk["grpo"]
+    ev.passk_t[1.2]["eepo"] = ev.passk_t[1.2]["grpo"]
+    for r in ev.per_run["eepo"]:
+        r["eepo_active_frac"] = 0.0
+    assert ev.same_runs("eepo", "grpo") and ev.same_groups() == [["grpo", "eepo"]]
+    claims = {x["id"]: x for x in S.evaluate_claims(ev)}
+    for cid in ("8b", "9b"):
+        assert claims[cid]["verdict"] == "n/a" and claims[cid]["conditions"] == []
+        assert "eepo trained the same runs as GRPO" in claims[cid]["numbers"]
+        assert "gate was open on 0% of steps" in claims[cid]["numbers"]
+    md = "\n".join(passk_tables(ev) + temperature_tables(ev))
+    assert "| eepo | same runs | same runs | same runs |" in md  # not −0.1 against hot GRPO
+    assert "Trained the same runs, number for number" in md and "grpo = eepo" in md
+    spec = S.StudySpec(recipes=["grpo", "eepo"], power=S.spec.PowerSpec(target_mde=0.03))
+    row = next(x for x in power_table(spec, ev) if x.startswith("| eepo − grpo"))
+    assert row == "| eepo − grpo | same runs | — | — | — | — | — | — |"
+
+
+def test_only_the_idle_method_of_a_family_claim_is_dropped():
+    """Claim 8c names two arms: one that trained GRPO's runs drops out, the other is judged."""
+    g = {1: np.full((2, 10), 0.5), 4: np.full((2, 10), 0.7)}
+    up = {1: np.full((2, 10), 0.5), 4: np.full((2, 10), 0.8)}
+    per_run = {n: [{"seed": s, "final_entropy": 0.3} for s in (0, 1)]
+               for n in ("grpo", "es_constant", "es_wsd")}
+    ev = Evidence(per_run, {"grpo": g, "es_constant": g, "es_wsd": up},
+                  {n: [0, 1] for n in per_run}, None, [1, 4])
+    c = {x["id"]: x for x in S.evaluate_claims(ev)}["8c"]
+    assert [x["label"] for x in c["conditions"]] == ["es_wsd − GRPO, test pass@4"]
+    assert c["verdict"] == "shown"
+
+
+def test_rule_notes_count_the_distinct_bootstrap_means_of_the_seeds():
+    """n seeds resampled with replacement give C(2n − 1, n) distinct multisets: 3 → C(5, 3) =
+    10 (crude), 8 → C(15, 8) = 6,435."""
+    from explorl.study.claims import rule_notes
+
+    assert "(3 seeds: 10 distinct resampled means, crude)" in rule_notes(3)
+    assert "(8 seeds: 6,435 distinct resampled means)" in rule_notes(8)
+    assert "(1 seed: 1 distinct resampled mean, crude)" in rule_notes(1)

@@ -12,6 +12,7 @@ its recipes are not in the study.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,7 +30,7 @@ Each claim is judged by 95% percentile bootstrap intervals (4,000 resamples, fix
 `explorl/study/stats.py`), never by a threshold on means. pass@k comparisons resample the test
 problems (the same problems for both arms) and the seeds (jointly when both arms ran the same
 seeds; the base model is one evaluation); per-run quantities (entropy ratios, tracking bias) are
-paired by seed and resampled over seeds, which with 3 seeds is crude (10 distinct means). A
+paired by seed and resampled over seeds ({seeds}). A
 condition is **shown** when its interval excludes the null on the claimed side, **opposite**
 when it excludes it on the other side; a claim is **shown** when all its conditions are,
 **partial** when some are, **opposite**/**mixed** when some interval points the other way. The
@@ -37,6 +38,17 @@ law's R² conditions are goodness-of-fit thresholds (R² > 0.5), not effects. A 
 also gives its minimum detectable effect (MDE: the difference it would detect with 80% power;
 see Power); with several evaluation temperatures, a large-k claim also faces GRPO at its best
 one."""
+
+
+def rule_notes(n_seeds: int) -> str:
+    """RULE_NOTES for a study of ``n_seeds`` seeds: how many distinct means a bootstrap over
+    them can draw (multisets of n from n: C(2n − 1, n)), and whether that is crude."""
+    distinct = math.comb(2 * n_seeds - 1, n_seeds) if n_seeds > 0 else 0
+    crude = ", crude" if distinct < 100 else ""
+    plural = "s" if n_seeds != 1 else ""
+    means = "mean" if distinct == 1 else "means"
+    return RULE_NOTES.format(seeds=f"{n_seeds} seed{plural}: {distinct:,} distinct resampled "
+                                   f"{means}{crude}")
 
 
 @dataclass
@@ -192,23 +204,45 @@ def _c_predict(ev):
             Cond("early-fit RMSE − persistence RMSE (every run)", ev.every(gap), -1)]
 
 
+def _acting(ev, names) -> "list[str] | Precondition":
+    """The methods among ``names`` that trained runs of their own; a method whose tuned setting
+    trained GRPO's runs number for number never acted, so a comparison with GRPO is not a
+    measurement of it (n/a, with why)."""
+    idle = [n for n in names if ev.same_runs(n, "grpo")]
+    if len(idle) < len(names):
+        return [n for n in names if n not in idle]
+    why = ""
+    if "eepo" in idle:
+        frac = ev.one("eepo", _key("eepo_active_frac"))
+        why = f"; EEPO's gate was open on {frac.estimate:.0%} of steps" if frac else ""
+    return Precondition(f"{' and '.join(idle)} trained the same runs as GRPO, number for number, "
+                        f"at the tuned setting (the method never acted{why}); the tuning table "
+                        "has its settings that act")
+
+
 def _large_k(*names):
     """Each method − GRPO at the largest k; with several evaluation temperatures, also against
     GRPO at its best one (the method at the main temperature)."""
     def check(ev):
+        acting = _acting(ev, names)
+        if isinstance(acting, Precondition):
+            return acting
         k = ev.k_max
-        conds = [Cond(f"{n} − GRPO, test pass@{k}", ev.pk(n, "grpo", k), +1) for n in names]
+        conds = [Cond(f"{n} − GRPO, test pass@{k}", ev.pk(n, "grpo", k), +1) for n in acting]
         best = ev.best_temperature("grpo", k)
         if best is not None:
             conds += [Cond(f"{n} − GRPO at its best T = {best:g}, test pass@{k}",
-                           ev.pk(n, "grpo", k, tb=best), +1) for n in names]
+                           ev.pk(n, "grpo", k, tb=best), +1) for n in acting]
         return conds
     return check
 
 
 def _pass1(*names):
     def check(ev):
-        return [Cond(f"{n} − GRPO, test pass@1", ev.pk(n, "grpo", 1), +1) for n in names]
+        acting = _acting(ev, names)
+        if isinstance(acting, Precondition):
+            return acting
+        return [Cond(f"{n} − GRPO, test pass@1", ev.pk(n, "grpo", 1), +1) for n in acting]
     return check
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from explorl.config import builtin
-from explorl.study.claims import RULE_NOTES
+from explorl.study.claims import rule_notes
 from explorl.study.jobs import JobResult
 from explorl.study.numbers import Stat, columns
 from explorl.study.spec import StudySpec
@@ -124,7 +124,8 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
              f"steps each ({budget} per step for every recipe; DAPO's dynamic sampling adds "
              "generation rounds, see rollouts / step). Overrides for every run: "
              f"`{' '.join(spec.set) or '—'}`. Produced by `{cmd}` in {wall_s / 60:.1f} min of "
-             f"wall-clock ({spec.jobs} jobs, summed over the command's invocations); the overlay "
+             f"wall-clock ({spec.jobs} job{'' if spec.jobs == 1 else 's'} at a time, summed over "
+             "the command's invocations); the overlay "
              "report with every curve is [report/report.md](report/report.md).")
     md = [f"# Lab study: {spec.name}{title_quick}", "", intro, ""]
     if failed:
@@ -141,7 +142,7 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
     temps = temperature_tables(ev)
     if temps:
         md += ["## Evaluation temperature", "", *temps, ""]
-    md += ["## Claims", "", *claims_md, "", RULE_NOTES, ""]
+    md += ["## Claims", "", *claims_md, "", rule_notes(len(spec.seeds)), ""]
     abl = ablation_tables(spec, ev)
     if abl:
         md += ["## Ablations", "", *abl]
@@ -161,7 +162,7 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
             f"Fingerprint of the non-timing numbers: `{fp}` (`study.json`)."), ""]
     (out / "study.md").write_text("\n".join(md))
     (out / "claims.md").write_text("\n".join([f"# Claims: lab study {spec.name}{title_quick}", "",
-                                              *claims_md, "", RULE_NOTES, ""]))
+                                              *claims_md, "", rule_notes(len(spec.seeds)), ""]))
     payload = {
         "spec": {**dataclasses.asdict(spec), "quick": quick, "path": str(spec_path)},
         "columns": [{"key": k, "title": t, "timing": tm} for k, t, _, tm in cols],

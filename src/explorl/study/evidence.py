@@ -89,6 +89,19 @@ class Evidence:
         pa, pb = self.passk.get(a, {}), self.passk.get(b, {})
         return pa.keys() == pb.keys() and all(np.array_equal(pa[k], pb[k]) for k in pa)
 
+    def same_groups(self) -> list[list[str]]:
+        """The arms that trained identical runs (``same_runs``), grouped, in table order; only
+        groups of two or more."""
+        groups: list[list[str]] = []
+        for name in self.per_run:
+            for g in groups:
+                if self.same_runs(g[0], name):
+                    g.append(name)
+                    break
+            else:
+                groups.append([name])
+        return [g for g in groups if len(g) > 1]
+
     def runs(self, name: str) -> dict[int, dict]:
         return {r["seed"]: r for r in self.per_run.get(name, [])}
 

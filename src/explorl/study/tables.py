@@ -17,6 +17,26 @@ def cell(iv: Interval | None, mde: bool = True) -> str:
     return text + (f" ±{iv.mde:.3f}" if mde and iv.mde is not None else "")
 
 
+SAME = "same runs"
+
+
+def vs(ev: Evidence, a: str, b: str, k: int, tb: float | None = None) -> str:
+    """The cell of ``a`` − ``b`` at pass@k (``b`` at temperature ``tb``): *same runs* when the
+    two arms trained identical runs (a zero difference by construction, not a measurement)."""
+    return SAME if ev.same_runs(a, b) else cell(ev.pk(a, b, k, tb=tb))
+
+
+def same_runs_note(ev: Evidence) -> list[str]:
+    """One line naming the arms that trained identical runs, number for number."""
+    groups = ev.same_groups()
+    if not groups:
+        return []
+    return ["", "Trained the same runs, number for number (the override or the controller "
+                "never acted differently at the tuned setting): "
+            + "; ".join(" = ".join(g) for g in groups) + f". Their comparisons with each other "
+            f"read *{SAME}*: a zero difference by construction, with no interval or power."]
+
+
 def passk_tables(ev: Evidence | None) -> list[str]:
     """pass@k of the base model and every method (mean over seeds), and each method's
     difference to GRPO and to the base model at k = 1 and the largest k, with intervals."""
@@ -36,10 +56,10 @@ def passk_tables(ev: Evidence | None) -> list[str]:
             "|---|---|---|---|---|"]
     for name in ev.passk:
         cells = [cell(ev.pk(name, "base", 1)), cell(ev.pk(name, "base", km)),
-                 "—" if name == "grpo" else cell(ev.pk(name, "grpo", 1)),
-                 "—" if name == "grpo" else cell(ev.pk(name, "grpo", km))]
+                 "—" if name == "grpo" else vs(ev, name, "grpo", 1),
+                 "—" if name == "grpo" else vs(ev, name, "grpo", km)]
         diff.append(f"| {name} | " + " | ".join(cells) + " |")
-    return lines + diff
+    return lines + same_runs_note(ev) + diff
 
 
 def temperature_tables(ev: Evidence | None) -> list[str]:
@@ -71,7 +91,9 @@ def temperature_tables(ev: Evidence | None) -> list[str]:
               f"| recipe | − GRPO T={ev.temperature:g}, pass@{km} | − GRPO best T={best:g}, "
               f"pass@{km} | − GRPO best T={best:g}, pass@1 |", "|---|---|---|---|"]
     for name in ev.passk:
-        if name != "grpo":
+        if name != "grpo" and ev.same_runs(name, "grpo"):  # GRPO against itself at another T
+            lines.append(f"| {name} | {SAME} | {SAME} | {SAME} |")
+        elif name != "grpo":
             lines.append(f"| {name} | {cell(ev.pk(name, 'grpo', km))} | "
                          f"{cell(ev.pk(name, 'grpo', km, tb=best))} | "
                          f"{cell(ev.pk(name, 'grpo', 1, tb=best))} |")
@@ -101,6 +123,9 @@ def power_table(spec: StudySpec, ev: Evidence | None) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     pairs = [("grpo", "base")] + [(n, "grpo") for n in ev.passk if n != "grpo"]
     for a, b in pairs:
+        if b != "base" and ev.same_runs(a, b):
+            lines.append(f"| {a} − {b} | {SAME} |" + " — |" * (len(head) - 2))
+            continue
         iv = ev.pk(a, b, k)
         if iv is None or iv.power is None:
             continue
@@ -131,10 +156,9 @@ def ablation_tables(spec: StudySpec, ev: Evidence | None) -> list[str]:
                 "− GRPO (nats) |", "|---|---|---|---|---|"]
         for name in present:
             dh = ev.pair(name, "grpo", lambda r: r["final_entropy"])
-            out.append(f"| {name} | {cell(ev.pk(name, 'grpo', 1))} | "
-                       f"{cell(ev.pk(name, 'grpo', km))} | "
-                       f"{'—' if name == method else cell(ev.pk(name, method, km))} | "
-                       f"{cell(dh, mde=False)} |")
+            out.append(f"| {name} | {vs(ev, name, 'grpo', 1)} | {vs(ev, name, 'grpo', km)} | "
+                       f"{'—' if name == method else vs(ev, name, method, km)} | "
+                       f"{SAME if ev.same_runs(name, 'grpo') else cell(dh, mde=False)} |")
         out.append("")
         same = [n for n in present[1:] if ev.same_runs(n, method)]
         if same:
