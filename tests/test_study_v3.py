@@ -614,3 +614,38 @@ def test_rule_notes_count_the_distinct_bootstrap_means_of_the_seeds():
     assert "(3 seeds: 10 distinct resampled means, crude)" in rule_notes(3)
     assert "(8 seeds: 6,435 distinct resampled means)" in rule_notes(8)
     assert "(1 seed: 1 distinct resampled mean, crude)" in rule_notes(1)
+
+
+def test_eepo_mechanism_is_judged_on_an_arm_whose_gate_opened():
+    """The tuned α never opened the gate; a variant with a larger α did: claim 4 reads the
+    variant's stage-2 − stage-1 entropy and names it; with no open arm it is n/a, naming them."""
+    closed = [{"seed": s, "eepo_active_frac": 0.0, "eepo_dH": None} for s in (0, 1, 2)]
+    opened = [{"seed": s, "eepo_active_frac": 0.6, "eepo_dH": 0.02 + 0.01 * s}
+              for s in (0, 1, 2)]
+    c = {x["id"]: x for x in S.evaluate_claims(Evidence({"eepo": closed,
+                                                         "eepo_open": opened}))}["4"]
+    assert [x["label"] for x in c["conditions"]] == [
+        "eepo_open H stage 2 − stage 1 (gate open on 60% of steps)"]
+    assert c["conditions"][0]["interval"]["estimate"] == pytest.approx(0.03)
+    assert c["verdict"] == "shown"
+    none = {x["id"]: x for x in S.evaluate_claims(Evidence({"eepo": closed,
+                                                            "eepo_b": closed}))}["4"]
+    assert none["verdict"] == "n/a" and "in every EEPO arm (eepo, eepo_b)" in none["numbers"]
+
+
+def test_an_acting_variant_stands_in_for_a_method_that_trained_grpos_runs():
+    """EEPO's tuned α trained GRPO's runs; eepo_open (a larger α) acted: 8b/9b compare it with
+    GRPO, named in the label, instead of going n/a."""
+    ev = _ev()
+    ev.passk["eepo_open"] = ev.passk["eepo"]  # the method's numbers (+0.05 at pass@4)
+    ev.passk_t[1.0]["eepo_open"], ev.passk_t[1.2]["eepo_open"] = ev.passk["eepo"], ev.passk["eepo"]
+    ev.per_run["eepo_open"] = [{"seed": s, "final_entropy": 0.4} for s in (0, 1)]
+    ev.seeds["eepo_open"] = [0, 1]
+    ev.passk["eepo"] = ev.passk_t[1.0]["eepo"] = ev.passk["grpo"]
+    ev.passk_t[1.2]["eepo"] = ev.passk_t[1.2]["grpo"]
+    assert ev.same_runs("eepo", "grpo") and not ev.same_runs("eepo_open", "grpo")
+    claims = {x["id"]: x for x in S.evaluate_claims(ev)}
+    assert [x["label"] for x in claims["8b"]["conditions"]] == [
+        "eepo_open − GRPO, test pass@4", "eepo_open − GRPO at its best T = 1.2, test pass@4"]
+    assert claims["8b"]["conditions"][0]["interval"]["estimate"] == pytest.approx(0.05)
+    assert [x["label"] for x in claims["9b"]["conditions"]] == ["eepo_open − GRPO, test pass@1"]

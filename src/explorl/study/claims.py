@@ -149,10 +149,18 @@ def _c_cov_more(ev):
 
 
 def _c_eepo(ev):
-    active = ev.one("eepo", _key("eepo_active_frac"))
-    if active is None or active.estimate < EEPO_ACTIVE:
-        return Precondition(f"the gate was open on fewer than {EEPO_ACTIVE:.0%} of steps")
-    return [Cond("EEPO H stage 2 − stage 1 (gate open)", ev.one("eepo", _key("eepo_dH")), +1)]
+    """On the first EEPO arm (the recipe, then its variants) whose gate was open on enough
+    steps: the mechanism is judged where it acted, even when the tuned α never opened it."""
+    arms = sorted((n for n, runs in ev.per_run.items()
+                   if any(r.get("eepo_active_frac") is not None for r in runs)),
+                  key=lambda n: n != "eepo")
+    for name in arms:
+        active = ev.one(name, _key("eepo_active_frac"))
+        if active is not None and active.estimate >= EEPO_ACTIVE:
+            return [Cond(f"{name} H stage 2 − stage 1 (gate open on {active.estimate:.0%} of "
+                         "steps)", ev.one(name, _key("eepo_dH")), +1)]
+    return Precondition(f"the gate was open on fewer than {EEPO_ACTIVE:.0%} of steps"
+                        + (f" in every EEPO arm ({', '.join(arms)})" if len(arms) > 1 else ""))
 
 
 def _c_track(ev):
@@ -207,10 +215,15 @@ def _c_predict(ev):
 def _acting(ev, names) -> "list[str] | Precondition":
     """The methods among ``names`` that trained runs of their own; a method whose tuned setting
     trained GRPO's runs number for number never acted, so a comparison with GRPO is not a
-    measurement of it (n/a, with why)."""
+    measurement of it: its first variant that acted (named in the label) stands in, and with
+    none the claim is n/a, with why."""
     idle = [n for n in names if ev.same_runs(n, "grpo")]
-    if len(idle) < len(names):
-        return [n for n in names if n not in idle]
+    acting = [n for n in names if n not in idle]
+    for n in idle:  # a variant of an idle method (``eepo_open``) that acted stands in for it
+        acting += [v for v in ev.per_run if v.startswith(n + "_") and not ev.same_runs(v, "grpo")
+                   and v not in acting][:1]
+    if acting:
+        return acting
     why = ""
     if "eepo" in idle:
         frac = ev.one("eepo", _key("eepo_active_frac"))
