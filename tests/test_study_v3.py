@@ -4,8 +4,10 @@ spec's checks, and a tiny tuned study end to end."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -479,6 +481,26 @@ def test_tiny_tuned_study_end_to_end(tiny_model, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "(0 to do)" in printed and "0 to train" in printed
 
+    # packed and restored into an empty folder (another machine): nothing trains again, and
+    # the numbers are the same (problems.jsonl carries the counts, not the responses)
+    archive = tmp_path / "data.tar.xz"
+    assert main(["study", str(path), "--out", str(out), "--pack", str(archive)]) == 0
+    assert "packed 7 finished runs" in capsys.readouterr().out  # 3 grid points + 4 final
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+    assert "runs/grpo-seed0/eval_T0.7/problems.jsonl" in names and "base/eval/eval.json" in names
+    assert not [n for n in names if "checkpoint" in n or n.endswith((".safetensors", ".png"))]
+    again = tmp_path / "elsewhere"
+    assert main(["study", str(path), "--out", str(again), "--from", str(archive)]) == 0
+    printed = capsys.readouterr().out
+    assert "restored 9 finished runs and evaluations" in printed  # + 2 base evaluations
+    assert "(0 to do)" in printed and "0 to train" in printed
+    row = json.loads((again / "runs" / "grpo-seed0" / "eval" / "problems.jsonl").read_text()
+                     .splitlines()[0])
+    assert "responses" not in row and row["n_samples"] == 4
+    got = json.loads((again / "study.json").read_text())
+    assert got["claims"] == data["claims"] and got["passk_t"] == data["passk_t"]
+
 
 def test_plan_estimates_cpu_seconds_from_a_reference_report(tmp_path, capsys):
     """Reference: GRPO 20 CPU-s per 100 steps (0.2 s/step), validations (100//50 + 1) × 2 × 4 =
@@ -649,3 +671,57 @@ def test_an_acting_variant_stands_in_for_a_method_that_trained_grpos_runs():
         "eepo_open − GRPO, test pass@4", "eepo_open − GRPO at its best T = 1.2, test pass@4"]
     assert claims["8b"]["conditions"][0]["interval"]["estimate"] == pytest.approx(0.05)
     assert [x["label"] for x in claims["9b"]["conditions"]] == ["eepo_open − GRPO, test pass@1"]
+
+
+def test_study_data_keeps_counts_restores_unfinished_and_refuses_escapes(tmp_path):
+    """problems.jsonl keeps each row's counts (n_samples = the responses' number) and pass@k is
+    unchanged; unpacking replaces a partial local run, keeps a finished one, and refuses a
+    member outside the study folder."""
+    from explorl.study.data import counts_only, pack, unpack
+    from explorl.study.stats import problem_passk
+
+    rows = [{"index": 0, "prompt": "1+1", "n_correct": 1, "responses": ["2", "3", "4"],
+             "scores": [1, 0, 0]}, {"index": 1, "prompt": "2+2", "n_correct": 0,
+                                     "responses": ["5", "6", "7"], "scores": [0, 0, 0]}]
+    raw = tmp_path / "problems.jsonl"
+    raw.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cut = tmp_path / "cut.jsonl"
+    cut.write_bytes(counts_only(raw.read_bytes()))
+    assert json.loads(cut.read_text().splitlines()[0]) == {"index": 0, "prompt": "1+1",
+                                                           "n_correct": 1, "n_samples": 3}
+    for k in (1, 2, 3):  # 1 of 3 correct: pass@1 = 1/3, pass@2 = 1 − C(2,2)/C(3,2) = 2/3
+        assert np.allclose(problem_passk(cut, [k])[k], problem_passk(raw, [k])[k])
+    assert problem_passk(cut, [2])[2] == pytest.approx([2 / 3, 0])
+
+    src = tmp_path / "src"
+    for run, steps in (("runs/a-seed0", 2), ("runs/b-seed0", 2)):
+        (src / run).mkdir(parents=True)
+        (src / run / "config.yaml").write_text("x: 1\n")
+        (src / run / "summary.json").write_text(json.dumps({"steps": steps}))
+    archive = tmp_path / "d.tar.xz"
+    pack(src, [Path("runs/a-seed0/config.yaml"), Path("runs/a-seed0/summary.json"),
+               Path("runs/b-seed0/config.yaml"), Path("runs/b-seed0/summary.json")], archive)
+    dst = tmp_path / "dst"
+    (dst / "runs" / "a-seed0").mkdir(parents=True)  # partial: a config, no summary
+    (dst / "runs" / "a-seed0" / "config.yaml").write_text("x: 1\n")
+    (dst / "runs" / "a-seed0" / "metrics.jsonl").write_text("{}\n")
+    (dst / "runs" / "b-seed0").mkdir(parents=True)  # finished here: kept as it is
+    (dst / "runs" / "b-seed0" / "config.yaml").write_text("x: 2\n")
+    (dst / "runs" / "b-seed0" / "summary.json").write_text(json.dumps({"steps": 2}))
+    assert unpack(archive, dst) == ["runs/a-seed0"]
+    assert not (dst / "runs" / "a-seed0" / "metrics.jsonl").exists()
+    assert (dst / "runs" / "a-seed0" / "summary.json").exists()
+    assert (dst / "runs" / "b-seed0" / "config.yaml").read_text() == "x: 2\n"
+    assert pack(src, [Path("runs/a-seed0/config.yaml")], archive) == 1
+    first = archive.read_bytes()
+    pack(src, [Path("runs/a-seed0/config.yaml")], archive)
+    assert archive.read_bytes() == first  # reproducible: a re-pack does not churn the repository
+
+    bad = tmp_path / "bad.tar.xz"
+    with tarfile.open(bad, "w:xz") as tar:
+        info = tarfile.TarInfo("../outside.txt")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    with pytest.raises(ValueError, match="outside the study folder"):
+        unpack(bad, dst)
+    assert not (tmp_path / "outside.txt").exists()

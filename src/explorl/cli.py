@@ -193,8 +193,13 @@ def _study(args) -> int:
 
         return plan_study(builtin.resolve(args.spec, "study"), quick=args.quick, jobs=args.jobs,
                           recipes=args.recipes, cost_from=args.cost_from, out=args.out)
+    if args.pack:
+        from explorl.study.run import pack_study
+
+        return pack_study(builtin.resolve(args.spec, "study"), args.pack, quick=args.quick,
+                          out=args.out, recipes=args.recipes)
     return run_study(builtin.resolve(args.spec, "study"), quick=args.quick, out=args.out,
-                     jobs=args.jobs, recipes=args.recipes)
+                     jobs=args.jobs, recipes=args.recipes, restore=args.restore)
 
 
 def _config(args) -> int:
@@ -340,6 +345,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cost-from", nargs="+", metavar="STUDY_JSON", default=None,
                    help="with --plan: committed study.json files whose per-run CPU seconds give "
                         "the estimate")
+    s.add_argument("--pack", metavar="FILE",
+                   help="write the finished runs' numbers (configs, metrics, per-problem counts; "
+                        "no weights) of the study in --out to FILE (.tar.xz) and exit: it "
+                        "continues on another machine with --from FILE")
+    s.add_argument("--from", dest="restore", metavar="FILE",
+                   help="first restore the finished runs of FILE (--pack's, or a published "
+                        "study's data.tar.xz) that --out lacks, then continue (a finished study "
+                        "is re-analysed without training)")
     s.set_defaults(fn=_study)
 
     c = add("config", help="print the recipe reference, or a resolved recipe")

@@ -14,15 +14,22 @@ from pathlib import Path
 
 def write_text_atomic(path: str | Path, text: str | Iterable[str]) -> Path:
     """Write ``text`` (a string, or lines to join) to ``path`` atomically; returns the path."""
+    return _atomic(path, "w", lambda fh: fh.write(text) if isinstance(text, str)
+                   else fh.writelines(text))
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically; returns the path."""
+    return _atomic(path, "wb", lambda fh: fh.write(data))
+
+
+def _atomic(path: str | Path, mode: str, write) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "w") as fh:
-            if isinstance(text, str):
-                fh.write(text)
-            else:
-                fh.writelines(text)
+        with open(tmp, mode) as fh:
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

@@ -188,7 +188,8 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
 
 
 def publish(out: Path, dest: Path) -> None:
-    """Copy the study's markdown, JSON and PNGs (not the runs, logs or the HTML) to ``dest``."""
+    """Copy the study's markdown, JSON and PNGs (not the runs, logs or the HTML) to ``dest``
+    (the runs' numbers follow as ``data.tar.xz``: ``explorl.study.data``)."""
     if dest.exists():
         shutil.rmtree(dest)
     (dest / "report").mkdir(parents=True)

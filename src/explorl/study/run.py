@@ -18,6 +18,7 @@ from explorl.files import write_text_atomic
 from explorl.models import resolve_model_path
 from explorl.study.claims import evaluate_claims
 from explorl.study.cost import Rates, plan_text
+from explorl.study.data import pack, packable, unpack
 from explorl.study.documents import publish, write_documents
 from explorl.study.evidence import Evidence
 from explorl.study.figures import draw_figures
@@ -212,10 +213,12 @@ def _build_models(plans: list[RunPlan]) -> None:
 
 def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | None = None,
               jobs: int | str | None = None, recipes: str | Path | None = None,
-              log: Callable[[str], None] = print) -> int:
+              restore: str | Path | None = None, log: Callable[[str], None] = print) -> int:
     """Run (or continue) a study end to end; returns an exit code (0 ok, 1 failed runs,
     130 interrupted). ``jobs`` (an int or ``auto``) replaces the spec's; ``recipes`` replaces the
-    spec's ``recipe_dir`` (relative to the working directory, not the spec)."""
+    spec's ``recipe_dir`` (relative to the working directory, not the spec); ``restore``: an
+    archive (``pack_study``, a published ``data.tar.xz``) whose finished runs the study
+    directory lacks are restored first."""
     spec_path = Path(spec_path)
     spec = load_spec(spec_path, quick=quick)
     if threading.current_thread() is threading.main_thread():
@@ -234,6 +237,9 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
         spec.recipe_dir = str(Path(recipes).resolve())
     out = Path(out) if out else Path("runs") / f"study-{spec.name}{'-quick' if quick else ''}"
     plan_runs(spec, spec_path, out)  # every config checked before the tuning runs start
+    if restore is not None:
+        got = [u for u in unpack(Path(restore), out) if not u.endswith(".json")]
+        log(f"restored {len(got)} finished runs and evaluations from {restore} into {out}")
     tuned: dict[str, list[GridPoint]] = {}
     t0 = time.perf_counter()
     if spec.tune:
@@ -268,7 +274,8 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
     if spec.publish:
         dest = Path(spec.publish)  # relative to the working directory (the repository's root)
         publish(out, dest)
-        log(f"published to {dest}")
+        n = pack(out, packable(out, spec, plans), dest / "data.tar.xz")
+        log(f"published to {dest} (with data.tar.xz: {n} files of the finished runs)")
     log(f"wrote {out / 'study.md'}, {out / 'claims.md'}, {out / 'study.json'} and "
         f"{out / 'report'}/")
     for c in payload["claims"]:
@@ -301,19 +308,51 @@ def plan_study(spec_path: str | Path, *, quick: bool = False, jobs: int | str | 
     return 0
 
 
+def pack_study(spec_path: str | Path, archive: str | Path, *, quick: bool = False,
+               out: str | Path | None = None, recipes: str | Path | None = None,
+               log: Callable[[str], None] = print) -> int:
+    """``explorl study SPEC --pack FILE``: write the finished runs of the study in ``out`` to
+    ``FILE`` (``explorl.study.data``) so that it continues elsewhere (``--from FILE``); trains
+    nothing."""
+    spec_path = Path(spec_path)
+    spec = load_spec(spec_path, quick=quick)
+    if recipes is not None:
+        spec.recipe_dir = str(Path(recipes).resolve())
+    out = Path(out) if out else Path("runs") / f"study-{spec.name}{'-quick' if quick else ''}"
+    if not out.is_dir():
+        raise C.ConfigError(f"--pack: no study in {out} (--out names it)")
+    chosen = _chosen(spec, out)
+    plans = plan_runs(spec, spec_path, out, chosen) if chosen is not None else []
+    files = packable(out, spec, plans)
+    pack(out, files, Path(archive))
+    runs = len({f.parent for f in files if f.name == "summary.json"})
+    log(f"packed {runs} finished runs ({len(files)} files, "
+        f"{Path(archive).stat().st_size / 1e6:.1f} MB) into {archive}; continue elsewhere with "
+        f"explorl study {spec_path} --from {archive}")
+    return 0
+
+
+def _chosen(spec: StudySpec, out: Path) -> dict | None:
+    """The tuned values of the study in ``out`` (``{}`` with no tuning), or None while tuning is
+    not finished."""
+    if not spec.tune:
+        return {}
+    path = out / "tune" / "choices.json"
+    if not path.exists():
+        return None
+    table = json.loads(path.read_text())
+    return {n: next(p["value"] for p in pts if p["chosen"]) for n, pts in table.items()}
+
+
 def progress(spec: StudySpec, spec_path: Path, out: Path) -> str:
     """How far the study in ``out`` has got: tuning (its grid runs finished, or the choices
     made) and the final runs finished, whole seeds first."""
-    choices_path = out / "tune" / "choices.json"
-    if spec.tune and not choices_path.exists():
+    chosen = _chosen(spec, out)
+    if chosen is None:
         runs = [d for d in (out / "tune" / "runs").glob("*") if d.is_dir()]
         done = sum((d / "eval" / "eval.json").exists() for d in runs)
         return (f"progress in {out}: tuning, {done} grid runs evaluated (of {len(runs)} started; "
                 "a grid extended at an edge adds runs)")
-    chosen = {}
-    if spec.tune:
-        table = json.loads(choices_path.read_text())
-        chosen = {n: next(p["value"] for p in pts if p["chosen"]) for n, pts in table.items()}
     plans = plan_runs(spec, spec_path, out, chosen)
     done = {(p.name, p.seed) for p in plans if finished(p)}
     whole = [s for s in spec.seeds if all((p.name, s) in done for p in plans if p.seed == s)]

@@ -119,9 +119,10 @@ def problem_passk(problems_jsonl: str | Path, k_list: list[int]) -> dict[int, np
     """Per-problem unbiased pass@k of one evaluation (``explorl eval``'s problems.jsonl), rows
     in file order (the split's order)."""
     rows = [json.loads(line) for line in Path(problems_jsonl).read_text().splitlines() if line]
+    n = [r["n_samples"] if "n_samples" in r else len(r["responses"]) for r in rows]  # packed
     out = {}
     for k in k_list:
-        out[k] = np.array([pass_at_k(len(r["responses"]), r["n_correct"], k) for r in rows])
+        out[k] = np.array([pass_at_k(m, r["n_correct"], k) for m, r in zip(n, rows)])
     return out
 
 
