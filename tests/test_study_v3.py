@@ -725,3 +725,28 @@ def test_study_data_keeps_counts_restores_unfinished_and_refuses_escapes(tmp_pat
     with pytest.raises(ValueError, match="outside the study folder"):
         unpack(bad, dst)
     assert not (tmp_path / "outside.txt").exists()
+
+
+def test_packed_lab_model_is_installed_where_missing_and_a_different_build_refused(
+        tmp_path, monkeypatch):
+    """The lab model travels with the runs: restored into an empty lab cache byte for byte; a
+    cached build with other weights (another CPU's) is refused rather than mixed in."""
+    from explorl.study.data import pack, unpack
+
+    build = tmp_path / "built" / "countdown-abc"
+    build.mkdir(parents=True)
+    (build / "model.safetensors").write_bytes(b"weights-A")
+    (build / "lab.json").write_text("{}")
+    lab = {f"lab/countdown-abc/{f}": build / f for f in ("model.safetensors", "lab.json")}
+    lab["lab/countdown-abc/model.sha256"] = build / "model.safetensors"
+    archive = tmp_path / "d.tar.xz"
+    (tmp_path / "src").mkdir()
+    pack(tmp_path / "src", [], archive, lab)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("EXPLORL_LAB_CACHE", str(cache))
+    assert unpack(archive, tmp_path / "dst") == ["lab/countdown-abc"]
+    assert (cache / "countdown-abc" / "model.safetensors").read_bytes() == b"weights-A"
+    assert unpack(archive, tmp_path / "dst") == []  # the same build: nothing to do
+    (cache / "countdown-abc" / "model.safetensors").write_bytes(b"weights-B")
+    with pytest.raises(C.ConfigError, match="differs from the one the packed runs started"):
+        unpack(archive, tmp_path / "dst")

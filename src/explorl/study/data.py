@@ -7,23 +7,53 @@ every evaluation done) and of the base model's evaluations: ``config.yaml``, ``s
 per-problem counts (``n_correct``, ``n_samples``: the responses are dropped). No weights,
 checkpoints or completions: a study continues on another machine from it (the finished runs are
 skipped, the rest train there) and a published study is re-analysed from it without training.
+
+The lab models the runs started from go in too (``lab/<build>/``, up to ``LAB_PACK_MAX`` bytes
+each; a larger one as its ``lab.json`` and weights' SHA-256 only): a build is reproducible on
+one machine but its float sums, hence its stopping step, may differ on another CPU, and runs
+that continue elsewhere must start from the same base model as those already finished.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import shutil
 import tarfile
 from pathlib import Path
 
+from explorl.errors import ConfigError
 from explorl.files import write_bytes_atomic
+from explorl.lab.build import cache_root
+from explorl.models import resolve_model_path
 from explorl.study.plan import RunPlan, eval_done, eval_done_at, run_state, tuning_eval
 from explorl.study.spec import StudySpec
 
 RUN_FILES = ("config.yaml", "summary.json", "metrics.jsonl")
 EVAL_FILES = ("eval.json", "problems.jsonl")
 PROBLEM_FIELDS = ("index", "data_source", "prompt", "ground_truth", "n_correct", "n_samples")
+LAB_PACK_MAX = 8_000_000  # bytes: the ~0.9M-parameter lab model (3.4 MB) goes in, 9.6M does not
+WEIGHTS = "model.safetensors"
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def lab_models(plans: list[RunPlan]) -> dict[str, Path]:
+    """The archive entries of the lab models ``plans`` start from: ``lab/<build>/<file>`` →
+    the cached file (every file of a build up to ``LAB_PACK_MAX`` bytes, else its ``lab.json``),
+    plus ``lab/<build>/model.sha256`` (the weights' digest, written by ``pack``)."""
+    out: dict[str, Path] = {}
+    for d in sorted({resolve_model_path(p.cfg.model.path, p.cfg.lab) for p in plans
+                     if p.cfg.model.path.startswith("lab:")}):
+        files = sorted(f for f in d.iterdir() if f.is_file())
+        small = sum(f.stat().st_size for f in files) <= LAB_PACK_MAX
+        for f in files if small else [d / "lab.json"]:
+            out[f"lab/{d.name}/{f.name}"] = f
+        out[f"lab/{d.name}/model.sha256"] = d / WEIGHTS
+    return out
 
 
 def counts_only(problems_jsonl: bytes) -> bytes:
@@ -74,16 +104,22 @@ def packable(out: Path, spec: StudySpec, plans: list[RunPlan]) -> list[Path]:
     return sorted({f.relative_to(out) for f in files if f.exists()})
 
 
-def pack(out: Path, files: list[Path], archive: Path) -> int:
-    """Write ``files`` (relative to ``out``) to ``archive`` (.tar.xz), problems.jsonl cut to the
-    counts; reproducible (sorted, no times or owners), written atomically. Returns the count."""
+def pack(out: Path, files: list[Path], archive: Path, lab: dict[str, Path] | None = None) -> int:
+    """Write ``files`` (relative to ``out``) and the ``lab`` entries (``lab_models``) to
+    ``archive`` (.tar.xz), problems.jsonl cut to the counts; reproducible (sorted, no times or
+    owners), written atomically. Returns the number of run files."""
+    entries = {rel.as_posix(): out / rel for rel in files} | (lab or {})
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:xz", preset=9) as tar:
-        for rel in sorted(files):
-            data = (out / rel).read_bytes()
-            if rel.name == "problems.jsonl":
+        for name in sorted(entries):
+            src = entries[name]
+            if name.endswith("/model.sha256"):
+                data = (sha256(src) + "\n").encode()
+            else:
+                data = src.read_bytes()
+            if name.endswith("/problems.jsonl"):
                 data = counts_only(data)
-            info = tarfile.TarInfo(rel.as_posix())
+            info = tarfile.TarInfo(name)
             info.size, info.mode, info.mtime = len(data), 0o644, 0
             tar.addfile(info, io.BytesIO(data))
     archive.parent.mkdir(parents=True, exist_ok=True)
@@ -95,7 +131,7 @@ def _unit(rel: Path) -> Path:
     """The folder restored as a whole: a run (``runs/x``, ``tune/runs/x``), a base evaluation
     (``base/eval``), or the file itself (``wall.json``)."""
     parts = rel.parts
-    if parts[0] == "runs" or parts[0] == "base":
+    if parts[0] in ("runs", "base", "lab"):
         return Path(*parts[:2]) if len(parts) > 2 else rel
     if parts[:2] == ("tune", "runs"):
         return Path(*parts[:3]) if len(parts) > 3 else rel
@@ -127,7 +163,9 @@ def unpack(archive: Path, out: Path) -> list[str]:
             if rel.is_absolute() or ".." in rel.parts:
                 raise ValueError(f"{archive}: member {m.name!r} points outside the study folder")
             units.setdefault(_unit(rel), []).append(m)
-        restored = []
+        restored = [u.as_posix() for u in _install_lab(tar, {u: g for u, g in units.items()
+                                                            if u.parts[0] == "lab"})]
+        units = {u: g for u, g in units.items() if u.parts[0] != "lab"}
         for unit, group in sorted(units.items()):
             target = out / unit
             if target.exists() and (target.is_file() or _complete(target)):
@@ -140,3 +178,36 @@ def unpack(archive: Path, out: Path) -> list[str]:
                 dest.write_bytes(tar.extractfile(m).read())
             restored.append(unit.as_posix())
     return restored
+
+
+def _install_lab(tar: tarfile.TarFile, units: dict[Path, list[tarfile.TarInfo]]) -> list[Path]:
+    """Put each packed lab model into the lab cache where it is missing; a cached build whose
+    weights differ from the packed runs' is an error (the study would mix base models)."""
+    installed = []
+    for unit, group in sorted(units.items()):
+        files = {Path(m.name).name: m for m in group}
+        want = tar.extractfile(files["model.sha256"]).read().decode().strip()
+        target = cache_root() / unit.name
+        if (target / WEIGHTS).exists():
+            got = sha256(target / WEIGHTS)
+            if got != want:
+                raise ConfigError(
+                    f"the lab model {target} differs from the one the packed runs started from "
+                    f"(weights SHA-256 {got[:12]}… ≠ {want[:12]}…: built on another CPU); "
+                    + ("move it away so the packed build is installed"
+                       if WEIGHTS in files else "the packed runs cannot be continued here"))
+            continue
+        if WEIGHTS not in files:
+            continue  # too large to pack: built here, its digest checked when it exists
+        tmp = target.with_name(f".{target.name}.restore")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for name, m in files.items():
+            if name != "model.sha256":
+                (tmp / name).write_bytes(tar.extractfile(m).read())
+        if sha256(tmp / WEIGHTS) != want:
+            shutil.rmtree(tmp)
+            raise ValueError(f"the packed lab model {unit} does not match its own digest")
+        tmp.rename(target)
+        installed.append(unit)
+    return installed

@@ -14,11 +14,12 @@ from typing import Any
 
 from explorl import config as C
 from explorl.analysis import make_report
+from explorl.config import builtin
 from explorl.files import write_text_atomic
 from explorl.models import resolve_model_path
 from explorl.study.claims import evaluate_claims
 from explorl.study.cost import Rates, plan_text
-from explorl.study.data import pack, packable, unpack
+from explorl.study.data import lab_models, pack, packable, unpack
 from explorl.study.documents import publish, write_documents
 from explorl.study.evidence import Evidence
 from explorl.study.figures import draw_figures
@@ -238,8 +239,12 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
     out = Path(out) if out else Path("runs") / f"study-{spec.name}{'-quick' if quick else ''}"
     plan_runs(spec, spec_path, out)  # every config checked before the tuning runs start
     if restore is not None:
-        got = [u for u in unpack(Path(restore), out) if not u.endswith(".json")]
-        log(f"restored {len(got)} finished runs and evaluations from {restore} into {out}")
+        got = unpack(Path(restore), out)
+        lab = [u for u in got if u.startswith("lab/")]
+        runs = [u for u in got if u not in lab and not u.endswith(".json")]
+        log(f"restored {len(runs)} finished runs and evaluations from {restore} into {out}"
+            + (f", and the lab model {', '.join(u[4:] for u in lab)} they started from"
+               if lab else ""))
     tuned: dict[str, list[GridPoint]] = {}
     t0 = time.perf_counter()
     if spec.tune:
@@ -274,7 +279,7 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
     if spec.publish:
         dest = Path(spec.publish)  # relative to the working directory (the repository's root)
         publish(out, dest)
-        n = pack(out, packable(out, spec, plans), dest / "data.tar.xz")
+        n = pack(out, packable(out, spec, plans), dest / "data.tar.xz")  # numbers only
         log(f"published to {dest} (with data.tar.xz: {n} files of the finished runs)")
     log(f"wrote {out / 'study.md'}, {out / 'claims.md'}, {out / 'study.json'} and "
         f"{out / 'report'}/")
@@ -324,11 +329,13 @@ def pack_study(spec_path: str | Path, archive: str | Path, *, quick: bool = Fals
     chosen = _chosen(spec, out)
     plans = plan_runs(spec, spec_path, out, chosen) if chosen is not None else []
     files = packable(out, spec, plans)
-    pack(out, files, Path(archive))
+    tuning = plan_tuning(spec, spec_path, out) if spec.tune else []
+    trained = [p for p in tuning + plans if (p.out / "summary.json").exists()]  # built models
+    pack(out, files, Path(archive), lab_models(trained))
     runs = len({f.parent for f in files if f.name == "summary.json"})
     log(f"packed {runs} finished runs ({len(files)} files, "
         f"{Path(archive).stat().st_size / 1e6:.1f} MB) into {archive}; continue elsewhere with "
-        f"explorl study {spec_path} --from {archive}")
+        f"explorl study {builtin.display(spec_path, 'study')} --from {archive}")
     return 0
 
 
