@@ -279,7 +279,7 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
     if spec.publish:
         dest = Path(spec.publish)  # relative to the working directory (the repository's root)
         publish(out, dest)
-        n = pack(out, packable(out, spec, plans), dest / "data.tar.xz")  # numbers only
+        n = pack(out, packable(out, spec, plans), dest / "data.tar.xz", lab_models(plans))
         log(f"published to {dest} (with data.tar.xz: {n} files of the finished runs)")
     log(f"wrote {out / 'study.md'}, {out / 'claims.md'}, {out / 'study.json'} and "
         f"{out / 'report'}/")
