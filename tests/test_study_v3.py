@@ -666,6 +666,9 @@ def test_an_acting_variant_stands_in_for_a_method_that_trained_grpos_runs():
     ev.passk["eepo"] = ev.passk_t[1.0]["eepo"] = ev.passk["grpo"]
     ev.passk_t[1.2]["eepo"] = ev.passk_t[1.2]["grpo"]
     assert ev.same_runs("eepo", "grpo") and not ev.same_runs("eepo_open", "grpo")
+    # only a variant the spec declares at another value of the method's tuned knob stands in
+    assert {x["id"]: x for x in S.evaluate_claims(ev)}["8b"]["verdict"] == "n/a"
+    ev.stand_ins = {"eepo": ["eepo_open"]}
     claims = {x["id"]: x for x in S.evaluate_claims(ev)}
     assert [x["label"] for x in claims["8b"]["conditions"]] == [
         "eepo_open − GRPO, test pass@4", "eepo_open − GRPO at its best T = 1.2, test pass@4"]
@@ -750,3 +753,17 @@ def test_packed_lab_model_is_installed_where_missing_and_a_different_build_refus
     (cache / "countdown-abc" / "model.safetensors").write_bytes(b"weights-B")
     with pytest.raises(C.ConfigError, match="differs from the one the packed runs started"):
         unpack(archive, tmp_path / "dst")
+
+
+def test_stand_ins_are_variants_of_a_tuned_knob_not_ablations():
+    from explorl.study.run import stand_ins
+
+    for name in ("countdown_v3.yaml", "subset_sum_v3.yaml"):
+        spec = S.load_spec(ROOT / "src" / "explorl" / "studies" / name)
+        assert stand_ins(spec) == {"clip_cov": ["clip_cov_more"], "kl_cov": ["kl_cov_strong"],
+                                   "eepo": ["eepo_open"]}  # no e3 ablation, no grpo_large
+
+
+def test_study_flags_that_would_ignore_each_other_are_refused(capsys):
+    assert main(["study", "countdown_v3", "--plan", "--from", "x.tar.xz"]) != 0
+    assert "--plan and --from do not go together" in capsys.readouterr().err

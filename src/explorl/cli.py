@@ -188,6 +188,10 @@ def _jobs(text: str) -> int | str:
 def _study(args) -> int:
     from explorl.study import run_study
 
+    used = [f for f, on in (("--plan", args.plan), ("--pack", args.pack),
+                            ("--from", args.restore)) if on]
+    if len(used) > 1:  # each would silently ignore the other
+        raise C.ConfigError(f"explorl study: {' and '.join(used)} do not go together")
     if args.plan:
         from explorl.study import plan_study
 

@@ -215,13 +215,14 @@ def _c_predict(ev):
 def _acting(ev, names) -> "list[str] | Precondition":
     """The methods among ``names`` that trained runs of their own; a method whose tuned setting
     trained GRPO's runs number for number never acted, so a comparison with GRPO is not a
-    measurement of it: its first variant that acted (named in the label) stands in, and with
-    none the claim is n/a, with why."""
+    measurement of it: its first variant at another value of its tuned knob that acted
+    (``Evidence.stand_ins``, named in the label) stands in, and with none the claim is n/a,
+    with why."""
     idle = [n for n in names if ev.same_runs(n, "grpo")]
     acting = [n for n in names if n not in idle]
-    for n in idle:  # a variant of an idle method (``eepo_open``) that acted stands in for it
-        acting += [v for v in ev.per_run if v.startswith(n + "_") and not ev.same_runs(v, "grpo")
-                   and v not in acting][:1]
+    for n in idle:  # a variant at another value of its tuned knob that acted stands in for it
+        acting += [v for v in ev.stand_ins.get(n, []) if v in ev.per_run
+                   and not ev.same_runs(v, "grpo") and v not in acting][:1]
     if acting:
         return acting
     why = ""

@@ -172,10 +172,16 @@ def unpack(archive: Path, out: Path) -> list[str]:
                 continue
             if target.is_dir():
                 shutil.rmtree(target)
-            for m in group:
-                dest = out / m.name
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                dest.write_bytes(tar.extractfile(m).read())
+            if len(group) == 1 and Path(group[0].name) == unit:  # a file: wall.json, …
+                write_bytes_atomic(target, tar.extractfile(group[0]).read())
+            else:  # a folder, whole or absent: written beside, then renamed
+                tmp = target.with_name(f".{target.name}.restore")
+                shutil.rmtree(tmp, ignore_errors=True)
+                for m in group:
+                    dest = tmp / Path(m.name).relative_to(unit)
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    dest.write_bytes(tar.extractfile(m).read())
+                tmp.rename(target)
             restored.append(unit.as_posix())
     return restored
 

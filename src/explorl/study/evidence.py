@@ -32,6 +32,9 @@ class Evidence:
     temperature: float = 1.0
     passk_t: dict[float, PassK] = field(default_factory=dict)
     base_t: dict[float, dict[int, np.ndarray]] = field(default_factory=dict)
+    stand_ins: dict[str, list[str]] = field(default_factory=dict)
+    """method → its variants that only move its tuned knob (``eepo_open``): the arms that may
+    stand in for it in a comparison with GRPO when its tuned setting never acted."""
 
     @property
     def k_max(self) -> int:

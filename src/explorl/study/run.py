@@ -59,7 +59,7 @@ def gather_evidence(out: Path, spec: StudySpec, done: list[RunPlan], rows: list[
         got = problem_passk(out / "base" / "eval" / "problems.jsonl", ks)
         base = {k: v[None, :] for k, v in got.items()}
     ev = Evidence(per_run, passk, seeds, base, sorted(set(ks)), pooled_law(groups),
-                  temperature=spec.eval.temperature)
+                  temperature=spec.eval.temperature, stand_ins=stand_ins(spec))
     if len(spec.eval.all_temperatures()) > 1:
         for folder, e in final_evals(spec):
             ev.passk_t[e.temperature] = collect_passk(done, rows, ks, folder)[0]
@@ -68,6 +68,17 @@ def gather_evidence(out: Path, spec: StudySpec, done: list[RunPlan], rows: list[
                 ev.base_t[e.temperature] = {k: v[None, :] for k, v in
                                             problem_passk(b / "problems.jsonl", ks).items()}
     return ev
+
+
+def stand_ins(spec: StudySpec) -> dict[str, list[str]]:
+    """Each tuned recipe's variants whose every override sets its tuned knob (``eepo_open``:
+    EEPO at another α), not the ablations that switch parts of it off."""
+    out: dict[str, list[str]] = {}
+    for v in spec.variants:
+        grid = spec.tune.get(v.recipe)
+        if grid and v.set and all(s.split("=", 1)[0].strip() == grid.key for s in v.set):
+            out.setdefault(v.recipe, []).append(v.name)
+    return out
 
 
 def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: list[RunPlan],
