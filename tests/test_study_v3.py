@@ -531,6 +531,19 @@ def test_plan_estimates_cpu_seconds_from_a_reference_report(tmp_path, capsys):
     assert "no tuning + 1 final runs (1 rows × 1 seeds)" in out and "estimated CPU-hours" in out
 
 
+def test_plan_refuses_a_reference_without_cpu_seconds_by_name(tmp_path, capsys):
+    """A report whose runs record no ``cpu_run_s`` (the addition study's) or a missing file is a
+    one-line error naming the file, not a traceback."""
+    path = _write(tmp_path, {"recipes": ["grpo"], "max_steps": 10})
+    ref = tmp_path / "old.json"
+    ref.write_text(json.dumps({"spec": {"set": []}, "runs": {"grpo-seed0": {"steps": 100}}}))
+    assert main(["study", str(path), "--plan", "--cost-from", str(ref)]) != 0
+    err = capsys.readouterr().err
+    assert f"--cost-from {ref}: no run records its CPU seconds" in err and "Traceback" not in err
+    assert main(["study", str(path), "--plan", "--cost-from", str(tmp_path / "nope.json")]) != 0
+    assert "not a study report's study.json" in capsys.readouterr().err
+
+
 def test_early_fit_claim_is_judged_per_grpo_run_and_across_every_run():
     """Claim 7b: early-fit RMSE − persistence RMSE below 0, over GRPO's runs and over every
     run of the study (each run one resampling unit)."""

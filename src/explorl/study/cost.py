@@ -18,6 +18,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from explorl.errors import ConfigError
 from explorl.study.plan import RunPlan
 from explorl.study.spec import StudySpec
 
@@ -41,8 +42,12 @@ class Rates:
         by: dict[str, list[float]] = {}
         val = []
         for path in paths:
-            data = json.loads(Path(path).read_text())
-            sets = data["spec"]["set"]
+            try:
+                data = json.loads(Path(path).read_text())
+                sets = data["spec"]["set"]
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise ConfigError(f"--cost-from {path}: not a study report's study.json ({e})") from e
+            before = len(val)
             every = _set_value(sets, "eval.every", 10)
             n = _set_value(sets, "eval.n_samples", 4) * _set_value(sets, "eval.max_problems", 128)
             for key, run in data["runs"].items():
@@ -50,6 +55,10 @@ class Rates:
                     by.setdefault(key.rsplit("-seed", 1)[0], []).append(
                         run["cpu_run_s"] / run["steps"])
                     val.append((run["steps"] // every + 1) * n)
+            if len(val) == before:
+                raise ConfigError(f"--cost-from {path}: no run records its CPU seconds "
+                                  "(cpu_run_s); give a study report that does, e.g. "
+                                  "docs/lab-study/subset_sum/study.json")
         per = {k: statistics.fmean(v) for k, v in by.items()}
         small = [v for k, v in per.items() if not k.endswith("_large")]
         large = per["grpo_large"] / per["grpo"] if "grpo_large" in per and "grpo" in per else 1.0
