@@ -335,15 +335,32 @@ def test_large_k_claims_also_face_grpo_at_its_best_temperature():
     assert ev.pk("eepo", "grpo", 4, tb=1.2).estimate == pytest.approx(-0.05)
     c = {x["id"]: x for x in S.evaluate_claims(ev)}["8b"]
     labels = [x["label"] for x in c["conditions"]]
-    assert labels == ["eepo − GRPO, test pass@4", "eepo − GRPO at its best T = 1.2, test pass@4"]
+    # eepo is 0.75 at both temperatures (its best: the main one on a tie); GRPO 0.8 at 1.2
+    assert labels == ["eepo − GRPO, test pass@4",
+                      "eepo at its best T = 1 − GRPO at its best T = 1.2, test pass@4"]
+    assert c["conditions"][1]["interval"]["estimate"] == pytest.approx(-0.05)
     assert [x["verdict"] for x in c["conditions"]] == ["shown", "opposite"]
     assert c["verdict"] == "mixed"
+    # a method that gains from heat as much as GRPO is judged at its own best temperature
+    ev.passk_t[1.2]["eepo"] = {1: np.full((2, 10), 0.45), 4: np.full((2, 10), 0.85)}
+    c = {x["id"]: x for x in S.evaluate_claims(ev)}["8b"]
+    assert c["conditions"][1]["label"].startswith("eepo at its best T = 1.2 − GRPO")
+    assert c["conditions"][1]["interval"]["estimate"] == pytest.approx(0.05)
+    assert c["verdict"] == "shown"
+    ev = _ev()
     # one evaluation temperature: the claim has only its main condition
     one = Evidence(ev.per_run, ev.passk, ev.seeds, None, [1, 4])
     assert len({x["id"]: x for x in S.evaluate_claims(one)}["8b"]["conditions"]) == 1
     md = "\n".join(temperature_tables(ev))
     assert "| grpo | 0.500 | 0.450 | 0.700 | 0.800 | 1.2 |" in md  # T ascending: 1.0, 1.2
     assert "best temperature T = 1.2" in md
+    head = ("| recipe | − GRPO T=1, pass@4 | at T=1 − GRPO at T=1.2, pass@4 | its best T | "
+            "at its best T − GRPO at T=1.2, pass@4 | at its best T − GRPO at T=1.2, pass@1 |")
+    assert head in md
+    row = next(x for x in md.splitlines() if x.startswith("| eepo | **+0.050"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert [c.split(" [")[0] for c in cells] == [
+        "eepo", "**+0.050", "**-0.050", "1", "**-0.050", "**+0.050"]  # its best T: 1.0
 
 
 def test_final_evals_put_the_main_temperature_first():
@@ -364,6 +381,16 @@ def test_pass_at_k_figure_highlights_by_result():
     assert highlighted(ev) == ["grpo", "a", "e", "c", "f", "b"]  # best 3, worst 2
     few = Evidence({}, {n: passk[n] for n in ("grpo", "a", "b")}, {}, None, [km])
     assert highlighted(few) == ["grpo", "a", "b"]
+    # an arm that trained the same runs as an earlier one is drawn once, under both names
+    from explorl.study.figures import twin_labels
+
+    per_run = {n: [{"seed": 0, "final_entropy": v, "final_reward": v}]
+               for n, v in [("grpo", 0.5), ("a", 0.9), ("a2", 0.9), ("b", 0.1)]}
+    passk2 = {n: {km: np.full((1, 5), per_run[n][0]["final_entropy"])} for n in per_run}
+    seeds = {n: [0] for n in per_run}
+    twin = Evidence(per_run, passk2, seeds, None, [km])
+    assert highlighted(twin) == ["grpo", "a", "b"]
+    assert twin_labels(twin)["a"] == "a = a2" and twin_labels(twin)["b"] == "b"
 
 
 def test_power_and_ablation_tables():
@@ -389,7 +416,9 @@ def test_grpo_best_at_the_main_temperature_is_said_not_tabled_twice():
     ev.passk_t[1.2] = {"grpo": cold, "eepo": cold}
     assert ev.best_temperature("grpo", 4) == 1.0
     md = "\n".join(temperature_tables(ev))
-    assert "highest at the main temperature T = 1" in md and "best T=" not in md
+    assert "GRPO's pass@4 is highest at T = 1" in md and "at T=1 − GRPO at T=1," not in md
+    assert ("| recipe | − GRPO T=1, pass@4 | its best T | at its best T − GRPO at T=1, pass@4 |"
+            in md)
 
 
 def test_annealing_claim_needs_a_beta_below_one():
@@ -684,7 +713,8 @@ def test_an_acting_variant_stands_in_for_a_method_that_trained_grpos_runs():
     ev.stand_ins = {"eepo": ["eepo_open"]}
     claims = {x["id"]: x for x in S.evaluate_claims(ev)}
     assert [x["label"] for x in claims["8b"]["conditions"]] == [
-        "eepo_open − GRPO, test pass@4", "eepo_open − GRPO at its best T = 1.2, test pass@4"]
+        "eepo_open − GRPO, test pass@4",
+        "eepo_open at its best T = 1 − GRPO at its best T = 1.2, test pass@4"]
     assert claims["8b"]["conditions"][0]["interval"]["estimate"] == pytest.approx(0.05)
     assert [x["label"] for x in claims["9b"]["conditions"]] == ["eepo_open − GRPO, test pass@1"]
 
@@ -780,3 +810,11 @@ def test_stand_ins_are_variants_of_a_tuned_knob_not_ablations():
 def test_study_flags_that_would_ignore_each_other_are_refused(capsys):
     assert main(["study", "countdown_v3", "--plan", "--from", "x.tar.xz"]) != 0
     assert "--plan and --from do not go together" in capsys.readouterr().err
+
+
+def test_study_header_says_which_every_run_overrides_the_tuning_replaces(tmp_path):
+    from explorl.study.documents import _tuned_note
+
+    spec = S.load_spec(_tuned_spec(tmp_path, set=["optim.lr=1.0e-4", "eval.every=10"]))
+    assert _tuned_note(spec) == " (the tuned settings replace `optim.lr`: see Tuning)"
+    assert _tuned_note(S.load_spec(_tuned_spec(tmp_path, set=["eval.every=10"]))) == ""

@@ -46,7 +46,8 @@ class Rates:
                 data = json.loads(Path(path).read_text())
                 sets = data["spec"]["set"]
             except (OSError, ValueError, KeyError, TypeError) as e:
-                raise ConfigError(f"--cost-from {path}: not a study report's study.json ({e})") from e
+                raise ConfigError(
+                    f"--cost-from {path}: not a study report's study.json ({e})") from e
             before = len(val)
             every = _set_value(sets, "eval.every", 10)
             n = _set_value(sets, "eval.n_samples", 4) * _set_value(sets, "eval.max_problems", 128)

@@ -123,7 +123,8 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
     intro = (f"Task `lab:{spec.task}`, {len(rows)} recipes × seeds {{{seeds}}}, {spec.max_steps} "
              f"steps each ({budget} per step for every recipe; DAPO's dynamic sampling adds "
              "generation rounds, see rollouts / step). Overrides for every run: "
-             f"`{' '.join(spec.set) or '—'}`. Produced by `{cmd}` in {wall_s / 60:.1f} min of "
+             f"`{' '.join(spec.set) or '—'}`{_tuned_note(spec) if tuned else ''}. "
+             f"Produced by `{cmd}` in {wall_s / 60:.1f} min of "
              f"wall-clock ({spec.jobs} job{'' if spec.jobs == 1 else 's'} at a time, summed over "
              "the command's invocations); the overlay "
              "report with every curve is [report/report.md](report/report.md).")
@@ -198,3 +199,13 @@ def publish(out: Path, dest: Path) -> None:
     for p in (out / "report").iterdir():
         if p.suffix in (".md", ".png", ".json"):
             shutil.copy2(p, dest / "report" / p.name)
+
+
+def _tuned_note(spec) -> str:
+    """Which of the every-run overrides the tuned settings replace (the final runs train at the
+    chosen value, not at the spec's ``set``)."""
+    keys = sorted({t.key for t in spec.tune.values()} & {x.split("=", 1)[0] for x in spec.set})
+    if not keys:
+        return ""
+    return (" (the tuned settings replace " + ", ".join(f"`{k}`" for k in keys)
+            + ": see Tuning)")

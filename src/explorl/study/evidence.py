@@ -73,7 +73,7 @@ class Evidence:
     def best_temperature(self, name: str, k: int) -> float | None:
         """The evaluation temperature with ``name``'s highest mean pass@k (the main one on a
         tie); None with one temperature. Chosen on the comparison's own problems, so it favours
-        ``name``: against GRPO, the stringent comparison."""
+        ``name`` (both arms of a best-T comparison get the same favour)."""
         if len(self.temperatures) < 2:
             return None
         got = [(self.mean_passk(name, k, t), -i, t) for i, t in enumerate(self.temperatures)]

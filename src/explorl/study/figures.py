@@ -19,7 +19,7 @@ FIGURES = [
     ("claim_cov", "Claims 3a/3b: Clip-Cov and KL-Cov", "mean token entropy (nats)",
      ["grpo", "clip_cov", "clip_cov_more", "kl_cov", "kl_cov_strong"], [("entropy/mean", "-", "")]),
     ("claim_eepo", "Claim 4: EEPO stage 1 (dashed) and stage 2 (solid) entropy",
-     "mean token entropy (nats)", ["eepo"],
+     "mean token entropy (nats)", ["eepo", "eepo_open"],  # eepo_open: where a tuned α stays shut
      [("entropy/stage1", "--", " stage 1"), ("entropy/stage2", "-", " stage 2")]),
     ("claim_adaptive", "Claims 5a/5b: adaptive clip-higher (dotted = target)",
      "mean token entropy (nats)", ["grpo", "es_constant", "es_wsd"],
@@ -76,12 +76,23 @@ N_BEST, N_WORST = 3, 2  # the pass@k figure draws these many best and worst meth
 def highlighted(ev) -> list[str]:
     """The methods drawn in colour on the pass@k figure, chosen by result: GRPO, then the
     ``N_BEST`` best and the ``N_WORST`` worst of the rest by mean pass@k at the largest k (the
-    rest in grey)."""
+    rest in grey). An arm that trained the same runs as an earlier one (``Evidence.same_runs``)
+    is drawn once, under the earlier one's name (``twin_labels``)."""
     km = ev.k_max
-    rest = sorted((n for n in ev.passk if n != "grpo"),
+    twins = {n for g in ev.same_groups() for n in g[1:]}
+    rest = sorted((n for n in ev.passk if n != "grpo" and n not in twins),
                   key=lambda n: -float(ev.passk[n][km].mean()))
     worst = rest[max(N_BEST, len(rest) - N_WORST):]
     return (["grpo"] if "grpo" in ev.passk else []) + rest[:N_BEST] + worst
+
+
+def twin_labels(ev) -> dict[str, str]:
+    """Legend label per arm: the name, with the arms that trained the same runs after "=" (e3 =
+    e3_no_anneal)."""
+    labels = {n: n for n in ev.passk}
+    for g in ev.same_groups():
+        labels[g[0]] = " = ".join(g)
+    return labels
 
 
 def _draw_passk(ev, out_dir: Path) -> str:
@@ -89,7 +100,7 @@ def _draw_passk(ev, out_dir: Path) -> str:
     and seeds), the best and worst methods at the largest k in colour (``highlighted``) and
     every other method in grey."""
     ks = ev.k_list
-    shown = highlighted(ev)
+    shown, labels = highlighted(ev), twin_labels(ev)
     fig, axes = new_figure(width=6.2, height=4.8, ncols=2)
     for ax, relative in zip(axes[0], (False, True)):
         base = [float(ev.base[k].mean()) for k in ks] if ev.base else None
@@ -104,7 +115,7 @@ def _draw_passk(ev, out_dir: Path) -> str:
                 curve = [c - b for c, b in zip(curve, base)]
             if name in shown:
                 i = shown.index(name)
-                ax.plot(ks, curve, color=f"C{i}", marker=".", linewidth=1.6, label=name,
+                ax.plot(ks, curve, color=f"C{i}", marker=".", linewidth=1.6, label=labels[name],
                         zorder=3)
             else:
                 ax.plot(ks, curve, color="0.72", linewidth=0.8, zorder=1,
@@ -160,7 +171,8 @@ def _law_points(run: Run):
 
 
 def _draw_law(runs: list[Run], out_dir: Path) -> str:
-    fig, axes = new_figure(width=7.0, height=4.2)
+    fig, axes = new_figure(width=9.5, height=4.2)
+    fig.subplots_adjust(right=1 - 3.0 / 9.5)  # room for the legend on the right
     ax = axes[0][0]
     for i, run in enumerate(runs):
         _steps, H, R = _law_points(run)
@@ -179,6 +191,6 @@ def _draw_law(runs: list[Run], out_dir: Path) -> str:
     ax.set_xlabel("training-batch entropy H at the validation step (nats)")
     ax.set_ylabel("validation accuracy (mean over eval.n_samples)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="x-small")
+    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the points
     save_figure(fig, out_dir / "claim_law.png", dpi=80)
     return "claim_law.png"

@@ -43,7 +43,7 @@ class StudyEvalSpec:
     """Sampling seed of the evaluation (the same for every run)."""
     temperatures: list[float] = field(default_factory=list)
     """More evaluation temperatures: each final policy (and the base model) is also evaluated
-    at each (into ``eval_T<T>/``), and the large-k claims are judged against GRPO at its best
+    at each (into ``eval_T<T>/``), and the large-k claims are judged with each arm at its best
     temperature as well as at ``temperature``. Empty = only ``temperature``."""
 
     def all_temperatures(self) -> list[float]:
