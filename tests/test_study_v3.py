@@ -719,6 +719,28 @@ def test_an_acting_variant_stands_in_for_a_method_that_trained_grpos_runs():
     assert [x["label"] for x in claims["9b"]["conditions"]] == ["eepo_open − GRPO, test pass@1"]
 
 
+def test_an_eepo_whose_gate_hardly_opened_gives_way_to_its_open_gate_variant():
+    """EEPO's tuned α opened the gate on 0.5% of steps (runs of its own, nearly GRPO's): the
+    large-k and pass@1 claims judge eepo_open (gate open on 80%), as claim 4 does."""
+    ev = _ev(stand_ins={"eepo": ["eepo_open"]})
+    ev.passk["eepo_open"] = {k: v + 0.01 for k, v in ev.passk["eepo"].items()}
+    ev.passk_t[1.0]["eepo_open"] = ev.passk["eepo_open"]
+    ev.passk_t[1.2]["eepo_open"] = ev.passk["eepo_open"]
+    ev.seeds["eepo_open"] = [0, 1]
+    for r in ev.per_run["eepo"]:
+        r["eepo_active_frac"] = 0.005
+    ev.per_run["eepo_open"] = [{"seed": s, "final_entropy": 0.4, "eepo_active_frac": 0.8}
+                               for s in (0, 1)]
+    claims = {x["id"]: x for x in S.evaluate_claims(ev)}
+    assert claims["8b"]["conditions"][0]["label"] == "eepo_open − GRPO, test pass@4"
+    assert claims["8b"]["conditions"][0]["interval"]["estimate"] == pytest.approx(0.06)
+    assert claims["9b"]["conditions"][0]["label"] == "eepo_open − GRPO, test pass@1"
+    for r in ev.per_run["eepo"]:  # a gate open on 10% of steps is EEPO acting: judged itself
+        r["eepo_active_frac"] = 0.1
+    claims = {x["id"]: x for x in S.evaluate_claims(ev)}
+    assert claims["8b"]["conditions"][0]["label"] == "eepo − GRPO, test pass@4"
+
+
 def test_study_data_keeps_counts_restores_unfinished_and_refuses_escapes(tmp_path):
     """problems.jsonl keeps each row's counts (n_samples = the responses' number) and pass@k is
     unchanged; unpacking replaces a partial local run, keeps a finished one, and refuses a

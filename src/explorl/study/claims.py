@@ -212,17 +212,29 @@ def _c_predict(ev):
             Cond("early-fit RMSE − persistence RMSE (every run)", ev.every(gap), -1)]
 
 
+def _gate_open(ev, name: str) -> bool | None:
+    """Whether an EEPO arm's gate was open on at least ``EEPO_ACTIVE`` of steps (mean over
+    seeds); None for an arm without a gate."""
+    frac = ev.one(name, _key("eepo_active_frac"))
+    return None if frac is None else frac.estimate >= EEPO_ACTIVE
+
+
 def _acting(ev, names) -> "list[str] | Precondition":
     """The methods among ``names`` that trained runs of their own; a method whose tuned setting
     trained GRPO's runs number for number never acted, so a comparison with GRPO is not a
     measurement of it: its first variant at another value of its tuned knob that acted
     (``Evidence.stand_ins``, named in the label) stands in, and with none the claim is n/a,
-    with why."""
+    with why. An EEPO arm whose gate opened on fewer than ``EEPO_ACTIVE`` of steps (as claim 4
+    reads it) likewise gives way to such a variant whose gate did open, where there is one."""
     idle = [n for n in names if ev.same_runs(n, "grpo")]
     acting = [n for n in names if n not in idle]
     for n in idle:  # a variant at another value of its tuned knob that acted stands in for it
         acting += [v for v in ev.stand_ins.get(n, []) if v in ev.per_run
                    and not ev.same_runs(v, "grpo") and v not in acting][:1]
+    for i, n in enumerate(acting):  # an EEPO whose gate hardly opened: its open-gate variant
+        if _gate_open(ev, n) is False:
+            alt = [v for v in ev.stand_ins.get(n, []) if _gate_open(ev, v) and v not in acting]
+            acting[i] = alt[0] if alt else n
     if acting:
         return acting
     why = ""
