@@ -143,21 +143,51 @@ def test_band_smooths_each_run_before_combining_seeds(tmp_path):
     assert smoothing_window([Group("r", [a, long])]) == 10  # ~1% of the longest run
 
 
-def test_many_recipes_get_distinct_colours_and_an_outside_legend(tmp_path):
+def test_many_lines_get_distinct_colours_and_an_outside_legend(tmp_path):
     from explorl.analysis.report import group_colors
 
     assert group_colors(3) == ["C0", "C1", "C2"]
     many = group_colors(13)
     assert len({tuple(c) for c in many}) == 13
-    runs = [
-        write_run(tmp_path / f"r{i}", records(offset=0.01 * i), f"recipe{i}", 0) for i in range(13)
-    ]
+    # 4 recipes × 3 entropy lines (mean, stage 1, stage 2) = 12 legend entries: outside
+    runs = [write_run(tmp_path / f"r{i}", records(offset=0.01 * i, controls=True), f"recipe{i}",
+                      0) for i in range(4)]
     make_report(runs, tmp_path / "out")
     from PIL import Image
 
-    w, _ = Image.open(tmp_path / "out" / "reward.png").size
-    w_few, _ = Image.open(make_report(runs[:2], tmp_path / "few").parent / "reward.png").size
+    w, _ = Image.open(tmp_path / "out" / "entropy.png").size
+    w_few, _ = Image.open(make_report(runs[:2], tmp_path / "few").parent / "entropy.png").size
     assert w > w_few  # the legend column widens the figure
+
+
+def test_many_recipes_are_drawn_as_small_multiples_against_the_first(tmp_path):
+    """Beyond MANY_GROUPS recipes: one cell per recipe (its own curve in colour, the first
+    recipe's in grey), every cell on one y axis; the HTML gives each figure a whole row."""
+    from explorl.analysis.report import MANY_GROUPS, Group, _figure, _panels, write_report
+    from explorl.analysis.runs import load_run
+
+    n = MANY_GROUPS + 1
+    runs = [load_run(write_run(tmp_path / f"r{i}", records(offset=0.1 * i), f"recipe{i}", 0))
+            for i in range(n)]
+    groups = [Group(r.name, [r]) for r in runs]
+    panel = {p.file: p for p in _panels([], runs)}["reward"]
+    fig = _figure(panel, groups, window=1)
+    cells = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(cells) == n and len(fig.axes) == 8  # 2 rows of 4, the last cell hidden
+    assert cells[0].get_title() == "recipe0 — reference" and cells[3].get_title() == "recipe3"
+    assert len({ax.get_ylim() for ax in cells}) == 1
+    ref = [v for v in cells[0].lines[0].get_ydata()]
+    for i, ax in enumerate(cells[1:], start=1):
+        grey, own = ax.lines[0], ax.lines[1]
+        assert grey.get_color() == "0.6" and list(grey.get_ydata()) == ref
+        # the cell's own curve is that recipe's reward (offset 0.1·i), smoothed alike
+        assert own.get_ydata()[-1] == pytest.approx(ref[-1] + 0.1 * i)
+    assert len(cells[0].lines) == 1  # the reference cell has no grey copy of itself
+    assert "grey = recipe0" in fig._suptitle.get_text()
+    rep = write_report([r.path for r in runs], tmp_path / "out")
+    assert rep.html.read_text().count("<figure class='wide'>") == len(rep.figures)
+    few = write_report([r.path for r in runs[:2]], tmp_path / "few")
+    assert "class='wide'" not in few.html.read_text()
 
 
 def full_records(steps=12):

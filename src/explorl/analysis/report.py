@@ -188,7 +188,90 @@ def _panels(passk_keys: list[str], runs: list[Run]) -> list[Panel]:
     return panels
 
 
+MANY_GROUPS = 6
+"""Beyond this many recipes one set of axes is a thicket: each panel becomes small multiples,
+one recipe per cell against the first recipe (the reference, e.g. GRPO) drawn in grey."""
+
+MULTIPLES_COLUMNS = 4
+
+
 def _draw(panel: Panel, groups: list[Group], path: Path, window: int) -> Path | None:
+    fig = _figure(panel, groups, window)
+    return None if fig is None else save_figure(fig, path)
+
+
+def _figure(panel: Panel, groups: list[Group], window: int):
+    """The panel's figure (None when no group logged any of its keys): one set of axes for up
+    to ``MANY_GROUPS`` recipes, small multiples beyond."""
+    if len(groups) > MANY_GROUPS:
+        return _multiples(panel, groups)
+    return _overlay(panel, groups, window)
+
+
+def _multiples(panel: Panel, groups: list[Group]):
+    """One cell per recipe: its mean with the min–max band over seeds in colour, the first
+    recipe's mean in grey beneath for reference; every cell on the same y axis. Each cell
+    holds two recipes, so the curves get the few-recipe smoothing (about 5% of the run)."""
+    cells = [g for g in groups if any(g.band(k)[0] for k, _, _ in panel.lines)]
+    if not cells:
+        return None
+    ref = groups[0]
+    window = display_window(groups[:1])
+    ncols = min(MULTIPLES_COLUMNS, len(cells))
+    nrows = math.ceil(len(cells) / ncols)
+    fig, axes = new_figure(nrows, ncols, width=3.4, height=2.5, suptitle=True)
+    bounds = metric_range(panel.lines[0][0], groups[0].runs[0].config)
+    multi_line = len(panel.lines) > 1
+    for i, ax in enumerate(ax for row in axes for ax in row):
+        if i >= len(cells):
+            ax.set_visible(False)
+            continue
+        group = cells[i]
+        for key, style, suffix in panel.lines:
+            sparse = key.startswith("val/")
+            w = 1 if sparse else window
+            marker = "o" if sparse else None
+            if group is not ref:
+                steps, mean, _, _ = ref.band(key, w)
+                if steps:
+                    ax.plot(steps, mean, color="0.6", linestyle=style, marker=marker,
+                            markersize=2, linewidth=1.0)
+            steps, mean, lo, hi = group.band(key, w)
+            if not steps:
+                continue
+            ax.plot(steps, mean, color="C0", linestyle=style, marker=marker, markersize=2,
+                    linewidth=1.2, label=suffix.strip() or None)
+            if len(group.runs) > 1:
+                lo, hi = clip_band(lo, hi, bounds)
+                ax.fill_between(steps, lo, hi, color="C0", alpha=0.15, linewidth=0)
+        seeds = f" ({len(group.runs)} seeds)" if len(group.runs) > 1 else ""
+        ax.set_title(group.name + seeds + (" — reference" if group is ref else ""),
+                     fontsize="small")
+        ax.tick_params(labelsize="x-small")
+        ax.grid(alpha=0.3)
+        step_axes(ax)
+        if i == 0 and multi_line and ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="xx-small")
+    shown = [ax for row in axes for ax in row if ax.get_visible()]
+    low = min(ax.get_ylim()[0] for ax in shown)
+    high = max(ax.get_ylim()[1] for ax in shown)
+    for ax in shown:
+        ax.set_ylim(low, high)
+        bound_axis(ax, bounds)
+    for c in range(ncols):  # the lowest visible cell of each column
+        [ax for row in axes for ax in row[c:c + 1] if ax.get_visible()][-1].set_xlabel(
+            "training step", fontsize="small")
+    for row in axes:
+        row[0].set_ylabel(panel.ylabel, fontsize="small")
+    notes = [f"{window}-step trailing mean"] if window > 1 else []
+    if any(len(g.runs) > 1 for g in cells):
+        notes.append("band = min–max over seeds")
+    fig.suptitle(f"{panel.title}: one recipe per cell, grey = {ref.name}"
+                 + (f" ({'; '.join(notes)})" if notes else ""), fontsize="medium")
+    return fig
+
+
+def _overlay(panel: Panel, groups: list[Group], window: int):
     fig, axes = new_figure(width=7.0, height=4.2)
     ax = axes[0][0]
     colors = group_colors(len(groups))
@@ -224,7 +307,7 @@ def _draw(panel: Panel, groups: list[Group], path: Path, window: int) -> Path | 
     ax.grid(alpha=0.3)
     step_axes(ax)
     place_legend(ax, fig, entries)
-    return save_figure(fig, path)
+    return fig
 
 
 # ----------------------------------------------------------------------------- final figures
@@ -323,7 +406,8 @@ NOTES = (
     "the plots are the min–max range across them. Per-step curves are smoothed by a trailing "
     "mean (the x-axis label gives the window: about 5% of the run's steps with the raw values "
     "drawn faintly beneath for up to three recipes, about 1% for more); the table uses the raw "
-    "values."
+    "values. With more than six recipes each figure is small multiples: one recipe per cell, "
+    "the first recipe's curve in grey in every cell, all cells on one y axis."
 )
 
 
@@ -400,7 +484,8 @@ def write_report(run_dirs: list[Path], out_dir: Path) -> Report:
     md_path.write_text("\n".join(md))
 
     html_path = out_dir / "report.html"
-    html_path.write_text(_html(run_lines, header, body, sections))
+    html_path.write_text(_html(run_lines, header, body, sections,
+                               wide=len(group_list) > MANY_GROUPS))
     return Report(markdown=md_path, html=html_path, json=json_path, figures=figures)
 
 
@@ -417,11 +502,13 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}
 .notes{color:#59636e;font-size:13px;max-width:980px}
 .grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(560px,1fr));gap:16px}
 figure{margin:0;border:1px solid #d0d7de;border-radius:6px;padding:8px;background:#fff}
+figure.wide{grid-column:1/-1}
 figure img{width:100%;display:block} figcaption{font-size:12px;color:#59636e;text-align:right}
 """
 
 
-def _html(run_lines, header, body, sections) -> str:
+def _html(run_lines, header, body, sections, wide: bool = False) -> str:
+    """The report page; ``wide``: the figures are small multiples, each a whole row."""
     esc = html.escape
     n_runs, n_recipes = len(run_lines), len(body)
     parts = [
@@ -447,7 +534,8 @@ def _html(run_lines, header, body, sections) -> str:
         parts += [f"<h2>{esc(sec)}</h2>", "<div class='grid'>"]
         for title, path in figs:
             data = base64.b64encode(path.read_bytes()).decode("ascii")
-            parts += [(f"<figure><a href='{esc(path.name)}'><img alt='{esc(title)}' "
+            cls = " class='wide'" if wide else ""
+            parts += [(f"<figure{cls}><a href='{esc(path.name)}'><img alt='{esc(title)}' "
                       f"src='data:image/png;base64,{data}'></a>"
                       f"<figcaption>{esc(path.name)}</figcaption></figure>")]
         parts.append("</div>")
