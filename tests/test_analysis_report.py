@@ -118,7 +118,7 @@ def test_report_survives_sparse_runs(tmp_path):
 
 
 def test_trailing_mean_by_hand():
-    from explorl.analysis.report import trailing_mean
+    from explorl.analysis.curves import trailing_mean
 
     assert trailing_mean([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
     assert trailing_mean([1.0, 3.0, 5.0, 7.0], 3) == [1.0, 2.0, 3.0, 5.0]
@@ -127,7 +127,7 @@ def test_trailing_mean_by_hand():
 
 
 def test_band_smooths_each_run_before_combining_seeds(tmp_path):
-    from explorl.analysis.report import Group, smoothing_window
+    from explorl.analysis.curves import Group, smoothing_window
     from explorl.analysis.runs import load_run
 
     a = load_run(write_run(tmp_path / "a", [{"step": s, "x": float(s)} for s in (1, 2, 3)], "r", 0))
@@ -144,7 +144,7 @@ def test_band_smooths_each_run_before_combining_seeds(tmp_path):
 
 
 def test_many_lines_get_distinct_colours_and_an_outside_legend(tmp_path):
-    from explorl.analysis.report import group_colors
+    from explorl.analysis.curves import group_colors
 
     assert group_colors(3) == ["C0", "C1", "C2"]
     many = group_colors(13)
@@ -163,15 +163,16 @@ def test_many_lines_get_distinct_colours_and_an_outside_legend(tmp_path):
 def test_many_recipes_are_drawn_as_small_multiples_against_the_first(tmp_path):
     """Beyond MANY_GROUPS recipes: one cell per recipe (its own curve in colour, the first
     recipe's in grey), every cell on one y axis; the HTML gives each figure a whole row."""
-    from explorl.analysis.report import MANY_GROUPS, Group, _figure, _panels, write_report
+    from explorl.analysis.curves import MANY_GROUPS, Group, figure, panels
+    from explorl.analysis.report import write_report
     from explorl.analysis.runs import load_run
 
     n = MANY_GROUPS + 1
     runs = [load_run(write_run(tmp_path / f"r{i}", records(offset=0.1 * i), f"recipe{i}", 0))
             for i in range(n)]
     groups = [Group(r.name, [r]) for r in runs]
-    panel = {p.file: p for p in _panels([], runs)}["reward"]
-    fig = _figure(panel, groups, window=1)
+    panel = {p.file: p for p in panels([], runs)}["reward"]
+    fig = figure(panel, groups, window=1)
     cells = [ax for ax in fig.axes if ax.get_visible()]
     assert len(cells) == n and len(fig.axes) == 8  # 2 rows of 4, the last cell hidden
     assert cells[0].get_title() == "recipe0 — reference" and cells[3].get_title() == "recipe3"
@@ -254,7 +255,7 @@ def test_html_references_every_figure_and_the_figures_exist(tmp_path):
 
 
 def test_knob_panels_only_for_knobs_that_moved_or_differ(tmp_path):
-    from explorl.analysis.report import _panels
+    from explorl.analysis.curves import panels
     from explorl.analysis.runs import load_run
 
     def run(name, temps):
@@ -263,28 +264,28 @@ def test_knob_panels_only_for_knobs_that_moved_or_differ(tmp_path):
                                                       for s, t in enumerate(temps)], name, 0))
 
     def files(runs):
-        return {p.file for p in _panels([], runs)}
+        return {p.file for p in panels([], runs)}
 
     assert "temperature" not in files([run("a", [1.0, 1.0])])  # constant: no panel
     assert "temperature" in files([run("b", [1.0, 1.1])])  # moved within a run
     assert "temperature" in files([run("c", [1.0, 1.0]), run("d", [0.7, 0.7])])  # runs differ
     assert "eps_high" not in files([run("e", [1.0, 1.1])])
-    title = {p.file: p.title for p in _panels([], [run("f", [1.0, 1.0])])}["entropy"]
+    title = {p.file: p.title for p in panels([], [run("f", [1.0, 1.0])])}["entropy"]
     assert "EEPO" not in title  # no run logged stage entropies
 
 
 def test_fraction_axes_stay_within_zero_and_one(tmp_path, monkeypatch):
     """A fraction that is 0 at every step is drawn on an axis starting at 0 (matplotlib's own
     limits for a flat line would show −0.05); an unbounded metric keeps matplotlib's limits."""
-    import explorl.analysis.report as report
+    import explorl.analysis.curves as curves
 
-    limits, save = {}, report.save_figure
+    limits, save = {}, curves.save_figure
 
     def keep(fig, path):
         limits[path.stem] = fig.axes[0].get_ylim()
         return save(fig, path)
 
-    monkeypatch.setattr(report, "save_figure", keep)
+    monkeypatch.setattr(curves, "save_figure", keep)
     recs = [dict(r, **{"response/truncated_frac": 0.0, "grad/norm": 0.0}) for r in records()]
     make_report([write_run(tmp_path / "a", recs, "grpo", 0)], tmp_path / "out")
     assert limits["truncated"][0] == 0.0 and 0.0 < limits["truncated"][1] <= 1.0

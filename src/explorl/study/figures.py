@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from explorl.analysis.curves import Group
 from explorl.analysis.entropy_law import FitError, fit_entropy_law, law_points
-from explorl.analysis.report import Group
 from explorl.analysis.runs import Run, new_figure, save_figure, step_axes
 from explorl.study.numbers import LAW_FIT_FRACTION, fmt_value
 
