@@ -185,6 +185,12 @@ def test_many_recipes_are_drawn_as_small_multiples_against_the_first(tmp_path):
         assert own.get_ydata()[-1] == pytest.approx(ref[-1] + 0.1 * i)
     assert len(cells[0].lines) == 1  # the reference cell has no grey copy of itself
     assert "grey = recipe0" in fig._suptitle.get_text()
+    # each cell holds two recipes: the few-recipe smoothing, about 5% of the run (200 → 10)
+    long = [load_run(write_run(tmp_path / f"l{i}", [{"step": s, "reward/mean": s / 200}
+                                                    for s in range(1, 201)], f"long{i}", 0))
+            for i in range(n)]
+    title = figure(panel, [Group(r.name, [r]) for r in long], window=2)._suptitle.get_text()
+    assert "10-step trailing mean" in title
     rep = write_report([r.path for r in runs], tmp_path / "out")
     assert rep.html.read_text().count("<figure class='wide'>") == len(rep.figures)
     few = write_report([r.path for r in runs[:2]], tmp_path / "few")

@@ -232,7 +232,8 @@ def _multiples(panel: Panel, groups: list[Group]):
             steps, mean, lo, hi = group.band(key, w)
             if not steps:
                 continue
-            ax.plot(steps, mean, color="C0", linestyle=style, marker=marker, markersize=2,
+            ax.plot(steps, mean, color="C0", linestyle=style,
+                    marker="o" if len(steps) == 1 else marker, markersize=2,
                     linewidth=1.2, label=suffix.strip() or None)
             if len(group.runs) > 1:
                 lo, hi = clip_band(lo, hi, bounds)
