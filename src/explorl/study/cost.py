@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from explorl.errors import ConfigError
-from explorl.study.plan import RunPlan
+from explorl.study.plan import RunPlan, base_folders
 from explorl.study.spec import StudySpec
 
 EVAL_CPU_S_PER_SAMPLE = 15.0 / (256 * 64)
@@ -100,12 +100,12 @@ def _problems(cfg, split: str, max_problems: int | None) -> int:
 
 def estimate(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
              rates: Rates) -> dict[str, float]:
-    """CPU seconds of the tuning runs, the final runs and the base model's evaluations."""
+    """CPU seconds of the tuning runs, the final runs and the evaluations of each model the
+    final runs start from (``base_folders``: the 9.6M lab model's at its cost factor)."""
     base = 0.0
-    if spec.base_eval and final:
-        cfg = final[0].cfg
-        base = sum(e.n * _problems(cfg, e.split, e.max_problems)
-                   for _, e in final[0].evals) * EVAL_CPU_S_PER_SAMPLE
+    for p in base_folders(final).values() if spec.base_eval else ():
+        base += sum(e.n * _problems(p.cfg, e.split, e.max_problems)
+                    for _, e in p.evals) * EVAL_CPU_S_PER_SAMPLE * rates.size(p)
     return {"tuning": sum(run_cpu_s(p, rates) for p in tuning),
             "final": sum(run_cpu_s(p, rates) for p in final), "base": base}
 

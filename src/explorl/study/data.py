@@ -27,7 +27,14 @@ from explorl.errors import ConfigError
 from explorl.files import write_bytes_atomic
 from explorl.lab.build import cache_root
 from explorl.models import resolve_model_path
-from explorl.study.plan import RunPlan, eval_done, eval_done_at, run_state, tuning_eval
+from explorl.study.plan import (
+    RunPlan,
+    base_folders,
+    eval_done,
+    eval_done_at,
+    run_state,
+    tuning_eval,
+)
 from explorl.study.spec import StudySpec
 
 RUN_FILES = ("config.yaml", "summary.json", "metrics.jsonl")
@@ -96,10 +103,10 @@ def packable(out: Path, spec: StudySpec, plans: list[RunPlan]) -> list[Path]:
         if _finished(p):
             files += [p.out / f for f in RUN_FILES]
             files += [p.out / folder / f for folder, _ in p.evals for f in EVAL_FILES]
-    base = out / "base"
-    for folder, e in (plans[0].evals if plans else []):
-        if eval_done_at(base / folder, e):
-            files += [base / folder / f for f in EVAL_FILES]
+    for name, p in base_folders(plans).items():
+        for folder, e in p.evals:
+            if eval_done_at(out / name / folder, e):
+                files += [out / name / folder / f for f in EVAL_FILES]
     files += [f for f in (out / "wall.json", out / "tune" / "choices.json") if f.exists()]
     return sorted({f.relative_to(out) for f in files if f.exists()})
 
@@ -129,9 +136,9 @@ def pack(out: Path, files: list[Path], archive: Path, lab: dict[str, Path] | Non
 
 def _unit(rel: Path) -> Path:
     """The folder restored as a whole: a run (``runs/x``, ``tune/runs/x``), a base evaluation
-    (``base/eval``), or the file itself (``wall.json``)."""
+    (``base/eval``, ``base-grpo_large/eval``), or the file itself (``wall.json``)."""
     parts = rel.parts
-    if parts[0] in ("runs", "base", "lab"):
+    if parts[0] in ("runs", "lab") or parts[0] == "base" or parts[0].startswith("base-"):
         return Path(*parts[:2]) if len(parts) > 2 else rel
     if parts[:2] == ("tune", "runs"):
         return Path(*parts[:3]) if len(parts) > 3 else rel

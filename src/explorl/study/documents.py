@@ -16,7 +16,13 @@ from explorl.study.claims import rule_notes
 from explorl.study.jobs import JobResult
 from explorl.study.numbers import Stat, columns
 from explorl.study.spec import StudySpec
-from explorl.study.tables import ablation_tables, passk_tables, power_table, temperature_tables
+from explorl.study.tables import (
+    ablation_tables,
+    base_rows,
+    passk_tables,
+    power_table,
+    temperature_tables,
+)
 from explorl.study.tuning import tuning_markdown
 
 
@@ -171,8 +177,8 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
         "table": table_json,
         "claims": claims,
         "passk": ({name: {str(k): float(v[k].mean()) for k in v} for name, v in ev.passk.items()}
-                  | ({"base": {str(k): float(b.mean()) for k, b in ev.base.items()}}
-                     if ev.base else {}) if ev is not None else {}),
+                  | {b: {str(k): ev.mean_passk(b, k) for k in ev.k_list}
+                     for b in base_rows(ev)} if ev is not None else {}),
         "law": {k: (v.to_json() if hasattr(v, "to_json") else v)
                 for k, v in ((ev.law if ev is not None else {}) or {}).items()
                 if k not in ("by_size", "fit")},

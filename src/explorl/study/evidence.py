@@ -33,6 +33,11 @@ class Evidence:
     passk_t: dict[float, PassK] = field(default_factory=dict)
     base_t: dict[float, dict[int, np.ndarray]] = field(default_factory=dict)
     stand_ins: dict[str, list[str]] = field(default_factory=dict)
+    bases: dict[str, dict[float, dict[int, np.ndarray]]] = field(default_factory=dict)
+    """The other models before RL (``base-<recipe>``: ``grpo_large``'s 9.6M lab model) →
+    temperature → k → (1, problems); ``base``/``base_t`` are the study's first recipe's."""
+    base_for: dict[str, str] = field(default_factory=dict)
+    """Arm → its key in ``bases`` when it starts from another model than ``base``."""
     """method → its variants that only move its tuned knob (``eepo_open``): the arms that may
     stand in for it in a comparison with GRPO when its tuned setting never acted."""
 
@@ -45,7 +50,16 @@ class Evidence:
         """Every evaluation temperature, the main one first."""
         return [self.temperature, *[t for t in self.passk_t if t != self.temperature]]
 
+    def base_name(self, arm: str) -> str:
+        """The model ``arm`` starts from: ``base`` or its key in ``bases``."""
+        return self.base_for.get(arm, "base")
+
+    def is_base(self, name: str) -> bool:
+        return name == "base" or name in self.bases
+
     def _arm(self, name: str, t: float | None):
+        if name in self.bases:
+            return self.bases[name].get(self.temperature if t is None else t)
         if t is None or t == self.temperature:
             return self.base if name == "base" else self.passk.get(name)
         return self.base_t.get(t) if name == "base" else self.passk_t.get(t, {}).get(name)
@@ -53,11 +67,13 @@ class Evidence:
     def pk(self, a: str, b: str, k: int, ta: float | None = None,
            tb: float | None = None) -> Interval | None:
         """pass@k of ``a`` at temperature ``ta`` minus ``b`` at ``tb`` (None: the main one;
-        ``b = "base"``: the model before RL), with its ``Power``."""
+        ``b = "base"``: the model ``a`` starts from, before RL), with its ``Power``."""
+        if b == "base":
+            b = self.base_name(a)
         pa, pb = self._arm(a, ta), self._arm(b, tb)
         if pa is None or k not in pa or pb is None or k not in pb:
             return None
-        if b == "base":
+        if self.is_base(b):
             return passk_diff(pa[k], pb[k], paired_seeds=False)
         common = [s for s in self.seeds[a] if s in self.seeds[b]]
         if not common:

@@ -96,23 +96,27 @@ def twin_labels(ev) -> dict[str, str]:
 
 
 def _draw_passk(ev, out_dir: Path) -> str:
-    """pass@k vs k (log₂ axis): the base model, GRPO with its 95% band (bootstrap over problems
-    and seeds), the best and worst methods at the largest k in colour (``highlighted``) and
-    every other method in grey."""
+    """pass@k vs k (log₂ axis): the base model (and any other model an arm starts from,
+    dashed), GRPO with its 95% band (bootstrap over problems and seeds), the best and worst
+    methods at the largest k in colour (``highlighted``) and every other method in grey; the
+    right panel subtracts from each arm the model it starts from."""
     ks = ev.k_list
     shown, labels = highlighted(ev), twin_labels(ev)
     fig, axes = new_figure(width=6.2, height=4.8, ncols=2)
     for ax, relative in zip(axes[0], (False, True)):
-        base = [float(ev.base[k].mean()) for k in ks] if ev.base else None
-        if base and not relative:
-            ax.plot(ks, base, color="black", linewidth=2.2, marker="o", label="base (before RL)")
+        base = {b: [ev.mean_passk(b, k) for k in ks] for b in ("base", *ev.bases)
+                if ev.mean_passk(b, ks[0]) is not None}
+        for b, curve in base.items() if not relative else ():
+            label = "base (before RL)" if b == "base" else f"{b} (before RL)"
+            ax.plot(ks, curve, color="black", linewidth=2.2 if b == "base" else 1.4,
+                    linestyle="-" if b == "base" else "--", marker="o", label=label)
         names = [n for n in ev.passk if n not in shown] + shown
         for name in names:
             curve = [float(ev.passk[name][k].mean()) for k in ks]
             if relative:
-                if not base:
+                if ev.base_name(name) not in base:
                     continue
-                curve = [c - b for c, b in zip(curve, base)]
+                curve = [c - b for c, b in zip(curve, base[ev.base_name(name)])]
             if name in shown:
                 i = shown.index(name)
                 ax.plot(ks, curve, color=f"C{i}", marker=".", linewidth=1.6, label=labels[name],
@@ -136,7 +140,8 @@ def _draw_passk(ev, out_dir: Path) -> str:
         ax.set_xticks(ks, [str(k) for k in ks])
         ax.set_xlabel("k (samples per problem)")
         ax.set_ylabel("pass@k − base pass@k" if relative else "test pass@k (mean over seeds)")
-        ax.set_title("difference to the base model" if relative else "pass@k")
+        ax.set_title(("difference to the base model" + (" (each its own)" if ev.bases else ""))
+                     if relative else "pass@k")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="x-small", loc="lower right" if not relative else "best")
     save_figure(fig, out_dir / "passk_curves.png", dpi=80)

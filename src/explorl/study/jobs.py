@@ -170,12 +170,13 @@ def base_eval_args(plan: RunPlan, spec: StudySpec, out: Path,
 
 
 def run_base_eval(plan: RunPlan, spec: StudySpec, out: Path, logs: Path) -> bool:
-    """Evaluate the base model into ``out/<folder>`` at every evaluation temperature
-    (``plan.evals``' protocols) unless done; True when the main evaluation exists."""
+    """Evaluate the model ``plan`` starts from (before RL) into ``out/<folder>`` at every
+    evaluation temperature (``plan.evals``' protocols) unless done, logging to
+    ``logs/<out's name>.log``; True when the main evaluation exists."""
     todo = [(out / folder, e) for folder, e in plan.evals if not eval_done_at(out / folder, e)]
     if todo:
         logs.mkdir(parents=True, exist_ok=True)
-        with (logs / "base.log").open("a") as f:
+        with (logs / f"{out.name}.log").open("a") as f:
             subprocess.call(job_command([base_eval_args(plan, spec, d, e) for d, e in todo]),
                             stdout=f, stderr=subprocess.STDOUT, env=_env())
     folder, e = plan.evals[0]

@@ -196,6 +196,36 @@ def order_rows(spec: StudySpec, plans: list[RunPlan]) -> list[str]:
     return rows
 
 
+def base_folders(plans: list[RunPlan]) -> dict[str, RunPlan]:
+    """Each model the study's runs start from, once: folder → the first plan that starts from
+    it. The first plan's model is ``base``; another (``grpo_large``'s 9.6M lab model) is
+    ``base-<that plan's recipe>``, so every arm's "− base" compares with its own model before
+    RL."""
+    folders: dict[str, RunPlan] = {}
+    seen: dict[str, str] = {}
+    for p in plans:
+        key = starting_model(p)
+        if key not in seen:
+            seen[key] = "base" if not folders else f"base-{p.name}"
+            folders[seen[key]] = p
+    return folders
+
+
+def base_of(plans: list[RunPlan]) -> dict[str, str]:
+    """Recipe → the folder of the model it starts from (``base_folders``)."""
+    folder = {starting_model(p): f for f, p in base_folders(plans).items()}
+    return {p.name: folder[starting_model(p)] for p in plans}
+
+
+def starting_model(plan: RunPlan) -> str:
+    """What identifies the model a run starts from: ``model.path``, and for a lab model the
+    lab section it is built from (its size, splits and task parameters)."""
+    cfg = plan.cfg
+    if not cfg.model.path.startswith("lab:"):
+        return cfg.model.path
+    return cfg.model.path + json.dumps(dataclasses.asdict(cfg.lab), sort_keys=True, default=str)
+
+
 def run_state(plan: RunPlan) -> str:
     """``done`` (finished: skip), ``resume`` (has a checkpoint), ``fresh`` or ``restart``
     (overwrite).

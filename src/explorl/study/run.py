@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from explorl import config as C
 from explorl.analysis import make_report
 from explorl.config import builtin
@@ -27,6 +29,8 @@ from explorl.study.jobs import JobResult, finished, run_base_eval, run_jobs
 from explorl.study.numbers import build_table, collect, collect_passk, pooled_law
 from explorl.study.plan import (
     RunPlan,
+    base_folders,
+    base_of,
     eval_done,
     eval_done_at,
     final_evals,
@@ -49,24 +53,40 @@ from explorl.study.tuning import (
 
 
 def gather_evidence(out: Path, spec: StudySpec, done: list[RunPlan], rows: list[str],
-                    per_run: dict[str, list[dict]], groups: dict) -> Evidence:
-    """Per-problem pass@k of every finished run and of the base model at each evaluation
-    temperature, with the per-run numbers and the pooled law."""
+                    per_run: dict[str, list[dict]], groups: dict,
+                    plans: list[RunPlan] | None = None) -> Evidence:
+    """Per-problem pass@k of every finished run and of each model they start from before RL
+    (``base_folders`` of ``plans``, default ``done``) at each evaluation temperature, with the
+    per-run numbers and the pooled law."""
     ks = spec.eval.k
     passk, seeds = collect_passk(done, rows, ks)
-    base = None
-    if spec.base_eval and eval_done_at(out / "base" / "eval", spec):
-        got = problem_passk(out / "base" / "eval" / "problems.jsonl", ks)
-        base = {k: v[None, :] for k, v in got.items()}
-    ev = Evidence(per_run, passk, seeds, base, sorted(set(ks)), pooled_law(groups),
-                  temperature=spec.eval.temperature, stand_ins=stand_ins(spec))
-    if len(spec.eval.all_temperatures()) > 1:
-        for folder, e in final_evals(spec):
+    evals = final_evals(spec)
+
+    def base_at(folder: str) -> dict[float, dict[int, np.ndarray]]:
+        got = {}
+        for sub, e in evals:
+            d = out / folder / sub
+            if spec.base_eval and eval_done_at(d, e):
+                got[e.temperature] = {k: v[None, :] for k, v in
+                                      problem_passk(d / "problems.jsonl", ks).items()}
+        return got
+
+    main = base_at("base")
+    ev = Evidence(per_run, passk, seeds, main.get(spec.eval.temperature), sorted(set(ks)),
+                  pooled_law(groups), temperature=spec.eval.temperature,
+                  stand_ins=stand_ins(spec))
+    multi = len(spec.eval.all_temperatures()) > 1
+    if multi:
+        for folder, e in evals:
             ev.passk_t[e.temperature] = collect_passk(done, rows, ks, folder)[0]
-            b = out / "base" / folder
-            if spec.base_eval and eval_done_at(b, e):
-                ev.base_t[e.temperature] = {k: v[None, :] for k, v in
-                                            problem_passk(b / "problems.jsonl", ks).items()}
+        ev.base_t = main
+    for name, folder in base_of(plans or done).items():
+        if folder != "base" and name in passk:
+            got = base_at(folder)
+            if spec.eval.temperature in got:
+                ev.bases[folder] = got if multi else {spec.eval.temperature:
+                                                      got[spec.eval.temperature]}
+                ev.base_for[name] = folder
     return ev
 
 
@@ -92,7 +112,7 @@ def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: lis
     rows = [n for n in order_rows(spec, plans) if any(p.name == n for p in done)]
     per_run, groups = collect(done, rows, spec.eval.k)
     table = build_table(rows, per_run, spec.eval.k)
-    ev = gather_evidence(out, spec, done, rows, per_run, groups)
+    ev = gather_evidence(out, spec, done, rows, per_run, groups, plans)
     claims = evaluate_claims(ev)
     figures = draw_figures(groups, out / "report", ev)
     cfg0 = done[0].cfg
@@ -274,9 +294,11 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
 
     _build_models(plans)
     if spec.base_eval:
-        log("evaluating the base model (the lab model before RL)")
-        if not run_base_eval(plans[0], spec, out / "base", out / "logs"):
-            log(f"the base model's evaluation failed; see {out / 'logs' / 'base.log'}")
+        for folder, p in base_folders(plans).items():
+            whose = "" if folder == "base" else f" of {p.name}"
+            log(f"evaluating the base model{whose} (the model before RL)")
+            if not run_base_eval(p, spec, out / folder, out / "logs"):
+                log(f"the base model's evaluation failed; see {out / 'logs' / folder}.log")
     results = run_jobs(plans, spec, out / "logs", log)
     if results is None or any(r.status == "interrupted" for r in results):
         add_wall(out, time.perf_counter() - t0)

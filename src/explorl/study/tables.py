@@ -45,10 +45,15 @@ def passk_tables(ev: Evidence | None) -> list[str]:
     ks, km = ev.k_list, ev.k_max
     head = "| recipe | " + " | ".join(f"pass@{k}" for k in ks) + " |"
     lines = [head, "|" + "---|" * (len(ks) + 1)]
-    if ev.base:
-        lines.append("| **base** | " + " | ".join(f"{ev.base[k].mean():.3f}" for k in ks) + " |")
+    for name in base_rows(ev):
+        lines.append(f"| **{name}** | " + " | ".join(f"{ev.mean_passk(name, k):.3f}" for k in ks)
+                     + " |")
     for name, pk in ev.passk.items():
         lines.append(f"| {name} | " + " | ".join(f"{pk[k].mean():.3f}" for k in ks) + " |")
+    if ev.bases:
+        lines += ["", "**base** is the model the first recipe starts from, before RL; "
+                  + "; ".join(f"**{b}** the one of {_arms_of(ev, b)}" for b in ev.bases)
+                  + ". Each arm's − base columns compare it with the model it starts from."]
     diff = ["", "Differences with 95% intervals (bootstrap over the test problems and seeds; "
                 "**bold**: the interval excludes 0) and, after ±, the minimum detectable effect "
                 "of the comparison (two-sided 5%, 80% power; see Power):", "",
@@ -62,6 +67,15 @@ def passk_tables(ev: Evidence | None) -> list[str]:
     return lines + same_runs_note(ev) + diff
 
 
+def base_rows(ev: Evidence) -> list[str]:
+    """The models before RL with an evaluation: ``base``, then each of ``ev.bases``."""
+    return (["base"] if ev.base is not None else []) + list(ev.bases)
+
+
+def _arms_of(ev: Evidence, base: str) -> str:
+    return ", ".join(a for a, b in ev.base_for.items() if b == base)
+
+
 def temperature_tables(ev: Evidence | None) -> list[str]:
     """pass@1 and pass@k_max of every recipe (and the base model) at each evaluation
     temperature, each recipe's best temperature at k_max, and each method − GRPO: at the main
@@ -69,7 +83,7 @@ def temperature_tables(ev: Evidence | None) -> list[str]:
     if ev is None or len(ev.temperatures) < 2:
         return []
     ts, km = sorted(ev.temperatures), ev.k_max
-    names = (["base"] if ev.base is not None else []) + list(ev.passk)
+    names = base_rows(ev) + list(ev.passk)
     head = ["recipe", *[f"pass@1 T={t:g}" for t in ts], *[f"pass@{km} T={t:g}" for t in ts],
             f"best T (pass@{km})"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
