@@ -7,6 +7,7 @@ import dataclasses
 import io
 import json
 import math
+import os
 import tarfile
 from pathlib import Path
 
@@ -597,6 +598,26 @@ def test_wall_clock_adds_up_over_interrupted_invocations(tmp_path):
     old.mkdir()
     (old / "study.json").write_text(json.dumps({"timing": {"wall_s": 100.0}}))
     assert add_wall(old, 1.0) == 101.0 and add_wall(old, 1.0) == 102.0
+
+
+def test_an_invocation_that_only_reanalyses_adds_no_wall_clock(tmp_path):
+    """Re-publishing a finished study leaves its recorded cost (and its archive) alone; a step
+    logged or an evaluation written in the invocation counts."""
+    from explorl.study.run import add_wall, study_files
+
+    run = tmp_path / "runs" / "grpo-seed0"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("{}\n")
+    before = study_files(tmp_path)
+    assert add_wall(tmp_path, 10.0, before) == 0.0  # nothing new: only the analysis ran
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write("{}\n")
+    os.utime(run / "metrics.jsonl", ns=(1, 1))  # a new mtime, whatever the clock's resolution
+    assert add_wall(tmp_path, 10.0, before) == 10.0
+    before = study_files(tmp_path)
+    (tmp_path / "base-grpo_large" / "eval").mkdir(parents=True)
+    (tmp_path / "base-grpo_large" / "eval" / "eval.json").write_text("{}")
+    assert add_wall(tmp_path, 5.0, before) == 15.0
 
 
 def test_eta_is_the_runs_left_times_the_mean_trained_run_over_the_jobs():

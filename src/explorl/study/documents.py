@@ -37,7 +37,9 @@ def _round(x: Any) -> Any:
 
 
 def fingerprint(table_json: dict, claims: list[dict], timing: set[str]) -> str:
-    """sha256 of every non-timing number of the table and the claims (rounded to 10 digits)."""
+    """sha256 of every non-timing number of the summary table and of the claims (rounded to 10
+    digits); the pass@k tables follow from the runs' per-problem counts that ``data.tar.xz``
+    keeps."""
     payload = {name: {k: v for k, v in cols.items() if k not in timing}
                for name, cols in table_json.items()}
     blob = json.dumps(_round({"table": payload, "claims": claims}), sort_keys=True)
@@ -166,7 +168,8 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
     md += ["## Reproducing", "",
            (f"`{cmd}` reruns nothing that is finished; with a fresh `--out` it retrains every run "
             "and reproduces every number above except the timing columns (wall-clock). "
-            f"Fingerprint of the non-timing numbers: `{fp}` (`study.json`)."), ""]
+            f"Fingerprint of the summary table's non-timing numbers and the claims: `{fp}` "
+            "(`study.json`)."), ""]
     (out / "study.md").write_text("\n".join(md))
     (out / "claims.md").write_text("\n".join([f"# Claims: lab study {spec.name}{title_quick}", "",
                                               *claims_md, "", rule_notes(len(spec.seeds)), ""]))

@@ -215,10 +215,26 @@ def _extensions(spec: StudySpec, current: StudySpec, chosen: dict[str, Any], spe
     return grow
 
 
-def add_wall(out: Path, seconds: float) -> float:
+def study_files(out: Path) -> frozenset:
+    """What the study in ``out`` holds so far: each run's metrics (a step appends to them) and
+    each evaluation's files, with their modification times."""
+    found = set()
+    for runs in ("runs/*", "tune/runs/*"):
+        for name in ("metrics.jsonl", "summary.json", "eval*/eval.json", "eval*/problems.jsonl"):
+            found |= {(str(f), f.stat().st_mtime_ns) for f in out.glob(f"{runs}/{name}")}
+    for name in ("eval.json", "problems.jsonl"):
+        found |= {(str(f), f.stat().st_mtime_ns) for f in out.glob(f"base*/eval*/{name}")}
+    return frozenset(found)
+
+
+def add_wall(out: Path, seconds: float, before: frozenset | None = None) -> float:
     """Add an invocation's wall-clock to ``out/wall.json`` and return the study's total: it adds
     up over every invocation that built the study, interrupted ones included (a study from
-    before this file: its study.json's total is the start)."""
+    before this file: its study.json's total is the start). With ``before`` (``study_files`` when
+    the invocation started), one that finished nothing new (it only re-analysed) adds
+    nothing: publishing the same study again leaves its cost and its archive as they were."""
+    if before is not None and study_files(out) == before:
+        seconds = 0.0
     path = out / "wall.json"
     if path.exists():
         total = json.loads(path.read_text())["wall_s"]
@@ -277,12 +293,12 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
             + (f", and the lab model {', '.join(u[4:] for u in lab)} they started from"
                if lab else ""))
     tuned: dict[str, list[GridPoint]] = {}
-    t0 = time.perf_counter()
+    t0, before = time.perf_counter(), study_files(out)
     if spec.tune:
         _build_models(plan_tuning(spec, spec_path, out))
         got = run_tuning(spec, spec_path, out, log)
         if isinstance(got, int):
-            add_wall(out, time.perf_counter() - t0)
+            add_wall(out, time.perf_counter() - t0, before)
             return got
         tuned = got
     plans = plan_runs(spec, spec_path, out, choices(tuned))
@@ -301,13 +317,13 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
                 log(f"the base model's evaluation failed; see {out / 'logs' / folder}.log")
     results = run_jobs(plans, spec, out / "logs", log)
     if results is None or any(r.status == "interrupted" for r in results):
-        add_wall(out, time.perf_counter() - t0)
+        add_wall(out, time.perf_counter() - t0, before)
         log("interrupted; rerun the same command to continue")
         return 130
     failed = [r for r in results if r.status == "failed"]
     # Wall-clock adds up over the invocations that built this study (a rerun that only resumes
     # or re-analyses does not reset it).
-    wall_s = add_wall(out, time.perf_counter() - t0)
+    wall_s = add_wall(out, time.perf_counter() - t0, before)
     payload = analyse(out, spec, spec_path, quick, plans, failed, wall_s, tuned)
     if spec.publish:
         dest = Path(spec.publish)  # relative to the working directory (the repository's root)
