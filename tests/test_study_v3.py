@@ -603,7 +603,8 @@ def test_wall_clock_adds_up_over_interrupted_invocations(tmp_path):
 def test_an_invocation_that_only_reanalyses_adds_no_wall_clock(tmp_path):
     """Re-publishing a finished study leaves its recorded cost (and its archive) alone; a step
     logged or an evaluation written in the invocation counts."""
-    from explorl.study.run import add_wall, study_files
+    from explorl.study.documents import _jobs_text
+    from explorl.study.run import add_wall, study_files, wall_jobs
 
     run = tmp_path / "runs" / "grpo-seed0"
     run.mkdir(parents=True)
@@ -617,7 +618,12 @@ def test_an_invocation_that_only_reanalyses_adds_no_wall_clock(tmp_path):
     before = study_files(tmp_path)
     (tmp_path / "base-grpo_large" / "eval").mkdir(parents=True)
     (tmp_path / "base-grpo_large" / "eval" / "eval.json").write_text("{}")
-    assert add_wall(tmp_path, 5.0, before) == 15.0
+    assert add_wall(tmp_path, 5.0, before, jobs=16) == 15.0
+    assert wall_jobs(tmp_path) == [16]
+    assert add_wall(tmp_path, 1.0, study_files(tmp_path), jobs=2) == 15.0  # nothing new
+    assert wall_jobs(tmp_path) == [16]  # a re-analysis's jobs are not the study's
+    assert add_wall(tmp_path, 1.0, jobs=2) == 16.0 and wall_jobs(tmp_path) == [2, 16]
+    assert _jobs_text([2, 16]) == "2 or 16 jobs" and _jobs_text([1]) == "1 job"
 
 
 def test_eta_is_the_runs_left_times_the_mean_trained_run_over_the_jobs():

@@ -46,6 +46,12 @@ def fingerprint(table_json: dict, claims: list[dict], timing: set[str]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def _jobs_text(jobs: list) -> str:
+    """``2 jobs``, ``1 job``, or ``2 or 16 jobs`` when the invocations differed."""
+    words = " or ".join(str(j) for j in jobs)
+    return f"{words} job{'' if list(jobs) == [1] else 's'}"
+
+
 def _md(text: str) -> str:
     return str(text).replace("|", "\\|")
 
@@ -105,8 +111,9 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
                     table: dict[str, dict[str, Stat]], claims: list[dict],
                     figures: list[tuple[str, str]], per_run: dict[str, list[dict]],
                     failed: list[JobResult], wall_s: float, budget: str, ev=None,
-                    tuned: dict | None = None) -> dict:
-    """Write study.md, claims.md and study.json into ``out``; returns the study.json payload."""
+                    tuned: dict | None = None, jobs: list[int] | None = None) -> dict:
+    """Write study.md, claims.md and study.json into ``out``; returns the study.json payload.
+    ``jobs``: the job counts its invocations ran with (default the spec's)."""
     cols = columns(spec.eval.k)
     timing = {k for k, _, _, t in cols if t}
     table_json = {name: {k: dataclasses.asdict(s) for k, s in table[name].items()}
@@ -133,7 +140,7 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
              "generation rounds, see rollouts / step). Overrides for every run: "
              f"`{' '.join(spec.set) or '—'}`{_tuned_note(spec) if tuned else ''}. "
              f"Produced by `{cmd}` in {wall_s / 60:.1f} min of "
-             f"wall-clock ({spec.jobs} job{'' if spec.jobs == 1 else 's'} at a time, summed over "
+             f"wall-clock ({_jobs_text(jobs or [spec.jobs])} at a time, summed over "
              "the command's invocations); the overlay "
              "report with every curve is [report/report.md](report/report.md).")
     md = [f"# Lab study: {spec.name}{title_quick}", "", intro, ""]

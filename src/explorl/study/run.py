@@ -102,7 +102,8 @@ def stand_ins(spec: StudySpec) -> dict[str, list[str]]:
 
 
 def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: list[RunPlan],
-            failed: list[JobResult], wall_s: float, tuned: dict | None = None) -> dict:
+            failed: list[JobResult], wall_s: float, tuned: dict | None = None,
+            jobs: list[int] | None = None) -> dict:
     """Report (``explorl report``), per-run numbers, table, claims, figures and documents."""
     bad = {j.plan.key for j in failed}
     done = [p for p in plans if p.key not in bad and eval_done(p, spec)]
@@ -118,7 +119,7 @@ def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: lis
     cfg0 = done[0].cfg
     budget = f"{cfg0.data.prompts_per_step} prompts × {cfg0.rollout.n_samples} samples"
     return write_documents(out, spec, spec_path, quick, rows, table, claims, figures, per_run,
-                           failed, wall_s, budget, ev, tuned or {})
+                           failed, wall_s, budget, ev, tuned or {}, jobs)
 
 
 def run_tuning(spec: StudySpec, spec_path: Path, out: Path,
@@ -227,24 +228,38 @@ def study_files(out: Path) -> frozenset:
     return frozenset(found)
 
 
-def add_wall(out: Path, seconds: float, before: frozenset | None = None) -> float:
+def add_wall(out: Path, seconds: float, before: frozenset | None = None,
+             jobs: int | None = None) -> float:
     """Add an invocation's wall-clock to ``out/wall.json`` and return the study's total: it adds
     up over every invocation that built the study, interrupted ones included (a study from
-    before this file: its study.json's total is the start). With ``before`` (``study_files`` when
-    the invocation started), one that finished nothing new (it only re-analysed) adds
-    nothing: publishing the same study again leaves its cost and its archive as they were."""
-    if before is not None and study_files(out) == before:
-        seconds = 0.0
+    before this file: its study.json's total is the start); ``jobs``, the invocation's job
+    count, joins the file's list (``wall_jobs``). With ``before`` (``study_files`` when the
+    invocation started), one that finished nothing new (it only re-analysed) adds nothing:
+    publishing the same study again leaves its cost and its archive as they were."""
     path = out / "wall.json"
     if path.exists():
-        total = json.loads(path.read_text())["wall_s"]
+        data = json.loads(path.read_text())
     elif (out / "study.json").exists():
-        total = json.loads((out / "study.json").read_text()).get("timing", {}).get("wall_s") or 0
+        data = {"wall_s": json.loads((out / "study.json").read_text()).get("timing", {})
+                .get("wall_s") or 0}
     else:
-        total = 0.0
+        data = {"wall_s": 0.0}
+    if before is None or study_files(out) != before:
+        data["wall_s"] += seconds
+        if jobs is not None:
+            data["jobs"] = sorted({*data.get("jobs", []), jobs})
     out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps({"wall_s": total + seconds}) + "\n")
-    return total + seconds
+    write_text_atomic(path, json.dumps(data) + "\n")
+    return data["wall_s"]
+
+
+def wall_jobs(out: Path) -> list[int]:
+    """The job counts of the invocations that built the study in ``out`` (``add_wall``); empty
+    for a study from before they were recorded."""
+    try:
+        return list(json.loads((out / "wall.json").read_text()).get("jobs", []))
+    except (OSError, ValueError):
+        return []
 
 
 def _build_models(plans: list[RunPlan]) -> None:
@@ -298,7 +313,7 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
         _build_models(plan_tuning(spec, spec_path, out))
         got = run_tuning(spec, spec_path, out, log)
         if isinstance(got, int):
-            add_wall(out, time.perf_counter() - t0, before)
+            add_wall(out, time.perf_counter() - t0, before, spec.jobs)
             return got
         tuned = got
     plans = plan_runs(spec, spec_path, out, choices(tuned))
@@ -317,14 +332,15 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
                 log(f"the base model's evaluation failed; see {out / 'logs' / folder}.log")
     results = run_jobs(plans, spec, out / "logs", log)
     if results is None or any(r.status == "interrupted" for r in results):
-        add_wall(out, time.perf_counter() - t0, before)
+        add_wall(out, time.perf_counter() - t0, before, spec.jobs)
         log("interrupted; rerun the same command to continue")
         return 130
     failed = [r for r in results if r.status == "failed"]
     # Wall-clock adds up over the invocations that built this study (a rerun that only resumes
     # or re-analyses does not reset it).
-    wall_s = add_wall(out, time.perf_counter() - t0, before)
-    payload = analyse(out, spec, spec_path, quick, plans, failed, wall_s, tuned)
+    wall_s = add_wall(out, time.perf_counter() - t0, before, spec.jobs)
+    payload = analyse(out, spec, spec_path, quick, plans, failed, wall_s, tuned,
+                      wall_jobs(out))
     if spec.publish:
         dest = Path(spec.publish)  # relative to the working directory (the repository's root)
         publish(out, dest)
