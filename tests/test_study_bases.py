@@ -25,6 +25,17 @@ def _plans(out: Path = Path("/tmp/unused")):
     return spec, S.plan_runs(spec, SPEC, out)
 
 
+def _eval(d: Path, e, n_correct: int) -> None:
+    """A finished evaluation with protocol ``e`` of one problem, ``n_correct`` of 64 right."""
+    d.mkdir(parents=True)
+    settings = {"n": e.n, "k": sorted(set(e.k)), "temperature": e.temperature,
+                "split": e.split, "seed": e.seed}
+    d.joinpath("eval.json").write_text(json.dumps({"settings": settings,
+                                                   "overall": {"n_problems": 1}}))
+    d.joinpath("problems.jsonl").write_text(
+        json.dumps({"n_correct": n_correct, "n_samples": 64}) + "\n")
+
+
 def test_each_starting_model_is_evaluated_once_under_its_own_folder():
     _, plans = _plans()
     folders = base_folders(plans)
@@ -88,13 +99,7 @@ def test_other_bases_are_packed_restored_and_costed(tmp_path):
     spec, plans = _plans(tmp_path)
     for folder in ("base", "base-grpo_large"):
         for sub, e in plans[0].evals:
-            d = tmp_path / folder / sub
-            d.mkdir(parents=True)
-            settings = {"n": e.n, "k": sorted(set(e.k)), "temperature": e.temperature,
-                        "split": e.split, "seed": e.seed}
-            d.joinpath("eval.json").write_text(json.dumps({"settings": settings,
-                                                           "overall": {"n_problems": 1}}))
-            d.joinpath("problems.jsonl").write_text('{"n_correct": 1, "n_samples": 64}\n')
+            _eval(tmp_path / folder / sub, e, 1)
     files = packable(tmp_path, spec, plans)
     assert Path("base-grpo_large/eval/eval.json") in files
     assert Path("base-grpo_large/eval_T1.2/problems.jsonl") in files
@@ -105,3 +110,50 @@ def test_other_bases_are_packed_restored_and_costed(tmp_path):
     one = estimate(spec, [], [p for p in plans if p.name != "grpo_large"], rates)["base"]
     both = estimate(spec, [], plans, rates)["base"]
     assert both == pytest.approx(4 * one)  # the 9.6M model's evaluations cost 3× the small's
+
+
+def test_an_arm_whose_own_base_is_missing_reads_none_not_the_study_base():
+    ev = _ev()
+    ev.bases.clear()  # base-big's evaluation failed or is absent
+    assert ev.pk("big", "base", 1) is None
+    assert ev.pk("grpo", "base", 1).estimate == pytest.approx(0.2)
+    assert "| big | — | — |" in "\n".join(passk_tables(ev))
+
+
+def test_pass_at_k_figure_draws_each_base_and_subtracts_each_arms_own(tmp_path, monkeypatch):
+    import explorl.study.figures as F
+
+    kept = []
+    monkeypatch.setattr(F, "save_figure", lambda fig, path, dpi=100: kept.append(fig))
+    F._draw_passk(_ev(), tmp_path)
+    left, right = kept[0].axes[:2]
+    lines = {ln.get_label(): list(ln.get_ydata()) for ln in left.lines}
+    assert lines["base (before RL)"] == pytest.approx([0.3, 0.9])
+    assert lines["base-big (before RL)"] == pytest.approx([0.1, 0.6])
+    diffs = {ln.get_label(): list(ln.get_ydata()) for ln in right.lines}
+    assert diffs["big"] == pytest.approx([0.3, 0.1])  # 0.4 − 0.1, 0.7 − 0.6: its own base
+    assert diffs["grpo"] == pytest.approx([0.2, -0.1])
+    assert "each its own" in right.get_title()
+
+
+def test_gathered_evidence_compares_each_arm_with_its_own_base_or_with_none(tmp_path):
+    """From a study folder: grpo_large's "− base" reads base-grpo_large; without that
+    evaluation it reads none, never the small model's base."""
+    from explorl.study.run import gather_evidence
+
+    spec, plans = _plans(tmp_path)
+    done = [p for p in plans if p.name in ("grpo", "grpo_large")]
+    for p in done:
+        for sub, e in p.evals:
+            _eval(p.out / sub, e, 32)  # pass@1 = 0.5
+    for sub, e in plans[0].evals:
+        _eval(tmp_path / "base" / sub, e, 16)  # 0.25
+    ev = gather_evidence(tmp_path, spec, done, ["grpo", "grpo_large"], {}, {}, plans)
+    assert ev.base_for == {"grpo_large": "base-grpo_large"} and not ev.bases
+    assert ev.pk("grpo", "base", 1).estimate == pytest.approx(0.25)
+    assert ev.pk("grpo_large", "base", 1) is None
+    for sub, e in plans[0].evals:
+        _eval(tmp_path / "base-grpo_large" / sub, e, 8)  # 0.125
+    ev = gather_evidence(tmp_path, spec, done, ["grpo", "grpo_large"], {}, {}, plans)
+    assert ev.pk("grpo_large", "base", 1).estimate == pytest.approx(0.375)
+    assert set(ev.bases["base-grpo_large"]) == set(spec.eval.all_temperatures())

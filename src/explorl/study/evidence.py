@@ -33,13 +33,15 @@ class Evidence:
     passk_t: dict[float, PassK] = field(default_factory=dict)
     base_t: dict[float, dict[int, np.ndarray]] = field(default_factory=dict)
     stand_ins: dict[str, list[str]] = field(default_factory=dict)
+    """method → its variants that only move its tuned knob (``eepo_open``): the arms that may
+    stand in for it in a comparison with GRPO when its tuned setting never acted."""
     bases: dict[str, dict[float, dict[int, np.ndarray]]] = field(default_factory=dict)
     """The other models before RL (``base-<recipe>``: ``grpo_large``'s 9.6M lab model) →
     temperature → k → (1, problems); ``base``/``base_t`` are the study's first recipe's."""
     base_for: dict[str, str] = field(default_factory=dict)
-    """Arm → its key in ``bases`` when it starts from another model than ``base``."""
-    """method → its variants that only move its tuned knob (``eepo_open``): the arms that may
-    stand in for it in a comparison with GRPO when its tuned setting never acted."""
+    """Arm → the ``bases`` key of the model it starts from when that is not ``base`` (set even
+    when that model's evaluation is missing, so its "− base" reads none rather than the wrong
+    model's)."""
 
     @property
     def k_max(self) -> int:

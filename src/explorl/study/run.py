@@ -75,18 +75,16 @@ def gather_evidence(out: Path, spec: StudySpec, done: list[RunPlan], rows: list[
     ev = Evidence(per_run, passk, seeds, main.get(spec.eval.temperature), sorted(set(ks)),
                   pooled_law(groups), temperature=spec.eval.temperature,
                   stand_ins=stand_ins(spec))
-    multi = len(spec.eval.all_temperatures()) > 1
-    if multi:
+    if len(spec.eval.all_temperatures()) > 1:
         for folder, e in evals:
             ev.passk_t[e.temperature] = collect_passk(done, rows, ks, folder)[0]
         ev.base_t = main
     for name, folder in base_of(plans or done).items():
         if folder != "base" and name in passk:
+            ev.base_for[name] = folder
             got = base_at(folder)
             if spec.eval.temperature in got:
-                ev.bases[folder] = got if multi else {spec.eval.temperature:
-                                                      got[spec.eval.temperature]}
-                ev.base_for[name] = folder
+                ev.bases[folder] = got
     return ev
 
 
