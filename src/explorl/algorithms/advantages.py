@@ -188,7 +188,8 @@ def _log_comb(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def _comb_ratio(a, b, n, k) -> torch.Tensor:
     """C(a, b) / C(n, k) elementwise (float64), 0 where C(a, b) = 0; needs C(n, k) > 0."""
-    a, b, n, k = (torch.as_tensor(x, dtype=torch.float64) for x in (a, b, n, k))
+    # host: a tensor keeps its device; a Python number becomes a 0-d tensor (any device's peer)
+    a, b, n, k = (torch.as_tensor(x, dtype=torch.float64) for x in (a, b, n, k))  # host
     return torch.exp(_log_comb(a, b) - _log_comb(n, k))
 
 

@@ -44,9 +44,9 @@ def score_rollouts(pool, rewarder, cfg: RunConfig, ro: Rollouts, records: list,
     """Correctness and shaped rewards (N,) of the responses to ``records``, with the pool's
     timeout/error counts."""
     res = rewarder.score(pool, ro.texts, records)
-    scores = torch.tensor(res.correct, dtype=torch.float32)
+    scores = torch.tensor(res.correct, dtype=torch.float32)  # host: StepRows' columns
     rc = cfg.reward
-    rewards = torch.tensor(res.rewards, dtype=torch.float32)
+    rewards = torch.tensor(res.rewards, dtype=torch.float32)  # host
     if rc.overlong_buffer > 0:
         rewards = rewards + overlong_penalty(ro.lengths.cpu(), max_response_len, rc.overlong_buffer,
                                              rc.overlong_penalty)
@@ -129,14 +129,16 @@ def collect(
             round_sums[k] = round_sums.get(k, 0.0) + v
         pi = rows.group
         counts = torch.bincount(pi, minlength=len(idx))
-        correct = torch.zeros(len(idx), dtype=torch.float64).index_add_(0, pi, rows.score)
+        correct = torch.zeros(len(idx), dtype=torch.float64)  # host, as rows (StepRows)
+        correct = correct.index_add_(0, pi, rows.score)
         if a.dynamic_sampling:
             informative = informative_groups(getattr(rows, a.dynamic_sampling_metric), pi)
             keep_groups = sorted(set(pi[informative].tolist()))[: B - n_kept_groups]
-            keep = torch.isin(pi, torch.as_tensor(keep_groups, dtype=torch.long))  # (rows,) global
+            keep_t = torch.as_tensor(keep_groups, dtype=torch.long)  # host
+            keep = torch.isin(pi, keep_t)  # (rows,) global
             n_kept_groups += len(keep_groups)
         else:
-            keep = torch.ones(len(pi), dtype=torch.bool)
+            keep = torch.ones(len(pi), dtype=torch.bool)  # host
             n_kept_groups = len(idx)
         sel = keep[offset: offset + len(ro)].nonzero().squeeze(-1)
         ro_k = ro.select(sel)

@@ -53,7 +53,7 @@ class FakeEngine:
         rids = torch.full((len(resp), R), self.pad_id, dtype=torch.long, device=device)
         rmask = torch.zeros((len(resp), R), dtype=torch.bool, device=device)
         for k, r in enumerate(resp):
-            rids[k, : len(r)] = torch.as_tensor(r)
+            rids[k, : len(r)] = torch.as_tensor(r, device=device)
             rmask[k, : len(r)] = True
         logp, ent = response_logprobs(model, pids, pmask, rids, rmask, temperature or 1.0)
         return Rollouts(

@@ -49,10 +49,11 @@ def left_pad(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad token lists to one width: ``(ids (N, P), mask (N, P) bool)``."""
     width = max(len(s) for s in seqs)
-    ids = torch.tensor([[pad_id] * (width - len(s)) + list(s) for s in seqs], dtype=torch.long)
+    ids = torch.tensor([[pad_id] * (width - len(s)) + list(s) for s in seqs], dtype=torch.long,
+                       device=device)
     mask = torch.tensor([[False] * (width - len(s)) + [True] * len(s) for s in seqs],
-                        dtype=torch.bool)
-    return ids.reshape(len(seqs), width).to(device), mask.reshape(len(seqs), width).to(device)
+                        dtype=torch.bool, device=device)
+    return ids.reshape(len(seqs), width), mask.reshape(len(seqs), width)
 
 
 def position_ids(mask: torch.Tensor) -> torch.Tensor:
@@ -141,8 +142,10 @@ class HFEngine:
         self.pad_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         )
-        eos = eos_ids if eos_ids is not None else [tokenizer.eos_token_id]
-        self.eos_ids = torch.as_tensor([e for e in eos if e is not None], dtype=torch.long)
+        eos = [e for e in (eos_ids if eos_ids is not None else [tokenizer.eos_token_id])
+               if e is not None]
+        # moved to the model's device per call (the engine has no device of its own)
+        self.eos_ids = torch.as_tensor(eos, dtype=torch.long)  # host
 
     def generate(
         self,

@@ -47,7 +47,7 @@ def mix_seed(*parts: int) -> int:
 
 def row_keys(seeds: list[int], n_samples: list[int]) -> torch.Tensor:
     """Per-response keys (N,) int64: response j of prompt i gets ``mix_seed(seeds[i], j)``."""
-    return torch.tensor(
+    return torch.tensor(  # host: callers move the keys to the sampling device
         [mix_seed(s, j) for s, n in zip(seeds, n_samples) for j in range(n)], dtype=torch.long
     )
 

@@ -108,7 +108,7 @@ def unlearn_step(
     try:
         with torch.enable_grad():
             for start in range(0, n_local, mb):
-                part = r.select(torch.arange(start, min(start + mb, n_local)))
+                part = r.select(torch.arange(start, min(start + mb, n_local)))  # host: indices
                 mask = part.response_mask.float()  # (n, R)
                 logp, _ = response_logprobs(
                     rollout_model,
@@ -159,9 +159,11 @@ def _subset(
         max_new_tokens,
         seeds=[seeds[i] for i in idx],
     )
-    to_batch = torch.as_tensor(idx, dtype=torch.long)
+    device = out.device  # the record's one device (``Rollouts``): indices built there too
+    to_batch = torch.as_tensor(idx, dtype=torch.long, device=device)
     return dataclasses.replace(out, prompt_index=to_batch[out.prompt_index],
-                               stage=torch.full((len(out),), stage, dtype=torch.long))
+                               stage=torch.full((len(out),), stage, dtype=torch.long,
+                                                device=device))
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
@@ -225,8 +227,9 @@ class TwoStage(OneStage):
             if out is None:
                 raise ValueError("no responses requested (all n_samples are 0)")
             first = torch.searchsorted(out.prompt_index, out.prompt_index, side="left")
-            within = torch.arange(len(out)) - first  # j: the row's index within its prompt
-            stage = torch.where(within < torch.as_tensor(n1)[out.prompt_index], 1, 2)
+            within = torch.arange(len(out), device=out.device) - first  # j: index within prompt
+            n1_rows = torch.as_tensor(n1, dtype=torch.long, device=out.device)[out.prompt_index]
+            stage = torch.where(within < n1_rows, 1, 2)
             out = dataclasses.replace(out, stage=stage)
         else:
             stage1 = _subset(

@@ -11,6 +11,12 @@ import torch
 class Rollouts:
     """N responses to a batch of prompts; prompts may have different sample counts.
 
+    **One device.** Every tensor field lives on one device, ``device`` (the device of the model
+    that sampled, the trainer's): the token fields and the per-response metadata alike
+    (``prompt_index``, ``stage``, ``truncated``). A tensor built to combine with a field is built
+    with ``device=ro.device``; host-side records (``training.batch.StepRows``) take ``.cpu()``
+    copies. ``select`` takes indices on the host or on ``device``.
+
     Sequences are stored as ``prompt_ids`` (left-padded, so every prompt ends at column P)
     and ``response_ids`` (right-padded). ``old_logp`` and ``entropy`` are computed at the
     sampling temperature by the model that sampled each response.
@@ -35,13 +41,17 @@ class Rollouts:
         return self.response_ids.shape[0]
 
     @property
+    def device(self) -> torch.device:
+        return self.response_ids.device
+
+    @property
     def lengths(self) -> torch.Tensor:  # (N,)
         return self.response_mask.sum(-1)
 
     def select(self, idx: torch.Tensor | list[int]) -> "Rollouts":
         """Rows ``idx`` of every per-response field (a sub-batch)."""
         if not isinstance(idx, torch.Tensor):
-            idx = torch.as_tensor(idx, dtype=torch.long)
+            idx = torch.as_tensor(idx, dtype=torch.long)  # host: indexes any device's tensors
         out = {}
         for f in fields(self):
             v = getattr(self, f.name)
@@ -77,7 +87,8 @@ class Rollouts:
         if any(p.stage is not None for p in parts):
             stage = torch.cat(
                 [
-                    p.stage if p.stage is not None else torch.zeros(len(p), dtype=torch.long)
+                    p.stage if p.stage is not None
+                    else torch.zeros(len(p), dtype=torch.long, device=p.device)
                     for p in parts
                 ]
             )

@@ -98,7 +98,7 @@ def weights_checksum(model: torch.nn.Module) -> torch.Tensor:
     for p in model.parameters():
         d = p.detach()
         parts += [d.sum(dtype=torch.float64), d.double().square().sum()]
-    return torch.stack(parts).cpu() if parts else torch.zeros(0, dtype=torch.float64)
+    return torch.stack(parts).cpu() if parts else torch.zeros(0, dtype=torch.float64)  # host
 
 
 class VLLMEngine:
@@ -308,7 +308,7 @@ class VLLMEngine:
 
     def _probe_gap(self, model: torch.nn.Module, probe: list[int], out) -> float:
         """Largest |log-prob| gap between vLLM's prompt log-probs ``out`` and ``model``'s."""
-        engine = torch.tensor(
+        engine = torch.tensor(  # host: moved next to the model's log-probs below
             [float(d[t].logprob) for d, t in zip(out.prompt_logprobs[1:], probe[1:])]
         )
         device = next(model.parameters()).device
@@ -413,16 +413,17 @@ class VLLMEngine:
         N, R = len(rows), max([len(t) for t in toks], default=0)
         p_ids, p_mask = left_pad([prompt_ids[i] for i in rows] or [[]], self.pad_id, device)
         p_ids, p_mask = p_ids[:N], p_mask[:N]
-        r_ids = torch.full((N, R), self.pad_id, dtype=torch.long)
-        r_mask = torch.zeros((N, R), dtype=torch.bool)
-        v_logp = torch.zeros((N, R))
+        # host: filled row by row from Python lists, then moved to the model's device at once
+        r_ids = torch.full((N, R), self.pad_id, dtype=torch.long)  # host
+        r_mask = torch.zeros((N, R), dtype=torch.bool)  # host
+        v_logp = torch.zeros((N, R))  # host
         for k, (t, lp) in enumerate(zip(toks, lps)):
-            r_ids[k, : len(t)] = torch.as_tensor(t, dtype=torch.long)
+            r_ids[k, : len(t)] = torch.as_tensor(t, dtype=torch.long)  # host
             r_mask[k, : len(t)] = True
-            v_logp[k, : len(t)] = torch.as_tensor(lp)
+            v_logp[k, : len(t)] = torch.as_tensor(lp)  # host
         r_ids, r_mask, v_logp = r_ids.to(device), r_mask.to(device), v_logp.to(device)
         truncated = torch.as_tensor(
-            [not t or t[-1] not in self.eos_ids for t in toks], dtype=torch.bool
+            [not t or t[-1] not in self.eos_ids for t in toks], dtype=torch.bool, device=device
         )
         if self.recompute and N:
             logp, ent = self._score(model, p_ids, p_mask, r_ids, r_mask, temperature)
@@ -448,7 +449,7 @@ class VLLMEngine:
             prompt_index=torch.as_tensor(rows, dtype=torch.long, device=device),
             texts=texts,
             temperature=temperature,
-            truncated=truncated.to(device),
+            truncated=truncated,
             engine_logp=v_logp,
         )
 

@@ -91,7 +91,8 @@ def response_stats(ro: Rollouts, scores: torch.Tensor, rewards: torch.Tensor, ra
     (all but EEPO's stage 2 after an unlearning step, which an unlearned copy sampled)."""
     mask = ro.response_mask.cpu()
     n = len(ro)
-    stage = ro.stage.cpu().long() if ro.stage is not None else torch.zeros(n, dtype=torch.long)
+    stage = (ro.stage.cpu().long() if ro.stage is not None
+             else torch.zeros(n, dtype=torch.long))  # host
     return StepRows(
         group=ro.prompt_index.cpu().long(),
         reward=rewards.double(),
@@ -102,10 +103,10 @@ def response_stats(ro: Rollouts, scores: torch.Tensor, rewards: torch.Tensor, ra
         logp_sum=(ro.old_logp.cpu() * mask).sum(-1).double(),
         truncated=ro.truncated.cpu().bool()
         if ro.truncated is not None
-        else torch.zeros(n, dtype=torch.bool),
+        else torch.zeros(n, dtype=torch.bool),  # host
         stage=stage,
         own=(stage != 2) | stage2_own,
-        rank=torch.full((n,), rank, dtype=torch.long),
+        rank=torch.full((n,), rank, dtype=torch.long),  # host
     )
 
 
@@ -127,12 +128,11 @@ def covariance_metrics(rows: StepRows, adv: torch.Tensor) -> dict[str, float]:
     )  # (N,) per-response sums of the token covariance
     out = {"cov/mean": float(cov.sum() / n_tok)}
     group = rows.group
-    size = torch.bincount(group).clamp_min(1) if len(group) else torch.ones(0)
-    acc = (torch.zeros(len(size), dtype=torch.float64).index_add_(0, group, rows.score) / size)[
-        group
-    ]
+    size = torch.bincount(group).clamp_min(1) if len(group) else torch.ones(0)  # host
+    acc = torch.zeros(len(size), dtype=torch.float64)  # host, as every StepRows column
+    acc = (acc.index_add_(0, group, rows.score) / size)[group]
     width = int(n.max()) if len(n) else 0
-    mask = torch.arange(width)[None, :] < rows.length[:, None]  # (N, T)
+    mask = torch.arange(width)[None, :] < rows.length[:, None]  # host: (N, T)
     spread = (cov / n.clamp_min(1))[:, None].expand(-1, width)  # (N, T)
     out.update({k: float(v) for k, v in covariance_by_difficulty(spread, mask, acc).items()})
     return out

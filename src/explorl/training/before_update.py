@@ -34,7 +34,7 @@ class BeforeUpdate:
         gather, so every rank can form each mini-batch's global count."""
         p_min = self.cfg.control.entropic.p_min
         n = (ro.response_mask & (ro.old_logp.exp() > p_min)).sum(-1).float().cpu()  # (n,)
-        out = torch.zeros(N)
+        out = torch.zeros(N)  # host: gathered counts
         for part in self.dist.gather({"local": sb.local.cpu(), "n": n}):
             out[part["local"]] = part["n"]
         return out
@@ -45,7 +45,7 @@ class BeforeUpdate:
         per-token weight (n_micro_rows, T) per micro-batch. Every rank calls the gather, also one
         holding no rows of the mini-batch. Adds the mask's (global) metrics to ``mask_sums``."""
         a = self.cfg.algorithm
-        rows = torch.cat(micros) if micros else torch.zeros(0, dtype=torch.long)
+        rows = torch.cat(micros) if micros else torch.zeros(0, dtype=torch.long)  # host
         rows = rows.to(ro.entropy.device)
         tm = forking_token_mask(ro.entropy[rows], ro.response_mask[rows], a.entropy_mask_ratio,
                                 renorm_kept=a.entropy_mask_renorm, gather=self.dist.gather,
@@ -111,7 +111,7 @@ class BeforeUpdate:
         (``rollout/logp_diff_max``, ``rollout/logp_diff_mean`` over valid tokens).
         """
         a = self.cfg.algorithm
-        chunks = torch.arange(len(ro)).split(sizes) if len(ro) else ()
+        chunks = torch.arange(len(ro)).split(sizes) if len(ro) else ()  # host: row indices
         logps, ents = [], []
         for k in range(n_micro):
             if k < len(chunks):

@@ -53,7 +53,7 @@ def step_correction(rc, ro: Rollouts, local: torch.Tensor, n_rows: int,
                            lower=rc.lower, veto=rc.veto)
     parts = dist.gather({"local": local.cpu(), "kept": c.keep.sum(-1).float().cpu(),
                          "sums": c.sums})
-    kept = torch.zeros(n_rows)
+    kept = torch.zeros(n_rows)  # host: gathered per-row counts
     for p in parts:
         kept[p["local"]] = p["kept"]
     metrics = correction_metrics(merge_sums([p["sums"] for p in parts]))

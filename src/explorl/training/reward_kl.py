@@ -25,7 +25,7 @@ def reference_kl_sums(ref: torch.nn.Module, ro: Rollouts, sb: StepBatch, dist, *
     ``sizes``: this rank's micro-batches (``optim.micro_batch_size`` / ``_tokens``)."""
     mask = ro.response_mask
     sums = []
-    for idx in torch.arange(len(ro)).split(sizes):
+    for idx in torch.arange(len(ro)).split(sizes):  # host: row indices
         sub = ro.select(idx)
         with amp():
             ref_logp, _ = response_logprobs(ref, sub.prompt_ids, sub.prompt_mask,
@@ -33,8 +33,8 @@ def reference_kl_sums(ref: torch.nn.Module, ro: Rollouts, sb: StepBatch, dist, *
                                             chunk_size=chunk_size, with_entropy=False)
         kl = kl_estimate(sub.old_logp.float(), ref_logp.float(), kind)  # (n_mb, T)
         sums.append(torch.where(mask[idx], kl, torch.zeros_like(kl)).sum(-1).cpu().double())
-    local = torch.cat(sums) if sums else torch.zeros(0, dtype=torch.float64)
-    out = torch.zeros(len(sb.rows.reward), dtype=torch.float64)
+    local = torch.cat(sums) if sums else torch.zeros(0, dtype=torch.float64)  # host
+    out = torch.zeros(len(sb.rows.reward), dtype=torch.float64)  # host: a StepRows column
     for part in dist.gather({"local": sb.local.cpu(), "kl": local}):
         out[part["local"]] = part["kl"]
     sb.rows.kl_sum = out

@@ -82,7 +82,8 @@ class PolicyUpdate:
                   temperature: float) -> tuple[Rollouts, dict[str, float]]:
         """Old log-probs and entropy from the trainer's own forward (``algorithm.old_logp``):
         ``BeforeUpdate.recompute`` in this run's micro-batches."""
-        sizes, n_micro = self._micro_plan(sb.rows, torch.arange(len(sb.rows.rank)))
+        every_row = torch.arange(len(sb.rows.rank))  # host: StepRows indices
+        sizes, n_micro = self._micro_plan(sb.rows, every_row)
         return self.before.recompute(ro, sb, temperature, sizes, n_micro)
 
     def reward_kl(self, ro: Rollouts, sb: StepBatch, temperature: float) -> None:
@@ -123,8 +124,9 @@ class PolicyUpdate:
             lengths = lengths * ~rows.truncated
         max_len = a.agg_max_len or cfg.rollout.max_response_len
         n_mb = min(o.mini_batches, N)
-        local_row = torch.full((N,), -1, dtype=torch.long)
-        local_row[sb.local] = torch.arange(len(sb.local))  # global row -> this rank's row, or -1
+        # host: global row -> this rank's row, or -1
+        local_row = torch.full((N,), -1, dtype=torch.long)  # host
+        local_row[sb.local] = torch.arange(len(sb.local))  # host
         sums: dict[str, torch.Tensor] = {}
         n_opt, n_bad, grad_norm_sum = 0, 0, torch.zeros((), device=self.device)
         adv = adv.to(self.device)
@@ -135,8 +137,8 @@ class PolicyUpdate:
         n_masks = 0
         self.scorer.train()
         for _ in range(o.ppo_epochs):
-            order = (torch.randperm(N, generator=self.shuffle_gen) if n_mb > 1 or o.ppo_epochs > 1
-                     else torch.arange(N))
+            order = (torch.randperm(N, generator=self.shuffle_gen)  # host: global row order
+                     if n_mb > 1 or o.ppo_epochs > 1 else torch.arange(N))  # host
             for mb in order.tensor_split(n_mb):
                 agg = dict(
                     token_denom=lengths[mb].sum().clamp_min(1),
