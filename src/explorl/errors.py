@@ -42,3 +42,8 @@ class CheckpointError(ExplorlError, OSError):
 
 class NonFiniteError(ExplorlError, FloatingPointError):
     """A NaN or infinity where a finite number is required (weights, loss, gradient norm)."""
+
+
+class OutOfMemory(ExplorlError, MemoryError):
+    """The device ran out of memory again after the update's one retry at half the micro-batch
+    (``training.memory``); the message names the setting to lower."""

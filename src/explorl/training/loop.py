@@ -229,7 +229,7 @@ class Trainer:
             metrics.update(self.control.before_update(stats))
         knobs = self.knobs
         with timed(metrics, "time/train_s"):
-            upd, sums = self.update.run(got.rollouts, adv, knobs, sb)
+            upd, sums = self.update.run(got.rollouts, adv, knobs, sb, step)
         # The step's one reduction: loss and token sums, and the Ctrl-C flag (ranks stop together).
         total = self.dist.sum_dict({**sums, "stop": float(self._stop)})
         self._stop = total.pop("stop") > 0

@@ -30,7 +30,7 @@ def state_of(t) -> dict:
             "scheduler": t.scheduler.state_dict(), "rng": rng_state(t.generators),
             "data": t.order.state_dict(), "anneal_data": anneal,
             "guard": t.watch.guard.state_dict(), "watch": t.watch.state_dict(),
-            "torch_threads": torch.get_num_threads(),
+            "torch_threads": torch.get_num_threads(), "memory": t.update.memory.state_dict(),
             **t.control.state_dict()}
 
 
@@ -41,6 +41,7 @@ def restore(t, ckpt: Path) -> None:
     t.step = state["step"]
     t.watch.guard.load_state_dict(state.get("guard", {}))
     t.watch.load_state_dict(state.get("watch", {}))
+    t.update.memory.load_state_dict(state.get("memory", {}))  # micro-batches halved on an OOM
     t.dist.load_optimizer_state(t.scorer, t.optimizer, state["optimizer"])
     t.scheduler.load_state_dict(state["scheduler"])
     t.order.load_state_dict(state["data"])

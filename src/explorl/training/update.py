@@ -41,6 +41,7 @@ from explorl.training.batch import StepBatch, StepRows
 from explorl.training.before_update import BeforeUpdate
 from explorl.training.correction import step_correction
 from explorl.training.loss_pass import LossPass
+from explorl.training.memory import OOM_ERRORS, MemoryGuard
 from explorl.training.optim import micro_batch_sizes
 from explorl.training.reward_kl import reference_kl_sums
 
@@ -67,15 +68,16 @@ class PolicyUpdate:
             and not cfg.model.pure_low_precision
         )
         self.scaler = torch.amp.GradScaler(self.device.type) if fp16 else None
+        self.memory = MemoryGuard(cfg.optim, dist.world_size)  # one retry on out-of-memory
 
     def _micro_plan(self, rows: StepRows, idx: torch.Tensor) -> tuple[list[int], int]:
         """This rank's micro-batch sizes over its rows among the global rows ``idx`` (in that
         order), and the most micro-batches any rank has (every rank runs that many passes)."""
-        o = self.cfg.optim
+        max_rows, max_tokens = self.memory.limits()  # optim.micro_batch_*, halved on an OOM
         tokens = rows.length[idx] + rows.prompt_length[idx]
         rank = rows.rank[idx]
-        plans = [micro_batch_sizes(tokens[rank == r].tolist(), o.micro_batch_size,
-                                   o.micro_batch_tokens) for r in range(self.dist.world_size)]
+        plans = [micro_batch_sizes(tokens[rank == r].tolist(), max_rows, max_tokens)
+                 for r in range(self.dist.world_size)]
         return plans[self.dist.rank], max(len(p) for p in plans)
 
     def recompute(self, ro: Rollouts, sb: StepBatch,
@@ -99,14 +101,47 @@ class PolicyUpdate:
                           sizes=micro_batch_sizes(tokens, o.micro_batch_size,
                                                   o.micro_batch_tokens))
 
+    def _accumulate(self, ro, adv, mb, mine, rows, agg, lcfg, loss_fn, corr, confident, sums,
+                    mask_sums) -> int:
+        """One mini-batch's gradients, accumulated over its micro-batches (no optimizer step);
+        adds to ``sums`` and ``mask_sums`` and returns the forking masks it took (0 or 1)."""
+        a, W = self.cfg.algorithm, self.dist.world_size
+        # Every rank runs as many forward/backward passes as the busiest one: only the last
+        # synchronises gradients (DDP), and FSDP gathers weights in every pass.
+        sizes, n_micro = self._micro_plan(rows, mb)
+        micros = list(mine[mine >= 0].split(sizes)) if sizes else []
+        selections = self.before.select_tokens(ro, adv, micros, n_micro, lcfg)
+        weights, n_masks = [None] * len(micros), 0
+        if a.entropy_mask_ratio:
+            weights, n_masks = self.before.forking_weights(ro, micros, mask_sums), 1
+        pg_agg = dict(agg, **corr.denominators(mb)) if corr is not None else None
+        if confident is not None:  # EntroPIC's denominator: its confident tokens
+            agg["confident_denom"] = confident[mb].sum().clamp_min(1)
+        self.optimizer.zero_grad(set_to_none=True)
+        for k in range(n_micro):
+            sync = k == n_micro - 1
+            with contextlib.nullcontext() if sync else self.dist.no_sync(self.scorer):
+                if k < len(micros):
+                    loss = self.passes.micro_loss(
+                        ro.select(micros[k]), adv[micros[k]], loss_fn, lcfg, agg, sums,
+                        selection=selections[k], weight=weights[k],
+                        correction=None if corr is None else (
+                            corr.weight[micros[k]], corr.keep[micros[k]], pg_agg),
+                    )
+                else:
+                    loss = self.passes.idle()
+                loss = loss * W
+                (self.scaler.scale(loss) if self.scaler else loss).backward()
+        return n_masks
+
     def run(
-        self, ro: Rollouts, adv: torch.Tensor, knobs: Knobs, sb: StepBatch
+        self, ro: Rollouts, adv: torch.Tensor, knobs: Knobs, sb: StepBatch, step: int = 0
     ) -> tuple[dict, dict]:
         """Returns metrics that are the same on every rank, and this rank's sums for
         ``loss_metrics``
         (added over ranks by the caller)."""
         cfg, a, o = self.cfg, self.cfg.algorithm, self.cfg.optim
-        rows, W = sb.rows, self.dist.world_size
+        rows = sb.rows
         N = len(rows.reward)  # global
         if N == 0:
             return {
@@ -146,39 +181,18 @@ class PolicyUpdate:
                     max_len=max_len,
                 )
                 mine = local_row[mb]
-                # Every rank runs as many forward/backward passes as the busiest one: only the last
-                # synchronises gradients (DDP), and FSDP gathers weights in every pass.
-                sizes, n_micro = self._micro_plan(rows, mb)
-                micros = list(mine[mine >= 0].split(sizes)) if sizes else []
-                selections = self.before.select_tokens(ro, adv, micros, n_micro, lcfg)
-                weights = [None] * len(micros)
-                if a.entropy_mask_ratio:
-                    weights = self.before.forking_weights(ro, micros, mask_sums)
-                    n_masks += 1
-                pg_agg = dict(agg, **corr.denominators(mb)) if corr is not None else None
-                if confident is not None:  # EntroPIC's denominator: its confident tokens
-                    agg["confident_denom"] = confident[mb].sum().clamp_min(1)
-                self.optimizer.zero_grad(set_to_none=True)
-                for k in range(n_micro):
-                    sync = k == n_micro - 1
-                    with contextlib.nullcontext() if sync else self.dist.no_sync(self.scorer):
-                        if k < len(micros):
-                            loss = self.passes.micro_loss(
-                                ro.select(micros[k]),
-                                adv[micros[k]],
-                                loss_fn,
-                                lcfg,
-                                agg,
-                                sums,
-                                selection=selections[k],
-                                weight=weights[k],
-                                correction=None if corr is None else (
-                                    corr.weight[micros[k]], corr.keep[micros[k]], pg_agg),
-                            )
-                        else:
-                            loss = self.passes.idle()
-                        loss = loss * W
-                        (self.scaler.scale(loss) if self.scaler else loss).backward()
+                for _attempt in range(MemoryGuard.MAX_RETRIES + 2):  # the last OOM raises
+                    saved = ({k: v.clone() for k, v in sums.items()}, dict(mask_sums))
+                    try:
+                        n_masks += self._accumulate(ro, adv, mb, mine, rows, agg, lcfg, loss_fn,
+                                                    corr, confident, sums, mask_sums)
+                        break
+                    except OOM_ERRORS as e:  # drop the mini-batch's partial gradients and sums
+                        self.optimizer.zero_grad(set_to_none=True)
+                        for d, old in zip((sums, mask_sums), saved):
+                            d.clear()
+                            d.update(old)
+                        self.memory.on_oom(e, step)  # halves the plan, or raises OutOfMemory
                 if self.scaler:
                     self.scaler.unscale_(self.optimizer)
                 gn = self.dist.clip_grad_norm_(self.scorer, o.max_grad_norm).detach().float()
@@ -201,6 +215,7 @@ class PolicyUpdate:
         out = {"grad/norm": float(grad_norm_sum) / max(1, n_opt) if n_opt else float("nan"),
                "train/optimizer_steps": float(n_opt), "train/nonfinite_updates": float(n_bad),
                "train/lr": float(self.scheduler.get_last_lr()[0])}
+        out.update(self.memory.metrics())
         out.update({k: v / n_masks for k, v in mask_sums.items()})  # means over the mini-batches
         out.update(corr.metrics if corr is not None else {})
         return out, {k: float(v) for k, v in sums.items()}
