@@ -332,7 +332,8 @@ def main() -> None:
              f"generate {r['generate']:,.0f} tokens/s", f"{ratio:.2f}×", "≥ 1.0×",
              verdict(ratio >= 1.0)))
     else:
-        add(("sampler", f"{P} × {G} × {R}", r, "—", "—", "≥ 1.0×", "FAIL"))
+        add(("sampler", f"{P} × {G} × {R}", r, "—", "—", "≥ 1.0×",
+             "skipped" if r.startswith("skipped") else "FAIL"))
 
     sets = lora_sets()
     if sets is None:
@@ -346,7 +347,8 @@ def main() -> None:
         add(("LoRA step", f"{P} × 8 × {R}, {' '.join(sets)}",
              f"{r['peak_gb']:.1f} GB peak" if isinstance(r, dict) else r, "—",
              f"full step {full_peak:.1f} GB" if full_peak is not None else "—",
-             "less than the full step", verdict(ok)))
+             "less than the full step",
+             "skipped" if str(r).startswith("skipped") else verdict(ok)))
 
 
 
