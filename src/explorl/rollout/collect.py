@@ -32,10 +32,11 @@ TRAIN_STREAM = (
 class Collected:
     """This rank's kept responses and the step's global statistics."""
 
-    rollouts: Rollouts  # this rank's kept rows (prompt_index = position among the step's prompts)
-    scores: torch.Tensor  # (n,) correctness (0/1) of those rows (``rewards.rewarder``)
-    rewards: torch.Tensor  # (n,) shaped rewards of those rows
-    batch: StepBatch  # every rank's rows, as one process sees them
+    rollouts: Rollouts  # this rank's kept rows, on the model's device (prompt_index = position
+    # among the step's prompts)
+    scores: torch.Tensor  # (n,) host: correctness (0/1) of those rows (``rewards.rewarder``)
+    rewards: torch.Tensor  # (n,) host: shaped rewards of those rows
+    batch: StepBatch  # host: every rank's rows, as one process sees them
     metrics: dict[str, float]
 
 

@@ -23,6 +23,10 @@ class StepRows:
     """The step's per-response statistics: one (N,) column per field, one row per response, in
     the order one process would have them (prompt by prompt).
 
+    **Host.** Every column lives on the CPU, whatever device the model is on: the columns cross
+    ranks through ``dist.gather`` and feed Python-side statistics; ``response_stats`` takes
+    ``.cpu()`` copies of the ``Rollouts`` fields it reads (which live on the model's device).
+
     ``slots``: a misspelt column is an ``AttributeError`` on read and on write, never a new
     column or a silent default. Each rank builds its share with ``response_stats``; ``cat``
     joins the ranks' shares (in rank order) and the generation rounds.
@@ -77,7 +81,7 @@ class StepBatch:
     """
 
     rows: StepRows
-    local: torch.Tensor
+    local: torch.Tensor  # (n,) int64 on the host: this rank's kept rollouts → global rows
     prompt_indices: list[int]  # dataset index of every prompt sampled this step (all rounds)
     prompt_correct: list[float]
     prompt_samples: list[int]
