@@ -182,7 +182,8 @@ class HFConfig:
     temperature, draw, log-prob and entropy) replayed as one CUDA graph; the same tokens as the
     eager loop under the same seeds (docs/rollout-engines.md). ``auto``: on CUDA, for the models
     the lean call takes (Llama, Qwen2, Qwen3) without adapters or hooks; ``true`` (``on``): on
-    any device (no graphs off CUDA); ``false`` (``off``): the eager loop. Keeps its buffers and graphs between calls."""
+    any device (no graphs off CUDA); ``false`` (``off``): the eager loop. Its buffers and graphs
+    stay allocated between calls."""
 
 
 @dataclass
