@@ -62,7 +62,8 @@ __all__ = [
     "DistConfig", "EEPOControlConfig", "EntroPICControlConfig", "EntropyCoefControlConfig",
     "EvalConfig", "HFConfig", "Interval", "LabConfig", "LogConfig", "LoRAConfig", "ModelConfig",
     "OptimConfig", "RewardConfig", "RewardFunctionConfig", "RolloutConfig",
-    "RolloutCorrectionConfig", "RunConfig", "ScheduleConfig", "TemperatureControlConfig", "VLLMConfig", "WatchConfig",
+    "RolloutCorrectionConfig", "RunConfig", "ScheduleConfig", "TemperatureControlConfig",
+    "VLLMConfig", "WatchConfig",
     "_deep_update", "build", "field_docs", "load_yaml", "parse_override", "read_recipe",
     "read_utf8", "reference", "save", "set_path", "to_dict",
 ]
