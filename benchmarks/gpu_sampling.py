@@ -173,7 +173,8 @@ def main() -> None:
                 same = (ro.response_ids == ref.response_ids).all(-1)
                 row["same_rows"] = float(same.float().mean())
                 lead = (ro.response_ids == ref.response_ids).cumprod(-1).bool()  # before 1st diff
-                row["logp_diff_max"] = float((ro.old_logp - ref.old_logp)[lead].abs().max())
+                diff = (ro.old_logp - ref.old_logp)[lead].abs()
+                row["logp_diff_max"] = float(diff.max()) if diff.numel() else None
             results[path] = (row, ro)
             print(f"{cell:>12} {path:>6} {row['tokens_per_s']:>9.0f} {row['ms_per_step']:>8.2f} "
                   f"{row['floor_ms']:>8.3f} {row['x_floor']:>7.1f} "
