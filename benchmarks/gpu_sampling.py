@@ -16,7 +16,9 @@ the static path its speed-up over the eager loop and whether both drew the same 
 the kernels differ, so log-probs agree to bf16 rounding, not bit for bit). The first static call
 of a shape builds its buffers and captures its graphs: timed apart (``first_s``).
 
-``--budget-s`` skips a run whose estimate would not fit in what is left; ``--profile FILE`` runs
+``--check`` first compares the two paths on small models whose rows end at EOS at different
+lengths (compaction into smaller buckets, graphs replayed twice), in float32 and under bfloat16
+autocast. ``--budget-s`` skips a run whose estimate would not fit in what is left; ``--profile FILE`` runs
 ``torch.profiler`` over one sampling call per path of the first cell and writes (and prints) the
 top-20 ops by device time; ``--out FILE`` appends one JSON line per row. ``--smoke``: a tiny model
 on the CPU, seconds.
@@ -110,6 +112,7 @@ def main() -> None:
     ap.add_argument("--pure-bf16", action="store_true", help="weights stored in bfloat16")
     ap.add_argument("--profile", default=None, help="file for the profiler's top-20 table")
     ap.add_argument("--out", default=None, help="append one JSON line per row to this file")
+    ap.add_argument("--check", action="store_true", help="static = eager on small models first")
     ap.add_argument("--smoke", action="store_true", help="tiny model on the CPU: it runs")
     args = ap.parse_args()
     start = time.perf_counter()
@@ -126,6 +129,8 @@ def main() -> None:
     def amp():
         return torch.autocast(device.type, dtype=compute, enabled=weights != compute)
 
+    if args.check:
+        check(device)
     bw = copy_bandwidth(device)
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
     print(f"# {name}, torch {torch.__version__}; weights {weights}, compute {compute}; "
@@ -188,6 +193,50 @@ def main() -> None:
                 profile(args.profile, path, lambda e=engine: sample(e, model, prompts, G, R, 0,
                                                                    amp), device)
     print(f"# total {time.perf_counter() - start:.1f} s", flush=True)
+
+
+def check(device: torch.device) -> None:
+    """Static against eager on small Llama/Qwen2 models with a likely EOS: the share of rows
+    drawn the same, the largest log-prob gap before a row's first difference, the graphs."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    class Tok(_Tok):
+        eos_token_id = 2
+
+    prompts = [[1, 5, 9], [1, 7], [1, 3, 3, 8], [1, 4, 4, 4, 4, 6], [1, 9]] * 4
+    budgets, seeds = [3, 5, 4, 2, 1] * 4, list(range(20))
+    shape = dict(TINY, vocab_size=400)
+    for arch, amp_dtype in (("llama", None), ("qwen2", None), ("qwen2", torch.bfloat16)):
+        if arch == "llama":
+            torch.manual_seed(0)
+            with torch.device(device):
+                model = LlamaForCausalLM(LlamaConfig(**shape, pad_token_id=0)).eval()
+        else:
+            model = build_model(shape, device, torch.float32)
+        with torch.no_grad():
+            model.lm_head.weight[2] += 0.8
+        amp = torch.autocast(device.type, dtype=amp_dtype or torch.float32,
+                             enabled=amp_dtype is not None)
+        for T in (1.0, 0.7, 0.0):
+            with amp:
+                ref = HFEngine(Tok(), static=False).generate(model, prompts, budgets, T, 40,
+                                                             seeds=seeds)
+                engine = HFEngine(Tok(), static=True)
+                engine.static_min_rows = 1
+                ro = engine.generate(model, prompts, budgets, T, 40, seeds=seeds)
+                again = engine.generate(model, prompts, budgets, T, 40, seeds=seeds)
+            dec = engine._decoders.get(id(model))
+            w = min(ro.response_ids.shape[1], ref.response_ids.shape[1])
+            eq = ro.response_ids[:, :w] == ref.response_ids[:, :w]
+            lead = eq.cumprod(-1).bool()
+            diff = (ro.old_logp[:, :w] - ref.old_logp[:, :w])[lead].abs()
+            lengths = ref.response_mask.sum(-1)
+            print(f"# check {arch} autocast={amp_dtype} T={T}: same rows "
+                  f"{float(eq.all(-1).float().mean()):.3f}, logp gap "
+                  f"{float(diff.max()) if diff.numel() else float('nan'):.1e}, lengths "
+                  f"{int(lengths.min())}-{int(lengths.max())}, repeat equal "
+                  f"{torch.equal(ro.response_ids, again.response_ids)}, graphs "
+                  f"{None if dec is None else sorted(b for b, _ in dec.graphs)}", flush=True)
 
 
 def profile(path: str, label: str, call, device: torch.device) -> None:
