@@ -18,10 +18,10 @@ of a shape builds its buffers and captures its graphs: timed apart (``first_s``)
 
 ``--check`` first compares the two paths on small models whose rows end at EOS at different
 lengths (compaction into smaller buckets, graphs replayed twice), in float32 and under bfloat16
-autocast. ``--budget-s`` skips a run whose estimate would not fit in what is left; ``--profile FILE`` runs
-``torch.profiler`` over one sampling call per path of the first cell and writes (and prints) the
-top-20 ops by device time; ``--out FILE`` appends one JSON line per row. ``--smoke``: a tiny model
-on the CPU, seconds.
+autocast. ``--budget-s`` skips a run whose estimate would not fit in what is left (the check
+counts); ``--profile FILE`` runs ``torch.profiler`` over one sampling call per path of the first
+cell and writes (and prints) the top-20 ops by device time; ``--out FILE`` appends one JSON line
+per row. ``--smoke``: a tiny model on the CPU, seconds.
 """
 
 from __future__ import annotations
