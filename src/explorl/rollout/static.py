@@ -26,6 +26,7 @@ residual stream, norms and rotary tables in the weights' dtype, keys stored in t
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import numpy as np
@@ -237,7 +238,8 @@ class StaticDecoder:
         todo = [b for b in self._buckets(top) if (b, mode) not in self.graphs]
         for b in todo:
             try:
-                self.t.zero_(), self.col.zero_(), self.row.zero_(), self.alive.zero_()
+                for buf in (self.t, self.col, self.row, self.alive):  # indices in range
+                    buf.zero_()
                 stream = torch.cuda.Stream(self.device)
                 stream.wait_stream(torch.cuda.current_stream(self.device))
                 with torch.cuda.stream(stream):
@@ -297,7 +299,9 @@ class StaticDecoder:
         if draw != "greedy" and self.device.type == "cpu" and V <= MT_VOCAB_MAX:
             draw, noise = "noise", NoiseStream(keys, V, R, device=self.device)
         mode = (draw, temperature not in (0, 1))  # ×1 is exact: skip the pass
-        with torch.autocast(self.device.type, enabled=False):
+        cuda = self.device.type == "cuda"
+        on_device = torch.cuda.device(self.device) if cuda else contextlib.nullcontext()
+        with torch.autocast(self.device.type, enabled=False), on_device:  # graphs: model's GPU
             self.weights.refresh()
             top = bucket(N, self.smallest)
             if self.use_graphs and draw != "noise":
