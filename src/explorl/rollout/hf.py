@@ -369,6 +369,7 @@ class HFEngine:
             if dec is not None:  # grow: never shrink, so a slightly longer prompt rebuilds rarely
                 rows, cols, R = max(rows, dec.rows), max(cols, dec.cols), max(R, dec.R)
             self._decoders.pop(id(model), None)
+            dec = None  # the old buffers and graphs are freed before the new ones are allocated
             if len(self._decoders) >= 2:  # the policy and EEPO's copy; more are transient
                 self._decoders.clear()
             dec = StaticDecoder(model, device, dtype, rows, cols, R, self.eos_ids, self.pad_id,
