@@ -269,7 +269,9 @@ class StaticDecoder:
         graph = self.graphs.get((b, mode))
         if graph is not None:
             graph.replay()
-        else:
+        elif noise is None:  # what a graph replays: the host passes (b, mode), nothing per step
+            self._step(b, mode)
+        else:  # CPU's Mersenne-Twister noise, drawn on the host
             self._step(b, mode, noise, t, n)
 
     def _compact(self, b: int, n_alive: int, noise) -> int:
