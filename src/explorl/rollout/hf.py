@@ -47,7 +47,13 @@ from explorl.config.sections import HFConfig
 from explorl.hf_compat import cache_kwarg
 from explorl.rollout.lean import lean_logits, lean_sampling_supported
 from explorl.rollout.seeding import NoiseStream, row_keys
-from explorl.rollout.static import _COLS, StaticDecoder, bucket, compute_dtype, static_supported
+from explorl.rollout.static import (
+    StaticDecoder,
+    bucket,
+    columns,
+    compute_dtype,
+    static_supported,
+)
 from explorl.rollout.types import Rollouts
 
 
@@ -275,7 +281,6 @@ class HFEngine:
             truncated=~finished,
         )
 
-
     def _decode_eager(self, model, call, cache, logits, inv, mask_u, max_new_tokens, temperature,
                       generator, keys, check_every):
         """The eager decode loop from the prefill's ``cache`` and ``logits`` (U rows each):
@@ -363,7 +368,7 @@ class HFEngine:
         if not static_supported(model):
             return None
         dtype = compute_dtype(model, device)
-        rows, cols = bucket(N, self.static_min_rows), -(-(P + R) // _COLS) * _COLS
+        rows, cols = bucket(N, self.static_min_rows), columns(P + R)
         dec = self._decoders.get(id(model))
         if dec is None or not dec.fits(model, rows, cols, R, dtype):
             if dec is not None:  # grow: never shrink, so a slightly longer prompt rebuilds rarely

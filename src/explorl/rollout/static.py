@@ -51,6 +51,11 @@ def bucket(n: int, smallest: int) -> int:
     return max(smallest, 1 << max(0, n - 1).bit_length())
 
 
+def columns(n: int) -> int:
+    """Cache columns allocated for ``n`` positions (prompt + response): a multiple of 128."""
+    return -(-n // _COLS) * _COLS
+
+
 def static_supported(model: torch.nn.Module) -> bool:
     """Whether the static step computes what the lean call does for ``model``: a model the lean
     sampler takes, with plain ``Linear``/``Embedding`` modules (no adapter layers) and no hook on
