@@ -19,6 +19,8 @@ from transformers import (
     LlamaForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 from explorl.rollout import static as static_mod
@@ -44,8 +46,9 @@ def small_model(arch: str, vocab: int, seed: int = 0):
     kw = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
               pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    model = (LlamaForCausalLM(LlamaConfig(**kw)) if arch == "llama"
-             else Qwen2ForCausalLM(Qwen2Config(**kw))).eval()
+    cls, cfg = {"llama": (LlamaForCausalLM, LlamaConfig), "qwen2": (Qwen2ForCausalLM, Qwen2Config),
+                "qwen3": (Qwen3ForCausalLM, Qwen3Config)}[arch]
+    model = cls(cfg(**kw)).eval()
     with torch.no_grad():
         model.lm_head.weight[2] += 0.3 if vocab < 100 else 0.8
     return model
@@ -80,7 +83,8 @@ def compactions(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("arch,vocab", [("llama", 24), ("llama", 400), ("qwen2", 400)])
+@pytest.mark.parametrize("arch,vocab", [("llama", 24), ("llama", 400), ("qwen2", 400),
+                                        ("qwen3", 400)])
 @pytest.mark.parametrize("T", [1.0, 0.7, 0.0])
 @pytest.mark.parametrize("min_rows,batch_size", [(1, 256), (2, 4), (8, 256)])
 def test_static_path_draws_the_eager_tokens(arch, vocab, T, min_rows, batch_size, compactions):
