@@ -22,6 +22,11 @@ call is ``lean._decoder``'s arithmetic with autocast's casts made explicit: matr
 compute dtype (float32 master weights are cast once per call into copies the graphs read), the
 residual stream, norms and rotary tables in the weights' dtype, keys stored in the compute dtype
 (what autocast's cast before attention gives).
+
+Off CUDA the same step runs uncaptured, called with nothing from the host but (bucket, mode), as
+a replay would be (tests/test_rollout_static.py compares it with the eager loop). A failed
+capture warns and decodes on the buffers without graphs; the engine hands any other failure back
+to its eager loop.
 """
 
 from __future__ import annotations
