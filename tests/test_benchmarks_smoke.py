@@ -19,6 +19,7 @@ SCRIPTS = sorted(p.name for p in BENCH.glob("*.py") if not p.name.startswith("_"
 
 def test_every_benchmark_is_listed_and_takes_smoke():
     assert "gpu_acceptance.py" in SCRIPTS and "vs_trl.py" in SCRIPTS
+    assert "gpu_sampling.py" in SCRIPTS
     for name in SCRIPTS:
         assert '"--smoke"' in (BENCH / name).read_text(), f"{name} has no --smoke"
 

@@ -4,7 +4,7 @@ only home of every default (``control_sections`` holds the controllers')."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 from explorl.config.algorithm_sections import AlgorithmConfig
 from explorl.config.control_sections import ControlConfig
@@ -175,6 +175,18 @@ class VLLMConfig:
 
 
 @dataclass
+class HFConfig:
+    static: Union[bool, Literal["auto"]] = "auto"
+    """The static decode path: KV buffers of fixed shape per batch-size bucket (powers of two),
+    finished rows moved to a smaller bucket, and on CUDA each bucket's decode step (model call,
+    temperature, draw, log-prob and entropy) replayed as one CUDA graph; the same tokens as the
+    eager loop under the same seeds (docs/rollout-engines.md). ``auto``: on CUDA, for the models
+    the lean call takes (Llama, Qwen2, Qwen3) without adapters or hooks; ``true`` (``on``): on
+    any device (no graphs off CUDA); ``false`` (``off``): the eager loop. Its buffers and graphs
+    stay allocated between calls."""
+
+
+@dataclass
 class RolloutConfig:
     n_samples: int = 8
     """Responses per prompt (G, E3's n_default)."""
@@ -189,6 +201,8 @@ class RolloutConfig:
     every update."""
     batch_size: int = 256
     """Most responses generated in one forward batch (``vllm``: scored in one recompute batch)."""
+    hf: HFConfig = field(default_factory=HFConfig)
+    """Settings of the ``hf`` engine."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     """Settings of the ``vllm`` engine."""
 

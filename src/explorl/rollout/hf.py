@@ -21,6 +21,9 @@ Where the time goes, and what the loop does about it (figures: benchmarks/README
   numbers: the kernels read the same values through strides).
 - **A lean model call** (``rollout.lean``) for Llama-family models: the decoder's own ops on
   the model's weights, without transformers' per-call machinery; the same logits bit for bit.
+- **A static decode path** (``rollout.static``, ``rollout.hf.static``): on CUDA the decode step
+  runs on preallocated buffers of fixed shape per batch-size bucket, replayed as one CUDA graph
+  per bucket; the same tokens as this loop under the same seeds.
 - **Counter-based draws without per-token noise over the vocabulary** (``rollout.seeding``):
   small vocabularies on CPU get their Gumbel noise for a block of positions at once; real
   vocabularies and accelerators draw by inverse CDF from one uniform per row (one pass over the
@@ -28,6 +31,8 @@ Where the time goes, and what the loop does about it (figures: benchmarks/README
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 from transformers import DynamicCache
@@ -38,9 +43,17 @@ except ImportError:  # older: the plain DynamicCache
     DynamicLayer = None
 
 from explorl.adapters import for_sampling
+from explorl.config.sections import HFConfig
 from explorl.hf_compat import cache_kwarg
 from explorl.rollout.lean import lean_logits, lean_sampling_supported
 from explorl.rollout.seeding import NoiseStream, row_keys
+from explorl.rollout.static import (
+    StaticDecoder,
+    bucket,
+    columns,
+    compute_dtype,
+    static_supported,
+)
 from explorl.rollout.types import Rollouts
 
 
@@ -120,8 +133,12 @@ class HFEngine:
     ``compact_ratio``: drop finished rows from the batch once at most this fraction of it is
     still generating (1 = as soon as any row finishes, 0 = never). ``sync_every``: on
     accelerators, how many tokens between checks for finished rows (each check is a device
-    sync); on CPU every token is checked, as a check costs nothing there.
+    sync); on CPU every token is checked, as a check costs nothing there. ``static``: the static
+    decode path (``rollout.hf.static``: auto, True or False); ``static_min_rows``: its smallest
+    bucket.
     """
+
+    static_min_rows = 8
 
     # Its float32 log-probs equal the trainer's forward up to ~1e-6 (same model, same weights), so
     # ``algorithm.old_logp: auto`` keeps them instead of recomputing (tests/test_rollout_hf.py).
@@ -130,12 +147,18 @@ class HFEngine:
     @classmethod
     def from_config(cls, cfg, tokenizer, model_path, dtype: torch.dtype, device=None) -> HFEngine:
         """The engine ``rollout.engine: hf`` builds (``rollout.base.ENGINES``)."""
-        return cls(tokenizer, batch_size=cfg.rollout.batch_size)
+        return cls(tokenizer, batch_size=cfg.rollout.batch_size, static=cfg.rollout.hf.static)
 
     def __init__(self, tokenizer, *, batch_size: int = 256, eos_ids: list[int] | None = None,
-                 compact_ratio: float = 0.5, sync_every: int = 4, lean: bool = True):
+                 compact_ratio: float = 0.5, sync_every: int = 4, lean: bool = True,
+                 static: bool | str = HFConfig.static):
+        static = {"on": True, "off": False}.get(static, static)
+        if static not in ("auto", True, False):
+            raise ValueError(f"static must be auto, True or False, not {static!r}")
         self.tokenizer = tokenizer
         self.lean = lean
+        self.static = static
+        self._decoders: dict[int, StaticDecoder] = {}  # id(model) -> its buffers and graphs
         self.batch_size = batch_size
         self.compact_ratio = compact_ratio
         self.sync_every = sync_every
@@ -205,18 +228,8 @@ class HFEngine:
         )  # (N,)
         ids_u, mask_u = left_pad([prompt_ids[p] for p in uniq], self.pad_id, device)  # (U, P)
         P = ids_u.shape[1]
-        single_eos = self.eos_ids.numel() == 1
-        eos = self.eos_ids.to(device)
-        eos_id = int(self.eos_ids[0]) if single_eos else None
         greedy = temperature == 0
-        scale = 1.0 if greedy else 1.0 / temperature
         check_every = 1 if device.type == "cpu" else max(1, self.sync_every)
-
-        out_tokens = torch.full((N, max_new_tokens), self.pad_id, dtype=torch.long, device=device)
-        out_logp = torch.zeros((N, max_new_tokens), device=device)
-        out_ent = torch.zeros((N, max_new_tokens), device=device)
-        out_mask = torch.zeros((N, max_new_tokens), dtype=torch.bool, device=device)
-        finished = torch.zeros(N, dtype=torch.bool, device=device)
 
         # Prefill: the distinct prompts once, then fan the cache and the last logits out to the
         # rows.
@@ -228,7 +241,67 @@ class HFEngine:
             def call(model, ids, mask, pos, cache):
                 return lean_logits(model, ids, mask if padded else None, pos, cache)
         logits = call(model, ids_u, mask_u.long(), position_ids(mask_u), cache)  # (U, V)
-        if len(uniq) < N:
+        static = self._static_decoder(model, device, lean, N, P, max_new_tokens, greedy, keys)
+        res = None
+        if static is not None:
+            first = position_ids(mask_u)[inv, -1] + 1  # (N,) position of the first response token
+            try:
+                res = static.decode(cache, logits[inv], inv, mask_u[inv], first, temperature, keys,
+                                    max_new_tokens, check_every)
+            except Exception as e:  # noqa: BLE001 - the eager loop draws the same tokens
+                warnings.warn(f"rollout.hf.static: the static decode path failed "
+                              f"({type(e).__name__}: {e}); the eager loop samples from now on",
+                              RuntimeWarning, stacklevel=2)
+                self.static, self._decoders = False, {}
+        if res is not None:
+            out_tokens, out_logp, out_ent, out_mask = res
+            n_steps = out_tokens.shape[1]
+            eos = self.eos_ids.to(device)
+            finished = (out_mask & torch.isin(out_tokens, eos)).any(-1)  # EOS ends a response
+        else:
+            out_tokens, out_logp, out_ent, out_mask, finished, n_steps = self._decode_eager(
+                model, call, cache, logits, inv, mask_u, max_new_tokens, temperature, generator,
+                keys, check_every)
+        if was_training:
+            model.train()
+
+        out_tokens, out_logp = out_tokens[:, :n_steps], out_logp[:, :n_steps]
+        out_ent, out_mask = out_ent[:, :n_steps], out_mask[:, :n_steps]
+        lengths = out_mask.sum(-1).tolist()
+        texts = self.tokenizer.batch_decode(
+            [row[:n] for row, n in zip(out_tokens.tolist(), lengths)], skip_special_tokens=True
+        )
+        return Rollouts(
+            prompt_ids=ids_u[inv],
+            prompt_mask=mask_u[inv],
+            response_ids=out_tokens,
+            response_mask=out_mask,
+            old_logp=out_logp,
+            entropy=out_ent,
+            prompt_index=torch.as_tensor(prompt_index, dtype=torch.long, device=device),
+            texts=texts,
+            temperature=temperature,
+            truncated=~finished,
+        )
+
+    def _decode_eager(self, model, call, cache, logits, inv, mask_u, max_new_tokens, temperature,
+                      generator, keys, check_every):
+        """The eager decode loop from the prefill's ``cache`` and ``logits`` (U rows each):
+        tokens, log-probs, entropy, mask (N, R), finished (N,) and the steps taken."""
+        device, N, P = logits.device, len(inv), mask_u.shape[1]
+        uniq_n = logits.shape[0]
+        single_eos = self.eos_ids.numel() == 1
+        eos = self.eos_ids.to(device)
+        eos_id = int(self.eos_ids[0]) if single_eos else None
+        greedy = temperature == 0
+        scale = 1.0 if greedy else 1.0 / temperature
+        out_tokens = torch.full((N, max_new_tokens), self.pad_id, dtype=torch.long, device=device)
+        out_logp = torch.zeros((N, max_new_tokens), device=device)
+        out_ent = torch.zeros((N, max_new_tokens), device=device)
+        out_mask = torch.zeros((N, max_new_tokens), dtype=torch.bool, device=device)
+        finished = torch.zeros(N, dtype=torch.bool, device=device)
+
+        if uniq_n < N:
             cache.reorder_cache(inv)
             logits = logits[inv]  # (N, V)
 
@@ -288,27 +361,29 @@ class HFEngine:
                         noise.keep(keep)
             logits = call(model, tok[:, None], attn[:, : P + t + 1], pos, cache)
             pos = pos + 1
-        if was_training:
-            model.train()
+        return out_tokens, out_logp, out_ent, out_mask, finished, n_steps
 
-        out_tokens, out_logp = out_tokens[:, :n_steps], out_logp[:, :n_steps]
-        out_ent, out_mask = out_ent[:, :n_steps], out_mask[:, :n_steps]
-        lengths = out_mask.sum(-1).tolist()
-        texts = self.tokenizer.batch_decode(
-            [row[:n] for row, n in zip(out_tokens.tolist(), lengths)], skip_special_tokens=True
-        )
-        return Rollouts(
-            prompt_ids=ids_u[inv],
-            prompt_mask=mask_u[inv],
-            response_ids=out_tokens,
-            response_mask=out_mask,
-            old_logp=out_logp,
-            entropy=out_ent,
-            prompt_index=torch.as_tensor(prompt_index, dtype=torch.long, device=device),
-            texts=texts,
-            temperature=temperature,
-            truncated=~finished,
-        )
+    def _static_decoder(self, model, device, lean, N, P, R, greedy, keys):
+        """The static decoder for this call (``rollout.static``), or None: the eager loop."""
+        on = self.static is True or (self.static == "auto" and device.type == "cuda")
+        if not (on and lean and R > 0 and P > 0 and (greedy or keys is not None)):
+            return None
+        if not static_supported(model):
+            return None
+        dtype = compute_dtype(model, device)
+        rows, cols = bucket(N, self.static_min_rows), columns(P + R)
+        dec = self._decoders.get(id(model))
+        if dec is None or not dec.fits(model, rows, cols, R, dtype):
+            if dec is not None:  # grow: never shrink, so a slightly longer prompt rebuilds rarely
+                rows, cols, R = max(rows, dec.rows), max(cols, dec.cols), max(R, dec.R)
+            self._decoders.pop(id(model), None)
+            dec = None  # the old buffers and graphs are freed before the new ones are allocated
+            if len(self._decoders) >= 2:  # the policy and EEPO's copy; more are transient
+                self._decoders.clear()
+            dec = StaticDecoder(model, device, dtype, rows, cols, R, self.eos_ids, self.pad_id,
+                                self.static_min_rows, graphs=True)
+            self._decoders[id(model)] = dec
+        return dec
 
 
 def _model_logits(model, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
