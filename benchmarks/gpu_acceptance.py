@@ -222,9 +222,12 @@ def measure(spec: dict, timeout: float | None = None) -> dict:
 
 
 BUDGET = Budget(None)
+SKIP: set[str] = set()  # --skip: rows not to run
 
 
 def _try(spec: dict) -> dict | str:
+    if spec.get("row") in SKIP:
+        return "skipped: --skip"
     why = BUDGET.skip(spec)
     if why:
         return why
@@ -245,6 +248,7 @@ def emit(row: tuple[str, ...], out: str | None) -> None:
 
 
 def main() -> None:
+    global BUDGET
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, one step: seconds")
@@ -255,6 +259,8 @@ def main() -> None:
     p.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "explorl-gpu-bench"))
     p.add_argument("--budget-s", type=float, help="seconds for the whole run (default: no limit)")
     p.add_argument("--out", help="append each row to this file as a JSON line")
+    p.add_argument("--skip", nargs="+", default=[], choices=["precision", "sampler", "lora"],
+                   help="rows not to run (each printed as skipped)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.smoke:
@@ -262,8 +268,8 @@ def main() -> None:
     sys.path[:0] = [str(ROOT / "src"), str(HERE)]
     if args.worker:
         return worker(json.loads(args.worker))
-    global BUDGET
     BUDGET = Budget(args.budget_s)
+    SKIP.update(args.skip)
     import gpu_matrix as gm
     import torch
     import transformers
@@ -290,15 +296,15 @@ def main() -> None:
     common = {"base": str(base), "steps": steps, "warmup": warmup, "sets": [],
               "smoke": args.smoke}
 
-    r = _try({**common, "kind": "precision", "prompts": 2 if args.smoke else 8, "length": 4
-              if args.smoke else 32})
+    r = _try({**common, "kind": "precision", "row": "precision",
+              "prompts": 2 if args.smoke else 8, "length": 4 if args.smoke else 32})
     ok = isinstance(r, dict) and r["dtypes"] == ["float32"] and r["changed"] >= 0.99 \
         and r["skipped"] == 0
     add(("bf16 over fp32 master weights", "2 steps, lr 1e-6",
          r if isinstance(r, str) else
          f"weights {'/'.join(r['dtypes'])}, {r['changed']:.2%} moved, "
          f"{r['skipped']:.0f} skipped", "—", "—", "float32, ≥ 99% moved",
-         "pass" if ok else "FAIL"))
+         "skipped" if str(r).startswith("skipped") else "pass" if ok else "FAIL"))
 
     lora_cell = (2, 4) if args.smoke else (16, 256)
     peaks: dict[tuple[int, int], float] = {}
@@ -323,8 +329,8 @@ def main() -> None:
              "—" if es and not ts else verdict(ok)))
 
     P, G, R = (2, 2, 4) if args.smoke else (64, 8, 128)
-    r = _try({**common, "kind": "sampler", "prompts": P, "samples": G, "length": R,
-              "calls": 1 if args.smoke else 3})
+    r = _try({**common, "kind": "sampler", "row": "sampler", "prompts": P, "samples": G,
+              "length": R, "calls": 1 if args.smoke else 3})
     if isinstance(r, dict):
         ratio = r["explorl"] / r["generate"]
         add((f"sampler, vocab {gm.TINY['vocab_size'] if args.smoke else 151936:,}",
@@ -342,7 +348,8 @@ def main() -> None:
     else:
         P, R = lora_cell
         full_peak = peaks.get(lora_cell)
-        r = _try({**common, "kind": "explorl", "prompts": P, "length": R, "sets": sets})
+        r = _try({**common, "kind": "explorl", "row": "lora", "prompts": P, "length": R,
+                  "sets": sets})
         ok = isinstance(r, dict) and full_peak is not None and r["peak_gb"] < full_peak
         add(("LoRA step", f"{P} × 8 × {R}, {' '.join(sets)}",
              f"{r['peak_gb']:.1f} GB peak" if isinstance(r, dict) else r, "—",

@@ -32,6 +32,7 @@ to its eager loop.
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 
 import numpy as np
@@ -142,23 +143,23 @@ class StaticDecoder:
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
         self.layers = list(model.model.layers[: cfg.num_hidden_layers])
         d = self.layers[0].self_attn.head_dim
-        kw = {"device": device}
-        self.k = [torch.zeros(rows, self.kv_heads, cols, d, dtype=dtype, **kw) for _ in self.layers]
-        self.v = [torch.zeros(rows, self.kv_heads, cols, d, dtype=dtype, **kw) for _ in self.layers]
-        self.mask = torch.zeros(rows, 1, 1, cols, dtype=dtype, **kw)  # additive: 0 = may attend
-        self.tok = torch.zeros(rows, dtype=torch.long, **kw)  # the token each row feeds next
-        self.pos = torch.zeros(rows, dtype=torch.long, **kw)  # its rotary position
-        self.row = torch.zeros(rows, dtype=torch.long, **kw)  # slot -> output row (rows: none)
-        self.alive = torch.zeros(rows, dtype=torch.bool, **kw)
-        self.t = torch.zeros(1, dtype=torch.long, **kw)  # output column of the next draw
-        self.col = torch.zeros(1, dtype=torch.long, **kw)  # cache column of the fed token
-        self.scale = torch.ones(1, dtype=torch.float32, **kw)
+        zeros = functools.partial(torch.zeros, device=device)  # every buffer on the model's device
+        self.k = [zeros(rows, self.kv_heads, cols, d, dtype=dtype) for _ in self.layers]
+        self.v = [zeros(rows, self.kv_heads, cols, d, dtype=dtype) for _ in self.layers]
+        self.mask = zeros(rows, 1, 1, cols, dtype=dtype)  # additive: 0 = may attend
+        self.tok = zeros(rows, dtype=torch.long)  # the token each row feeds next
+        self.pos = zeros(rows, dtype=torch.long)  # its rotary position
+        self.row = zeros(rows, dtype=torch.long)  # slot -> output row (rows: none)
+        self.alive = zeros(rows, dtype=torch.bool)
+        self.t = zeros(1, dtype=torch.long)  # output column of the next draw
+        self.col = zeros(1, dtype=torch.long)  # cache column of the fed token
+        self.scale = torch.ones(1, dtype=torch.float32, device=device)
         acc = torch.float32 if device.type == "mps" else torch.float64  # as inverse_cdf_sample
-        self.u = torch.zeros(rows + 1, out_len, dtype=acc, **kw)  # uniforms per (row, t)
-        self.out_tok = torch.zeros(rows + 1, out_len, dtype=torch.long, **kw)  # row ``rows``:
-        self.out_logp = torch.zeros(rows + 1, out_len, **kw)  # where padding slots write
-        self.out_ent = torch.zeros(rows + 1, out_len, **kw)
-        self.out_mask = torch.zeros(rows + 1, out_len, dtype=torch.bool, **kw)
+        self.u = zeros(rows + 1, out_len, dtype=acc)  # uniforms per (row, t)
+        self.out_tok = zeros(rows + 1, out_len, dtype=torch.long)  # row ``rows``:
+        self.out_logp = zeros(rows + 1, out_len)  # where padding slots write
+        self.out_ent = zeros(rows + 1, out_len)
+        self.out_mask = zeros(rows + 1, out_len, dtype=torch.bool)
         self.use_graphs = graphs and device.type == "cuda"
         self.graphs: dict[tuple[int, tuple[str, bool]], torch.cuda.CUDAGraph] = {}
         self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
