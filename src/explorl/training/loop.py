@@ -285,7 +285,7 @@ class Trainer:
                             ckpt = self.save()
                             self.stops.saved()
                 except (TrainingDiverged, RewardFailures) as e:
-                    keep_last_weights(self, e)
+                    keep_last_weights(self, e, ckpt)
                     raise
                 if ckpt is None or ckpt.name != f"step-{self.step}":  # the last step, saved once
                     ckpt = self.save()

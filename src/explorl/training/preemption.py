@@ -103,19 +103,19 @@ def stop_on_signals(requests: StopRequests, say):
             signal.signal(num, old)
 
 
-def keep_last_weights(trainer, error: ExplorlError) -> None:
-    """The run stops on its own (``error``): checkpoint its weights unless the latest checkpoint
-    holds them already, and end ``error``'s message with the checkpoint it leaves, or with why
-    none could be written."""
-    latest = latest_checkpoint(trainer.out)
-    if latest is not None and checkpoint_step(latest) == trainer.step:
-        note = f"checkpoint {latest} holds the weights of step {trainer.step}"
+def keep_last_weights(trainer, error: ExplorlError, saved: Path | None) -> None:
+    """The run stops on its own (``error``): checkpoint its weights unless ``saved`` (the last
+    checkpoint this run wrote) holds them already, and end ``error``'s message with the
+    checkpoint it leaves, or with why none could be written. Every rank decides alike (from the
+    step, not from the files, which another node may not see): ``save`` waits for them all."""
+    if saved is not None and checkpoint_step(saved) == trainer.step:
+        note = f"checkpoint {saved} holds the weights of step {trainer.step}"
     else:
         try:
             note = (f"checkpoint {trainer.save()} holds the last finite weights "
                     f"(step {trainer.step})")
         except (ExplorlError, OSError) as e:
-            why = " ".join(str(e).split())
+            why, latest = " ".join(str(e).split()), latest_checkpoint(trainer.out)
             note = f"no checkpoint could be written ({why}); " + (
                 f"the latest is {latest}" if latest else "the run has none")
     error.args = (f"{error}; {note}",)
