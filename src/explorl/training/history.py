@@ -18,6 +18,7 @@ from typing import Any
 from explorl import config as C
 from explorl import validation
 from explorl.errors import ExplorlError
+from explorl.training.checkpoint import NoCheckpoint, latest_checkpoint
 
 EXPERIMENT_KEYS = (
     "seed", "algorithm.loss", "algorithm.advantage", "model.path", "model.lora",
@@ -53,8 +54,12 @@ class ResumeRecord:
     """The resumed run's saved settings and history, checked against its new config."""
 
     def __init__(self, run_dir: Path, cfg: C.RunConfig, *, allow_changes: bool = False) -> None:
-        """Read ``run_dir/config.yaml``; ``ConfigError`` when ``cfg`` changes an experiment key
-        and ``allow_changes`` is off."""
+        """Read ``run_dir/config.yaml`` and find the checkpoint to continue from (``ckpt``;
+        ``NoCheckpoint`` when there is none); ``ConfigError`` when ``cfg`` changes an experiment
+        key and ``allow_changes`` is off."""
+        self.ckpt = latest_checkpoint(run_dir)
+        if self.ckpt is None:
+            raise NoCheckpoint(f"--resume {run_dir}: no complete checkpoint in its checkpoints/")
         path = Path(run_dir) / "config.yaml"
         self.old: dict = {}
         self.history: list = []
@@ -85,6 +90,18 @@ class ResumeRecord:
                  "changes": {k: {"from": a, "to": b} for k, (a, b) in diff.items()}}
         C.save(cfg, Path(out) / "config.yaml", comments=comments, history=[*self.history, entry])
         return self.lines(diff, new)
+
+
+def save_config(out: Path, cfg: C.RunConfig, comments: list[str], resumed: ResumeRecord | None,
+                step: int) -> None:
+    """Write ``out/config.yaml``; a resume (``resumed``) also prints every changed key and adds
+    itself to the file's ``resumes:``."""
+    if resumed is None:
+        C.save(cfg, Path(out) / "config.yaml", comments=comments)
+        return
+    changed = resumed.save(out, cfg, step, comments)
+    print(f"resuming {out} at step {step}: "
+          + ("; ".join(changed) if changed else "no settings changed"), flush=True)
 
 
 def _show(value: Any) -> str:

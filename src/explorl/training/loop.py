@@ -36,14 +36,13 @@ from explorl.training import plan as device_plan
 from explorl.training import state as run_state
 from explorl.training.advantages import step_advantages
 from explorl.training.batch import step_stats
-from explorl.training.checkpoint import NoCheckpoint, latest_checkpoint
 from explorl.training.distributed import LogProbModule, make_dist
-from explorl.training.history import ResumeRecord
+from explorl.training.history import ResumeRecord, save_config
 from explorl.training.metrics import TIME_KEYS, batch_metrics, loss_metrics, ordered, timed
 from explorl.training.optim import make_optimizer
-from explorl.training.preemption import StopRequests, keep_last_weights, stop_on_signals
+from explorl.training.preemption import StopRequests, checkpoint_on_stop, stop_on_signals
 from explorl.training.update import PolicyUpdate
-from explorl.training.watch import RewardFailures, RunWatch, TrainingDiverged
+from explorl.training.watch import RunWatch
 
 __all__ = ["TIME_KEYS", "Trainer"]
 
@@ -53,8 +52,6 @@ class Trainer:
 
     def __init__(self, cfg: C.RunConfig, out_dir: str | Path, *, resume: bool = False,
                  engine=None, train_data=None, val_data=None, allow_changes: bool = False):
-        """``resume``: continue the run in ``out_dir``; ``allow_changes``: let it change the
-        experiment (the loss, the model, the data…: training/history.py)."""
         self.cfg = cfg = validation.validate(cfg)
         # First: under a launcher this joins the process group, so no rank writes into the run
         # directory while another one is still checking or clearing it (``--force``).
@@ -63,10 +60,9 @@ class Trainer:
             raise C.ConfigError(f"data.prompts_per_step={cfg.data.prompts_per_step} < "
                                 f"{self.dist.world_size} processes: every rank needs a prompt")
         self.out = Path(out_dir)
-        ckpt = latest_checkpoint(self.out) if resume else None
-        if resume and ckpt is None:
-            raise NoCheckpoint(f"--resume {self.out}: no complete checkpoint in its checkpoints/")
+        # A resume: its checkpoint, and what it changes (another experiment needs allow_changes).
         resumed = ResumeRecord(self.out, cfg, allow_changes=allow_changes) if resume else None
+        ckpt = resumed.ckpt if resumed else None
         self.out.mkdir(parents=True, exist_ok=True)
         for seed in (random.seed, np.random.seed, torch.manual_seed):
             seed(cfg.seed)
@@ -82,19 +78,14 @@ class Trainer:
             run_state.restore(self, ckpt)
         if self.dist.is_main:
             (self.out / "plots").mkdir(exist_ok=True)
-            if resumed is None:
-                C.save(self.cfg, self.out / "config.yaml", comments=self.plan.lines())
-            else:  # every changed key, printed and kept in config.yaml's resumes
-                changed = resumed.save(self.out, self.cfg, self.step, self.plan.lines())
-                print(f"resuming {self.out} at step {self.step}: "
-                      + ("; ".join(changed) if changed else "no settings changed"), flush=True)
+            save_config(self.out, self.cfg, self.plan.lines(), resumed, self.step)  # + changes
             print("\n".join(self.plan.lines()), flush=True)
         self.pool = VerifierPool.from_config(cfg.reward)
         # metrics.jsonl, completions.jsonl and the trackers hold global values: rank 0 writes.
         main = self.dist.is_main
         self.outputs = RunOutputs(cfg, self.out, resume=resume, step=self.step) if main else None
         self._stop = False  # the ranks stop after this step (a signal; tests set it too)
-        self.stops = StopRequests(cfg.log.checkpoint_every_minutes)
+        self.stops = StopRequests(cfg.log.checkpoint_every_minutes, cfg.log.checkpoint_every)
 
     def _setup_data(self, train_data=None, val_data=None) -> None:
         """Rows in memory (a ``datasets.Dataset``, dicts, records) replace data.train / data.val."""
@@ -166,7 +157,7 @@ class Trainer:
 
     def save(self) -> Path:
         """Write ``checkpoints/step-N`` (rank 0; never from non-finite weights)."""
-        return run_state.save(self)
+        return self.stops.saved(run_state.save(self))  # the checkpoint timer starts again
 
     @property
     def knobs(self) -> Knobs:
@@ -241,8 +232,7 @@ class Trainer:
         knobs = self.knobs
         with timed(metrics, "time/train_s"):
             upd, sums = self.update.run(got.rollouts, adv, knobs, sb)
-        # The step's one reduction: loss and token sums, the stop signals and the checkpoint
-        # timer (ranks stop and save together; training/preemption.py).
+        # The step's one reduction: loss/token sums, stop signals, checkpoint timer (ranks agree).
         total = self.dist.sum_dict({**sums, **self.stops.flags()})
         self._stop = self.stops.merge(total) or self._stop
         metrics.update({**upd, **loss_metrics(total, len(rows.reward), cfg.optim.ppo_epochs,
@@ -265,28 +255,20 @@ class Trainer:
         return ordered(metrics)
 
     def train(self) -> dict:
-        """Run to ``max_steps``. Ctrl-C, SIGTERM or SIGUSR1 finish the current step, checkpoint
-        and return; a stop of the run's own checkpoints its last finite weights and raises."""
+        """Run to ``max_steps``; a signal or a stop of the run's own ends it after a checkpoint."""
         cfg, main = self.cfg, self.dist.is_main
         bar = ProgressBar(cfg.max_steps, self.step, enabled=cfg.log.progress and main)
         t_run, last, ckpt = time.perf_counter(), {}, None
-        every = cfg.log.checkpoint_every
-        self.stops.saved()  # the checkpoint timer counts from here
         try:
-            with stop_on_signals(self.stops, bar.log):
+            with stop_on_signals(self.stops, bar.log), checkpoint_on_stop(self):
                 if self.step == 0 and cfg.eval.every and cfg.eval.before_training:  # pre-RL point
                     self._log({"step": 0, **self.validate()}, bar)
-                try:
-                    while self.step < cfg.max_steps and not self._stop:
-                        last = self._log(self.train_step(), bar)
-                        if "val/accuracy" in last:
-                            self.plot()
-                        if (every and self.step % every == 0) or self.stops.save_due:
-                            ckpt = self.save()
-                            self.stops.saved()
-                except (TrainingDiverged, RewardFailures) as e:
-                    keep_last_weights(self, e, ckpt)
-                    raise
+                while self.step < cfg.max_steps and not self._stop:
+                    last = self._log(self.train_step(), bar)
+                    if "val/accuracy" in last:
+                        self.plot()
+                    if self.stops.checkpoint_due(self.step):
+                        ckpt = self.save()
                 if ckpt is None or ckpt.name != f"step-{self.step}":  # the last step, saved once
                     ckpt = self.save()
         finally:
@@ -297,9 +279,9 @@ class Trainer:
         self.plot()
         summary = {"steps": self.step, "max_steps": cfg.max_steps, "n_params": self.n_params,
                    "interrupted": self._stop and self.step < cfg.max_steps,
-                   "stopped_by": self.stops.agreed,
-                   "seconds": time.perf_counter() - t_run, "checkpoint": str(ckpt), "final": last,
-                   "trainable_params": self.n_trainable, "processes": self.dist.world_size}
+                   "stopped_by": self.stops.agreed, "seconds": time.perf_counter() - t_run,
+                   "checkpoint": str(ckpt), "final": last, "trainable_params": self.n_trainable,
+                   "processes": self.dist.world_size}
         if main:  # atomic: a study reads it as the run's "finished" mark
             files.write_text_atomic(self.out / "summary.json",
                                     json.dumps(summary, indent=2, default=json_default))

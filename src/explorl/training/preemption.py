@@ -26,6 +26,7 @@ from pathlib import Path
 
 from explorl.errors import ExplorlError
 from explorl.training.checkpoint import checkpoint_step, latest_checkpoint
+from explorl.training.watch import RewardFailures, TrainingDiverged
 
 PREEMPTED = 75
 """Exit status of a run stopped by SIGTERM or SIGUSR1 that wrote its checkpoint."""
@@ -49,12 +50,14 @@ class SignalAbort(KeyboardInterrupt):
 class StopRequests:
     """This rank's pending stop signal and checkpoint timer, and what the ranks agreed on."""
 
-    def __init__(self, every_minutes: float) -> None:
+    def __init__(self, every_minutes: float, every_steps: int = 0) -> None:
         self.every_s = 60.0 * every_minutes  # 0: no checkpoints by the clock
+        self.every_steps = every_steps  # 0: none by the step count
         self.pending: str | None = None  # the first stop signal this rank received
         self.agreed: str | None = None  # the stop every rank applies, after a step's reduction
         self.save_due = False
         self.last_save = clock()
+        self.saved_at: int | None = None  # the step of the last checkpoint this process wrote
 
     def on_signal(self, signum: int) -> bool:
         """Record a signal; True when one was already pending (the caller aborts)."""
@@ -74,9 +77,14 @@ class StopRequests:
         self.agreed = self.agreed or (got[0] if got else None)
         return self.agreed is not None
 
-    def saved(self) -> None:
-        """A checkpoint was written: the timer starts again."""
-        self.save_due, self.last_save = False, clock()
+    def checkpoint_due(self, step: int) -> bool:
+        """Whether ``step`` ends with a checkpoint: ``log.checkpoint_every`` or the clock."""
+        return self.save_due or bool(self.every_steps and step % self.every_steps == 0)
+
+    def saved(self, path: Path) -> Path:
+        """A checkpoint was written (``path``, returned): the timer starts again."""
+        self.save_due, self.last_save, self.saved_at = False, clock(), checkpoint_step(path)
+        return path
 
 
 @contextlib.contextmanager
@@ -103,12 +111,24 @@ def stop_on_signals(requests: StopRequests, say):
             signal.signal(num, old)
 
 
-def keep_last_weights(trainer, error: ExplorlError, saved: Path | None) -> None:
-    """The run stops on its own (``error``): checkpoint its weights unless ``saved`` (the last
-    checkpoint this run wrote) holds them already, and end ``error``'s message with the
-    checkpoint it leaves, or with why none could be written. Every rank decides alike (from the
-    step, not from the files, which another node may not see): ``save`` waits for them all."""
-    if saved is not None and checkpoint_step(saved) == trainer.step:
+@contextlib.contextmanager
+def checkpoint_on_stop(trainer):
+    """A stop of the run's own (the watch's ``TrainingDiverged``, ``RewardFailures``) first
+    checkpoints its last finite weights (``keep_last_weights``), then goes on."""
+    try:
+        yield
+    except (TrainingDiverged, RewardFailures) as e:
+        keep_last_weights(trainer, e)
+        raise
+
+
+def keep_last_weights(trainer, error: ExplorlError) -> None:
+    """The run stops on its own (``error``): checkpoint its weights unless the last checkpoint
+    this process wrote holds them already, and end ``error``'s message with the checkpoint it
+    leaves, or with why none could be written. Every rank decides alike (from the step, not from
+    the files, which another node may not see): ``save`` waits for them all."""
+    if trainer.stops.saved_at == trainer.step:
+        saved = trainer.out / "checkpoints" / f"step-{trainer.step}"
         note = f"checkpoint {saved} holds the weights of step {trainer.step}"
     else:
         try:
