@@ -136,8 +136,10 @@ def keep_last_weights(trainer, error: ExplorlError) -> None:
                     f"(step {trainer.step})")
         except (ExplorlError, OSError) as e:
             why, latest = " ".join(str(e).split()), latest_checkpoint(trainer.out)
-            note = f"no checkpoint could be written ({why}); " + (
-                f"the latest is {latest}" if latest else "the run has none")
+            cause = "" if why == " ".join(str(error).split()) else (
+                f"no checkpoint could be written ({why}); ")  # else the error says it already
+            note = cause + (f"the latest checkpoint is {latest}" if latest
+                            else "the run has no checkpoint")
     error.args = (f"{error}; {note}",)
 
 
