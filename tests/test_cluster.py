@@ -98,6 +98,28 @@ def test_ranks_agree_on_the_stop_and_the_checkpoint_timer(monkeypatch):
     assert a.merge(dict(total)) and a.save_due
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
+def test_verifier_workers_and_their_forkserver_ignore_the_stop_signals():
+    """SLURM's ``--signal`` reaches every process of the job: the workers must live on to
+    score the step the trainer finishes (the forkserver too: the workers die with it)."""
+    from explorl.rewards.pool import VerifierPool
+
+    def ignored(pid: int) -> set[int]:
+        line = next(x for x in open(f"/proc/{pid}/status") if x.startswith("SigIgn"))
+        mask = int(line.split()[1], 16)
+        return {s for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT) if mask >> (s - 1) & 1}
+
+    pool = VerifierPool(1, 5.0)
+    try:
+        worker = pool._workers[0].proc.pid
+        server = int(open(f"/proc/{worker}/stat").read().split()[3])
+        assert ignored(worker) == ignored(server) == {signal.SIGTERM, signal.SIGUSR1,
+                                                      signal.SIGINT}
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the trainer's own: unchanged
+    finally:
+        pool.close()
+
+
 # ----------------------------------------------------------------------------- by the clock
 
 
