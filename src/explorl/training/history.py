@@ -61,13 +61,13 @@ class ResumeRecord:
         if self.ckpt is None:
             raise NoCheckpoint(f"--resume {run_dir}: no complete checkpoint in its checkpoints/")
         path = Path(run_dir) / "config.yaml"
-        self.old: dict = {}
+        self.old: dict = C.to_dict(cfg)  # without a config.yaml, nothing to compare with
         self.history: list = []
         if path.is_file():
             data = C.load_yaml(C.read_utf8(path.read_bytes(), str(path)), str(path)) or {}
             self.history = list(data.pop(C.HISTORY_KEY, None) or [])
             try:  # the saved settings as this version reads them
-                self.old = C.to_dict(validation.from_dict(data, env=False))
+                self.old = C.to_dict(validation.from_dict(data))
             except ExplorlError:
                 self.old = data
         refused = [k for k in changes(self.old, C.to_dict(cfg)) if _experiment(k)]
