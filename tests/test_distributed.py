@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ from explorl import config as C
 from explorl.config import builtin
 from explorl.outputs.runlog import read_metrics
 from explorl.rollout.seeding import NoiseStream, gumbel_sample, row_keys
+from explorl.training.checkpoint import latest_checkpoint
 from explorl.training.distributed import Single
 from explorl.training.loop import TIME_KEYS, Trainer
 
@@ -167,6 +170,47 @@ def test_controllers_two_processes_equal_one(tiny_model, tmp_path):
         r["rollout/filtered_frac"] > 0 for r in rows
     )
     assert rows[-1]["control/temperature"] != rows[0]["control/temperature"]
+
+
+def _rank_pid(out: Path, rank: int) -> int | None:
+    """The pid of the ``explorl train`` worker of ``rank`` writing into ``out``."""
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(out).encode() in cmd and b"torch.distributed.run" not in cmd and (
+                f"RANK={rank}".encode() in env):
+            return int(proc.name)
+    return None
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
+def test_a_signal_to_one_rank_stops_both_after_the_same_step(tiny_model, tmp_path):
+    """SIGUSR1 to rank 1 only: the stop request rides on the step's reduction, so rank 0 stops
+    after the same step and both write the checkpoint (a launcher reports a worker's 75 as a
+    failure of its own)."""
+    cfg = tiny_config(tiny_model, {"max_steps": 6, "eval": {"every": 0},
+                                   "log": {"checkpoint_every": 0}})
+    out = tmp_path / "two"
+    recipe = tmp_path / "two.yaml"
+    C.save(cfg, recipe)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "explorl", "train", str(recipe), "--out", str(out)]
+    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while not read_metrics(out) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pid = _rank_pid(out, 1)
+    assert pid is not None
+    os.kill(pid, signal.SIGUSR1)
+    log, _ = proc.communicate(timeout=300)
+    steps = [r["step"] for r in read_metrics(out)]
+    assert steps and steps[-1] < 6 and "stopped by SIGUSR1" in log, log[-3000:]
+    assert latest_checkpoint(out) == out / "checkpoints" / f"step-{steps[-1]}"
+    assert "exitcode  : 75" in log  # torchrun's failure report; the workers ended alike
 
 
 # ----------------------------------------------------------------------------- pieces, in-process

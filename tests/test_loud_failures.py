@@ -170,6 +170,9 @@ def raises(response, ground_truth):
     if len(response) % 2:
         raise RuntimeError("boom")
     return 1.0
+
+def always_raises(response, ground_truth):
+    raise RuntimeError("boom")
 '''
 
 
@@ -212,5 +215,47 @@ def test_a_reward_that_fails_on_some_responses_trains_on_and_says_how_many(
     err = capsys.readouterr().err
     assert code == 0 and "error:" not in err
     lines = [x for x in err.splitlines() if x.startswith("verifier bad_rewards.py:raises: ")]
+    assert lines and all(" of 16 responses failed, e.g. RuntimeError: boom (scored 0)" in x
+                         for x in lines)
+
+
+# ------------------------------------------------------------- the same as reward.functions
+
+
+def _broken_function(make_config, tmp_path, monkeypatch, fn: str, *extra: str):
+    """``bad_rewards.py:fn`` as the run's only reward function; the verifier (``auto``: the lab
+    task's checker) still measures accuracy, and works."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad_rewards.py").write_text(BAD_REWARDS)
+    cfg = make_config({"max_steps": 4, "eval": {"every": 0}})
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(C.to_dict(cfg)))
+    return main(["train", "r.yaml", "--out", "run", "--set",
+                 f"reward.functions=[{{name: bad_rewards.py:{fn}}}]", *extra])
+
+
+@pytest.mark.parametrize("fn, why, extra", [
+    ("nan", "ValueError: reward is not finite: nan", ()),
+    ("string", "ValueError: reward '1.0' is a str, not a number", ()),
+    ("always_raises", "RuntimeError: boom", ()),
+    ("hangs", "timed out after reward.timeout_s=0.2 s",
+     ("--set", "reward.timeout_s=0.2", "--set", "reward.step_timeout_s=0.5")),
+])
+def test_a_reward_function_that_fails_on_every_response_stops_the_run(
+        make_config, tmp_path, monkeypatch, capsys, fn, why, extra):
+    code = _broken_function(make_config, tmp_path, monkeypatch, fn, *extra)
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    (last,) = [line for line in err.splitlines() if line.startswith("error:")]
+    assert last.startswith("error: step 3: every response's verification failed or timed out")
+    assert f"First error: reward function bad_rewards.py:{fn}: {why}" in last
+    assert last.endswith("holds the last finite weights (step 3)")
+
+
+def test_a_reward_function_that_fails_on_some_responses_trains_on(make_config, tmp_path,
+                                                                  monkeypatch, capsys):
+    code = _broken_function(make_config, tmp_path, monkeypatch, "raises")
+    err = capsys.readouterr().err
+    assert code == 0 and "error:" not in err
+    lines = [x for x in err.splitlines() if x.startswith("reward function bad_rewards.py:raises")]
     assert lines and all(" of 16 responses failed, e.g. RuntimeError: boom (scored 0)" in x
                          for x in lines)

@@ -118,6 +118,15 @@ def test_weighted_sum_with_source_filters():
     assert score("a", "a", (None, "gsm8k", {})) == -1.0  # 1 − 2·1
 
 
+def test_a_failing_term_of_several_is_named():
+    spec = RewardSpec((Term("exact"), Term(R + "_raise")))
+    with pytest.raises(Exception, match=rf"^{R}_raise: "):
+        resolve_scorer(spec)("a", "a", None)
+    with pytest.raises(Exception) as alone:  # one function: the report names it already
+        resolve_scorer(RewardSpec((Term(R + "_raise"),)))("a", "a", None)
+    assert not str(alone.value).startswith(R)
+
+
 def test_first_match_dispatch_and_a_source_nobody_scores():
     spec = RewardSpec((Term("addition", 1.0, ("lab/addition",)), Term("exact")), "first")
     score = resolve_scorer(spec)

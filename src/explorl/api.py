@@ -36,7 +36,7 @@ def train(recipe: str | Path | Mapping | C.RunConfig | None = None, *, out: str 
           reward_funcs: Sequence[Callable | str] | None = None,
           reward_weights: Sequence[float] | None = None,
           train_dataset: Any = None, val_dataset: Any = None,
-          resume: bool = False, force: bool = False) -> dict:
+          resume: bool = False, force: bool = False, allow_changes: bool = False) -> dict:
     """Train and return the run's summary (``summary.json``).
 
     ``recipe``: a recipe path, a dict shaped like a recipe, a ``RunConfig``, or None (defaults).
@@ -47,7 +47,8 @@ def train(recipe: str | Path | Mapping | C.RunConfig | None = None, *, out: str 
     (``"module:function"``), with ``reward_weights`` (default 1 each); they replace
     ``reward.functions``. ``train_dataset`` / ``val_dataset``: a ``datasets.Dataset``, dicts or
     ``PromptRecord``s, read with ``data.prompt_key`` / ``data.answer_key``. ``resume``:
-    continue the run in ``out``; ``force``: overwrite a finished one.
+    continue the run in ``out`` (``allow_changes``: even with ``overrides`` that make it another
+    experiment, such as another loss or model); ``force``: overwrite a finished one.
     """
     if loading_script():  # a worker (or a reference check) importing the user's script
         raise StopScript
@@ -80,5 +81,6 @@ def train(recipe: str | Path | Mapping | C.RunConfig | None = None, *, out: str 
         raise ExplorlError(
             f"{out} already holds a run; pass resume=True to continue it or force=True"
         )
-    trainer = Trainer(cfg, out, resume=resume, train_data=train_dataset, val_data=val_dataset)
+    trainer = Trainer(cfg, out, resume=resume, train_data=train_dataset, val_data=val_dataset,
+                      allow_changes=allow_changes)
     return trainer.train()

@@ -3,7 +3,8 @@
 Every error a user can cause (``explorl.errors.ExplorlError``, and ``OSError`` such as a full
 disk) is printed as one ``error: …`` line with exit status 2; ``--debug`` (or
 ``EXPLORL_DEBUG=1``) shows the traceback instead. Ctrl-C outside training exits with 130; a
-reader that stops early (``explorl config | head``) ends it quietly.
+reader that stops early (``explorl config | head``) ends it quietly. ``train`` stopped by a signal
+exits with 130 (Ctrl-C) or 75 (SIGTERM, SIGUSR1) after its checkpoint (training/preemption.py).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def _train(args) -> int:
                   f"{cfg.max_steps}, so there is nothing to train. To train further: "
                   f"explorl train --resume {run_dir} --max-steps N (N > {done}).")
             return 0
-        trainer = trainer(cfg, run_dir, resume=True)
+        trainer = trainer(cfg, run_dir, resume=True, allow_changes=args.allow_changes)
     else:
         if not args.recipe:
             print(
@@ -80,8 +81,11 @@ def _train(args) -> int:
             shutil.rmtree(out, ignore_errors=True)  # under a launcher every rank clears it
         trainer = trainer(cfg, out)
     summary = trainer.train()
+    from explorl.training.preemption import stop_message
+
+    stopped, code = stop_message(summary, trainer.out) if summary["interrupted"] else ("", 0)
     if not trainer.dist.is_main:  # several processes: rank 0 reports
-        return 130 if summary["interrupted"] else 0
+        return code
     out = trainer.out
     final = summary["final"]
     print(f"run directory: {out}")
@@ -93,10 +97,9 @@ def _train(args) -> int:
         f"  metrics: {out / 'metrics.jsonl'}\n  plots:   {out / 'plots'}/\n"
         f"  checkpoint: {summary['checkpoint']}"
     )
-    if summary["interrupted"]:
-        print(f"interrupted; continue with: explorl train --resume {out}")
-        return 130
-    return 0
+    if stopped:
+        print(stopped, flush=True)
+    return code
 
 
 def _eval(args) -> int:
@@ -256,6 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument("--seed", type=int, help="override seed")
     t.add_argument("--force", action="store_true", help="overwrite an existing run directory")
+    t.add_argument("--allow-changes", action="store_true",
+                   help="with --resume: allow --set to change the experiment (loss, advantage "
+                        "estimator, model, data, reward, seed); other changes need no flag")
     t.set_defaults(fn=_train)
 
     e = add("eval", help="pass@k evaluation of a model on a dataset")
@@ -438,11 +444,11 @@ def _main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if debug:
             raise
         print("interrupted", file=sys.stderr)
-        return 130
+        return getattr(e, "code", 130)  # a second SIGTERM/SIGUSR1: 128 + its number
 
 
 def _one_line(e: BaseException) -> str:

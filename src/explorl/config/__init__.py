@@ -28,6 +28,7 @@ from explorl.config.control_sections import (
 )
 from explorl.config.ranges import ADAPTIVE_KNOB_FIELDS, RANGES, Interval
 from explorl.config.recipes import (
+    HISTORY_KEY,
     _deep_update,
     load_yaml,
     parse_override,
@@ -57,7 +58,8 @@ from explorl.config.watch_sections import WatchConfig
 from explorl.errors import ConfigError
 
 __all__ = [
-    "ADAPTIVE_KNOB_FIELDS", "RANGES", "SPLIT_SIZES", "AdaptiveControlConfig", "AlgorithmConfig",
+    "ADAPTIVE_KNOB_FIELDS", "HISTORY_KEY", "RANGES", "SPLIT_SIZES", "AdaptiveControlConfig",
+    "AlgorithmConfig",
     "BudgetControlConfig", "ConfigError", "ControlConfig", "CurriculumControlConfig", "DataConfig",
     "DistConfig", "EEPOControlConfig", "EntroPICControlConfig", "EntropyCoefControlConfig",
     "EvalConfig", "HFConfig", "Interval", "LabConfig", "LogConfig", "LoRAConfig", "ModelConfig",

@@ -119,6 +119,7 @@ RANGES: dict[str, str] = {
     "eval.max_problems": "[1, 1000000000]",
     "eval.temperature": "[0, 100]",  # 0 = greedy
     "log.checkpoint_every": "[0, 100000000]",
+    "log.checkpoint_every_minutes": "[0, 1000000]",
     "log.keep_checkpoints": "[1, 1000000]",
     "log.completions_every": "[0, 100000000]",
     "log.completions_per_step": "[1, 1000000]",

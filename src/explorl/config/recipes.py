@@ -156,10 +156,19 @@ def _deep_update(dst: dict, src: dict) -> None:
             dst[k] = v
 
 
-def save(cfg: RunConfig, path: str | Path, comments: list[str] = ()) -> None:
-    """``cfg`` as YAML at ``path``, below ``comments`` (each a ``#`` line; it loads back)."""
+HISTORY_KEY = "resumes"
+"""The key of a run's ``config.yaml`` that lists its resumes (training/history.py); a config
+read from such a file ignores it."""
+
+
+def save(cfg: RunConfig, path: str | Path, comments: list[str] = (),
+         history: list | None = None) -> None:
+    """``cfg`` as YAML at ``path``, below ``comments`` (each a ``#`` line; it loads back), then
+    the run's ``history`` of resumes, if any."""
     head = "".join(f"# {line}\n" for line in comments)
-    Path(path).write_text(head + yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    tail = (yaml.safe_dump({HISTORY_KEY: history}, sort_keys=False, allow_unicode=True)
+            if history else "")
+    Path(path).write_text(head + yaml.safe_dump(to_dict(cfg), sort_keys=False) + tail)
 
 
 def parse_override(text: str) -> tuple[str, Any]:

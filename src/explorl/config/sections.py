@@ -330,6 +330,9 @@ class LogConfig:
     """Draw PNG curves under plots/ at each validation and at the end."""
     checkpoint_every: int = 0
     """Write a checkpoint every this many steps (0 = only at the end and on interrupt)."""
+    checkpoint_every_minutes: float = 30.0
+    """Also write one at the end of the first step that ends this many minutes after the last
+    checkpoint (or the start), so a kill -9 loses at most about that much work. 0 = off."""
     keep_checkpoints: int = 2
     """Most recent checkpoints kept."""
     save_model: bool = True

@@ -227,7 +227,12 @@ def resolve_scorer(spec: str | RewardSpec, *, warm: bool = False) -> Scorer:
                 continue
             if spec.combine == "first":
                 return fn(response, gt, ctx)
-            total += t.weight * fn(response, gt, ctx)
+            try:
+                total += t.weight * fn(response, gt, ctx)
+            except Exception as e:  # which of several functions failed, as the user named it
+                if len(terms) > 1 and len(e.args) == 1 and isinstance(e.args[0], str):
+                    e.args = (f"{t.ref}: {e.args[0]}",)
+                raise
         if spec.combine == "first":
             raise ValueError(f"no verifier for data source {source!r}")
         return total

@@ -10,6 +10,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import threading
 import time
 import types
 from collections import deque
@@ -71,6 +72,25 @@ def call_budget(timeout_s: float, n: int, num_workers: int) -> float:
     (``reward.step_timeout_s: null``): room for four full per-response time limits plus a
     quarter of one for each response a worker has to verify."""
     return timeout_s * (4 + n / max(1, num_workers) / 4)
+
+
+_PARENT_DECIDES = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+
+@contextlib.contextmanager
+def _stop_signals_ignored() -> Iterator[None]:
+    """Start processes that ignore the stop signals from their first instruction: else a
+    SIGUSR1 sent to the whole job (SLURM's ``--signal``) kills the forkserver (started with the
+    first worker), and with it (``PR_SET_PDEATHSIG``) the workers of the step being finished."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _PARENT_DECIDES}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 @contextlib.contextmanager
@@ -151,8 +171,10 @@ def _worker_main(conn: Connection, memory_limit_mb: int | None,
     refs.IN_WORKER = True
     for module in schemes:  # the packages that resolve lab:/rg: references (rewards.functions)
         importlib.import_module(module)
-    # Ctrl-C goes to the whole process group; the parent decides when workers stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Ctrl-C goes to the whole process group, and a cluster's SIGTERM/SIGUSR1 often to every
+    # process of the job; the parent decides when workers stop (it finishes its step first).
+    for sig in _PARENT_DECIDES:
+        signal.signal(sig, signal.SIG_IGN)
     # Die with our parent (the forkserver, which exits with the pool's process), so a worker
     # stuck in a verification never outlives a killed trainer.
     if sys.platform == "linux":
@@ -264,7 +286,7 @@ class VerifierPool:
             daemon=True,
             name="explorl-verifier",
         )
-        with _main_hidden():
+        with _main_hidden(), _stop_signals_ignored():
             proc.start()
         child.close()  # so the parent sees EOF when the worker dies
         return _Worker(proc, parent)

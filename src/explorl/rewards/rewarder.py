@@ -32,7 +32,11 @@ class Scored:
     checked: int = 0
     """Verifications made: responses × passes (the verifier's, the reward functions')."""
     problem: str | None = None
-    """The call's first failure, naming the function as the user wrote it (``pool.describe``)."""
+    """The first failure of the pass that failed most, naming the function as the user wrote it
+    (``pool.describe``)."""
+    worst_failed: int = 0
+    """Failures (errors and timeouts) of the pass that failed most, out of the responses: what
+    the run's failing-reward guard reads (``reward/verify_failed_frac``)."""
 
 
 def verifier_spec(verifier: str, data_specs: list[str]) -> RewardSpec:
@@ -75,21 +79,22 @@ class Rewarder:
         """Reward and correctness of ``texts[i]`` as an answer to ``records[i]``."""
         gts = [r.ground_truth for r in records]
         ctxs = [(r.prompt, r.data_source, r.extra) for r in records]
-        timeouts = errors = checked = 0
-        verified = problem = None
+        verified = None
+        passes = []  # each pass's ScoreResult: the verifier's, the reward functions'
         if self.verifier is not None:
-            res = pool.score(self.verifier, texts, gts, ctxs)
-            verified, timeouts, errors, problem = res.scores, res.timeouts, res.errors, res.problem
-            checked += len(texts)
+            passes.append(res := pool.score(self.verifier, texts, gts, ctxs))
+            verified = res.scores
         if self.functions is not None:
-            res = pool.score(self.functions, texts, gts, ctxs)
-            rewards, timeouts, errors = res.scores, timeouts + res.timeouts, errors + res.errors
-            checked, problem = checked + len(texts), problem or res.problem
+            passes.append(res := pool.score(self.functions, texts, gts, ctxs))
+            rewards = res.scores
         else:
             rewards = [self._to_reward(s, self.cfg.convention) for s in verified]
         basis = verified if self.cfg.accuracy == "verifier" else rewards
         threshold = self.cfg.accuracy_threshold
+        worst = max(passes, key=lambda r: r.timeouts + r.errors)  # the first on a tie
+        problem = worst.problem or next((r.problem for r in passes if r.problem), None)
         if problem is not None:
             self.problem = problem
-        return Scored([float(s >= threshold) for s in basis], rewards, timeouts, errors, checked,
-                      problem)
+        return Scored([float(s >= threshold) for s in basis], rewards,
+                      sum(r.timeouts for r in passes), sum(r.errors for r in passes),
+                      len(texts) * len(passes), problem, worst.timeouts + worst.errors)

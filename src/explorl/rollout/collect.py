@@ -53,7 +53,8 @@ def score_rollouts(pool, rewarder, cfg: RunConfig, ro: Rollouts, records: list,
                                              rc.overlong_penalty)
     return scores, rewards, {"reward/verify_timeouts": float(res.timeouts),
                              "reward/verify_errors": float(res.errors),
-                             "reward/verify_checked": float(res.checked)}
+                             "reward/verify_worst_failed": float(res.worst_failed),
+                             "reward/verify_responses": float(len(res.rewards))}
 
 
 def collect(
@@ -159,9 +160,10 @@ def collect(
     counts = torch.cat([c for c, _ in all_counts])
     correct = torch.cat([c for _, c in all_counts])
     metrics.update({k: v / rounds for k, v in round_sums.items()})
-    checked = metrics.pop("reward/verify_checked", 0.0)
-    failed = metrics.get("reward/verify_timeouts", 0.0) + metrics.get("reward/verify_errors", 0.0)
-    metrics["reward/verify_failed_frac"] = failed / checked if checked else 0.0
+    # The guard's reading: the pass (verifier, reward functions) that failed most, per response.
+    worst = metrics.pop("reward/verify_worst_failed", 0.0)
+    n = metrics.pop("reward/verify_responses", 0.0)
+    metrics["reward/verify_failed_frac"] = worst / n if n else 0.0
     metrics.update(
         {
             "rollout/gen_rounds": float(rounds),

@@ -26,7 +26,7 @@ from explorl.eval.validate import validate
 from explorl.outputs.completions import training_completions
 from explorl.outputs.plots import plot_run_safely
 from explorl.outputs.record import RunOutputs
-from explorl.outputs.runlog import ProgressBar, graceful_interrupt, json_default
+from explorl.outputs.runlog import ProgressBar, json_default
 from explorl.rewards.pool import VerifierPool
 from explorl.rewards.rewarder import Rewarder
 from explorl.rollout.base import build_engine, pop_metrics
@@ -36,10 +36,11 @@ from explorl.training import plan as device_plan
 from explorl.training import state as run_state
 from explorl.training.advantages import step_advantages
 from explorl.training.batch import step_stats
-from explorl.training.checkpoint import NoCheckpoint, latest_checkpoint
 from explorl.training.distributed import LogProbModule, make_dist
+from explorl.training.history import ResumeRecord, save_config
 from explorl.training.metrics import TIME_KEYS, batch_metrics, loss_metrics, ordered, timed
 from explorl.training.optim import make_optimizer
+from explorl.training.preemption import StopRequests, checkpoint_on_stop, stop_on_signals
 from explorl.training.update import PolicyUpdate
 from explorl.training.watch import RunWatch
 
@@ -50,7 +51,7 @@ class Trainer:
     """GRPO-family trainer for a local HF causal LM, with pluggable exploration controllers."""
 
     def __init__(self, cfg: C.RunConfig, out_dir: str | Path, *, resume: bool = False,
-                 engine=None, train_data=None, val_data=None):
+                 engine=None, train_data=None, val_data=None, allow_changes: bool = False):
         self.cfg = cfg = validation.validate(cfg)
         # First: under a launcher this joins the process group, so no rank writes into the run
         # directory while another one is still checking or clearing it (``--force``).
@@ -59,9 +60,9 @@ class Trainer:
             raise C.ConfigError(f"data.prompts_per_step={cfg.data.prompts_per_step} < "
                                 f"{self.dist.world_size} processes: every rank needs a prompt")
         self.out = Path(out_dir)
-        ckpt = latest_checkpoint(self.out) if resume else None
-        if resume and ckpt is None:
-            raise NoCheckpoint(f"--resume {self.out}: no complete checkpoint in its checkpoints/")
+        # A resume: its checkpoint, and what it changes (another experiment needs allow_changes).
+        resumed = ResumeRecord(self.out, cfg, allow_changes=allow_changes) if resume else None
+        ckpt = resumed.ckpt if resumed else None
         self.out.mkdir(parents=True, exist_ok=True)
         for seed in (random.seed, np.random.seed, torch.manual_seed):
             seed(cfg.seed)
@@ -77,13 +78,14 @@ class Trainer:
             run_state.restore(self, ckpt)
         if self.dist.is_main:
             (self.out / "plots").mkdir(exist_ok=True)
-            C.save(self.cfg, self.out / "config.yaml", comments=self.plan.lines())
+            save_config(self.out, self.cfg, self.plan.lines(), resumed, self.step)  # + changes
             print("\n".join(self.plan.lines()), flush=True)
         self.pool = VerifierPool.from_config(cfg.reward)
         # metrics.jsonl, completions.jsonl and the trackers hold global values: rank 0 writes.
         main = self.dist.is_main
         self.outputs = RunOutputs(cfg, self.out, resume=resume, step=self.step) if main else None
-        self._stop = False
+        self._stop = False  # the ranks stop after this step (a signal; tests set it too)
+        self.stops = StopRequests(cfg.log.checkpoint_every_minutes, cfg.log.checkpoint_every)
 
     def _setup_data(self, train_data=None, val_data=None) -> None:
         """Rows in memory (a ``datasets.Dataset``, dicts, records) replace data.train / data.val."""
@@ -155,7 +157,7 @@ class Trainer:
 
     def save(self) -> Path:
         """Write ``checkpoints/step-N`` (rank 0; never from non-finite weights)."""
-        return run_state.save(self)
+        return self.stops.saved(run_state.save(self))  # the checkpoint timer starts again
 
     @property
     def knobs(self) -> Knobs:
@@ -230,13 +232,13 @@ class Trainer:
         knobs = self.knobs
         with timed(metrics, "time/train_s"):
             upd, sums = self.update.run(got.rollouts, adv, knobs, sb, step)
-        # The step's one reduction: loss and token sums, and the Ctrl-C flag (ranks stop together).
-        total = self.dist.sum_dict({**sums, "stop": float(self._stop)})
-        self._stop = total.pop("stop") > 0
+        # The step's one reduction: loss/token sums, stop signals, checkpoint timer (ranks agree).
+        total = self.dist.sum_dict({**sums, **self.stops.flags()})
+        self._stop = self.stops.merge(total) or self._stop
         metrics.update({**upd, **loss_metrics(total, len(rows.reward), cfg.optim.ppo_epochs,
                                               upd)})
+        self.step = step  # a stop of the watch's below checkpoints this step's (finite) weights
         self.watch.check(step, metrics, rows.reward, stats, self.rewarder.problem)
-        self.step = step
 
         # 5. controllers read the step's global statistics
         with timed(metrics, "time/control_s"):
@@ -253,24 +255,19 @@ class Trainer:
         return ordered(metrics)
 
     def train(self) -> dict:
-        """Run to ``max_steps``; Ctrl-C finishes the current step, checkpoints and returns."""
+        """Run to ``max_steps``; a signal or a stop of the run's own ends it after a checkpoint."""
         cfg, main = self.cfg, self.dist.is_main
         bar = ProgressBar(cfg.max_steps, self.step, enabled=cfg.log.progress and main)
-
-        def stop() -> bool:  # first Ctrl-C: finish this step and checkpoint; a second one aborts
-            was, self._stop = self._stop, True
-            return was
-
         t_run, last, ckpt = time.perf_counter(), {}, None
         try:
-            with graceful_interrupt(stop, bar):
+            with stop_on_signals(self.stops, bar.log), checkpoint_on_stop(self):
                 if self.step == 0 and cfg.eval.every and cfg.eval.before_training:  # pre-RL point
                     self._log({"step": 0, **self.validate()}, bar)
                 while self.step < cfg.max_steps and not self._stop:
                     last = self._log(self.train_step(), bar)
                     if "val/accuracy" in last:
                         self.plot()
-                    if cfg.log.checkpoint_every and self.step % cfg.log.checkpoint_every == 0:
+                    if self.stops.checkpoint_due(self.step):
                         ckpt = self.save()
                 if ckpt is None or ckpt.name != f"step-{self.step}":  # the last step, saved once
                     ckpt = self.save()
@@ -282,8 +279,9 @@ class Trainer:
         self.plot()
         summary = {"steps": self.step, "max_steps": cfg.max_steps, "n_params": self.n_params,
                    "interrupted": self._stop and self.step < cfg.max_steps,
-                   "seconds": time.perf_counter() - t_run, "checkpoint": str(ckpt), "final": last,
-                   "trainable_params": self.n_trainable, "processes": self.dist.world_size}
+                   "stopped_by": self.stops.agreed, "seconds": time.perf_counter() - t_run,
+                   "checkpoint": str(ckpt), "final": last, "trainable_params": self.n_trainable,
+                   "processes": self.dist.world_size}
         if main:  # atomic: a study reads it as the run's "finished" mark
             files.write_text_atomic(self.out / "summary.json",
                                     json.dumps(summary, indent=2, default=json_default))

@@ -6,7 +6,11 @@
   the run goes on (a collapsed policy can still be the user's goal).
 - ``RewardFailureGuard``: a verifier or reward function that fails or times out on every
   response for several steps in a row, or on most of them over a window, leaves nothing to learn
-  from (all rewards 0): the run stops with the first error's message (exit 2).
+  from (all rewards 0): the run stops with the first error's message (exit 2). Each scoring
+  pass counts alone (``reward/verify_failed_frac``): reward functions that fail on every
+  response stop the run even when the verifier, which only measures accuracy, works.
+
+A stop checkpoints the run's last finite weights first (``preemption.keep_last_weights``).
 
 Each reads the step's global statistics, so every rank decides alike (docs/failures.md).
 """
@@ -37,6 +41,10 @@ class TrainingDiverged(ExplorlError):
     """Too many consecutive steps with a non-finite loss, gradient or reward."""
 
 
+class RewardFailures(RewardError):
+    """A verifier or reward function failed or timed out on too many responses."""
+
+
 class NonFiniteGuard:
     """Counts steps whose update was skipped for non-finite values, says so on the console as
     each happens, and stops the run after ``max_bad`` in a row or once more than ``max_frac`` of
@@ -59,8 +67,8 @@ class NonFiniteGuard:
                 "loss" if not math.isfinite(metrics.get("loss/policy", 0.0)) else "gradient norm")
         log.warning("step %d skipped: non-finite %s (weights not updated; %d skipped so far)",
                     step, what, self.skipped)
-        advice = ("the weights were not updated by them and the last checkpoint is intact. "
-                  "Lower optim.lr or check the reward function")
+        advice = ("the weights were not updated by them. Lower optim.lr or check the reward "
+                  "function")
         if self.in_a_row >= self.max_bad:
             raise TrainingDiverged(
                 f"step {step}: {self.in_a_row} consecutive steps with a non-finite loss, "
@@ -127,7 +135,7 @@ class CollapseMonitor:
 
 
 class RewardFailureGuard:
-    """Stops the run (``RewardError``, exit 2) when ``reward/verify_failed_frac`` is 1 for
+    """Stops the run (``RewardFailures``, exit 2) when ``reward/verify_failed_frac`` is 1 for
     ``reward_fail_steps`` steps in a row, or its mean over the last ``reward_fail_window`` steps
     exceeds ``reward_fail_frac``."""
 
@@ -159,7 +167,7 @@ class RewardFailureGuard:
                    f"failed or timed out (more than watch.reward_fail_frac="
                    f"{c.reward_fail_frac:g})")
         if why is not None:
-            raise RewardError(f"step {step}: {why}; nothing can be learned from all-zero "
+            raise RewardFailures(f"step {step}: {why}; nothing can be learned from all-zero "
                               f"rewards. First error: {self.first or problem or 'unknown'}")
 
     def state_dict(self) -> dict:

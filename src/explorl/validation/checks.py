@@ -13,7 +13,7 @@ from explorl.algorithms.advantages import TAKES_K
 from explorl.algorithms.losses import REQUIRED_AGG
 from explorl.config.coerce import _fail, build, to_dict
 from explorl.config.ranges import _check_ranges
-from explorl.config.recipes import _if_dir, read_recipe
+from explorl.config.recipes import HISTORY_KEY, _if_dir, read_recipe
 from explorl.config.sections import RunConfig
 from explorl.control.contract import check_knob_contract
 from explorl.control.registry import CONTROLLER_SPECS, check_control_config
@@ -236,6 +236,7 @@ def from_dict(data: dict | None, *, env: bool = True) -> RunConfig:
     if not isinstance(data, dict):
         _fail("", f"a recipe must be a mapping of keys, got {type(data).__name__}")
     _migrate(data)
+    data.pop(HISTORY_KEY, None)  # a run's record of its resumes, not a setting
     return validate(build(RunConfig, data), env=env)
 
 
