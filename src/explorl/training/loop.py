@@ -231,7 +231,8 @@ class Trainer:
             metrics.update(self.control.before_update(stats))
         knobs = self.knobs
         with timed(metrics, "time/train_s"):
-            upd, sums = self.update.run(got.rollouts, adv, knobs, sb, step)
+            self.update.step = step  # named by an out-of-memory message
+            upd, sums = self.update.run(got.rollouts, adv, knobs, sb)
         # The step's one reduction: loss/token sums, stop signals, checkpoint timer (ranks agree).
         total = self.dist.sum_dict({**sums, **self.stops.flags()})
         self._stop = self.stops.merge(total) or self._stop

@@ -69,6 +69,7 @@ class PolicyUpdate:
         )
         self.scaler = torch.amp.GradScaler(self.device.type) if fp16 else None
         self.memory = MemoryGuard(cfg.optim, dist.world_size)  # one retry on out-of-memory
+        self.step = 0  # the training step being updated (the loop sets it; for messages)
 
     def _micro_plan(self, rows: StepRows, idx: torch.Tensor) -> tuple[list[int], int]:
         """This rank's micro-batch sizes over its rows among the global rows ``idx`` (in that
@@ -135,7 +136,7 @@ class PolicyUpdate:
         return n_masks
 
     def run(
-        self, ro: Rollouts, adv: torch.Tensor, knobs: Knobs, sb: StepBatch, step: int = 0
+        self, ro: Rollouts, adv: torch.Tensor, knobs: Knobs, sb: StepBatch
     ) -> tuple[dict, dict]:
         """Returns metrics that are the same on every rank, and this rank's sums for
         ``loss_metrics``
@@ -192,7 +193,7 @@ class PolicyUpdate:
                         for d, old in zip((sums, mask_sums), saved):
                             d.clear()
                             d.update(old)
-                        self.memory.on_oom(e, step)  # halves the plan, or raises OutOfMemory
+                        self.memory.on_oom(e, self.step)  # halves, or raises OutOfMemory
                 if self.scaler:
                     self.scaler.unscale_(self.optimizer)
                 gn = self.dist.clip_grad_norm_(self.scorer, o.max_grad_norm).detach().float()
