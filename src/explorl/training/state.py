@@ -31,6 +31,7 @@ def state_of(t) -> dict:
             "data": t.order.state_dict(), "anneal_data": anneal,
             "guard": t.watch.guard.state_dict(), "watch": t.watch.state_dict(),
             "torch_threads": torch.get_num_threads(),
+            **({"async": t.rollouts.state_dict()} if t.rollouts is not None else {}),
             **t.control.state_dict()}
 
 
@@ -48,6 +49,8 @@ def restore(t, ckpt: Path) -> None:
         t.anneal_order.load_state_dict(state["anneal_data"])
     t.control.load_state_dict(state, where=f"checkpoint {ckpt}")
     set_rng_state(state["rng"], t.generators)
+    if t.rollouts is not None:  # the batches sampled ahead (rollout.async)
+        t.rollouts.load_state_dict(state.get("async"), version=t.step)
     threads = state.get("torch_threads")
     if threads is not None and threads != torch.get_num_threads():
         log.warning(

@@ -1,0 +1,228 @@
+"""The asynchronous rollout worker (``rollout.async``): sampling jobs and weight pushes run in the
+order they were queued, on a copy of the policy, beside the trainer.
+
+Two kinds (``rollout.async.worker``):
+
+- ``process`` (``auto`` on the CPU with the ``hf`` engine): a forked child holding its own copy of
+  the policy, the engine and the verifiers. The lab's models are small enough that sampling is
+  mostly Python between short ops, and two Python threads share one interpreter lock: measured on
+  the quickstart, a sampling thread ran 3× slower beside the trainer than alone, so a thread
+  overlapped nothing. A child process has its own interpreter; a push pickles the weights
+  through a pipe (a few MB for the lab models). While it overlaps the trainer the child runs
+  torch on one intra-op thread: OpenMP is not fork-safe above one thread (the verifier pool
+  avoids fork for the same reason).
+- ``thread`` (``auto`` on CUDA or with ``vllm``): a thread in the trainer's process. Accelerator
+  kernels and vLLM release the lock for the whole sampling call, and CUDA cannot be forked. A
+  push is an in-memory copy; the ``vllm`` engine's own push (``sync_weights``) runs in the thread.
+
+Jobs and pushes share one FIFO queue, so the weights a job samples with are fixed when it is
+queued (the pushes queued before it), not by timing: a run is reproducible.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import signal
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from multiprocessing import forkserver
+from typing import Any
+
+import torch
+
+from explorl.adapters import load_snapshot_, rollout_copy, snapshot
+from explorl.rollout.collect import Draw
+
+# sample(step, draw, model, version) -> Collected: phases 1–2 of one step with ``model``, the
+# weights after ``version`` trainer steps.
+Sample = Callable[[int, Any, torch.nn.Module, int], Any]
+
+
+class ThreadWorker:
+    """Jobs on a thread; ``self.model`` holds the weights of version ``self.version``."""
+
+    def __init__(self, sample: Sample, policy: torch.nn.Module, version: int,
+                 threads: int) -> None:
+        self._sample, self.model, self.version = sample, rollout_copy(policy), version
+        self.threads = threads
+        self._queue: queue.Queue = queue.Queue()
+        self._idle_s = 0.0
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="explorl-rollout", daemon=True)
+        self._thread.start()
+
+    def _submit(self, job: Callable[[], Any]) -> Future:
+        fut: Future = Future()
+        self._queue.put((fut, job))
+        return fut
+
+    def sample(self, step: int, draw) -> Future:
+        """Queue step ``step``'s sampling; the future holds its ``Collected``."""
+        return self._submit(lambda: self._sample(step, draw, self.model, self.version))
+
+    def push(self, policy: torch.nn.Module, version: int) -> None:
+        """Queue the weights ``policy`` holds now (copied here, loaded when the queue reaches
+        them: jobs queued earlier keep sampling with the weights they were queued behind)."""
+        tensors = snapshot(policy)
+
+        def load() -> None:
+            load_snapshot_(self.model, tensors)
+            self.version = version
+
+        self._submit(load)
+
+    def drain(self) -> None:
+        """Wait until every queued job and push has run."""
+        self._submit(lambda: None).result()
+
+    def pop_idle_s(self) -> float:
+        """Seconds the worker waited for work since the last call."""
+        with self._lock:
+            idle, self._idle_s = self._idle_s, 0.0
+        return idle
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        torch.set_num_threads(self.threads)  # per calling thread under OpenMP
+        while True:
+            t0 = time.perf_counter()
+            item = self._queue.get()
+            with self._lock:
+                self._idle_s += time.perf_counter() - t0
+            if item is None:
+                return
+            fut, job = item
+            try:
+                with torch.no_grad():
+                    fut.set_result(job())
+            except BaseException as e:  # handed to the trainer, which waits on the future
+                fut.set_exception(e)
+
+
+class ProcessWorker:
+    """Jobs in a forked child. ``data_of(tag) -> (data, order)``; ``after_fork()`` runs first in
+    the child (fresh verifier workers). A job sends its draw's data-order state and gets back the
+    state after its refill rounds (dynamic sampling), which the trainer loads (``order_state``)."""
+
+    def __init__(self, sample: Sample, policy: torch.nn.Module, version: int, threads: int, *,
+                 data_of: Callable, after_fork: Callable[[], None]) -> None:
+        ctx = mp.get_context("fork")
+        self._conn, child = ctx.Pipe(duplex=True)
+        self._proc = ctx.Process(target=_serve, name="explorl-rollout", daemon=True,
+                                 args=(child, sample, policy, version, threads, data_of,
+                                       after_fork))
+        self._proc.start()
+        child.close()
+        self._waiting: deque[Future] = deque()  # replies come back in this order
+        self._idle_s = 0.0
+
+    def _ask(self, msg: tuple) -> Future:
+        fut: Future = Future()
+        self._conn.send(msg)
+        self._waiting.append(fut)
+        return _Reply(fut, self)
+
+    def _read_one(self) -> None:
+        try:
+            kind, value, extra, idle = self._conn.recv()
+        except EOFError:
+            raise RuntimeError("the rollout worker process exited") from None
+        self._idle_s += idle
+        fut = self._waiting.popleft()
+        if kind == "error":
+            fut.set_exception(RuntimeError(f"in the rollout worker process:\n{value}"))
+        else:
+            fut.order_state = extra
+            fut.set_result(value)
+
+    def sample(self, step: int, draw) -> Future:
+        return self._ask(("sample", step, draw.knobs, draw.batch, draw.tag,
+                          draw.order.state_dict()))
+
+    def push(self, policy: torch.nn.Module, version: int) -> None:
+        self._conn.send(("push", snapshot(policy), version))
+
+    def drain(self) -> None:
+        self._ask(("ping",)).result()
+
+    def pop_idle_s(self) -> float:
+        idle, self._idle_s = self._idle_s, 0.0
+        return idle
+
+    def close(self) -> None:
+        if self._proc.is_alive():
+            try:
+                self._conn.send(("close",))
+            except (BrokenPipeError, OSError):
+                pass
+            self._proc.join(timeout=30)
+        if self._proc.is_alive():
+            self._proc.kill()
+        self._conn.close()
+
+
+class _Reply:
+    """A ``ProcessWorker`` job's result: reading it reads the replies queued before it."""
+
+    def __init__(self, fut: Future, worker: ProcessWorker) -> None:
+        self._fut, self._worker = fut, worker
+
+    def result(self):
+        while not self._fut.done():
+            self._worker._read_one()
+        return self._fut.result()
+
+    @property
+    def order_state(self) -> dict | None:
+        return getattr(self._fut, "order_state", None)
+
+
+def _serve(conn, sample: Sample, model: torch.nn.Module, version: int, threads: int,
+           data_of: Callable, after_fork: Callable[[], None]) -> None:
+    """The child's loop: the parent's memory at the fork is its own copy (``model`` included)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
+    # Daemonic (it dies with the trainer) yet allowed children: its own verifier workers.
+    mp.current_process()._config["daemon"] = False
+    # The parent's forkserver (its verifier workers' parent) is not this process's child: start
+    # our own on first use instead of waiting on a pid we cannot wait for.
+    fs = forkserver._forkserver
+    fs._forkserver_pid = fs._forkserver_address = fs._forkserver_alive_fd = None
+    torch.set_num_threads(threads)
+    after_fork()
+    idle = 0.0
+    while True:
+        t0 = time.perf_counter()
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        idle += time.perf_counter() - t0
+        if msg[0] == "close":
+            return
+        if msg[0] == "push":
+            load_snapshot_(model, msg[1])
+            version = msg[2]
+            continue
+        try:
+            if msg[0] == "ping":
+                reply = ("ok", None, None)
+            else:
+                _, step, knobs, batch, tag, order_state = msg
+                data, order = data_of(tag)
+                order.load_state_dict(order_state)
+                with torch.no_grad():
+                    got = sample(step, Draw(knobs, batch, data, order, tag), model, version)
+                after = order.state_dict()
+                reply = ("ok", got, after if after != order_state else None)
+        except BaseException:
+            reply = ("error", traceback.format_exc(), None)
+        conn.send((*reply, idle))
+        idle = 0.0
