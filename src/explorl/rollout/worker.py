@@ -44,12 +44,18 @@ Sample = Callable[[int, Any, torch.nn.Module, int], Any]
 
 
 class ThreadWorker:
-    """Jobs on a thread; ``self.model`` holds the weights of version ``self.version``."""
+    """Jobs on a thread; ``self.model`` holds the weights of version ``self.version``.
 
-    def __init__(self, sample: Sample, policy: torch.nn.Module, version: int,
-                 threads: int) -> None:
-        self._sample, self.model, self.version = sample, rollout_copy(policy), version
-        self.threads = threads
+    ``shared``: sample with ``policy`` itself, not a copy (max_staleness 0: the trainer waits
+    while the worker samples, so nothing changes the weights meanwhile). A copy's tensors sit at
+    other addresses, and CPU matmul kernels round differently by alignment: sharing keeps the
+    synchronous run's numbers bit for bit."""
+
+    def __init__(self, sample: Sample, policy: torch.nn.Module, version: int, threads: int, *,
+                 shared: bool = False) -> None:
+        self.shared = shared
+        self.model = policy if shared else rollout_copy(policy)
+        self._sample, self.version, self.threads = sample, version, threads
         self._queue: queue.Queue = queue.Queue()
         self._idle_s = 0.0
         self._lock = threading.Lock()
@@ -68,10 +74,11 @@ class ThreadWorker:
     def push(self, policy: torch.nn.Module, version: int) -> None:
         """Queue the weights ``policy`` holds now (copied here, loaded when the queue reaches
         them: jobs queued earlier keep sampling with the weights they were queued behind)."""
-        tensors = snapshot(policy)
+        tensors = None if self.shared else snapshot(policy)
 
         def load() -> None:
-            load_snapshot_(self.model, tensors)
+            if tensors is not None:
+                load_snapshot_(self.model, tensors)
             self.version = version
 
         self._submit(load)
@@ -101,16 +108,17 @@ class ThreadWorker:
                 return
             fut, job = item
             try:
-                with torch.no_grad():
-                    fut.set_result(job())
+                fut.set_result(job())
             except BaseException as e:  # handed to the trainer, which waits on the future
                 fut.set_exception(e)
 
 
 class ProcessWorker:
-    """Jobs in a forked child. ``data_of(tag) -> (data, order)``; ``after_fork()`` runs first in
-    the child (fresh verifier workers). A job sends its draw's data-order state and gets back the
-    state after its refill rounds (dynamic sampling), which the trainer loads (``order_state``)."""
+    """Jobs in a forked child, on its copy of ``policy`` (a fork keeps the addresses, so the
+    kernels round as the trainer's would). ``data_of(tag) -> (data, order)``; ``after_fork()``
+    runs first in the child (fresh verifier workers). A job sends its draw's data-order state
+    and gets back the state after its refill rounds (dynamic sampling), which the trainer loads
+    (``order_state``)."""
 
     def __init__(self, sample: Sample, policy: torch.nn.Module, version: int, threads: int, *,
                  data_of: Callable, after_fork: Callable[[], None]) -> None:
@@ -218,8 +226,7 @@ def _serve(conn, sample: Sample, model: torch.nn.Module, version: int, threads: 
                 _, step, knobs, batch, tag, order_state = msg
                 data, order = data_of(tag)
                 order.load_state_dict(order_state)
-                with torch.no_grad():
-                    got = sample(step, Draw(knobs, batch, data, order, tag), model, version)
+                got = sample(step, Draw(knobs, batch, data, order, tag), model, version)
                 after = order.state_dict()
                 reply = ("ok", got, after if after != order_state else None)
         except BaseException:

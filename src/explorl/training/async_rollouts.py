@@ -135,7 +135,7 @@ class AsyncRollouts:
                                             after_fork=self._after_fork)
             else:
                 self.worker = ThreadWorker(self._sample, self._policy, self._version,
-                                           self._threads)
+                                           self._threads, shared=self.max_staleness == 0)
         return self.worker
 
     def _queue(self, item: _Queued) -> None:
