@@ -183,13 +183,13 @@ def test_controllers_read_the_knobs_that_sampled_the_batch(make_config, tmp_path
                        "max_steps": 4, "eval": {"every": 0}})
     t = Trainer(cfg, tmp_path / "run")
     sampled, seen = {}, []
-    sample = t._sample
+    sample = t.rollouts._sample_fn
 
     def spy_sample(step, draw, policy, version):
         sampled[step] = draw.knobs.temperature
         return sample(step, draw, policy, version)
 
-    t._sample = t.rollouts._sample_fn = spy_sample
+    t.rollouts._sample_fn = spy_sample
     after = t.control.after_step
 
     def spy_after(stats, knobs=None):

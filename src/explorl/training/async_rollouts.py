@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -29,13 +30,16 @@ from typing import Any
 
 import torch
 
+from explorl.errors import ConfigError
+from explorl.rewards.pool import VerifierPool
 from explorl.rollout.collect import Collected, Draw
 from explorl.rollout.worker import ProcessWorker, ThreadWorker
+from explorl.training import sampling
 from explorl.training.batch import StepBatch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AsyncRollouts", "Draw", "clip_note", "split_threads", "worker_kind"]
+__all__ = ["AsyncRollouts", "Draw", "clip_note", "for_trainer", "sampling_entropy", "split_threads", "worker_kind"]
 
 
 @dataclass
@@ -189,17 +193,6 @@ class AsyncRollouts:
         if self.worker is not None:
             self.worker.drain()
 
-    @contextlib.contextmanager
-    def sampling_entropy(self, sb: StepBatch):
-        """Keep the batch's sampling-time entropy through the π_prox recompute (ALGORITHMS §8:
-        an entropy target compares with the policy that sampled, not with later weights)."""
-        if self.max_staleness == 0:
-            yield
-            return
-        kept = sb.rows.entropy_sum.clone()
-        yield
-        sb.rows.entropy_sum = kept
-
     def state_dict(self) -> dict:
         """The queued batches, sampled (waits for the worker)."""
         self.wait_idle()
@@ -221,3 +214,45 @@ class AsyncRollouts:
         if self.worker is not None:
             self.worker.close()
             self.worker = None
+
+
+@contextlib.contextmanager
+def sampling_entropy(rollouts: AsyncRollouts | None, sb: StepBatch):
+    """Keep the batch's sampling-time entropy through the π_prox recompute when it may be stale
+    (ALGORITHMS §8: an entropy target compares with the policy that sampled, not with later
+    weights); nothing to keep without ``rollout.async`` or at max_staleness 0."""
+    if rollouts is None or rollouts.max_staleness == 0:
+        yield
+        return
+    kept = sb.rows.entropy_sum.clone()
+    yield
+    sb.rows.entropy_sum = kept
+
+
+def for_trainer(t) -> AsyncRollouts | None:
+    """Trainer ``t``'s rollout worker queue (``rollout.async``), or None when it is off. On the
+    CPU with max_staleness > 0 the trainer's torch threads drop to its share of the cores."""
+    a = t.cfg.rollout.async_
+    if not a.enabled:
+        return None
+    if t.dist.world_size > 1:
+        raise ConfigError("rollout.async.enabled: one training process only (the worker's "
+                          "gathers would interleave with the update's collectives)")
+    kind, threads = worker_kind(t.cfg, t.device), torch.get_num_threads()
+    if t.device.type == "cpu" and a.max_staleness > 0:  # each phase gets its cores
+        trainer, threads = split_threads(t.cfg.model.cpu_threads, kind)
+        torch.set_num_threads(trainer)
+    data_of = {"train": (t.train_data, t.order), "anneal": (t.anneal_data, t.anneal_order)}
+
+    def own_verifiers() -> None:  # in a forked worker: closing the inherited pool would kill
+        t.pool._closed = True     # the parent's verifier workers; it gets its own instead
+        t._parent_pool, t.pool = t.pool, VerifierPool.from_config(t.cfg.reward)
+
+    out = AsyncRollouts(a.max_staleness, t.cfg.max_steps, functools.partial(sampling.draw, t),
+                        functools.partial(sampling.sample, t), data_of.get,
+                        stale_logp=t.recompute, kind=kind, after_fork=own_verifiers)
+    out.start(t._policy_now(), 0, threads)
+    note = clip_note(t.cfg, t.plan.old_logp)
+    if note and t.dist.is_main:
+        print(note, flush=True)
+    return out

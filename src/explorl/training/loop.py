@@ -8,7 +8,6 @@ calls. docs/architecture.md has the data flow and where each concept lives.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
 import time
@@ -31,18 +30,11 @@ from explorl.outputs.runlog import ProgressBar, graceful_interrupt, json_default
 from explorl.rewards.pool import VerifierPool
 from explorl.rewards.rewarder import Rewarder
 from explorl.rollout.base import build_engine, pop_metrics
-from explorl.rollout.collect import collect
 from explorl.rollout.two_stage import make_sampler
+from explorl.training import async_rollouts, sampling
 from explorl.training import plan as device_plan
 from explorl.training import state as run_state
 from explorl.training.advantages import step_advantages
-from explorl.training.async_rollouts import (
-    AsyncRollouts,
-    Draw,
-    clip_note,
-    split_threads,
-    worker_kind,
-)
 from explorl.training.batch import step_stats
 from explorl.training.checkpoint import NoCheckpoint, latest_checkpoint
 from explorl.training.distributed import LogProbModule, make_dist
@@ -81,7 +73,7 @@ class Trainer:
         self.control = bank_from_config(cfg, vocab_size=self.vocab_size,
                                         dataset_size=len(self.train_data))
         self.step, self.watch = 0, RunWatch(cfg)  # non-finite steps, collapse, failing rewards
-        self._setup_async()
+        self.rollouts = async_rollouts.for_trainer(self)  # rollout.async: None when off
         if ckpt is not None:
             run_state.restore(self, ckpt)
         if self.dist.is_main:
@@ -159,36 +151,6 @@ class Trainer:
                                    old_logp_from_forward=self.plan.old_logp == "update")
         self.recompute = self.plan.old_logp == "recompute"
 
-    def _setup_async(self) -> None:
-        """``rollout.async``: the worker that samples ahead (``training.async_rollouts``)."""
-        a = self.cfg.rollout.async_
-        self.rollouts = None
-        if not a.enabled:
-            return
-        if self.dist.world_size > 1:
-            raise C.ConfigError("rollout.async.enabled: one training process only (the worker's "
-                                "gathers would interleave with the update's collectives)")
-        kind, threads = worker_kind(self.cfg, self.device), torch.get_num_threads()
-        if self.device.type == "cpu" and a.max_staleness > 0:  # each phase gets its cores
-            threads, sampler = split_threads(self.cfg.model.cpu_threads, kind)
-            torch.set_num_threads(threads)
-            threads = sampler
-        data_of = {"train": (self.train_data, self.order),
-                   "anneal": (self.anneal_data, self.anneal_order)}
-        self.rollouts = AsyncRollouts(a.max_staleness, self.cfg.max_steps, self._draw,
-                                      self._sample, data_of.get, stale_logp=self.recompute,
-                                      kind=kind, after_fork=self._own_verifiers)
-        self.rollouts.start(self._policy_now(), 0, threads)
-        note = clip_note(self.cfg, self.plan.old_logp)
-        if note and self.dist.is_main:
-            print(note, flush=True)
-
-    def _own_verifiers(self) -> None:
-        """In a forked rollout worker: verifier workers of its own (the parent's stay the
-        parent's: closing the inherited pool here would kill them)."""
-        self.pool._closed = True
-        self._parent_pool, self.pool = self.pool, VerifierPool.from_config(self.cfg.reward)
-
     def state_dict(self) -> dict:
         return run_state.state_of(self)
 
@@ -230,33 +192,14 @@ class Trainer:
             self.outputs.log_completions(samples, self.step, "val")
         return out
 
-    def _draw(self, step: int, metrics: dict) -> Draw:
-        """# 0. controllers decide the knobs (the dataset before the prompts are drawn)."""
-        with timed(metrics, "time/control_s"):
-            metrics.update(self.control.before_batch(step))
-            anneal = self.knobs.dataset == "anneal" and self.anneal_order is not None
-            data, order, tag = ((self.anneal_data, self.anneal_order, "anneal") if anneal
-                                else (self.train_data, self.order, "train"))
-            batch = order.next_batch()
-            metrics.update(self.control.before_step(step, batch[0]))
-        return Draw(self.knobs, batch, data, order, tag)
-
-    def _sample(self, step: int, d: Draw, policy, version):
-        """# 1. sample  2. score this rank's share of ``d`` with ``policy`` (``collect``)."""
-        with self.amp():
-            return collect(cfg=self.cfg, step=step, knobs=d.knobs, batch=d.batch, order=d.order,
-                           data=d.data, prompt_ids=self.prompts.ids_of(d.data, d.tag),
-                           sampler=self.sampler, policy=policy, version=version, pool=self.pool,
-                           rewarder=self.rewarder, dist=self.dist)
-
     def train_step(self) -> dict:
         cfg, step, metrics = self.cfg, self.step + 1, {}
         t_start, cpu_start = time.perf_counter(), time.process_time()
         # 0. knobs and prompts  1. sample  2. score (``sb``: the whole batch's statistics); under
         # rollout.async the worker did them while the previous steps trained
         if self.rollouts is None:
-            draw = self._draw(step, metrics)
-            got = self._sample(step, draw, self._policy_now(), self.scheduler.last_epoch)
+            draw = sampling.draw(self, step, metrics)
+            got = sampling.sample(self, step, draw, self._policy_now(), self.scheduler.last_epoch)
         else:
             draw, got = self.rollouts.next(step, metrics)
         knobs, data, sb, rows = draw.knobs, draw.data, got.batch, got.batch.rows
@@ -264,7 +207,7 @@ class Trainer:
         if self.outputs is not None and self.outputs.completions_due(step):
             self.outputs.log_completions(training_completions(step, got, data), step, "train")
         if self.recompute:  # old log-probs and entropy from the trainer's own forward (π_prox)
-            keep = self.rollouts.sampling_entropy(sb) if self.rollouts else contextlib.nullcontext()
+            keep = async_rollouts.sampling_entropy(self.rollouts, sb)  # rollout.async: §8
             with timed(metrics, "time/old_logp_s"), keep:
                 got.rollouts, rm = self.update.recompute(got.rollouts, sb, knobs.temperature)
             metrics.update(rm)
