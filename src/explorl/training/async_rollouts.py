@@ -39,7 +39,8 @@ from explorl.training.batch import StepBatch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AsyncRollouts", "Draw", "clip_note", "for_trainer", "sampling_entropy", "split_threads", "worker_kind"]
+__all__ = ["AsyncRollouts", "Draw", "clip_note", "for_trainer", "sampling_entropy",
+           "split_threads", "worker_kind"]
 
 
 @dataclass
