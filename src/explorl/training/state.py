@@ -3,7 +3,8 @@
 
 A checkpoint has the policy's weights (``save_pretrained``) and ``trainer_state.pt``: the step,
 the optimizer (complete on rank 0 under FSDP), the LR schedule, the loss/shuffle RNGs, the data
-order, the non-finite guard, the run watch, the knobs and every controller's state. Sampling
+order, the non-finite guard, the run watch, the knobs and every controller's state, and under
+``rollout.async`` the batches sampled ahead (``training.async_rollouts``). Sampling
 seeds depend on the step only and the state holds no per-rank stream, so a checkpoint resumes at
 any number of processes, and the resumed run reproduces the uninterrupted one (with the same
 torch thread count: on some CPUs one and two threads round differently; a resume at another count
