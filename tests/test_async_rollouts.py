@@ -224,3 +224,18 @@ def test_config_keys_refusals_and_the_clip_note(make_config):
     assert "π_θ/π_prox" in clip_note(off, "recompute")
     assert clip_note(make_config(_async({}, 1)), "recompute") is None
     assert clip_note(make_config(_async({}, 0)), "sampler") is None
+
+
+@pytest.mark.parametrize("worker", ["thread", "process"])
+def test_idle_times_at_staleness_zero(make_config, tmp_path, worker):
+    """Without overlap each side waits for the other: the trainer waits at least the step's
+    sampling (time/trainer_idle_s ≥ time/generate_s), the worker at least the previous step's
+    update (time/sampler_idle_s ≥ the previous row's time/train_s)."""
+    cfg = make_config({**_async({"model": {"cpu_threads": 1}}, 0, worker), "max_steps": 3,
+                       "eval": {"every": 0}})
+    t = Trainer(cfg, tmp_path / "run")
+    rows = [t.train_step() for _ in range(3)]
+    t.rollouts.close()
+    for prev, r in zip(rows, rows[1:]):
+        assert r["time/trainer_idle_s"] >= r["time/generate_s"]
+        assert r["time/sampler_idle_s"] >= prev["time/train_s"]
