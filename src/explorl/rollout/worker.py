@@ -118,7 +118,10 @@ class ProcessWorker:
     kernels round as the trainer's would). ``data_of(tag) -> (data, order)``; ``after_fork()``
     runs first in the child (fresh verifier workers). A job sends its draw's data-order state
     and gets back the state after its refill rounds (dynamic sampling), which the trainer loads
-    (``order_state``)."""
+    (``order_state``).
+
+    A reader thread takes the child's replies as they come: a push (megabytes) and a reply can
+    then cross in the pipe without each side waiting for the other to read."""
 
     def __init__(self, sample: Sample, policy: torch.nn.Module, version: int, threads: int, *,
                  data_of: Callable, after_fork: Callable[[], None]) -> None:
@@ -130,28 +133,41 @@ class ProcessWorker:
         self._proc.start()
         child.close()
         self._waiting: deque[Future] = deque()  # replies come back in this order
+        self._lock = threading.Lock()
         self._idle_s = 0.0
+        self._reader = threading.Thread(target=self._read, name="explorl-rollout-reader",
+                                        daemon=True)
+        self._reader.start()
 
     def _ask(self, msg: tuple) -> Future:
         fut: Future = Future()
+        with self._lock:
+            self._waiting.append(fut)
         self._conn.send(msg)
-        self._waiting.append(fut)
-        return _Reply(fut, self)
+        return fut
 
-    def _read_one(self) -> None:
-        try:
-            kind, value, extra, idle = self._conn.recv()
-        except EOFError:
-            raise RuntimeError("the rollout worker process exited") from None
-        self._idle_s += idle
-        fut = self._waiting.popleft()
-        if kind == "error":
-            fut.set_exception(RuntimeError(f"in the rollout worker process:\n{value}"))
-        else:
-            fut.order_state = extra
-            fut.set_result(value)
+    def _read(self) -> None:
+        while True:
+            try:
+                kind, value, extra, idle = self._conn.recv()
+            except (EOFError, OSError):
+                with self._lock:
+                    waiting, self._waiting = list(self._waiting), deque()
+                for fut in waiting:
+                    fut.set_exception(RuntimeError("the rollout worker process exited"))
+                return
+            with self._lock:
+                self._idle_s += idle
+                fut = self._waiting.popleft()
+            if kind == "error":
+                fut.set_exception(RuntimeError(f"in the rollout worker process:\n{value}"))
+            else:
+                fut.order_state = extra
+                fut.set_result(value)
 
     def sample(self, step: int, draw) -> Future:
+        """Queue step ``step``'s sampling; the future holds its ``Collected`` and, as
+        ``order_state``, the data order after it (None when it drew no refill round)."""
         return self._ask(("sample", step, draw.knobs, draw.batch, draw.tag,
                           draw.order.state_dict()))
 
@@ -162,7 +178,8 @@ class ProcessWorker:
         self._ask(("ping",)).result()
 
     def pop_idle_s(self) -> float:
-        idle, self._idle_s = self._idle_s, 0.0
+        with self._lock:
+            idle, self._idle_s = self._idle_s, 0.0
         return idle
 
     def close(self) -> None:
@@ -174,23 +191,9 @@ class ProcessWorker:
             self._proc.join(timeout=30)
         if self._proc.is_alive():
             self._proc.kill()
+            self._proc.join(timeout=5)
+        self._reader.join(timeout=5)
         self._conn.close()
-
-
-class _Reply:
-    """A ``ProcessWorker`` job's result: reading it reads the replies queued before it."""
-
-    def __init__(self, fut: Future, worker: ProcessWorker) -> None:
-        self._fut, self._worker = fut, worker
-
-    def result(self):
-        while not self._fut.done():
-            self._worker._read_one()
-        return self._fut.result()
-
-    @property
-    def order_state(self) -> dict | None:
-        return getattr(self._fut, "order_state", None)
 
 
 def _serve(conn, sample: Sample, model: torch.nn.Module, version: int, threads: int,
