@@ -58,7 +58,8 @@ from explorl.errors import ConfigError
 
 __all__ = [
     "ADAPTIVE_KNOB_FIELDS", "RANGES", "SPLIT_SIZES", "AdaptiveControlConfig", "AlgorithmConfig",
-    "AsyncConfig", "BudgetControlConfig", "ConfigError", "ControlConfig", "CurriculumControlConfig", "DataConfig",
+    "AsyncConfig", "BudgetControlConfig", "ConfigError", "ControlConfig",
+    "CurriculumControlConfig", "DataConfig",
     "DistConfig", "EEPOControlConfig", "EntroPICControlConfig", "EntropyCoefControlConfig",
     "EvalConfig", "Interval", "LabConfig", "LogConfig", "LoRAConfig", "ModelConfig", "OptimConfig",
     "RewardConfig", "RewardFunctionConfig", "RolloutConfig", "RolloutCorrectionConfig",
