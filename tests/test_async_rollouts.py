@@ -239,3 +239,20 @@ def test_idle_times_at_staleness_zero(make_config, tmp_path, worker):
     for prev, r in zip(rows, rows[1:]):
         assert r["time/trainer_idle_s"] >= r["time/generate_s"]
         assert r["time/sampler_idle_s"] >= prev["time/train_s"]
+
+
+def test_dynamic_sampling_refills_in_a_process_worker_advance_the_trainers_data_order(
+        make_config, tmp_path):
+    """DAPO's refill rounds draw in the worker's copy of the data order; the trainer takes that
+    order back with the batch, so every batch drawn (main or refill) is counted once."""
+    cfg = make_config({**_async({"model": {"cpu_threads": 1}}, 1, "process"), "max_steps": 4,
+                       "eval": {"every": 0}, "algorithm": {"dynamic_sampling": True,
+                                                          "max_gen_rounds": 3}})
+    t = Trainer(cfg, tmp_path / "run")
+    rows = [t.train_step() for _ in range(3)]
+    t.rollouts.close()
+    o = t.order
+    drawn = o.epoch * o.batches_per_epoch + o.offset // o.batch_size
+    # the three trained batches with their refill rounds, and batch 4's main draw (queued)
+    assert drawn == sum(int(r["rollout/gen_rounds"]) for r in rows) + 1
+    assert any(r["rollout/gen_rounds"] > 1 for r in rows)

@@ -188,6 +188,12 @@ class AsyncRollouts:
         """The weights after ``version`` trainer steps, for the batches queued from now on."""
         self._worker().push(policy, version)
 
+    def release_engine(self) -> None:
+        """Wait until the worker is done with the trainer's engine (before validation uses it): a
+        thread worker samples with it, a process worker has its own copy."""
+        if self.kind == "thread":
+            self.wait_idle()
+
     def wait_idle(self) -> None:
         """Wait until the worker has sampled everything queued (before anything else uses the
         engine: validation)."""

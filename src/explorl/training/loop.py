@@ -178,8 +178,8 @@ class Trainer:
     def validate(self) -> dict:
         e = self.cfg.eval
         data = self.val_data[: e.max_problems]
-        if self.rollouts is not None:  # the engine is the worker's until it is idle
-            self.rollouts.wait_idle()
+        if self.rollouts is not None:  # a thread worker's engine is the trainer's
+            self.rollouts.release_engine()
         T = e.temperature if e.temperature is not None else self.knobs.temperature
         samples: list = []  # this rank's responses, for completions.jsonl
         with self.amp():
