@@ -21,6 +21,8 @@ queued (the pushes queued before it), not by timing: a run is reproducible.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import multiprocessing as mp
 import queue
 import signal
@@ -75,6 +77,8 @@ class ThreadWorker:
         """Queue the weights ``policy`` holds now (copied here, loaded when the queue reaches
         them: jobs queued earlier keep sampling with the weights they were queued behind)."""
         tensors = None if self.shared else snapshot(policy)
+        if tensors and tensors[0].is_cuda:  # the copies are complete before the worker reads them
+            torch.cuda.current_stream(tensors[0].device).synchronize()
 
         def load() -> None:
             if tensors is not None:
@@ -99,18 +103,44 @@ class ThreadWorker:
 
     def _run(self) -> None:
         torch.set_num_threads(self.threads)  # per calling thread under OpenMP
-        while True:
-            t0 = time.perf_counter()
-            item = self._queue.get()
-            with self._lock:
-                self._idle_s += time.perf_counter() - t0
-            if item is None:
-                return
-            fut, job = item
-            try:
-                fut.set_result(job())
-            except BaseException as e:  # handed to the trainer, which waits on the future
-                fut.set_exception(e)
+        device = next(self.model.parameters()).device
+        # CUDA: the worker's kernels on a stream of their own, or they would queue behind the
+        # update's on the default stream and overlap nothing.
+        side = torch.cuda.Stream(device) if device.type == "cuda" and not self.shared else None
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            while True:
+                t0 = time.perf_counter()
+                item = self._queue.get()
+                with self._lock:
+                    self._idle_s += time.perf_counter() - t0
+                if item is None:
+                    return
+                fut, job = item
+                try:
+                    out = job()
+                    if side is not None:  # done before the trainer's stream reads it
+                        side.synchronize()
+                        _hand_over(out, torch.cuda.default_stream(device))
+                    fut.set_result(out)
+                except BaseException as e:  # handed to the trainer, which waits on the future
+                    fut.set_exception(e)
+
+
+def _hand_over(obj: Any, stream) -> None:
+    """Mark the CUDA tensors of a job's result as used by the trainer's ``stream``: the caching
+    allocator then keeps their memory from the worker's stream until the trainer is done."""
+    if isinstance(obj, torch.Tensor):
+        if obj.is_cuda:
+            obj.record_stream(stream)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            _hand_over(getattr(obj, f.name), stream)
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            _hand_over(x, stream)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            _hand_over(x, stream)
 
 
 class ProcessWorker:
