@@ -5,8 +5,8 @@ Two kinds (``rollout.async.worker``):
 
 - ``process`` (``auto`` on the CPU with the ``hf`` engine): a forked child holding its own copy of
   the policy, the engine and the verifiers. The lab's models are small enough that sampling is
-  mostly Python between short ops, and two Python threads share one interpreter lock: measured on
-  the quickstart, a sampling thread ran 3× slower beside the trainer than alone, so a thread
+  mostly Python between short ops, and two Python threads share one interpreter lock: on the
+  quickstart a sampling thread took 85 ms beside the trainer instead of 28 ms alone, so a thread
   overlapped nothing. A child process has its own interpreter; a push pickles the weights
   through a pipe (a few MB for the lab models). While it overlaps the trainer the child runs
   torch on one intra-op thread: OpenMP is not fork-safe above one thread (the verifier pool
