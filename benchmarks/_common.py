@@ -72,6 +72,8 @@ def step_times(recipe: str | Path, sets: list[str], steps: int, warmup: int = 2,
             if cpu is not None and i >= warmup:
                 cpu.append(cpu_seconds() - c0)
         t.pool.close()
+        if t.rollouts is not None:  # rollout.async: the worker
+            t.rollouts.close()
     kept = rows[warmup:]
     return [r["time/step_s"] for r in kept], kept
 

@@ -34,7 +34,7 @@ def _sections(cls=C.RunConfig, prefix=""):
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if dataclasses.is_dataclass(hints[f.name]):
-            yield from _sections(hints[f.name], f"{prefix}{f.name}.")
+            yield from _sections(hints[f.name], f"{prefix}{C.key_of(f.name)}.")
 
 
 def _nested(path: str, value) -> dict:
@@ -59,7 +59,7 @@ def _leaf_types() -> dict[str, type]:
                 tp = list
             elif typing.get_origin(tp) in (typing.Union, types.UnionType) and len(args) == 1:
                 tp = args[0]
-            out[prefix + f.name] = tp
+            out[prefix + C.key_of(f.name)] = tp
     return out
 
 

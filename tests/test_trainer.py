@@ -455,6 +455,7 @@ def test_every_logged_metric_is_documented(make_config, tmp_path):
             "control": {"entropy_coef": {"enabled": True}},
             "algorithm": {"loss": "gspo", "agg": "seq-mean-token-mean"},
         },
+        {"rollout": {"async": {"enabled": True, "max_staleness": 1}}},
     ]
     logged = set()
     for i, extra in enumerate(configs):
@@ -464,7 +465,7 @@ def test_every_logged_metric_is_documented(make_config, tmp_path):
     undocumented = sorted(k for k in logged if not any(p.match(k) for p in patterns))
     assert not undocumented, f"logged but not defined in docs/metrics.md: {undocumented}"
     assert {"cov/selected_mean", "eepo/active", "control/temperature_next", "val/pass@2",
-            "kl/reward_penalty_mean"} <= logged
+            "kl/reward_penalty_mean", "async/staleness_max", "time/sampler_idle_s"} <= logged
 
 
 def test_eepo_metrics_with_dynamic_sampling_are_means_over_rounds(make_config, tmp_path):

@@ -14,7 +14,7 @@ dataclasses), ``coerce`` (typed building from plain data), ``ranges`` (every num
 """
 
 from explorl.config.algorithm_sections import AlgorithmConfig, RolloutCorrectionConfig
-from explorl.config.coerce import build, set_path, to_dict
+from explorl.config.coerce import build, key_of, set_path, to_dict
 from explorl.config.control_sections import (
     AdaptiveControlConfig,
     BudgetControlConfig,
@@ -39,6 +39,7 @@ from explorl.config.recipes import (
 from explorl.config.reference import field_docs, reference
 from explorl.config.sections import (
     SPLIT_SIZES,
+    AsyncConfig,
     DataConfig,
     DistConfig,
     EvalConfig,
@@ -59,13 +60,13 @@ from explorl.errors import ConfigError
 
 __all__ = [
     "ADAPTIVE_KNOB_FIELDS", "HISTORY_KEY", "RANGES", "SPLIT_SIZES", "AdaptiveControlConfig",
-    "AlgorithmConfig",
-    "BudgetControlConfig", "ConfigError", "ControlConfig", "CurriculumControlConfig", "DataConfig",
+    "AlgorithmConfig", "AsyncConfig", "BudgetControlConfig", "ConfigError", "ControlConfig",
+    "CurriculumControlConfig", "DataConfig",
     "DistConfig", "EEPOControlConfig", "EntroPICControlConfig", "EntropyCoefControlConfig",
     "EvalConfig", "HFConfig", "Interval", "LabConfig", "LogConfig", "LoRAConfig", "ModelConfig",
     "OptimConfig", "RewardConfig", "RewardFunctionConfig", "RolloutConfig",
     "RolloutCorrectionConfig", "RunConfig", "ScheduleConfig", "TemperatureControlConfig",
     "VLLMConfig", "WatchConfig",
     "_deep_update", "build", "field_docs", "load_yaml", "parse_override", "read_recipe",
-    "read_utf8", "reference", "save", "set_path", "to_dict",
+    "read_utf8", "reference", "save", "set_path", "to_dict", "key_of",
 ]

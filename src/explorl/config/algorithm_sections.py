@@ -16,7 +16,8 @@ class RolloutCorrectionConfig:
     (their mean); ``truncate`` caps w at ``upper``, ``mask`` drops tokens/sequences with w outside
     [lower, upper] from the policy loss and its denominator. It weights the policy-gradient term of
     every loss (not the entropy bonus or KL). ``auto``: ``token-truncate`` with ``rollout.engine:
-    vllm``, ``off`` with ``hf`` (one distribution, nothing to correct)."""
+    vllm`` or with ``rollout.async`` above staleness 0 (then w = π_prox/μ against the sampler's
+    log-probs, ALGORITHMS §8), ``off`` with ``hf`` (one distribution, nothing to correct)."""
     upper: float = 2.0
     """C_hi: largest weight kept (truncate) or allowed (mask). Usual: token 1.5–5, sequence 2–10,
     geometric 1.0002–1.001."""
@@ -131,7 +132,8 @@ class AlgorithmConfig:
     update's own forward, detached, when that is exactly what the recompute would give (one
     optimizer step per rollout batch, no EEPO, EntroPIC, rollout correction or KL in the reward,
     entropy known: no extra pass), else
-    recompute. The run prints which, and why (docs/gpu.md)."""
+    recompute; always recompute under ``rollout.async`` above staleness 0 (π_prox, ALGORITHMS
+    §8). The run prints which, and why (docs/gpu.md)."""
     logprob_chunk: int = 512
     """Tokens per chunk when computing log-probs and entropy (bounds the logits memory)."""
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)

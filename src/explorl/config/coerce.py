@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import keyword
 import types
 import typing
 from typing import Any, Literal
@@ -106,9 +107,21 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     )  # a bug in this file, not user input
 
 
+def key_of(field_name: str) -> str:
+    """The recipe key of a field: a Python keyword is spelled with a trailing ``_`` in the
+    dataclass (``async_``) and without it in the recipe (``rollout.async``)."""
+    bare = field_name[:-1]
+    return bare if field_name.endswith("_") and keyword.iskeyword(bare) else field_name
+
+
+def field_of(key: str) -> str:
+    """The dataclass field of recipe key ``key`` (``key_of``'s inverse)."""
+    return key + "_" if keyword.iskeyword(key) else key
+
+
 def build(cls: type, data: dict, path: str = "") -> Any:
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    names = [key_of(f.name) for f in dataclasses.fields(cls)]
     kwargs = {}
     for key, value in data.items():
         key_path = f"{path}.{key}" if path else str(key)
@@ -116,12 +129,15 @@ def build(cls: type, data: dict, path: str = "") -> Any:
             close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
             hint = f"; did you mean {(path + '.' if path else '') + close[0]!r}?" if close else ""
             _fail(key_path, f"unknown key{hint} (valid keys here: {', '.join(names)})")
-        kwargs[key] = _coerce(value, hints[key], key_path)
+        kwargs[field_of(key)] = _coerce(value, hints[field_of(key)], key_path)
     return cls(**kwargs)
 
 
 def to_dict(cfg: Any) -> dict:
-    return dataclasses.asdict(cfg)
+    def keys(x: Any) -> Any:
+        return {key_of(k): keys(v) for k, v in x.items()} if isinstance(x, dict) else x
+
+    return keys(dataclasses.asdict(cfg))
 
 
 def set_path(data: dict, dotted: str, value: Any) -> None:

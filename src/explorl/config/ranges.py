@@ -12,7 +12,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from explorl.config.coerce import _fail
+from explorl.config.coerce import _fail, field_of
 from explorl.config.control_sections import ControlConfig
 from explorl.config.intervals import SAMPLES as _SAMPLES
 from explorl.config.intervals import SEED as _SEED
@@ -91,6 +91,7 @@ RANGES: dict[str, str] = {
     "algorithm.entropy_shaping_alpha": "[0, inf)",  # 0 = off
     "algorithm.entropy_shaping_kappa": "[1, inf)",  # κ ≥ 1 keeps the sign of A
     "model.cpu_threads": "[1, 4096]",
+    "rollout.async.max_staleness": "[0, 64]",
     "model.lora.rank": "[1, 65536]",
     "model.lora.alpha": "(0, inf)",
     "model.lora.dropout": "[0, 1)",
@@ -171,7 +172,7 @@ def _num(x: float) -> str:
 
 def _get(cfg: Any, path: str) -> Any:
     for part in path.split("."):
-        cfg = getattr(cfg, part)
+        cfg = getattr(cfg, field_of(part))
     return cfg
 
 

@@ -8,7 +8,7 @@ import inspect
 import textwrap
 import typing
 
-from explorl.config.coerce import _type_name
+from explorl.config.coerce import _type_name, key_of
 from explorl.config.sections import RunConfig
 
 # ----------------------------------------------------------------------------- docs
@@ -35,7 +35,7 @@ def reference(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str, s
     default = cls()
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
-        path = f"{prefix}{f.name}"
+        path = f"{prefix}{key_of(f.name)}"
         if dataclasses.is_dataclass(tp):
             rows.extend(reference(tp, path + "."))
         else:

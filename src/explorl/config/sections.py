@@ -187,6 +187,26 @@ class HFConfig:
 
 
 @dataclass
+class AsyncConfig:
+    enabled: bool = False
+    """Overlap sampling and training: a rollout worker samples and scores the batches of the
+    coming steps with the weights it last received while the trainer updates on the current one
+    (docs/rollout-engines.md). Off: the two alternate."""
+    max_staleness: int = 1
+    """Most updates between the weights that sampled a batch and the trainer's at the start of
+    the update that trains on it (TRL ``max_staleness``, AReaL ``max_head_offpolicyness``).
+    0: no overlap, the synchronous run bit for bit. Above 0 the update recomputes the old
+    log-probs with the trainer's weights (π_prox) and ``algorithm.rollout_correction`` weighs
+    π_prox against the sampler's log-probs (ALGORITHMS §8)."""
+    worker: Literal["auto", "thread", "process"] = "auto"
+    """Where the rollout worker runs. ``process``: a forked child with its own copy of the policy
+    and verifiers (weights pushed through a pipe); ``thread``: a thread of the trainer's process
+    (an in-memory push). ``auto``: a process on the CPU with the ``hf`` engine and max_staleness
+    > 0 (small models sample in Python, which one interpreter runs one thread at a time), else a
+    thread (CUDA kernels and vLLM run outside the interpreter's lock; CUDA cannot be forked)."""
+
+
+@dataclass
 class RolloutConfig:
     n_samples: int = 8
     """Responses per prompt (G, E3's n_default)."""
@@ -205,6 +225,8 @@ class RolloutConfig:
     """Settings of the ``hf`` engine."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     """Settings of the ``vllm`` engine."""
+    async_: AsyncConfig = field(default_factory=AsyncConfig)
+    """Asynchronous rollouts with bounded staleness (the recipe key is ``async``)."""
 
 
 @dataclass

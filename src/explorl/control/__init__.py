@@ -116,22 +116,34 @@ class ControlBank:
     def before_step(self, step: int, prompt_indices: list[int]) -> dict[str, float]:
         return self._run("before_step", step, prompt_indices)
 
-    def before_update(self, stats: StepStats) -> dict[str, float]:
+    def for_batch(self, sampled: Knobs | None = None) -> Knobs:
+        """The knobs of the update of the batch ``sampled`` knobs drew: its sampling knobs, the
+        loss-side ones (``UPDATE_KNOBS``) as decided now. Under ``rollout.async`` the bank has
+        already decided the knobs of later batches; a batch's statistics belong to its own."""
+        if sampled is None:
+            return self.knobs
+        return dataclasses.replace(sampled, **{k: getattr(self.knobs, k) for k in UPDATE_KNOBS})
+
+    def before_update(self, stats: StepStats, sampled: Knobs | None = None) -> dict[str, float]:
         metrics: dict[str, float] = {}
+        knobs = self.for_batch(sampled)
         for c in self.controllers:
-            d = c.before_update(stats, self.knobs)
+            d = c.before_update(stats, knobs)
             late = sorted(set(d.knobs) - set(UPDATE_KNOBS))
             if late:
                 raise ControlError(f"controller {c.name!r} changed {late} in before_update, "
                                    "after the step was sampled; use before_step")
-            self.knobs = apply_decision(self.knobs, d, c)
+            knobs = apply_decision(knobs, d, c)
             metrics.update(d.metrics)
+        self.knobs = dataclasses.replace(self.knobs,
+                                         **{k: getattr(knobs, k) for k in UPDATE_KNOBS})
         return metrics
 
-    def after_step(self, stats: StepStats) -> dict[str, float]:
+    def after_step(self, stats: StepStats, sampled: Knobs | None = None) -> dict[str, float]:
         metrics: dict[str, float] = {}
+        knobs = self.for_batch(sampled)
         for c in self.controllers:
-            d = c.after_step(stats, self.knobs)
+            d = c.after_step(stats, knobs)
             if d.knobs:
                 raise ControlError(
                     f"controller {c.name!r} changed knobs in after_step; use before_step"

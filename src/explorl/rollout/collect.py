@@ -29,6 +29,17 @@ TRAIN_STREAM = (
 
 
 @dataclass
+class Draw:
+    """Phase 0 of one step: the knobs that sample it and the prompts it draws."""
+
+    knobs: Knobs
+    batch: tuple[list[int], int, bool]  # (dataset indices, epoch, epoch_end)
+    data: list  # the dataset drawn from
+    order: object  # its ``DataOrder`` (dynamic sampling draws refill rounds from it)
+    tag: str  # "train" or "anneal"
+
+
+@dataclass
 class Collected:
     """This rank's kept responses and the step's global statistics."""
 

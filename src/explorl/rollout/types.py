@@ -36,6 +36,9 @@ class Rollouts:
     # (N, R) float, the engine's own log-probs of the sampled tokens at the sampling T, where
     # they differ from old_logp's source (vLLM); None: the engine samples with the trained model.
     engine_logp: torch.Tensor | None = None
+    # (N,) long, the policy version (trainer steps done) whose weights sampled each response;
+    # set by the asynchronous rollout worker (``rollout.async``), None otherwise.
+    version: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
@@ -95,6 +98,9 @@ class Rollouts:
         trunc = None
         if all(p.truncated is not None for p in parts):
             trunc = torch.cat([p.truncated for p in parts])
+        version = None
+        if all(p.version is not None for p in parts):
+            version = torch.cat([p.version for p in parts])
         engine_logp = None  # a part without the engine's values: its own (weight 1)
         if any(p.engine_logp is not None for p in parts):
             engine_logp = torch.cat([rpad(p.old_logp if p.engine_logp is None else p.engine_logp,
@@ -112,4 +118,5 @@ class Rollouts:
             stage=stage,
             truncated=trunc,
             engine_logp=engine_logp,
+            version=version,
         )

@@ -30,8 +30,8 @@ from explorl.outputs.runlog import ProgressBar, json_default
 from explorl.rewards.pool import VerifierPool
 from explorl.rewards.rewarder import Rewarder
 from explorl.rollout.base import build_engine, pop_metrics
-from explorl.rollout.collect import collect
 from explorl.rollout.two_stage import make_sampler
+from explorl.training import async_rollouts, sampling
 from explorl.training import plan as device_plan
 from explorl.training import state as run_state
 from explorl.training.advantages import step_advantages
@@ -74,6 +74,7 @@ class Trainer:
         self.control = bank_from_config(cfg, vocab_size=self.vocab_size,
                                         dataset_size=len(self.train_data))
         self.step, self.watch = 0, RunWatch(cfg)  # non-finite steps, collapse, failing rewards
+        self.rollouts = async_rollouts.for_trainer(self)  # rollout.async: None when off
         if ckpt is not None:
             run_state.restore(self, ckpt)
         if self.dist.is_main:
@@ -179,6 +180,8 @@ class Trainer:
     def validate(self) -> dict:
         e = self.cfg.eval
         data = self.val_data[: e.max_problems]
+        if self.rollouts is not None:  # a thread worker's engine is the trainer's
+            self.rollouts.release_engine()
         T = e.temperature if e.temperature is not None else self.knobs.temperature
         samples: list = []  # this rank's responses, for completions.jsonl
         with self.amp():
@@ -194,28 +197,20 @@ class Trainer:
     def train_step(self) -> dict:
         cfg, step, metrics = self.cfg, self.step + 1, {}
         t_start, cpu_start = time.perf_counter(), time.process_time()
-        # 0. controllers decide the knobs (the dataset before the prompts are drawn)
-        with timed(metrics, "time/control_s"):
-            metrics.update(self.control.before_batch(step))
-            anneal = self.knobs.dataset == "anneal" and self.anneal_order is not None
-            data, order, tag = ((self.anneal_data, self.anneal_order, "anneal") if anneal
-                                else (self.train_data, self.order, "train"))
-            batch = order.next_batch()
-            metrics.update(self.control.before_step(step, batch[0]))
-        knobs = self.knobs  # what this step uses
-
-        # 1. sample  2. score (this rank's share; ``sb`` holds the whole batch's statistics)
-        with self.amp():
-            got = collect(cfg=cfg, step=step, knobs=knobs, batch=batch, order=order, data=data,
-                          prompt_ids=self.prompts.ids_of(data, tag), sampler=self.sampler,
-                          policy=self._policy_now(), version=self.scheduler.last_epoch,
-                          pool=self.pool, rewarder=self.rewarder, dist=self.dist)
-        sb, rows = got.batch, got.batch.rows
+        # 0. knobs and prompts  1. sample  2. score (``sb``: the whole batch's statistics); under
+        # rollout.async the worker did them while the previous steps trained
+        if self.rollouts is None:
+            draw = sampling.draw(self, step, metrics)
+            got = sampling.sample(self, step, draw, self._policy_now(), self.scheduler.last_epoch)
+        else:
+            draw, got = self.rollouts.next(step, metrics)
+        knobs, data, sb, rows = draw.knobs, draw.data, got.batch, got.batch.rows
         metrics.update(got.metrics)
         if self.outputs is not None and self.outputs.completions_due(step):
             self.outputs.log_completions(training_completions(step, got, data), step, "train")
-        if self.recompute:  # old log-probs and entropy from the trainer's own forward
-            with timed(metrics, "time/old_logp_s"):
+        if self.recompute:  # old log-probs and entropy from the trainer's own forward (π_prox)
+            keep = async_rollouts.sampling_entropy(self.rollouts, sb)  # rollout.async: §8
+            with timed(metrics, "time/old_logp_s"), keep:
                 got.rollouts, rm = self.update.recompute(got.rollouts, sb, knobs.temperature)
             metrics.update(rm)
 
@@ -228,8 +223,8 @@ class Trainer:
         # loss-side knobs set from the step's global statistics (the policy's own entropy)
         stats = step_stats(step, cfg.max_steps, sb)
         with timed(metrics, "time/control_s"):
-            metrics.update(self.control.before_update(stats))
-        knobs = self.knobs
+            metrics.update(self.control.before_update(stats, draw.knobs))
+        knobs = self.control.for_batch(draw.knobs)
         with timed(metrics, "time/train_s"):
             self.update.step = step  # named by an out-of-memory message
             upd, sums = self.update.run(got.rollouts, adv, knobs, sb)
@@ -240,10 +235,12 @@ class Trainer:
                                               upd)})
         self.step = step  # a stop of the watch's below checkpoints this step's (finite) weights
         self.watch.check(step, metrics, rows.reward, stats, self.rewarder.problem)
+        if self.rollouts is not None:  # the worker samples the batches queued from now on with them
+            self.rollouts.push(self._policy_now(), step)
 
         # 5. controllers read the step's global statistics
         with timed(metrics, "time/control_s"):
-            metrics.update(self.control.after_step(stats))
+            metrics.update(self.control.after_step(stats, draw.knobs))
 
         # 6. log (global values, the same on every rank)
         metrics.update(batch_metrics(step, sb, knobs))
@@ -273,6 +270,8 @@ class Trainer:
                 if ckpt is None or ckpt.name != f"step-{self.step}":  # the last step, saved once
                     ckpt = self.save()
         finally:
+            if self.rollouts is not None:
+                self.rollouts.close()
             bar.close()
             if self.outputs is not None:
                 self.outputs.close()

@@ -126,9 +126,13 @@ def old_logp_source(cfg: RunConfig, engine_exact: bool) -> tuple[str, str]:
     part of the step that reads old log-probs before the update. ``engine_exact``: the engine's
     float32 log-probs are the trainer's own (then ``auto`` keeps them, as before).
     """
-    mode = cfg.algorithm.old_logp
+    mode, asy = cfg.algorithm.old_logp, cfg.rollout.async_
     if mode != "auto":
         return mode, f"algorithm.old_logp: {mode}"
+    if asy.enabled and asy.max_staleness > 0:  # π_prox: the trainer's weights (ALGORITHMS §8)
+        return "recompute", (f"rollout.async.max_staleness={asy.max_staleness}: the sampler's "
+                             "weights may be older than the trainer's, so the clip acts on "
+                             "π_θ/π_prox with π_prox recomputed")
     if engine_exact:
         return "sampler", "the engine's float32 log-probs are the trainer's own"
     o, c, r = cfg.optim, cfg.control, cfg.rollout

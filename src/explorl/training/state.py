@@ -3,7 +3,8 @@
 
 A checkpoint has the policy's weights (``save_pretrained``) and ``trainer_state.pt``: the step,
 the optimizer (complete on rank 0 under FSDP), the LR schedule, the loss/shuffle RNGs, the data
-order, the non-finite guard, the run watch, the knobs and every controller's state. Sampling
+order, the non-finite guard, the run watch, the knobs and every controller's state, and under
+``rollout.async`` the batches sampled ahead (``training.async_rollouts``). Sampling
 seeds depend on the step only and the state holds no per-rank stream, so a checkpoint resumes at
 any number of processes, and the resumed run reproduces the uninterrupted one (with the same
 torch thread count: on some CPUs one and two threads round differently; a resume at another count
@@ -31,6 +32,7 @@ def state_of(t) -> dict:
             "data": t.order.state_dict(), "anneal_data": anneal,
             "guard": t.watch.guard.state_dict(), "watch": t.watch.state_dict(),
             "torch_threads": torch.get_num_threads(), "memory": t.update.memory.state_dict(),
+            **({"async": t.rollouts.state_dict()} if t.rollouts is not None else {}),
             **t.control.state_dict()}
 
 
@@ -49,6 +51,8 @@ def restore(t, ckpt: Path) -> None:
         t.anneal_order.load_state_dict(state["anneal_data"])
     t.control.load_state_dict(state, where=f"checkpoint {ckpt}")
     set_rng_state(state["rng"], t.generators)
+    if t.rollouts is not None:  # the batches sampled ahead (rollout.async)
+        t.rollouts.load_state_dict(state.get("async"), version=t.step)
     threads = state.get("torch_threads")
     if threads is not None and threads != torch.get_num_threads():
         log.warning(

@@ -42,6 +42,7 @@ def _smallest_group(c: RunConfig) -> int:
 # (path, predicate, message) checks of relations between fields, run after the ranges.
 def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
     a, r, e = c.algorithm, c.rollout, c.control.eepo
+    stale = r.async_.enabled and r.async_.max_staleness > 0
     pk, n_group = a.passk_k, _smallest_group(c)
     return [
         ("name", bool(c.name.strip()) and "/" not in c.name and "\\" not in c.name,
@@ -60,10 +61,20 @@ def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
          "false leaves entropy unknown (vLLM reports none): it needs algorithm.old_logp auto or "
          "recompute, and no EEPO (its stage-2 rows keep the engine's values)"),
         ("algorithm.rollout_correction.mode",
-         r.engine != "hf" or a.rollout_correction.mode in ("auto", "off"),
+         r.engine != "hf" or a.rollout_correction.mode in ("auto", "off") or stale,
          f"{a.rollout_correction.mode!r} corrects for the engine's own log-probs, but "
          "rollout.engine: hf samples with the trained model and gives none (one distribution, "
-         "nothing to correct); use auto/off, or rollout.engine: vllm"),
+         "nothing to correct); use auto/off, rollout.engine: vllm, or rollout.async (the "
+         "sampler's stale log-probs)"),
+        ("rollout.async.enabled", not (r.async_.enabled and e.enabled),
+         "cannot run with control.eepo.enabled: EEPO's stage 2 samples from a copy unlearned on "
+         "stage 1 between the two halves of one batch, which a worker sampling ahead of the "
+         "trainer cannot interleave; set rollout.async.enabled: false or control.eepo.enabled: "
+         "false"),
+        ("rollout.async.max_staleness", not (r.async_.enabled and a.dynamic_sampling
+                                             and r.async_.max_staleness > 1),
+         "> 1 with algorithm.dynamic_sampling: the worker's refill rounds would draw prompts "
+         "while the trainer draws the next batches; use max_staleness 0 or 1"),
         ("algorithm.rollout_correction.lower",
          a.rollout_correction.lower is None or a.rollout_correction.mode.endswith("-mask"),
          "is the lower bound of the mask modes; the truncate modes (and auto) read none"),
