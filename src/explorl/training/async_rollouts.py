@@ -127,7 +127,7 @@ class AsyncRollouts:
         """Phases 1–2 on the worker, each response marked with the weights' version."""
         got = self._sample_fn(step, draw, model, ("async", version))
         ro = got.rollouts
-        ro.version = torch.full((len(ro),), version, dtype=torch.long)
+        ro.version = torch.full((len(ro),), version, dtype=torch.long, device=ro.device)
         if self.stale_logp and ro.engine_logp is None:  # hf: μ is the sampler's own log-probs
             ro.engine_logp = ro.old_logp.clone()
         return got
