@@ -97,7 +97,7 @@ def test_resume_truncates_the_interrupted_tail(tmp_path):
 def test_training_and_validation_rows_of_a_real_step(make_config, tmp_path, monkeypatch):
     """Rows built from a trainer step's own rollouts: their rewards and scores average to the
     step's reward/mean and reward/accuracy; validation rows average to val/accuracy."""
-    import explorl.training.loop as trainer_mod
+    import explorl.training.sampling as trainer_mod  # the step samples through it
     from explorl.eval.validate import validate
     from explorl.training.loop import Trainer
 
