@@ -36,6 +36,7 @@ from explorl.study.plan import (
     final_evals,
     order_rows,
     plan_runs,
+    policy_evals,
     plan_tuning,
     run_state,
     value_text,
@@ -60,7 +61,7 @@ def gather_evidence(out: Path, spec: StudySpec, done: list[RunPlan], rows: list[
     per-run numbers and the pooled law."""
     ks = spec.eval.k
     passk, seeds = collect_passk(done, rows, ks)
-    evals = final_evals(spec)
+    evals = policy_evals(final_evals(spec))  # the checkpoints' have their own table
 
     def base_at(folder: str) -> dict[float, dict[int, np.ndarray]]:
         got = {}
