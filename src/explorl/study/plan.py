@@ -254,7 +254,7 @@ def order_rows(spec: StudySpec, plans: list[RunPlan]) -> list[str]:
     names = list(dict.fromkeys(p.name for p in plans))
     base_of = {v.name: Path(v.recipe).stem for v in spec.variants}
     rows = [n for n in names if n not in base_of]
-    for v in spec.variants:
+    for v in (v for v in spec.variants if v.name in names):  # a swept one: its points' rows
         after = [i for i, n in enumerate(rows)
                  if n == base_of[v.name] or base_of.get(n) == base_of[v.name]]
         rows.insert(after[-1] + 1 if after else len(rows), v.name)
