@@ -3,9 +3,14 @@ ways, the hull test, the bootstrap and the MDE, each against numbers worked out 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
+from explorl.analysis.frontier import run_points
+from explorl.analysis.report import write_report
+from explorl.analysis.runs import load_run
 from explorl.study.frontier import (
     analyse_frontier,
     compare,
@@ -137,3 +142,43 @@ def test_analyse_frontier_compares_on_the_seeds_every_point_finished():
     assert m.gap_k.estimate == pytest.approx(0.05) and m.gap_1.estimate == pytest.approx(0.05)
     assert m.hull == "outside"
     assert analyse_frontier(pk, seeds, {"g": [(1, "g@1")]}, "g", 8) is None
+
+
+# ----------------------------------------------------------------------------- explorl report
+
+
+def _run_with_eval(path, name, lr, seed, correct, n=4, split="test"):
+    """A run directory whose eval/ holds ``correct`` (per problem, of ``n`` samples)."""
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(f"name: '{name}'\nseed: {seed}\noptim: {{lr: {lr}}}\n")
+    (path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5}) + "\n")
+    (path / "eval").mkdir()
+    (path / "eval" / "problems.jsonl").write_text("".join(
+        json.dumps({"n_correct": c, "n_samples": n}) + "\n" for c in correct))
+    (path / "eval" / "eval.json").write_text(json.dumps({
+        "k_list": [1, 4], "settings": {"split": split, "k": [1, 4]},
+        "overall": {"pass@1": float(np.mean(correct)) / n,
+                    "pass@4": float(np.mean([c > 0 for c in correct]))}}))
+    return path
+
+
+def test_report_draws_the_frontier_of_runs_with_evaluations(tmp_path):
+    """Two GRPO learning rates (one run each) and a method at one: points (mean pass@1, mean
+    pass@4) by hand. GRPO at 1e-4: correct [4, 0] of 4 → pass@1 (1 + 0)/2 = .5, pass@4 (1 +
+    0)/2 = .5; at 5e-5: [2, 1] → pass@1 (.5 + .25)/2 = .375, pass@4 1. GRPO's series comes
+    first whatever the order of the runs, its points by decreasing lr."""
+    runs = [_run_with_eval(tmp_path / "m", "kl_cov@1e-4", 1e-4, 0, [1, 1]),
+            _run_with_eval(tmp_path / "a", "grpo@1e-4", 1e-4, 0, [4, 0]),
+            _run_with_eval(tmp_path / "b", "grpo@5e-5", 5e-5, 0, [2, 1]),
+            _run_with_eval(tmp_path / "v", "grpo@5e-5", 5e-5, 1, [4, 4], split="val")]
+    series, k, split = run_points([load_run(r) for r in runs])
+    assert (k, split) == (4, "test")  # the val run is left out: one split per figure
+    assert [s.label for s in series] == ["grpo", "kl_cov"]
+    g = series[0].points
+    assert [(p.x, p.y, p.tag) for p in g] == [(0.5, 0.5, "0.0001"), (0.375, 1.0, "5e-05")]
+    report = write_report(runs, tmp_path / "report")
+    assert (tmp_path / "report" / "frontier.png").exists()
+    assert any(p.name == "frontier.png" for _, _, p in report.figures)
+    # runs without evaluations: no frontier, and a stale figure goes
+    write_report([_run_with_eval(tmp_path / "c", "x", 1e-4, 0, [1])], tmp_path / "report")
+    assert not (tmp_path / "report" / "frontier.png").exists()

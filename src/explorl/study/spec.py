@@ -193,9 +193,8 @@ def load_spec(path: str | Path, quick: bool = False) -> StudySpec:
     """Read and validate a study spec; with ``quick`` apply its ``quick:`` section first.
 
     ``quick`` keys replace the top-level ones, except ``set`` (appended, replacing the spec's
-    overrides of the same keys) and
-    ``eval``, ``tuning``, ``power``, ``frontier`` (merged key by key). Errors name the key, as the recipe
-    config does.
+    overrides of the same keys) and ``eval``, ``tuning``, ``power``, ``frontier`` (merged key
+    by key). Errors name the key, as the recipe config does.
     """
     path = Path(path)
     if not path.is_file():
@@ -310,7 +309,7 @@ def _frontier_checks(spec: StudySpec) -> list[tuple[str, bool, str]]:
         ("frontier.k", max(spec.eval.k) > 1 and 1 in spec.eval.k,
          "the frontier needs eval.k to hold 1 and a larger k"),
         ("frontier.arms", not set(f.arms) & set(spec.tune),
-         f"an arm swept by the frontier cannot also be tuned: {sorted(set(f.arms) & set(spec.tune))}"),
+         f"a swept arm cannot also be tuned: {sorted(set(f.arms) & set(spec.tune))}"),
     ]
 
 
