@@ -12,6 +12,8 @@ from explorl.analysis.frontier import run_points
 from explorl.analysis.report import write_report
 from explorl.analysis.runs import load_run
 from explorl.study.frontier import (
+    Frontier,
+    Point,
     analyse_frontier,
     compare,
     dominated,
@@ -20,7 +22,8 @@ from explorl.study.frontier import (
     upper_hull,
     where,
 )
-from explorl.study.stats import paired_draws, passk_diff
+from explorl.study.frontier_report import frontier_claims, frontier_table
+from explorl.study.stats import Interval, paired_draws, passk_diff
 
 # The pilot's GRPO points (held-out task, 200 steps): (pass@1, pass@64) at lr 1e-4, 5e-5,
 # 2.5e-5, 1.25e-5 = A, B, C, D.
@@ -182,3 +185,48 @@ def test_report_draws_the_frontier_of_runs_with_evaluations(tmp_path):
     # runs without evaluations: no frontier, and a stale figure goes
     write_report([_run_with_eval(tmp_path / "c", "x", 1e-4, 0, [1])], tmp_path / "report")
     assert not (tmp_path / "report" / "frontier.png").exists()
+
+
+# ----------------------------------------------------------------------------- claims
+
+
+def _pt(arm, value, gap=None, outside=0.0):
+    iv = Interval(0.5, 0.45, 0.55, "")
+    g = None if gap is None else Interval(gap[0], gap[1], gap[2], "")
+    return Point(arm, value, f"{arm}@{value}", iv, iv, gap_k=g, gap_k_family=g,
+                 where_k="inside" if g else "below GRPO's pass@1 range", outside=outside)
+
+
+@pytest.mark.parametrize("gaps, verdict", [
+    ([(0.05, 0.01, 0.09), (0.0, -0.02, 0.02)], "shown"),       # one point above, none below
+    ([(0.05, 0.01, 0.09), (-0.05, -0.09, -0.01)], "mixed"),
+    ([(-0.05, -0.09, -0.01), (0.0, -0.02, 0.02)], "opposite"),
+    ([(0.01, -0.01, 0.03), None], "not shown"),                # the second point is outside
+    ([None, None], "n/a"),                                      # no point inside: the hull test
+])
+def test_frontier_claim_verdicts(gaps, verdict):
+    fr = Frontier(64, "grpo", points={"grpo": [_pt("grpo", 1e-4)],
+                                      "kl": [_pt("kl", v, g, 0.99) for v, g in
+                                             zip((1e-4, 5e-5), gaps)]})
+    (row,) = frontier_claims(fr)
+    assert row["id"] == "F-kl" and row["verdict"] == verdict
+    assert "hull test: lr 0.0001: outside (99%)" in row["numbers"]
+    assert len(row["conditions"]) == sum(g is not None for g in gaps)
+
+
+def test_frontier_table_rows_and_family_level():
+    """With two points inside GRPO's range, the claims' intervals are at 1 − .05/2 = 97.5%:
+    wider than the table's 95% ones (same replicates)."""
+    g1 = np.stack([_const(v) for v in G1])
+    gk = np.stack([_const(v) for v in GK])
+    rng = np.random.default_rng(0)
+    x1 = np.stack([_const(0.340) + rng.normal(0, 0.05, (2, 3)) for _ in range(2)])
+    xk = np.stack([_const(0.9) + rng.normal(0, 0.05, (2, 3)) for _ in range(2)])
+    got = compare(x1, xk, g1, gk, n_boot=400, family=2)
+    for row in got:
+        iv, fam = row["gap_k"], row["gap_k_family"]
+        assert fam.low <= iv.low and iv.high <= fam.high and fam.estimate == iv.estimate
+    fr = Frontier(64, "grpo", points={"grpo": [_pt("grpo", 1e-4)], "kl": [_pt("kl", 1e-4)]})
+    lines = frontier_table(fr)
+    assert lines[0].startswith("| arm | lr | pass@1 | pass@64 |") and len(lines[2:4]) == 2
+    assert "below GRPO's pass@1 range" in lines[3]
