@@ -230,3 +230,19 @@ def test_frontier_table_rows_and_family_level():
     lines = frontier_table(fr)
     assert lines[0].startswith("| arm | lr | pass@1 | pass@64 |") and len(lines[2:4]) == 2
     assert "below GRPO's pass@1 range" in lines[3]
+
+
+def test_a_point_at_the_edge_of_grpos_range_counts_its_left_out_replicates():
+    """The method's pass@1 equals GRPO's largest (.354): every replicate where it lands above
+    GRPO's resampled largest pass@1 is left out of the interval, and the share is reported
+    (about half, here: both vary by the same noise). A point well inside leaves none out."""
+    rng = np.random.default_rng(1)
+    g1 = np.stack([_const(v, 4, 64) + rng.normal(0, 0.05, (4, 64)) for v in G1])
+    gk = np.stack([_const(v, 4, 64) for v in GK])
+    x1 = np.stack([_const(0.354, 4, 64) + rng.normal(0, 0.05, (4, 64)), _const(0.340, 4, 64)])
+    xk = np.stack([_const(0.938, 4, 64), _const(0.9, 4, 64)])
+    edge, inner = compare(x1 - x1.mean(axis=(1, 2), keepdims=True) + np.array(
+        [0.354, 0.340])[:, None, None], xk, g1 - g1.mean(axis=(1, 2), keepdims=True) + np.array(
+        G1)[:, None, None], gk, n_boot=300)
+    assert 0.2 < edge["left_out"] < 0.8 and "replicates outside its range" in edge["gap_k"].how
+    assert inner["left_out"] == 0.0

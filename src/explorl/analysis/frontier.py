@@ -56,9 +56,9 @@ def draw_frontier(series: list[Series], path: Path, k: int, *, base: tuple[float
                   subtitle: str = "", split: str = "test") -> Path:
     """pass@k against pass@1: the first series (the baseline) in black with its learning
     rates written beside its points, the others in colour, the base model as a star and the
-    baseline's frontier (``hull``: its vertices, sorted by pass@1) dashed."""
+    baseline's frontier (``hull``: the points of its line, sorted by pass@1) dashed."""
     fig, axes = new_figure(width=7.6, height=5.2)
-    fig.subplots_adjust(left=0.1, right=1 - 1.9 / 7.6)  # the legend beside the points
+    fig.subplots_adjust(left=0.1, right=1 - 1.9 / 7.6, top=0.87)  # the legend beside them
     ax = axes[0][0]
     for i, s in enumerate(series):
         color = "black" if i == 0 else f"C{(i - 1) % 10}"
@@ -76,8 +76,8 @@ def draw_frontier(series: list[Series], path: Path, k: int, *, base: tuple[float
                 ax.annotate(p.tag, (p.x, p.y), textcoords="offset points", xytext=(5, 4),
                             fontsize="x-small", color="black")
     if hull and len(hull) > 1:
-        ax.plot(*zip(*hull), color="black", linestyle="--", linewidth=0.8, zorder=1,
-                label=f"{series[0].label} frontier (upper hull)")
+        ax.plot(*zip(*hull), color="0.45", linestyle="--", linewidth=1.3, zorder=5,
+                label=f"{series[0].label}'s frontier (upper hull)")
     if base is not None:
         ax.plot([base[0]], [base[1]], marker="*", markersize=13, color="black", linestyle="none",
                 label="base (before RL)", zorder=5)

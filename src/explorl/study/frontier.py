@@ -173,6 +173,7 @@ class Point:
     where_k: str = ""
     where_1: str = ""
     outside: float | None = None  # fraction of replicates outside GRPO's hull
+    left_out: float | None = None  # fraction of gap_k's replicates outside GRPO's range
     base_1: Interval | None = None  # − the model before RL (the baseline's points)
     base_k: Interval | None = None
 
@@ -233,6 +234,7 @@ def compare(x1: np.ndarray, xk: np.ndarray, g1: np.ndarray, gk: np.ndarray, *,
             d = (xk[a] - (1 - t) * gk[gi] - t * gk[gj]
                  - s * (x1[a] - (1 - t) * g1[gi] - t * g1[gj]))
             row["gap_k"] = _iv(y - frontier_at(h, x), reps[:, a, 0], d, LEVEL)
+            row["left_out"] = float(np.isnan(reps[:, a, 0]).mean())
             row["gap_k_family"] = _iv(y - frontier_at(h, x), reps[:, a, 0], d,
                                       1 - (1 - LEVEL) / family)
         e = pass1_edge(h, y)

@@ -22,6 +22,8 @@ PAPERS = {  # the paper whose method an arm runs, by the recipe its name starts 
     "es_": "Entropy Scheduling §4",
 }
 
+LEFT_OUT = 0.05  # a gap whose replicates leave GRPO's range more often than this is marked
+
 FRONTIER_NOTES = """\
 Each arm trains at every learning rate of the sweep; a point is its mean test pass@1 and
 pass@{k} over seeds and problems. GRPO's frontier is the upper concave hull of its points, and
@@ -34,7 +36,10 @@ seeds jointly (the same draw for every arm), GRPO's hull and the interpolation r
 replicate; ± is the minimum detectable effect (delta method at the point estimates). **hull
 test**: the share of replicates in which the point lies outside every mix of GRPO's points
 (more pass@1 *and* more pass@{k} than any of them reach together): *outside* at ≥ 97.5%,
-*inside* at ≤ 2.5%, else *undecided*."""
+*inside* at ≤ 2.5%, else *undecided*. **†**: that share of the replicates put the point's pass@1
+outside GRPO's resampled range and is left out of its interval (the point sits at the edge of
+GRPO's range: read the interval with care). Next to a steep edge of GRPO's hull (two learning
+rates with almost the same pass@1) the linearised MDE is large; the interval is the judge."""
 
 CLAIM_RULE = """\
 A frontier claim (F-…) is judged at each of the arm's learning rates whose pass@1 lies inside
@@ -61,6 +66,8 @@ def frontier_table(fr: Frontier | None) -> list[str]:
         for p in pts:
             hull = "" if p.outside is None else f"{p.hull} ({p.outside:.0%})"
             gap_k = cell(p.gap_k) if p.gap_k else (p.where_k if arm != fr.baseline else "")
+            if p.gap_k and (p.left_out or 0) > LEFT_OUT:
+                gap_k += f" † {p.left_out:.0%}"
             gap_1 = cell(p.gap_1) if p.gap_1 else (p.where_1 if arm != fr.baseline else "")
             lines.append("| " + " | ".join([
                 arm, _tag(p.value), p.pass1.fmt_abs(), p.passk.fmt_abs(),
@@ -110,6 +117,7 @@ def frontier_json(fr: Frontier | None) -> dict:
                                                 "gap_k_family", "base_1", "base_k")}
         return {"arm": p.arm, "value": p.value, "name": p.name, "where_k": p.where_k,
                 "where_1": p.where_1, "outside": p.outside, "hull": p.hull,
+                "left_out": p.left_out,
                 **{key: iv.to_json() if iv else None for key, iv in ivs.items()}}
 
     return {"k": fr.k, "baseline": fr.baseline, "base": fr.base, "seeds": fr.seeds,
@@ -125,7 +133,10 @@ def draw(fr: Frontier | None, out_dir: Path, subtitle: str = "") -> list[tuple[s
                                   (p.passk.low, p.passk.high), f"{float(p.value):.3g}"
                                   if isinstance(p.value, (int, float)) else str(p.value))
                            for p in pts]) for arm, pts in fr.points.items()]
-    hull = [(x, y) for x, y in zip(fr.hull.xs, fr.hull.ys)][fr.hull.peak:] if fr.hull else None
+    hull = None
+    if fr.hull:  # F: flat at the peak's pass@k from GRPO's least pass@1, then the falling edge
+        h = fr.hull
+        hull = [(h.xs[0], h.ys[h.peak]), *list(zip(h.xs, h.ys))[h.peak:]]
     draw_frontier(series, out_dir / "frontier.png", fr.k, base=fr.base, hull=hull,
                   subtitle=subtitle)
     return [(f"The pass@1–pass@{fr.k} frontier: every arm through its learning rates",
