@@ -3,13 +3,17 @@ evaluations of intermediate checkpoints; the v4 specs plan."""
 
 from __future__ import annotations
 
+import json
+import tarfile
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import TINY_LAB_CONFIG
 
 from explorl import config as C
 from explorl import study as S
+from explorl.cli import main
 from explorl.study.jobs import base_eval_args, eval_args
 from explorl.study.plan import checkpoint_of, final_evals, frontier_points, policy_evals
 
@@ -123,3 +127,46 @@ def test_v4_specs_plan_full_and_quick():
         assert spec.eval.checkpoints and {p.cfg.max_steps for p in plans} == \
             {20 if quick else 1000}
     assert {p.name for p in plans} == {"grpo", "kl_cov_x5", "passk_k4"}
+
+
+@pytest.mark.slow
+def test_tiny_frontier_study_with_checkpoints_end_to_end(tiny_model, tmp_path, capsys):
+    """A frontier study on the tiny model: GRPO's points train first, every run's step-2
+    checkpoint is evaluated beside its final policy (the base model's is not), and the documents
+    carry the frontier, its claim, its figure and the Checkpoints table; the archive keeps the
+    checkpoint evaluations."""
+    lab = [f"lab.{k}={v}" for k, v in TINY_LAB_CONFIG.items() if k != "params"]
+    lab += [f"lab.params.{k}={v}" for k, v in TINY_LAB_CONFIG["params"].items()]
+    spec = {
+        "name": "tinyf", "task": "addition", "recipes": ["grpo", "kl_cov"], "seeds": [0],
+        "max_steps": 4,
+        "set": [f"model.path={tiny_model}", *lab, "data.prompts_per_step=4", "rollout.n_samples=4",
+                "rollout.max_response_len=6", "eval.every=0", "reward.num_workers=1",
+                "log.plots=false", "log.checkpoint_every=2", "log.keep_checkpoints=2"],
+        "frontier": {"values": [1e-3, 1e-5], "arms": ["grpo", "kl_cov"]},
+        "eval": {"n": 4, "k": [1, 4], "split": "test", "max_problems": 4, "checkpoints": [2]},
+        "jobs": 1,
+    }
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump({"recipe_dir": str(ROOT / "src" / "explorl" / "recipes" /
+                                                      "lab"), **spec}))
+    out = tmp_path / "study"
+    assert main(["study", str(path), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.index("grpo@1.0e-05-seed0") < printed.index("kl_cov@0.001-seed0")
+    run = out / "runs" / "kl_cov@1.0e-05-seed0"
+    assert json.loads((run / "eval_step2" / "eval.json").read_text())["settings"]["n"] == 4
+    assert not (out / "base" / "eval_step2").exists()
+    md = (out / "study.md").read_text()
+    assert "## The pass@1–pass@4 frontier" in md and "## Checkpoints" in md
+    assert "pass@1 step 2" in md and "report/frontier.png" in md
+    assert (out / "report" / "frontier.png").is_file()
+    data = json.loads((out / "study.json").read_text())
+    assert [p["name"] for p in data["frontier"]["points"]["grpo"]] == ["grpo@0.001",
+                                                                      "grpo@1.0e-05"]
+    assert data["claims"][0]["id"] == "F-kl_cov"
+    assert not [c for c in data["claims"] if c["verdict"] == "not run"]
+    archive = tmp_path / "data.tar.xz"
+    assert main(["study", str(path), "--out", str(out), "--pack", str(archive)]) == 0
+    with tarfile.open(archive) as tar:
+        assert "runs/grpo@0.001-seed0/eval_step2/problems.jsonl" in tar.getnames()
