@@ -87,6 +87,7 @@ def test_checkpoint_evaluations_are_planned_after_the_policy_ones(tmp_path):
     assert args[1] == str(plan.out / "checkpoints" / "step-5")
     assert args[args.index("--out") + 1] == str(plan.out / "eval_step5")
     assert "--max-new-tokens" in args and args[:2] != base_eval_args(plan, spec, tmp_path)[:2]
+    assert args[args.index("data.train=[lab:countdown]") - 1] == "--set"
 
 
 @pytest.mark.parametrize("sets, checkpoints, message", [

@@ -176,6 +176,8 @@ def base_eval_args(plan: RunPlan, spec: StudySpec, out: Path,
     length = cfg.rollout.max_response_len or get_task(ref[len("lab:"):]).max_response_len
     args = ["eval", model or cfg.model.path, "--data", ref, *_protocol(e), "--max-new-tokens",
             str(length), "--out", str(out)]
+    if model is not None:  # a checkpoint has no run config: the task comes from data.train
+        args += ["--set", f"data.train=[{ref}]"]
     for s in plan.sets:
         if s.startswith("lab."):
             args += ["--set", s]
