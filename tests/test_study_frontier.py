@@ -145,6 +145,10 @@ def test_analyse_frontier_compares_on_the_seeds_every_point_finished():
     assert m.gap_k.estimate == pytest.approx(0.05) and m.gap_1.estimate == pytest.approx(0.05)
     assert m.hull == "outside"
     assert analyse_frontier(pk, seeds, {"g": [(1, "g@1")]}, "g", 8) is None
+    apart = {**seeds, "g@1": [0], "g@2": [1]}  # no seed finished at both GRPO points
+    assert analyse_frontier({**pk, "g@1": {1: pk["g@1"][1][:1], 8: pk["g@1"][8][:1]},
+                             "g@2": {1: pk["g@2"][1][1:], 8: pk["g@2"][8][1:]}},
+                            apart, points, "g", 8) is None
 
 
 # ----------------------------------------------------------------------------- explorl report

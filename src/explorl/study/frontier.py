@@ -276,7 +276,7 @@ def analyse_frontier(passk: dict[str, dict[int, np.ndarray]], seeds: dict[str, l
     ``frontier_points`` of the spec) read from ``passk`` (row → k → (seeds, problems), rows in
     ``seeds[row]``'s order). Each arm is compared on the seeds that every baseline point and
     every point of the arm finished; a row not finished yet is left out. None when fewer than
-    two baseline points have finished."""
+    two baseline points have finished, or no seed has finished at all of them."""
     have = {a: [(v, n) for v, n in pts if n in passk and 1 in passk[n] and k in passk[n]]
             for a, pts in points.items()}
     g_pts = have.get(baseline, [])
@@ -290,6 +290,8 @@ def analyse_frontier(passk: dict[str, dict[int, np.ndarray]], seeds: dict[str, l
         return np.stack([passk[n][kk][[seeds[n].index(s) for s in common]] for _, n in pts])
 
     g_seeds = sorted(set.intersection(*(set(seeds[n]) for _, n in g_pts)))
+    if not g_seeds:  # no seed finished at every baseline point yet
+        return None
     g1, gk = stack(g_pts, g_seeds, 1), stack(g_pts, g_seeds, k)
     out.hull = upper_hull(g1.mean(axis=(1, 2)), gk.mean(axis=(1, 2)))
     out.seeds[baseline] = g_seeds
