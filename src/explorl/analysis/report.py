@@ -23,8 +23,10 @@ from explorl.analysis.curves import (
     draw,
     panels,
 )
+from explorl.analysis.frontier import draw_frontier, run_points
 from explorl.analysis.runs import PASSK_KEY, Run, load_run
 
+FRONTIER_SECTION = "Evaluation"  # the frontier figure, from the runs' eval/ results
 FINAL_FRACTION = 0.1  # "final" reward/entropy = mean over the last 10% of logged steps
 
 
@@ -167,9 +169,15 @@ def write_report(run_dirs: list[Path], out_dir: Path) -> Report:
         path = draw(panel, group_list, out_dir / f"{panel.file}.png", window)
         if path is not None:
             figures.append((panel.title, panel.section, path))
+    front = run_points(runs)
+    if front is not None:  # runs with test evaluations: pass@k against pass@1, per learning rate
+        series, k, split = front
+        figures.append((f"pass@1–pass@{k} frontier (one line per method through its learning "
+                        "rates)", FRONTIER_SECTION,
+                        draw_frontier(series, out_dir / "frontier.png", k, split=split)))
     drawn = {p.name for _, _, p in figures}
     for stale in out_dir.glob("*.png"):  # a panel of an earlier report into this directory
-        if stale.name not in drawn and stale.stem in ALL_PANEL_FILES:
+        if stale.name not in drawn and (stale.stem in ALL_PANEL_FILES or stale.stem == "frontier"):
             stale.unlink()
 
     columns = _columns(passk_keys)
@@ -183,7 +191,8 @@ def write_report(run_dirs: list[Path], out_dir: Path) -> Report:
     header = ["recipe", "runs", *[title for _, title in columns]]
     body = [[row["recipe"], str(len(row["runs"])), *[_fmt(row["metrics"][c]) for c, _ in columns]]
             for row in rows]
-    sections = [(sec, [(t, p) for t, s, p in figures if s == sec]) for sec in SECTIONS]
+    sections = [(sec, [(t, p) for t, s, p in figures if s == sec])
+                for sec in (*SECTIONS, FRONTIER_SECTION)]
     sections = [(sec, figs) for sec, figs in sections if figs]
 
     md = ["# explorl run report", "", "## Runs", "",

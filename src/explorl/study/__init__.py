@@ -25,6 +25,8 @@ Modules, in the order a study uses them:
 - ``stats``: bootstrap intervals and the power (minimum detectable effect) of a comparison;
 - ``evidence``: what the claims read, per evaluation temperature;
 - ``claims``: the claims, their rules and every threshold;
+- ``frontier``, ``frontier_report``: a ``frontier`` sweep's points against GRPO's pass@1–pass@k
+  frontier (hull, gaps both ways, hull test, intervals), its table, claims and figure;
 - ``figures``: the claims' figures;
 - ``tables``, ``documents``: study.md (pass@k, temperatures, power, ablations), claims.md,
   study.json, the published copy;

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from explorl.errors import ConfigError
-from explorl.study.plan import RunPlan, base_folders
+from explorl.study.plan import RunPlan, base_folders, policy_evals
 from explorl.study.spec import StudySpec
 
 EVAL_CPU_S_PER_SAMPLE = 15.0 / (256 * 64)
@@ -105,7 +105,7 @@ def estimate(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
     base = 0.0
     for p in base_folders(final).values() if spec.base_eval else ():
         base += sum(e.n * _problems(p.cfg, e.split, e.max_problems)
-                    for _, e in p.evals) * EVAL_CPU_S_PER_SAMPLE * rates.size(p)
+                    for _, e in policy_evals(p.evals)) * EVAL_CPU_S_PER_SAMPLE * rates.size(p)
     return {"tuning": sum(run_cpu_s(p, rates) for p in tuning),
             "final": sum(run_cpu_s(p, rates) for p in final), "base": base}
 

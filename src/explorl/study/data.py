@@ -32,6 +32,7 @@ from explorl.study.plan import (
     base_folders,
     eval_done,
     eval_done_at,
+    policy_evals,
     run_state,
     tuning_eval,
 )
@@ -104,7 +105,7 @@ def packable(out: Path, spec: StudySpec, plans: list[RunPlan]) -> list[Path]:
             files += [p.out / f for f in RUN_FILES]
             files += [p.out / folder / f for folder, _ in p.evals for f in EVAL_FILES]
     for name, p in base_folders(plans).items():
-        for folder, e in p.evals:
+        for folder, e in policy_evals(p.evals):
             if eval_done_at(out / name / folder, e):
                 files += [out / name / folder / f for f in EVAL_FILES]
     files += [f for f in (out / "wall.json", out / "tune" / "choices.json") if f.exists()]

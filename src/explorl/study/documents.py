@@ -13,6 +13,7 @@ from typing import Any
 
 from explorl.config import builtin
 from explorl.study.claims import rule_notes
+from explorl.study.frontier_report import CLAIM_RULE, frontier_json, frontier_table
 from explorl.study.jobs import JobResult
 from explorl.study.numbers import Stat, columns
 from explorl.study.spec import StudySpec
@@ -111,9 +112,11 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
                     table: dict[str, dict[str, Stat]], claims: list[dict],
                     figures: list[tuple[str, str]], per_run: dict[str, list[dict]],
                     failed: list[JobResult], wall_s: float, budget: str, ev=None,
-                    tuned: dict | None = None, jobs: list[int] | None = None) -> dict:
+                    tuned: dict | None = None, jobs: list[int] | None = None, *,
+                    frontier=None, checkpoints: list[str] | None = None) -> dict:
     """Write study.md, claims.md and study.json into ``out``; returns the study.json payload.
-    ``jobs``: the job counts its invocations ran with (default the spec's)."""
+    ``jobs``: the job counts its invocations ran with (default the spec's); ``frontier``: the
+    sweep's ``Frontier``; ``checkpoints``: the table of pass@k at intermediate checkpoints."""
     cols = columns(spec.eval.k)
     timing = {k for k, _, _, t in cols if t}
     table_json = {name: {k: dataclasses.asdict(s) for k, s in table[name].items()}
@@ -151,6 +154,11 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
         n=spec.eval.n, T=spec.eval.temperature, split=spec.eval.split, maxp=maxp), ""]
     if tuned:
         md += ["## Tuning", "", *tuning_markdown(spec, tuned), ""]
+    front = frontier_table(frontier)
+    if front:
+        md += [f"## The pass@1–pass@{frontier.k} frontier", "", *front, ""]
+    if checkpoints:
+        md += ["## Checkpoints", "", *checkpoints, ""]
     passk_md = passk_tables(ev)
     if passk_md:
         md += [f"## pass@k on the {spec.eval.split} split ({spec.eval.n} samples per problem, "
@@ -158,7 +166,8 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
     temps = temperature_tables(ev)
     if temps:
         md += ["## Evaluation temperature", "", *temps, ""]
-    md += ["## Claims", "", *claims_md, "", rule_notes(len(spec.seeds)), ""]
+    rules = rule_notes(len(spec.seeds)) + ("\n\n" + CLAIM_RULE if front else "")
+    md += ["## Claims", "", *claims_md, "", rules, ""]
     abl = ablation_tables(spec, ev)
     if abl:
         md += ["## Ablations", "", *abl]
@@ -179,7 +188,7 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
             "(`study.json`)."), ""]
     (out / "study.md").write_text("\n".join(md))
     (out / "claims.md").write_text("\n".join([f"# Claims: lab study {spec.name}{title_quick}", "",
-                                              *claims_md, "", rule_notes(len(spec.seeds)), ""]))
+                                              *claims_md, "", rules, ""]))
     payload = {
         "spec": {**dataclasses.asdict(spec), "quick": quick, "path": str(spec_path)},
         "columns": [{"key": k, "title": t, "timing": tm} for k, t, _, tm in cols],
@@ -197,6 +206,7 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
         "tuning": {n: [p.to_json() for p in pts] for n, pts in (tuned or {}).items()},
         "passk_t": ({f"{t:g}": {n: {str(k): float(v[k].mean()) for k in v} for n, v in pk.items()}
                      for t, pk in ev.passk_t.items()} if ev is not None else {}),
+        **({"frontier": frontier_json(frontier)} if frontier is not None else {}),
         "fingerprint": fp,
         "timing": {"wall_s": wall_s, "model_params": a_run.get("n_params")},
     }

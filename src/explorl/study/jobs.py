@@ -20,7 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from explorl.lab.registry import get_task
-from explorl.study.plan import RunPlan, eval_done, eval_done_at, lab_ref, run_state
+from explorl.study.plan import (
+    RunPlan,
+    checkpoint_of,
+    eval_done,
+    eval_done_at,
+    lab_ref,
+    policy_evals,
+    run_state,
+)
 from explorl.study.spec import StudyEvalSpec, StudySpec, auto_jobs
 
 THEN = "--then"  # explorl.cli.THEN: separates commands run in turn in one process
@@ -45,8 +53,13 @@ def _protocol(e: StudyEvalSpec) -> list[str]:
 
 def eval_args(plan: RunPlan, spec: StudySpec, which: int = 0) -> list[str]:
     """``explorl eval`` arguments that evaluate the run's final checkpoint with its ``which``-th
-    protocol (``plan.evals``: the main one into ``<run>/eval/``)."""
+    protocol (``plan.evals``: the main one into ``<run>/eval/``); an ``eval_step<N>`` one
+    evaluates the checkpoint of step N, with the run's lab section and response length."""
     folder, e = plan.evals[which]
+    step = checkpoint_of(folder)
+    if step is not None:
+        return base_eval_args(plan, spec, plan.out / folder, e,
+                              model=str(plan.out / "checkpoints" / f"step-{step}"))
     return ["eval", str(plan.out), "--data", lab_ref(spec.task), *_protocol(e), "--out",
             str(plan.out / folder)]
 
@@ -154,15 +167,17 @@ def eta(results: list[JobResult], todo: int, workers: int) -> str:
 
 
 def base_eval_args(plan: RunPlan, spec: StudySpec, out: Path,
-                   e: StudyEvalSpec | None = None) -> list[str]:
-    """``explorl eval`` of the task's lab model before RL, with the runs' evaluation protocol
-    (``e``, default the spec's main one), lab section and response-length limit (taken from
-    ``plan``, any run of the study)."""
+                   e: StudyEvalSpec | None = None, model: str | None = None) -> list[str]:
+    """``explorl eval`` of the task's lab model before RL (or of ``model``, a checkpoint of
+    ``plan``'s run), with the runs' evaluation protocol (``e``, default the spec's main one),
+    lab section and response-length limit (taken from ``plan``, any run of the study)."""
     e, cfg = e or spec.eval, plan.cfg
     ref = lab_ref(spec.task)
     length = cfg.rollout.max_response_len or get_task(ref[len("lab:"):]).max_response_len
-    args = ["eval", cfg.model.path, "--data", ref, *_protocol(e), "--max-new-tokens",
+    args = ["eval", model or cfg.model.path, "--data", ref, *_protocol(e), "--max-new-tokens",
             str(length), "--out", str(out)]
+    if model is not None:  # a checkpoint has no run config: the task comes from data.train
+        args += ["--set", f"data.train=[{ref}]"]
     for s in plan.sets:
         if s.startswith("lab."):
             args += ["--set", s]
@@ -173,7 +188,8 @@ def run_base_eval(plan: RunPlan, spec: StudySpec, out: Path, logs: Path) -> bool
     """Evaluate the model ``plan`` starts from (before RL) into ``out/<folder>`` at every
     evaluation temperature (``plan.evals``' protocols) unless done, logging to
     ``logs/<out's name>.log``; True when the main evaluation exists."""
-    todo = [(out / folder, e) for folder, e in plan.evals if not eval_done_at(out / folder, e)]
+    todo = [(out / folder, e) for folder, e in policy_evals(plan.evals)
+            if not eval_done_at(out / folder, e)]
     if todo:
         logs.mkdir(parents=True, exist_ok=True)
         with (logs / f"{out.name}.log").open("a") as f:

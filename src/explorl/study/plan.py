@@ -60,10 +60,29 @@ def eval_folder(temperature: float, main: float) -> str:
 
 
 def final_evals(spec: StudySpec) -> list[tuple[str, StudyEvalSpec]]:
-    """The final policy's evaluations: the main protocol at each evaluation temperature."""
+    """The final policy's evaluations: the main protocol at each evaluation temperature, then
+    each checkpoint of ``eval.checkpoints`` at the main temperature (``eval_step<N>``)."""
     e = spec.eval
-    return [(eval_folder(t, e.temperature), dataclasses.replace(e, temperature=t, temperatures=[]))
-            for t in e.all_temperatures()]
+    one = dataclasses.replace(e, temperatures=[], checkpoints=[])
+    return ([(eval_folder(t, e.temperature), dataclasses.replace(one, temperature=t))
+             for t in e.all_temperatures()]
+            + [(f"{STEP_EVAL}{s}", one) for s in sorted(e.checkpoints)])
+
+
+STEP_EVAL = "eval_step"  # the folder of a checkpoint's evaluation: eval_step<N>
+
+
+def checkpoint_of(folder: str) -> int | None:
+    """The training step an evaluation folder evaluates (``eval_step250`` → 250); None for the
+    final policy's."""
+    rest = folder.removeprefix(STEP_EVAL)
+    return int(rest) if rest != folder and rest.isdigit() else None
+
+
+def policy_evals(evals: list[tuple[str, StudyEvalSpec]]) -> list[tuple[str, StudyEvalSpec]]:
+    """The evaluations of a final policy alone (no checkpoint's): those the model before RL
+    gets too."""
+    return [(f, e) for f, e in evals if checkpoint_of(f) is None]
 
 
 def tuning_eval(spec: StudySpec) -> StudyEvalSpec:
@@ -113,6 +132,7 @@ def _rows(spec: StudySpec, spec_path: Path,
                      parent))
     names = [r[0] for r in rows]
     named = [("recipe_set", k) for k in own] + [("tune", k) for k in spec.tune]
+    named += [("frontier.arms", a) for a in spec.frontier.arms]
     named += [("tuning.share", src) for src in spec.tuning.share.values()]
     named += [("ablations", k) for k in spec.ablations]
     named += [(f"ablations.{k}", a) for k, arms in spec.ablations.items() for a in arms]
@@ -122,7 +142,37 @@ def _rows(spec: StudySpec, spec_path: Path,
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise spec_error(spec_path, f"{where}.{key}: no recipe or variant of that "
                                         f"name{hint} (names: {', '.join(names)})")
-    return rows
+    return _swept(spec, rows)
+
+
+def point_name(arm: str, value: Any) -> str:
+    """The row of ``arm`` at a frontier value: ``grpo@5.0e-05``."""
+    return f"{arm}@{value_text(value)}"
+
+
+def _swept(spec: StudySpec, rows: list[tuple[str, Path, list[str], str]]
+           ) -> list[tuple[str, Path, list[str], str]]:
+    """``frontier``: each swept arm's row replaced by one row per value (the baseline's
+    first), the knob set after every other override."""
+    f = spec.frontier
+    if not f.arms:
+        return rows
+    by = {r[0]: r for r in rows}
+    out = [r for r in rows if r[0] not in f.arms]
+    for arm in sorted(f.arms, key=lambda a: a != f.baseline):
+        _, path, sets, parent = by[arm]
+        keep = [s for s in sets if not s.startswith("name=")]
+        for v in f.values:
+            out.append((point_name(arm, v), path,
+                        [*keep, f"{f.key}={value_text(v)}", f"name={point_name(arm, v)}"], parent))
+    return out
+
+
+def frontier_points(spec: StudySpec) -> dict[str, list[tuple[Any, str]]]:
+    """Per swept arm (the baseline first): its (value, row name) in the spec's order."""
+    f = spec.frontier
+    return {a: [(v, point_name(a, v)) for v in f.values]
+            for a in sorted(f.arms, key=lambda a: a != f.baseline)}
 
 
 def _load(spec_path: Path, name: str, path: Path, sets: list[str], steps: int,
@@ -179,9 +229,24 @@ def plan_runs(spec: StudySpec, spec_path: Path, out: Path,
         for name, path, sets in rows:
             sets = [*sets, "log.progress=false"]
             cfg = _load(spec_path, name, path, sets, spec.max_steps, seed)
+            _keeps_checkpoints(spec, spec_path, name, cfg)
             plans.append(RunPlan(name, seed, path, sets, out / "runs" / f"{name}-seed{seed}", cfg,
                                  evals))
+    if spec.frontier.arms:  # the baseline's frontier first, every seed of it
+        first = {n for _, n in frontier_points(spec)[spec.frontier.baseline]}
+        plans.sort(key=lambda p: p.name not in first)
     return plans
+
+
+def _keeps_checkpoints(spec: StudySpec, spec_path: Path, name: str, cfg: C.RunConfig) -> None:
+    """``eval.checkpoints`` needs each step's checkpoint written and still kept at the end."""
+    every, keep = cfg.log.checkpoint_every, cfg.log.keep_checkpoints
+    for step in spec.eval.checkpoints:
+        if not every or step % every or step < cfg.max_steps - (keep - 1) * every:
+            raise spec_error(spec_path, f"eval.checkpoints: {name} does not keep its step-{step} "
+                                        f"checkpoint (log.checkpoint_every = {every}, "
+                                        f"log.keep_checkpoints = {keep}; set every to divide "
+                                        f"{step} and keep ≥ {cfg.max_steps // max(every, 1)})")
 
 
 def order_rows(spec: StudySpec, plans: list[RunPlan]) -> list[str]:
@@ -189,7 +254,7 @@ def order_rows(spec: StudySpec, plans: list[RunPlan]) -> list[str]:
     names = list(dict.fromkeys(p.name for p in plans))
     base_of = {v.name: Path(v.recipe).stem for v in spec.variants}
     rows = [n for n in names if n not in base_of]
-    for v in spec.variants:
+    for v in (v for v in spec.variants if v.name in names):  # a swept one: its points' rows
         after = [i for i, n in enumerate(rows)
                  if n == base_of[v.name] or base_of.get(n) == base_of[v.name]]
         rows.insert(after[-1] + 1 if after else len(rows), v.name)

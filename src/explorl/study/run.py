@@ -25,6 +25,9 @@ from explorl.study.data import lab_models, pack, packable, unpack
 from explorl.study.documents import publish, write_documents
 from explorl.study.evidence import Evidence
 from explorl.study.figures import draw_figures
+from explorl.study.frontier import analyse_frontier
+from explorl.study.frontier_report import checkpoint_table, frontier_claims
+from explorl.study.frontier_report import draw as draw_frontier
 from explorl.study.jobs import JobResult, finished, run_base_eval, run_jobs
 from explorl.study.numbers import build_table, collect, collect_passk, pooled_law
 from explorl.study.plan import (
@@ -34,13 +37,15 @@ from explorl.study.plan import (
     eval_done,
     eval_done_at,
     final_evals,
+    frontier_points,
     order_rows,
     plan_runs,
     plan_tuning,
+    policy_evals,
     run_state,
     value_text,
 )
-from explorl.study.spec import StudySpec, auto_jobs, load_spec
+from explorl.study.spec import StudySpec, auto_jobs, frontier_k, load_spec
 from explorl.study.stats import problem_passk
 from explorl.study.tuning import (
     GridPoint,
@@ -60,7 +65,7 @@ def gather_evidence(out: Path, spec: StudySpec, done: list[RunPlan], rows: list[
     per-run numbers and the pooled law."""
     ks = spec.eval.k
     passk, seeds = collect_passk(done, rows, ks)
-    evals = final_evals(spec)
+    evals = policy_evals(final_evals(spec))  # the checkpoints' have their own table
 
     def base_at(folder: str) -> dict[float, dict[int, np.ndarray]]:
         got = {}
@@ -114,10 +119,17 @@ def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: lis
     ev = gather_evidence(out, spec, done, rows, per_run, groups, plans)
     claims = evaluate_claims(ev)
     figures = draw_figures(groups, out / "report", ev)
+    fr = None
+    if spec.frontier.arms:  # the sweep's claims replace those of arms the study does not run
+        fr = analyse_frontier(ev.passk, ev.seeds, frontier_points(spec), spec.frontier.baseline,
+                              frontier_k(spec), ev.base)
+        claims = frontier_claims(fr) + [c for c in claims if c["verdict"] != "not run"]
+        figures = draw_frontier(fr, out / "report", f"lab:{spec.task}") + figures
     cfg0 = done[0].cfg
     budget = f"{cfg0.data.prompts_per_step} prompts × {cfg0.rollout.n_samples} samples"
     return write_documents(out, spec, spec_path, quick, rows, table, claims, figures, per_run,
-                           failed, wall_s, budget, ev, tuned or {}, jobs)
+                           failed, wall_s, budget, ev, tuned or {}, jobs, frontier=fr,
+                           checkpoints=checkpoint_table(done, rows, frontier_k(spec)))
 
 
 def run_tuning(spec: StudySpec, spec_path: Path, out: Path,

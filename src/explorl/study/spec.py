@@ -45,6 +45,11 @@ class StudyEvalSpec:
     """More evaluation temperatures: each final policy (and the base model) is also evaluated
     at each (into ``eval_T<T>/``), and the large-k claims are judged with each arm at its best
     temperature as well as at ``temperature``. Empty = only ``temperature``."""
+    checkpoints: list[int] = field(default_factory=list)
+    """Training steps before the last whose checkpoints are evaluated too (into
+    ``eval_step<N>/``, at ``temperature``): pass@k along a long run. The runs must keep them
+    (``log.checkpoint_every`` divides each step, ``log.keep_checkpoints`` reaches back to the
+    first). Empty = the final policy only."""
 
     def all_temperatures(self) -> list[float]:
         """``temperature`` first, then the others in the spec's order, without repeats."""
@@ -89,6 +94,22 @@ class TuningSpec:
     is used by every other recipe and variant that does not tune the key itself, in its grid
     runs and its final runs; the recipe is tuned first. ``{optim.lr: grpo}`` gives every method
     the baseline's tuned learning rate and tunes each method's own knob at it."""
+
+
+@dataclass
+class FrontierSpec:
+    key: str = "optim.lr"
+    """The knob swept for every arm (each arm's own knob stays at its recipe's setting)."""
+    values: list[Any] = field(default_factory=list)
+    """The sweep: each arm trains at each value, on every seed."""
+    arms: list[str] = field(default_factory=list)
+    """Recipes or variants of the spec swept over ``values``: each becomes one row per value,
+    named ``<arm>@<value>`` (``grpo@5.0e-05``), and does not run at the spec's own value. The
+    baseline's points are trained first. Empty = no sweep."""
+    baseline: str = "grpo"
+    """The arm whose points make the frontier the others are compared with."""
+    k: int | None = None
+    """The large k of the (pass@1, pass@k) plane; None = the largest of ``eval.k``."""
 
 
 @dataclass
@@ -139,6 +160,9 @@ class StudySpec:
     ablations: dict[str, list[str]] = field(default_factory=dict)
     """Per method: the recipes or variants that take it apart (``{e3: [e3_ts, e3_no_anneal]}``);
     the documents compare each with GRPO and with the method."""
+    frontier: FrontierSpec = field(default_factory=FrontierSpec)
+    """The pass@1–pass@k frontier: arms swept over one knob (the learning rate), each compared
+    with the baseline's frontier (``explorl.study.frontier``)."""
     power: PowerSpec = field(default_factory=PowerSpec)
     """The power table: minimum detectable effects and the seeds a target needs."""
     jobs: int | Literal["auto"] = 2
@@ -169,9 +193,8 @@ def load_spec(path: str | Path, quick: bool = False) -> StudySpec:
     """Read and validate a study spec; with ``quick`` apply its ``quick:`` section first.
 
     ``quick`` keys replace the top-level ones, except ``set`` (appended, replacing the spec's
-    overrides of the same keys) and
-    ``eval``, ``tuning``, ``power`` (merged key by key). Errors name the key, as the recipe
-    config does.
+    overrides of the same keys) and ``eval``, ``tuning``, ``power``, ``frontier`` (merged key
+    by key). Errors name the key, as the recipe config does.
     """
     path = Path(path)
     if not path.is_file():
@@ -198,7 +221,7 @@ def load_spec(path: str | Path, quick: bool = False) -> StudySpec:
                 mine = {str(x).split("=", 1)[0].strip() for x in value or []}
                 data["set"] = [x for x in data.get("set") or []
                                if str(x).split("=", 1)[0].strip() not in mine] + list(value or [])
-            elif (key in ("eval", "tuning", "power") and isinstance(value, dict)
+            elif (key in ("eval", "tuning", "power", "frontier") and isinstance(value, dict)
                   and isinstance(data.get(key), dict)):
                 data[key] = {**data[key], **value}
             else:
@@ -222,7 +245,12 @@ def load_spec(path: str | Path, quick: bool = False) -> StudySpec:
         ("power.target_mde", spec.power.target_mde is None or spec.power.target_mde > 0,
          "must be > 0"),
         ("power.k", spec.power.k is None or spec.power.k in ev.k, "must be one of eval.k"),
+        ("eval.checkpoints", all(1 <= s < spec.max_steps for s in ev.checkpoints)
+         and len(set(ev.checkpoints)) == len(ev.checkpoints),
+         f"each step once, in [1, max_steps = {spec.max_steps}) (the last is the final "
+         "evaluation)"),
         *_tuning_checks(spec),
+        *_frontier_checks(spec),
     ]
     for key, ok, msg in checks:
         if not ok:
@@ -265,6 +293,29 @@ def _tuning_checks(spec: StudySpec) -> list[tuple[str, bool, str]]:
            f"{src} must tune {key} (tune.{src}.key: {key}) for the others to share its choice")
           for key, src in t.share.items()],
     ]
+
+
+def _frontier_checks(spec: StudySpec) -> list[tuple[str, bool, str]]:
+    f = spec.frontier
+    if not f.arms:
+        return []
+    return [
+        ("frontier.values", len(f.values) >= 2 and len(set(map(repr, f.values))) == len(f.values),
+         "give at least two distinct values"),
+        ("frontier.arms", len(set(f.arms)) == len(f.arms), f"arms repeat: {f.arms}"),
+        ("frontier.baseline", f.baseline in f.arms, f"{f.baseline!r} must be one of the arms"),
+        ("frontier.k", f.k is None or (f.k in spec.eval.k and f.k > 1),
+         "must be one of eval.k, above 1"),
+        ("frontier.k", max(spec.eval.k) > 1 and 1 in spec.eval.k,
+         "the frontier needs eval.k to hold 1 and a larger k"),
+        ("frontier.arms", not set(f.arms) & set(spec.tune),
+         f"a swept arm cannot also be tuned: {sorted(set(f.arms) & set(spec.tune))}"),
+    ]
+
+
+def frontier_k(spec: StudySpec) -> int:
+    """The large k of the frontier: ``frontier.k`` or the largest of ``eval.k``."""
+    return spec.frontier.k or max(spec.eval.k)
 
 
 def tuning_k(spec: StudySpec) -> int:

@@ -115,6 +115,29 @@ def passk_diff(a: np.ndarray, b: np.ndarray, *, paired_seeds: bool, n_boot: int 
     return Interval(float(a.mean() - b.mean()), *_percentiles(out), how=how, power=power)
 
 
+def paired_draws(n_seeds: int, n_problems: int, *, n_boot: int = N_BOOT, seed: int = BOOT_SEED):
+    """The resamples of ``passk_diff`` with paired seeds, for a statistic of several arms: per
+    draw, (seed rows, problem columns), the same for every arm (columns drawn first, then rows,
+    from the same generator: ``passk_diff(a, b, paired_seeds=True)`` is the mean of
+    ``a[rows][:, cols] − b[rows][:, cols]`` over these draws)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(n_boot):
+        cols = rng.integers(0, n_problems, n_problems)
+        rows = rng.integers(0, n_seeds, n_seeds)
+        yield rows, cols
+
+
+def percentile_interval(samples: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
+    """The ``level`` percentile interval of bootstrap replicates (NaNs left out)."""
+    samples = np.asarray(samples, float)
+    samples = samples[~np.isnan(samples)]
+    if not len(samples):
+        return float("nan"), float("nan")
+    tail = (1 - level) / 2 * 100
+    lo, hi = np.percentile(samples, [tail, 100 - tail])
+    return float(lo), float(hi)
+
+
 def problem_passk(problems_jsonl: str | Path, k_list: list[int]) -> dict[int, np.ndarray]:
     """Per-problem unbiased pass@k of one evaluation (``explorl eval``'s problems.jsonl), rows
     in file order (the split's order)."""

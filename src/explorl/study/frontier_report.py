@@ -1,0 +1,186 @@
+"""The frontier's part of the study's documents: its table, its claims ("method X moves the
+frontier outward"), its figure, its JSON, and the table of pass@k at intermediate checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from explorl.analysis.frontier import FPoint, Series, draw_frontier
+from explorl.study.claims import Cond
+from explorl.study.frontier import Frontier, Point
+from explorl.study.numbers import fmt_value
+from explorl.study.plan import RunPlan, checkpoint_of, value_text
+from explorl.study.stats import passk_diff, problem_passk
+from explorl.study.tables import cell
+
+PAPERS = {  # the paper whose method an arm runs, by the recipe its name starts with
+    "kl_cov": "Entropy Mechanism §4.4", "clip_cov": "Entropy Mechanism §4.4",
+    "passk": "Pass@k Training (Chen et al. 2025)", "e3": "E3 §5", "eepo": "EEPO §5",
+    "es_": "Entropy Scheduling §4",
+}
+
+LEFT_OUT = 0.05  # a gap whose replicates leave GRPO's range more often than this is marked
+
+FRONTIER_NOTES = """\
+Each arm trains at every learning rate of the sweep; a point is its mean test pass@1 and
+pass@{k} over seeds and problems. GRPO's frontier is the upper concave hull of its points, and
+at each pass@1 the most pass@{k} that hull reaches at that pass@1 or more (flat left of its
+highest point): a learning rate below the chord of two others does not define it. **pass@{k} −
+frontier**: the point's pass@{k} minus GRPO's frontier at the point's pass@1 (none outside GRPO's
+pass@1 range: no extrapolation); **pass@1 − frontier**: its pass@1 minus the most pass@1 GRPO
+reaches while keeping pass@{k} at the point's level. Intervals: 95% bootstrap over problems and
+seeds jointly (the same draw for every arm), GRPO's hull and the interpolation recomputed in each
+replicate; ± is the minimum detectable effect (delta method at the point estimates). **hull
+test**: the share of replicates in which the point lies outside every mix of GRPO's points
+(more pass@1 *and* more pass@{k} than any of them reach together): *outside* at ≥ 97.5%,
+*inside* at ≤ 2.5%, else *undecided*. **†**: that share of the replicates put the point's pass@1
+outside GRPO's resampled range and is left out of its interval (the point sits at the edge of
+GRPO's range: read the interval with care). Next to a steep edge of GRPO's hull (two learning
+rates with almost the same pass@1) the linearised MDE is large; the interval is the judge."""
+
+CLAIM_RULE = """\
+A frontier claim (F-…) is judged at each of the arm's learning rates whose pass@1 lies inside
+GRPO's range, each interval Bonferroni-corrected for their number (95% over the family): **shown**
+when some point lies above GRPO's frontier and none below, **opposite** when some lies below and
+none above, **mixed** when both, **not shown** when none is decided; **n/a** when no point's
+pass@1 lies inside GRPO's range (the hull test then speaks)."""
+
+
+def _tag(value: Any) -> str:
+    return value_text(value)
+
+
+def frontier_table(fr: Frontier | None) -> list[str]:
+    """The frontier's markdown: one row per (arm, learning rate)."""
+    if fr is None:
+        return []
+    k = fr.k
+    head = ["arm", "lr", "pass@1", f"pass@{k}", "− base, pass@1", f"− base, pass@{k}",
+            f"pass@{k} − GRPO frontier at its pass@1", f"pass@1 − GRPO at its pass@{k}",
+            "hull test"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for arm, pts in fr.points.items():
+        for p in pts:
+            hull = "" if p.outside is None else f"{p.hull} ({p.outside:.0%})"
+            gap_k = cell(p.gap_k) if p.gap_k else (p.where_k if arm != fr.baseline else "")
+            if p.gap_k and (p.left_out or 0) > LEFT_OUT:
+                gap_k += f" † {p.left_out:.0%}"
+            gap_1 = cell(p.gap_1) if p.gap_1 else (p.where_1 if arm != fr.baseline else "")
+            lines.append("| " + " | ".join([
+                arm, _tag(p.value), p.pass1.fmt_abs(), p.passk.fmt_abs(),
+                cell(p.base_1, mde=False) if p.base_1 else "",
+                cell(p.base_k, mde=False) if p.base_k else "", gap_k, gap_1, hull]) + " |")
+    seeds = "; ".join(f"{a}: {', '.join(map(str, s))}" for a, s in fr.seeds.items())
+    return [*lines, "", FRONTIER_NOTES.format(k=k), "", f"Seeds compared: {seeds}."]
+
+
+def frontier_claims(fr: Frontier | None) -> list[dict]:
+    """Per non-baseline arm, the claim that it moves GRPO's frontier outward (``CLAIM_RULE``),
+    in ``evaluate_claims``' row format."""
+    if fr is None:
+        return []
+    out = []
+    for arm, pts in fr.points.items():
+        if arm == fr.baseline:
+            continue
+        paper = next((v for key, v in PAPERS.items() if arm.startswith(key)), "")
+        row = {"id": f"F-{arm}", "claim": f"{arm} moves the pass@1–pass@{fr.k} frontier outward",
+               "paper": paper, "needs": [fr.baseline, arm]}
+        hull = "; ".join(f"lr {_tag(p.value)}: {p.hull} ({p.outside:.0%})" for p in pts)
+        conds = [Cond(f"lr {_tag(p.value)}: pass@{fr.k} − GRPO frontier at pass@1 "
+                      f"{p.pass1.estimate:.3f}", p.gap_k_family, +1) for p in pts if p.gap_k]
+        if not conds:
+            row.update(numbers=f"not testable: no learning rate's pass@1 lies inside GRPO's "
+                               f"range; hull test: {hull}", conditions=[], verdict="n/a")
+        else:
+            verdicts = [c.verdict for c in conds]
+            up, down = "shown" in verdicts, "opposite" in verdicts
+            row.update(numbers="; ".join(c.text() for c in conds) + f"; hull test: {hull}",
+                       conditions=[{"label": c.label, "direction": c.direction, "null": c.null,
+                                    "interval": c.iv.to_json(), "verdict": c.verdict}
+                                   for c in conds],
+                       verdict="mixed" if up and down else "shown" if up else
+                       "opposite" if down else "not shown")
+        out.append(row)
+    return out
+
+
+def frontier_json(fr: Frontier | None) -> dict:
+    if fr is None:
+        return {}
+
+    def point(p: Point) -> dict:
+        ivs = {key: getattr(p, key) for key in ("pass1", "passk", "gap_k", "gap_1",
+                                                "gap_k_family", "base_1", "base_k")}
+        return {"arm": p.arm, "value": p.value, "name": p.name, "where_k": p.where_k,
+                "where_1": p.where_1, "outside": p.outside, "hull": p.hull,
+                "left_out": p.left_out,
+                **{key: iv.to_json() if iv else None for key, iv in ivs.items()}}
+
+    return {"k": fr.k, "baseline": fr.baseline, "base": fr.base, "seeds": fr.seeds,
+            "hull": list(zip(fr.hull.xs, fr.hull.ys)) if fr.hull else [],
+            "points": {a: [point(p) for p in pts] for a, pts in fr.points.items()}}
+
+
+def draw(fr: Frontier | None, out_dir: Path, subtitle: str = "") -> list[tuple[str, str]]:
+    """``report/frontier.png``: (title, file) for the study's figures, or none."""
+    if fr is None:
+        return []
+    series = [Series(arm, [FPoint(p.pass1.estimate, p.passk.estimate, (p.pass1.low, p.pass1.high),
+                                  (p.passk.low, p.passk.high), f"{float(p.value):.3g}"
+                                  if isinstance(p.value, (int, float)) else str(p.value))
+                           for p in pts]) for arm, pts in fr.points.items()]
+    hull = None
+    if fr.hull:  # F: flat at the peak's pass@k from GRPO's least pass@1, then the falling edge
+        h = fr.hull
+        hull = [(h.xs[0], h.ys[h.peak]), *list(zip(h.xs, h.ys))[h.peak:]]
+    draw_frontier(series, out_dir / "frontier.png", fr.k, base=fr.base, hull=hull,
+                  subtitle=subtitle)
+    return [(f"The pass@1–pass@{fr.k} frontier: every arm through its learning rates",
+             "frontier.png")]
+
+
+def checkpoint_table(done: list[RunPlan], rows: list[str], k: int,
+                     baseline: str = "grpo") -> list[str]:
+    """pass@1 and pass@k (mean over seeds) of each row at every evaluated checkpoint and at
+    the end (``eval.checkpoints``), then each row − the baseline at each, with its paired
+    bootstrap interval and MDE."""
+    steps = sorted({s for p in done for f, _ in p.evals if (s := checkpoint_of(f)) is not None})
+    if not steps:
+        return []
+    last = max(p.cfg.max_steps for p in done)
+    cols = [*steps, last]
+    got: dict[tuple[str, int, int], dict[int, np.ndarray]] = {}  # (row, k, step) → seed → …
+    for p in done:
+        for st in cols:
+            path = p.out / ("eval" if st == last else f"eval_step{st}") / "problems.jsonl"
+            if path.exists():
+                for kk, v in problem_passk(path, [1, k]).items():
+                    got.setdefault((p.name, kk, st), {})[p.seed] = v
+    head = ["arm", *[f"pass@1 step {s}" for s in cols], *[f"pass@{k} step {s}" for s in cols]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in rows:
+        cells = [fmt_value(float(np.mean(list(got[name, kk, st].values())))
+                         if (name, kk, st) in got else None) for kk in (1, k) for st in cols]
+        lines.append("| " + " | ".join([name, *cells]) + " |")
+    lines += ["", "Each checkpoint evaluated with the final protocol (mean over seeds)."]
+    others = [n for n in rows if n != baseline and any((baseline, 1, st) in got for st in cols)]
+    if not others:
+        return lines
+    head = ["arm", *[f"− {baseline}, pass@{kk} step {st}" for kk in (1, k) for st in cols]]
+    lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in others:
+        cells = []
+        for kk in (1, k):
+            for st in cols:
+                a, b = got.get((name, kk, st), {}), got.get((baseline, kk, st), {})
+                common = sorted(set(a) & set(b))
+                cells.append(cell(passk_diff(np.stack([a[x] for x in common]),
+                                             np.stack([b[x] for x in common]),
+                                             paired_seeds=True)) if common else "—")
+        lines.append("| " + " | ".join([name, *cells]) + " |")
+    return lines + ["", f"Differences with {baseline} on the seeds both finished: 95% bootstrap "
+                        "over problems and seeds (paired), ± the MDE."]

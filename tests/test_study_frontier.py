@@ -1,0 +1,252 @@
+"""The pass@1–pass@k frontier (``explorl.study.frontier``): GRPO's hull, the interpolation both
+ways, the hull test, the bootstrap and the MDE, each against numbers worked out by hand."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from explorl.analysis.frontier import run_points
+from explorl.analysis.report import write_report
+from explorl.analysis.runs import load_run
+from explorl.study.frontier import (
+    Frontier,
+    Point,
+    analyse_frontier,
+    compare,
+    dominated,
+    frontier_at,
+    pass1_at,
+    upper_hull,
+    where,
+)
+from explorl.study.frontier_report import frontier_claims, frontier_table
+from explorl.study.stats import Interval, paired_draws, passk_diff
+
+# The pilot's GRPO points (held-out task, 200 steps): (pass@1, pass@64) at lr 1e-4, 5e-5,
+# 2.5e-5, 1.25e-5 = A, B, C, D.
+G1 = [0.326, 0.345, 0.354, 0.353]
+GK = [0.768, 0.855, 0.891, 0.920]
+
+
+def test_upper_hull_drops_a_point_below_the_chord_of_two_others():
+    """Sorted by pass@1: A(.326, .768), B(.345, .855), D(.353, .920), C(.354, .891).
+    A→B→D: cross = (.345 − .326)(.920 − .768) − (.855 − .768)(.353 − .326) = .002888 − .002349
+    = +.000539 ≥ 0: a left turn, B lies below the chord AD and goes. A→D→C: cross = .027·.123 −
+    .152·.028 = .003321 − .004256 = −.000935 < 0: D stays. Hull A, D, C; the peak is D."""
+    h = upper_hull(G1, GK)
+    assert h.xs == (0.326, 0.353, 0.354) and h.ys == (0.768, 0.920, 0.891)
+    assert h.idx == (0, 3, 2) and h.peak == 1
+    # equal pass@1: only the higher point counts
+    assert upper_hull([0.1, 0.1, 0.2], [0.5, 0.7, 0.6]).idx == (1, 2)
+
+
+def test_frontier_both_ways_by_hand():
+    """F(x) = the most pass@64 the hull reaches at pass@1 ≥ x. Left of D (x ≤ .353) it is D's
+    .920, flat (A's lower .768 is beaten by D, which also has more pass@1); between D and C,
+    linear: F(.3535) = .920 + (.891 − .920)·(.0005/.001) = .9055; F(.354) = .891. Outside
+    [.326, .354]: none. G(y) = the most pass@1 keeping pass@64 ≥ y, on the falling edge D→C:
+    G(.9055) = .353 + (.9055 − .920)/(.891 − .920)·.001 = .3535; G(.891) = .354; G(.920) =
+    .353; above .920 or below .891: none."""
+    h = upper_hull(G1, GK)
+    assert frontier_at(h, 0.340) == pytest.approx(0.920)
+    assert frontier_at(h, 0.326) == pytest.approx(0.920)
+    assert frontier_at(h, 0.3535) == pytest.approx(0.9055)
+    assert frontier_at(h, 0.354) == pytest.approx(0.891)
+    assert frontier_at(h, 0.320) is None and frontier_at(h, 0.36) is None
+    assert where(h, 0.32) == "below GRPO's pass@1 range" and where(h, 0.36).startswith("above")
+    assert pass1_at(h, 0.9055) == pytest.approx(0.3535)
+    assert pass1_at(h, 0.891) == pytest.approx(0.354)
+    assert pass1_at(h, 0.920) == pytest.approx(0.353)
+    assert pass1_at(h, 0.93) is None and pass1_at(h, 0.85) is None
+
+
+@pytest.mark.parametrize("x, y, outside", [
+    (0.354, 0.938, True),   # the pilot's KL-Cov: F(.354) = .891 < .938
+    (0.3535, 0.90, False),  # F(.3535) = .9055 ≥ .90: a mix of D and C reaches it
+    (0.300, 0.95, True),    # below the range, but above the peak's .920: nothing reaches it
+    (0.300, 0.90, False),   # D has more of both
+    (0.360, 0.10, True),    # more pass@1 than any GRPO point
+])
+def test_hull_test_by_hand(x, y, outside):
+    assert dominated(upper_hull(G1, GK), x, y) is (not outside)
+
+
+def _const(v: float, seeds: int = 2, problems: int = 3) -> np.ndarray:
+    return np.full((seeds, problems), v)
+
+
+def test_constant_arms_give_point_intervals_at_the_hand_values():
+    """Every seed and problem at its arm's mean: each replicate recomputes the same hull and
+    the same interpolation, so the interval is the estimate itself and the variances are 0.
+    The pilot's KL-Cov point (.354, .891 + .047): gap_k = .938 − F(.354) = +.047; its pass@64
+    is above the peak, so gap_1 is none (above GRPO's pass@k range); outside in every
+    replicate. A point (.340, .9055): gap_k = .9055 − .920 = −.0145, gap_1 = .340 − G(.9055) =
+    .340 − .3535 = −.0135, inside in every replicate."""
+    g1 = np.stack([_const(v) for v in G1])
+    gk = np.stack([_const(v) for v in GK])
+    x1 = np.stack([_const(0.354), _const(0.340)])
+    xk = np.stack([_const(0.938), _const(0.9055)])
+    got = compare(x1, xk, g1, gk, n_boot=200)
+    kl, low = got
+    assert kl["gap_k"].estimate == pytest.approx(0.047)
+    assert (kl["gap_k"].low, kl["gap_k"].high) == pytest.approx((0.047, 0.047))
+    assert kl["gap_k"].mde == pytest.approx(0.0, abs=1e-12)
+    assert "gap_1" not in kl and kl["where_1"] == "above GRPO's pass@k range"
+    assert kl["outside"] == 1.0 and kl["where_k"] == "inside"
+    assert low["gap_k"].fmt_abs(4) == "-0.0145 [-0.0145, -0.0145]"
+    assert low["gap_1"].estimate == pytest.approx(-0.0135)
+    assert low["outside"] == 0.0
+
+
+def test_gap_mde_is_the_delta_method_difference_by_hand():
+    """GRPO a = (pass@1 .4, pass@k .6), b = (.6, .5), both constant: the hull's peak is a, its
+    falling edge a→b has slope (.5 − .6)/.2 = −.5. The method's pass@1 is .5 everywhere: t =
+    (.5 − .4)/.2 = .5, and F(.5) = .5·.6 + .5·.5 = .55. The linearised difference is d = y_m −
+    .5·y_a − .5·y_b − (−.5)·(x_m − .5·x_a − .5·x_b) = y_m − .55 (the x terms are .5 − .5 = 0).
+    With y_m = .55 + d′, d′ = [[.05, .15, .10], [.25, .35, .15]] = half the power docs' worked
+    example, whose MDE is .45029: here .45029 / 2 = .225145; gap = mean(d′) = 1.05 / 6 = .175."""
+    d = np.array([[0.05, 0.15, 0.10], [0.25, 0.35, 0.15]])
+    g1, gk = np.stack([_const(0.4), _const(0.6)]), np.stack([_const(0.6), _const(0.5)])
+    got = compare(np.stack([_const(0.5)]), np.stack([0.55 + d]), g1, gk, n_boot=400)[0]
+    assert got["gap_k"].estimate == pytest.approx(0.175)
+    assert got["gap_k"].mde == pytest.approx(0.225145, abs=1e-5)
+    assert got["gap_k"].low <= 0.175 <= got["gap_k"].high
+    assert got["where_1"] == "above GRPO's pass@k range"  # .725 > the peak's .6
+
+
+def test_paired_draws_are_passk_diffs_resamples():
+    rng = np.random.default_rng(3)
+    a, b = rng.random((3, 7)), rng.random((3, 7))
+    iv = passk_diff(a, b, paired_seeds=True, n_boot=500)
+    reps = [a[r][:, c].mean() - b[r][:, c].mean() for r, c in paired_draws(3, 7, n_boot=500)]
+    assert (iv.low, iv.high) == pytest.approx(tuple(np.percentile(reps, [2.5, 97.5])))
+
+
+def test_analyse_frontier_compares_on_the_seeds_every_point_finished():
+    """GRPO finished seeds 0, 1 at both its values and the method seed 1 only: the method is
+    compared on seed 1; a third GRPO value not finished is left out; one GRPO point alone
+    makes no frontier."""
+    pk = {"g@1": {1: np.array([[0.3] * 3, [0.3] * 3]), 8: np.array([[0.9] * 3, [0.9] * 3])},
+          "g@2": {1: np.array([[0.5] * 3, [0.5] * 3]), 8: np.array([[0.7] * 3, [0.7] * 3])},
+          "m@1": {1: np.array([[0.4] * 3]), 8: np.array([[0.85] * 3])}}
+    seeds = {"g@1": [0, 1], "g@2": [0, 1], "m@1": [1]}
+    points = {"g": [(1, "g@1"), (2, "g@2"), (3, "g@3")], "m": [(1, "m@1"), (2, "m@2")]}
+    base = {1: np.array([[0.2] * 3]), 8: np.array([[0.95] * 3])}
+    fr = analyse_frontier(pk, seeds, points, "g", 8, base, n_boot=100)
+    assert fr.seeds == {"g": [0, 1], "m": [1]} and fr.base == pytest.approx((0.2, 0.95))
+    assert [p.name for p in fr.points["g"]] == ["g@1", "g@2"]
+    g = fr.points["g"][0]
+    assert g.base_1.estimate == pytest.approx(0.1) and g.base_k.estimate == pytest.approx(-0.05)
+    (m,) = fr.points["m"]
+    # F(.4) on the edge (.3, .9)→(.5, .7): .9 − .2·.5 = .8; gap .85 − .8 = +.05; G(.85) = .35
+    assert m.gap_k.estimate == pytest.approx(0.05) and m.gap_1.estimate == pytest.approx(0.05)
+    assert m.hull == "outside"
+    assert analyse_frontier(pk, seeds, {"g": [(1, "g@1")]}, "g", 8) is None
+    apart = {**seeds, "g@1": [0], "g@2": [1]}  # no seed finished at both GRPO points
+    assert analyse_frontier({**pk, "g@1": {1: pk["g@1"][1][:1], 8: pk["g@1"][8][:1]},
+                             "g@2": {1: pk["g@2"][1][1:], 8: pk["g@2"][8][1:]}},
+                            apart, points, "g", 8) is None
+
+
+# ----------------------------------------------------------------------------- explorl report
+
+
+def _run_with_eval(path, name, lr, seed, correct, n=4, split="test"):
+    """A run directory whose eval/ holds ``correct`` (per problem, of ``n`` samples)."""
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(f"name: '{name}'\nseed: {seed}\noptim: {{lr: {lr}}}\n")
+    (path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5}) + "\n")
+    (path / "eval").mkdir()
+    (path / "eval" / "problems.jsonl").write_text("".join(
+        json.dumps({"n_correct": c, "n_samples": n}) + "\n" for c in correct))
+    (path / "eval" / "eval.json").write_text(json.dumps({
+        "k_list": [1, 4], "settings": {"split": split, "k": [1, 4]},
+        "overall": {"pass@1": float(np.mean(correct)) / n,
+                    "pass@4": float(np.mean([c > 0 for c in correct]))}}))
+    return path
+
+
+def test_report_draws_the_frontier_of_runs_with_evaluations(tmp_path):
+    """Two GRPO learning rates (one run each) and a method at one: points (mean pass@1, mean
+    pass@4) by hand. GRPO at 1e-4: correct [4, 0] of 4 → pass@1 (1 + 0)/2 = .5, pass@4 (1 +
+    0)/2 = .5; at 5e-5: [2, 1] → pass@1 (.5 + .25)/2 = .375, pass@4 1. GRPO's series comes
+    first whatever the order of the runs, its points by decreasing lr."""
+    runs = [_run_with_eval(tmp_path / "m", "kl_cov@1e-4", 1e-4, 0, [1, 1]),
+            _run_with_eval(tmp_path / "a", "grpo@1e-4", 1e-4, 0, [4, 0]),
+            _run_with_eval(tmp_path / "b", "grpo@5e-5", 5e-5, 0, [2, 1]),
+            _run_with_eval(tmp_path / "v", "grpo@5e-5", 5e-5, 1, [4, 4], split="val")]
+    series, k, split = run_points([load_run(r) for r in runs])
+    assert (k, split) == (4, "test")  # the val run is left out: one split per figure
+    assert [s.label for s in series] == ["grpo", "kl_cov"]
+    g = series[0].points
+    assert [(p.x, p.y, p.tag) for p in g] == [(0.5, 0.5, "0.0001"), (0.375, 1.0, "5e-05")]
+    report = write_report(runs, tmp_path / "report")
+    assert (tmp_path / "report" / "frontier.png").exists()
+    assert any(p.name == "frontier.png" for _, _, p in report.figures)
+    # runs without evaluations: no frontier, and a stale figure goes
+    write_report([_run_with_eval(tmp_path / "c", "x", 1e-4, 0, [1])], tmp_path / "report")
+    assert not (tmp_path / "report" / "frontier.png").exists()
+
+
+# ----------------------------------------------------------------------------- claims
+
+
+def _pt(arm, value, gap=None, outside=0.0):
+    iv = Interval(0.5, 0.45, 0.55, "")
+    g = None if gap is None else Interval(gap[0], gap[1], gap[2], "")
+    return Point(arm, value, f"{arm}@{value}", iv, iv, gap_k=g, gap_k_family=g,
+                 where_k="inside" if g else "below GRPO's pass@1 range", outside=outside)
+
+
+@pytest.mark.parametrize("gaps, verdict", [
+    ([(0.05, 0.01, 0.09), (0.0, -0.02, 0.02)], "shown"),       # one point above, none below
+    ([(0.05, 0.01, 0.09), (-0.05, -0.09, -0.01)], "mixed"),
+    ([(-0.05, -0.09, -0.01), (0.0, -0.02, 0.02)], "opposite"),
+    ([(0.01, -0.01, 0.03), None], "not shown"),                # the second point is outside
+    ([None, None], "n/a"),                                      # no point inside: the hull test
+])
+def test_frontier_claim_verdicts(gaps, verdict):
+    fr = Frontier(64, "grpo", points={"grpo": [_pt("grpo", 1e-4)],
+                                      "kl": [_pt("kl", v, g, 0.99) for v, g in
+                                             zip((1e-4, 5e-5), gaps)]})
+    (row,) = frontier_claims(fr)
+    assert row["id"] == "F-kl" and row["verdict"] == verdict
+    assert "hull test: lr 0.0001: outside (99%)" in row["numbers"]
+    assert len(row["conditions"]) == sum(g is not None for g in gaps)
+
+
+def test_frontier_table_rows_and_family_level():
+    """With two points inside GRPO's range, the claims' intervals are at 1 − .05/2 = 97.5%:
+    wider than the table's 95% ones (same replicates)."""
+    g1 = np.stack([_const(v) for v in G1])
+    gk = np.stack([_const(v) for v in GK])
+    rng = np.random.default_rng(0)
+    x1 = np.stack([_const(0.340) + rng.normal(0, 0.05, (2, 3)) for _ in range(2)])
+    xk = np.stack([_const(0.9) + rng.normal(0, 0.05, (2, 3)) for _ in range(2)])
+    got = compare(x1, xk, g1, gk, n_boot=400, family=2)
+    for row in got:
+        iv, fam = row["gap_k"], row["gap_k_family"]
+        assert fam.low <= iv.low and iv.high <= fam.high and fam.estimate == iv.estimate
+    fr = Frontier(64, "grpo", points={"grpo": [_pt("grpo", 1e-4)], "kl": [_pt("kl", 1e-4)]})
+    lines = frontier_table(fr)
+    assert lines[0].startswith("| arm | lr | pass@1 | pass@64 |") and len(lines[2:4]) == 2
+    assert "below GRPO's pass@1 range" in lines[3]
+
+
+def test_a_point_at_the_edge_of_grpos_range_counts_its_left_out_replicates():
+    """The method's pass@1 equals GRPO's largest (.354): every replicate where it lands above
+    GRPO's resampled largest pass@1 is left out of the interval, and the share is reported
+    (about half, here: both vary by the same noise). A point well inside leaves none out."""
+    rng = np.random.default_rng(1)
+    g1 = np.stack([_const(v, 4, 64) + rng.normal(0, 0.05, (4, 64)) for v in G1])
+    gk = np.stack([_const(v, 4, 64) for v in GK])
+    x1 = np.stack([_const(0.354, 4, 64) + rng.normal(0, 0.05, (4, 64)), _const(0.340, 4, 64)])
+    xk = np.stack([_const(0.938, 4, 64), _const(0.9, 4, 64)])
+    edge, inner = compare(x1 - x1.mean(axis=(1, 2), keepdims=True) + np.array(
+        [0.354, 0.340])[:, None, None], xk, g1 - g1.mean(axis=(1, 2), keepdims=True) + np.array(
+        G1)[:, None, None], gk, n_boot=300)
+    assert 0.2 < edge["left_out"] < 0.8 and "replicates outside its range" in edge["gap_k"].how
+    assert inner["left_out"] == 0.0
