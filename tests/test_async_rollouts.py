@@ -256,3 +256,15 @@ def test_dynamic_sampling_refills_in_a_process_worker_advance_the_trainers_data_
     # the three trained batches with their refill rounds, and batch 4's main draw (queued)
     assert drawn == sum(int(r["rollout/gen_rounds"]) for r in rows) + 1
     assert any(r["rollout/gen_rounds"] > 1 for r in rows)
+
+
+def test_a_process_worker_exits_on_its_own_when_closed(make_config, tmp_path):
+    """Closing the worker closes the child's own verifier pool first, so the child exits with 0
+    instead of waiting on the pool's workers until the parent kills it (exit code −9)."""
+    cfg = make_config({**_async({"model": {"cpu_threads": 1}}, 1, "process"), "max_steps": 2,
+                       "eval": {"every": 0}})
+    t = Trainer(cfg, tmp_path / "run")
+    t.train_step()
+    proc = t.rollouts.worker._proc
+    t.rollouts.close()
+    assert not proc.is_alive() and proc.exitcode == 0

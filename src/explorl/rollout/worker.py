@@ -154,7 +154,7 @@ class ProcessWorker:
     then cross in the pipe without each side waiting for the other to read."""
 
     def __init__(self, sample: Sample, policy: torch.nn.Module, version: int, threads: int, *,
-                 data_of: Callable, after_fork: Callable[[], None]) -> None:
+                 data_of: Callable, after_fork: Callable) -> None:
         ctx = mp.get_context("fork")
         self._conn, child = ctx.Pipe(duplex=True)
         self._proc = ctx.Process(target=_serve, name="explorl-rollout", daemon=True,
@@ -227,7 +227,7 @@ class ProcessWorker:
 
 
 def _serve(conn, sample: Sample, model: torch.nn.Module, version: int, threads: int,
-           data_of: Callable, after_fork: Callable[[], None]) -> None:
+           data_of: Callable, after_fork: Callable) -> None:
     """The child's loop: the parent's memory at the fork is its own copy (``model`` included)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     # Daemonic (it dies with the trainer) yet allowed children: its own verifier workers.
@@ -237,16 +237,18 @@ def _serve(conn, sample: Sample, model: torch.nn.Module, version: int, threads: 
     fs = forkserver._forkserver
     fs._forkserver_pid = fs._forkserver_address = fs._forkserver_alive_fd = None
     torch.set_num_threads(threads)
-    after_fork()
+    cleanup = after_fork()  # what the child closes before it exits (its verifier pool)
     idle = 0.0
     while True:
         t0 = time.perf_counter()
         try:
             msg = conn.recv()
         except EOFError:
-            return
+            msg = ("close",)
         idle += time.perf_counter() - t0
-        if msg[0] == "close":
+        if msg[0] == "close":  # else the exit waits on the pool's workers (the parent's 30 s)
+            if callable(cleanup):
+                cleanup()
             return
         if msg[0] == "push":
             load_snapshot_(model, msg[1])

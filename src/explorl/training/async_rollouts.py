@@ -251,9 +251,10 @@ def for_trainer(t) -> AsyncRollouts | None:
         torch.set_num_threads(trainer)
     data_of = {"train": (t.train_data, t.order), "anneal": (t.anneal_data, t.anneal_order)}
 
-    def own_verifiers() -> None:  # in a forked worker: closing the inherited pool would kill
-        t.pool._closed = True     # the parent's verifier workers; it gets its own instead
-        t._parent_pool, t.pool = t.pool, VerifierPool.from_config(t.cfg.reward)
+    def own_verifiers():  # in a forked worker: closing the inherited pool would kill the
+        t.pool._closed = True  # parent's verifier workers; it gets its own instead, and closes
+        t._parent_pool, t.pool = t.pool, VerifierPool.from_config(t.cfg.reward)  # it on exit
+        return t.pool.close
 
     out = AsyncRollouts(a.max_staleness, t.cfg.max_steps, functools.partial(sampling.draw, t),
                         functools.partial(sampling.sample, t), data_of.get,
