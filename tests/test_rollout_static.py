@@ -153,6 +153,15 @@ def test_setting_flows_from_the_recipe():
         assert HFEngine.from_config(cfg, _Tok(), "unused", torch.float32).static == value
 
 
+def test_the_setting_is_refused_where_no_hf_engine_reads_it():
+    from explorl import validation
+    from explorl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"rollout\.hf\.static.*rollout\.engine is 'vllm'"):
+        validation.load(None, ["rollout.engine=vllm", "rollout.hf.static=on"])
+    assert validation.load(None, ["rollout.engine=vllm"]).rollout.hf.static == "auto"
+
+
 def test_unsupported_models_and_unseeded_draws_take_the_eager_loop():
     model = small_model("llama", 400)
     handle = model.lm_head.register_forward_hook(lambda m, i, o: o)  # fires at every step

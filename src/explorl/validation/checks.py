@@ -66,6 +66,9 @@ def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
          "rollout.engine: hf samples with the trained model and gives none (one distribution, "
          "nothing to correct); use auto/off, rollout.engine: vllm, or rollout.async (the "
          "sampler's stale log-probs)"),
+        ("rollout.hf.static", r.engine == "hf" or r.hf.static == "auto",
+         f"is a setting of the hf engine, and rollout.engine is {r.engine!r}: nothing reads it "
+         "(leave it at auto, or use rollout.engine: hf)"),
         ("rollout.async.enabled", not (r.async_.enabled and e.enabled),
          "cannot run with control.eepo.enabled: EEPO's stage 2 samples from a copy unlearned on "
          "stage 1 between the two halves of one batch, which a worker sampling ahead of the "
