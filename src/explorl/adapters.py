@@ -186,7 +186,7 @@ def refresh_copy_(dst: torch.nn.Module, src: torch.nn.Module) -> None:
         d.copy_(s)
 
 
-def _copied_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+def copied_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
     """What ``refresh_copy_`` copies: the adapters of an adapted model, else every parameter
     and buffer."""
     if is_adapted(model):
@@ -198,13 +198,13 @@ def _copied_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
 def snapshot(model: torch.nn.Module) -> list[torch.Tensor]:
     """A detached copy of what ``refresh_copy_`` would copy from ``model`` (a weight push taken
     now and loaded later with ``load_snapshot_``, while ``model`` trains on)."""
-    return [t.detach().clone() for t in _copied_tensors(model)]
+    return [t.detach().clone() for t in copied_tensors(model)]
 
 
 @torch.no_grad()
 def load_snapshot_(dst: torch.nn.Module, tensors: list[torch.Tensor]) -> None:
     """``dst`` (from ``rollout_copy``) ← a ``snapshot`` of its source, in place."""
-    for d, s in zip(_copied_tensors(dst), tensors, strict=True):
+    for d, s in zip(copied_tensors(dst), tensors, strict=True):
         d.copy_(s)
 
 

@@ -7,10 +7,14 @@ Two kinds (``rollout.async.worker``):
   the policy, the engine and the verifiers. The lab's models are small enough that sampling is
   mostly Python between short ops, and two Python threads share one interpreter lock: on the
   quickstart a sampling thread took 85 ms beside the trainer instead of 28 ms alone, so a thread
-  overlapped nothing. A child process has its own interpreter; a push pickles the weights
-  through a pipe (a few MB for the lab models). While it overlaps the trainer the child runs
-  torch on one intra-op thread: OpenMP is not fork-safe above one thread (the verifier pool
-  avoids fork for the same reason).
+  overlapped nothing. A child process has its own interpreter. A push copies the weights into
+  one of a ring of shared-memory slots mapped before the fork (one memory copy, ~1 ms for the
+  lab models; pickling them through the pipe cost the trainer ~17 ms a step, most of it in
+  torch's shared-memory file per tensor) and sends the slot's number. Jobs and replies travel
+  as plain pickles (a batch's tensors are small: copying their bytes is cheaper than torch's
+  file-descriptor passing). While it overlaps the trainer the child runs torch on one intra-op
+  thread: OpenMP is not fork-safe above one thread (the verifier pool avoids fork for the same
+  reason).
 - ``thread`` (``auto`` on CUDA or with ``vllm``): a thread in the trainer's process. Accelerator
   kernels and vLLM release the lock for the whole sampling call, and CUDA cannot be forked. A
   push is an in-memory copy; the ``vllm`` engine's own push (``sync_weights``) runs in the thread.
@@ -23,7 +27,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import mmap
 import multiprocessing as mp
+import pickle
 import queue
 import signal
 import threading
@@ -37,7 +43,7 @@ from typing import Any
 
 import torch
 
-from explorl.adapters import load_snapshot_, rollout_copy, snapshot
+from explorl.adapters import copied_tensors, load_snapshot_, rollout_copy, snapshot
 from explorl.rollout.collect import Draw
 
 # sample(step, draw, model, version) -> Collected: phases 1–2 of one step with ``model``, the
@@ -143,27 +149,85 @@ def _hand_over(obj: Any, stream) -> None:
             _hand_over(x, stream)
 
 
+class _PushRing:
+    """``slots`` copies of the pushed tensors in anonymous shared memory, mapped before the fork
+    so the child sees the parent's writes (an anonymous mapping: not bounded by /dev/shm's size).
+
+    Push n goes to slot n mod ``slots``; before writing it the parent waits until the child has
+    loaded push n − ``slots`` (``loaded``, a shared counter). With ``slots`` = max_staleness + 2
+    that wait never happens: the trainer pushes n only after receiving a batch queued behind push
+    n − max_staleness − 1 (async_rollouts.py)."""
+
+    def __init__(self, tensors: list[torch.Tensor], slots: int) -> None:
+        self.slots = slots
+        self.sizes = [t.numel() * t.element_size() for t in tensors]
+        # each tensor at a 64-byte boundary (the copies vectorise; views need dtype alignment)
+        self.offsets, off = [], 0
+        for n in self.sizes:
+            self.offsets.append(off)
+            off += -(-n // 64) * 64
+        self.nbytes = max(off, 64)
+        self._maps = [mmap.mmap(-1, self.nbytes) for _ in range(slots)]  # MAP_SHARED
+        self.views = [[torch.frombuffer(m, dtype=torch.uint8, count=n, offset=o)
+                       .view(t.dtype).view(t.shape) if n else torch.empty_like(t)
+                       for t, n, o in zip(tensors, self.sizes, self.offsets)]
+                      for m in self._maps]
+        self._count = mmap.mmap(-1, 8)
+        self.loaded = torch.frombuffer(self._count, dtype=torch.int64)  # pushes the child loaded
+        self.sent = 0  # pushes the parent wrote
+
+    def write(self, tensors: list[torch.Tensor], alive: Callable[[], bool]) -> int:
+        """Copy ``tensors`` into the next slot (waiting for the child to be done with it); its
+        number."""
+        n = self.sent
+        while int(self.loaded[0]) < n - self.slots + 1:  # push n − slots not loaded yet
+            if not alive():
+                raise RuntimeError("the rollout worker process exited")
+            time.sleep(0.001)
+        slot = n % self.slots
+        with torch.no_grad():
+            for d, t in zip(self.views[slot], tensors, strict=True):
+                d.copy_(t)
+        self.sent = n + 1
+        return slot
+
+    def load(self, model: torch.nn.Module, slot: int) -> None:
+        """In the child: ``model`` ← the slot's tensors; counted as loaded."""
+        load_snapshot_(model, self.views[slot])
+        self.loaded[0] += 1
+
+
+def _send(conn, msg) -> None:
+    conn.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _recv(conn):
+    return pickle.loads(conn.recv_bytes())
+
+
 class ProcessWorker:
     """Jobs in a forked child, on its copy of ``policy`` (a fork keeps the addresses, so the
     kernels round as the trainer's would). ``data_of(tag) -> (data, order)``; ``after_fork()``
     runs first in the child (fresh verifier workers). A job sends its draw's data-order state
     and gets back the state after its refill rounds (dynamic sampling), which the trainer loads
-    (``order_state``).
+    (``order_state``). ``slots``: the push ring's size (``_PushRing``: max_staleness + 2).
 
-    A reader thread takes the child's replies as they come: a push (megabytes) and a reply can
-    then cross in the pipe without each side waiting for the other to read."""
+    A reader thread takes the child's replies as they come, so the trainer's thread never
+    blocks on the pipe."""
 
     def __init__(self, sample: Sample, policy: torch.nn.Module, version: int, threads: int, *,
-                 data_of: Callable, after_fork: Callable) -> None:
+                 data_of: Callable, after_fork: Callable, slots: int = 3) -> None:
         ctx = mp.get_context("fork")
         self._conn, child = ctx.Pipe(duplex=True)
+        self._ring = _PushRing(copied_tensors(policy), max(2, slots))
         self._proc = ctx.Process(target=_serve, name="explorl-rollout", daemon=True,
                                  args=(child, sample, policy, version, threads, data_of,
-                                       after_fork))
+                                       after_fork, self._ring))
         self._proc.start()
         child.close()
         self._waiting: deque[Future] = deque()  # replies come back in this order
         self._lock = threading.Lock()
+        self._send_lock = threading.Lock()  # one message at a time on the pipe
         self._idle_s = 0.0
         self._reader = threading.Thread(target=self._read, name="explorl-rollout-reader",
                                         daemon=True)
@@ -173,13 +237,14 @@ class ProcessWorker:
         fut: Future = Future()
         with self._lock:
             self._waiting.append(fut)
-        self._conn.send(msg)
+        with self._send_lock:
+            _send(self._conn, msg)
         return fut
 
     def _read(self) -> None:
         while True:
             try:
-                kind, value, extra, idle = self._conn.recv()
+                kind, value, extra, idle = _recv(self._conn)
             except (EOFError, OSError):
                 with self._lock:
                     waiting, self._waiting = list(self._waiting), deque()
@@ -202,7 +267,12 @@ class ProcessWorker:
                           draw.order.state_dict()))
 
     def push(self, policy: torch.nn.Module, version: int) -> None:
-        self._conn.send(("push", snapshot(policy), version))
+        """The weights ``policy`` holds now, into the ring; the child loads them when its queue
+        reaches the message (jobs queued earlier sample with the weights they were queued
+        behind)."""
+        slot = self._ring.write(copied_tensors(policy), self._proc.is_alive)
+        with self._send_lock:
+            _send(self._conn, ("push", slot, version))
 
     def drain(self) -> None:
         self._ask(("ping",)).result()
@@ -215,7 +285,8 @@ class ProcessWorker:
     def close(self) -> None:
         if self._proc.is_alive():
             try:
-                self._conn.send(("close",))
+                with self._send_lock:
+                    _send(self._conn, ("close",))
             except (BrokenPipeError, OSError):
                 pass
             self._proc.join(timeout=30)
@@ -227,7 +298,7 @@ class ProcessWorker:
 
 
 def _serve(conn, sample: Sample, model: torch.nn.Module, version: int, threads: int,
-           data_of: Callable, after_fork: Callable) -> None:
+           data_of: Callable, after_fork: Callable, ring: _PushRing) -> None:
     """The child's loop: the parent's memory at the fork is its own copy (``model`` included)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     # Daemonic (it dies with the trainer) yet allowed children: its own verifier workers.
@@ -242,7 +313,7 @@ def _serve(conn, sample: Sample, model: torch.nn.Module, version: int, threads: 
     while True:
         t0 = time.perf_counter()
         try:
-            msg = conn.recv()
+            msg = _recv(conn)
         except EOFError:
             msg = ("close",)
         idle += time.perf_counter() - t0
@@ -251,7 +322,7 @@ def _serve(conn, sample: Sample, model: torch.nn.Module, version: int, threads: 
                 cleanup()
             return
         if msg[0] == "push":
-            load_snapshot_(model, msg[1])
+            ring.load(model, msg[1])
             version = msg[2]
             continue
         try:
@@ -266,5 +337,8 @@ def _serve(conn, sample: Sample, model: torch.nn.Module, version: int, threads: 
                 reply = ("ok", got, after if after != order_state else None)
         except BaseException:
             reply = ("error", traceback.format_exc(), None)
-        conn.send((*reply, idle))
+        try:
+            _send(conn, (*reply, idle))
+        except Exception:  # noqa: BLE001 - an unpicklable result: say so instead of hanging
+            _send(conn, ("error", traceback.format_exc(), None, idle))
         idle = 0.0

@@ -137,7 +137,8 @@ class AsyncRollouts:
             if self.kind == "process":
                 self.worker = ProcessWorker(self._sample, self._policy, self._version,
                                             self._threads, data_of=self._data_of,
-                                            after_fork=self._after_fork)
+                                            after_fork=self._after_fork,
+                                            slots=self.max_staleness + 2)
             else:
                 self.worker = ThreadWorker(self._sample, self._policy, self._version,
                                            self._threads, shared=self.max_staleness == 0)
