@@ -155,13 +155,10 @@ def run_explorl(spec: dict) -> dict:
         o = t.cfg.optim  # the device plan's sizes (training/plan.py)
         plan = (f"{o.micro_batch_tokens or '—'} tokens / {o.micro_batch_size} rows per "
                 f"micro-batch, old log-probs: {t.plan.old_logp}")
-        eos = t.engine.eos_ids.tolist()
-
-        def no_eos(module, inputs, logits):
-            logits[..., eos] = -1e4
-            return logits
-
-        t.policy.get_output_embeddings().register_forward_hook(no_eos)
+        # Every response exactly R tokens: EOS is an ordinary token to explorl's engine (its
+        # stop list emptied; TRL's side forbids it with min_new_tokens). A logits hook would do
+        # it too, but a hook switches the static decode path off (it would fire at capture only).
+        t.engine.eos_ids = t.engine.eos_ids[:0]
         for i in range(spec["warmup"] + spec["steps"]):
             sync()
             t0 = time.perf_counter()
@@ -171,6 +168,8 @@ def run_explorl(spec: dict) -> dict:
                 secs.append(time.perf_counter() - t0)
             rows.append({k: v for k, v in row.items() if isinstance(v, (int, float))})
         t.pool.close()
+        # which decode loop sampled (rollout.hf.static: auto is on for CUDA)
+        plan += f", sampling: {'static path' if t.engine._decoders else 'eager loop'}"
     kept = rows[spec["warmup"]:]
     parts = {k: statistics.median(r.get(k, 0.0) for r in kept)
              for k in ("time/generate_s", "time/old_logp_s", "time/train_s")}

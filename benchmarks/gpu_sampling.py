@@ -4,10 +4,11 @@
     python benchmarks/gpu_sampling.py [--cells 16x8x256 64x8x256] [--budget-s 170]
                                       [--profile prof.txt] [--out rows.jsonl] [--smoke]
 
-A model of the given shape (default Qwen2.5-0.5B's: hidden 896, 24 layers, 14 heads, 2 kv heads,
-intermediate 4864, vocabulary 151936, tied embeddings) with random weights, float32 master
-weights sampled under bfloat16 autocast as the trainer does (``--pure-bf16``: weights stored in
-bfloat16). Each cell P×G×R samples G responses to each of P random prompts of ``--prompt-len``
+A model of Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 kv heads, intermediate 4864,
+vocabulary 151936, tied embeddings) with random weights, float32 master weights sampled under
+bfloat16 autocast as the trainer does (``--pure-bf16``: weights stored in bfloat16). ``--arch
+llama`` (default) is the model ``gpu_matrix.py`` and ``gpu_acceptance.py`` train (Llama with
+attention biases), so the figures compare with theirs; ``--arch qwen2`` is Qwen2's own class. Each cell P×G×R samples G responses to each of P random prompts of ``--prompt-len``
 tokens, every response exactly R tokens (EOS is an id the model never draws). Per cell and path,
 printed as each finishes: tokens/s, ms per decode step, the decode floor (bytes a step must read
 — the matrices once and the rows' keys and values at the mean context length — over the
@@ -20,7 +21,8 @@ of a shape builds its buffers and captures its graphs: timed apart (``first_s``)
 lengths (compaction into smaller buckets, graphs replayed twice), in float32 and under bfloat16
 autocast. ``--budget-s`` skips a run whose estimate would not fit in what is left (the check
 counts); ``--profile FILE`` runs ``torch.profiler`` over one sampling call per path of the first
-cell and writes (and prints) the top-20 ops by device time; ``--out FILE`` appends one JSON line
+cell, cut to ``--profile-tokens`` tokens (default 32: a profiled call runs several times slower),
+and writes (and prints) the top-20 ops by device time; ``--out FILE`` appends one JSON line
 per row. ``--smoke``: a tiny model on the CPU, seconds.
 """
 
@@ -54,14 +56,20 @@ class _Tok:
         return [" ".join(map(str, r[:4])) for r in rows]
 
 
-def build_model(shape: dict, device: torch.device, dtype: torch.dtype):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def build_model(shape: dict, device: torch.device, dtype: torch.dtype, arch: str = "qwen2"):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    cfg = Qwen2Config(**shape, max_position_embeddings=4096, tie_word_embeddings=True,
-                      attn_implementation="sdpa")
+    if arch == "llama":  # gpu_matrix.py's model: Llama with q/k/v/o biases
+        cfg = LlamaConfig(**shape, max_position_embeddings=4096, tie_word_embeddings=True,
+                          attention_bias=True, attn_implementation="sdpa")
+        cls = LlamaForCausalLM
+    else:
+        cfg = Qwen2Config(**shape, max_position_embeddings=4096, tie_word_embeddings=True,
+                          attn_implementation="sdpa")
+        cls = Qwen2ForCausalLM
     torch.manual_seed(0)
     with torch.device(device):
-        model = Qwen2ForCausalLM(cfg).to(dtype).eval()
+        model = cls(cfg).to(dtype).eval()
     return model
 
 
@@ -110,7 +118,9 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--budget-s", type=float, default=170.0)
     ap.add_argument("--pure-bf16", action="store_true", help="weights stored in bfloat16")
+    ap.add_argument("--arch", choices=["llama", "qwen2"], default="llama")
     ap.add_argument("--profile", default=None, help="file for the profiler's top-20 table")
+    ap.add_argument("--profile-tokens", type=int, default=32)
     ap.add_argument("--out", default=None, help="append one JSON line per row to this file")
     ap.add_argument("--check", action="store_true", help="static = eager on small models first")
     ap.add_argument("--smoke", action="store_true", help="tiny model on the CPU: it runs")
@@ -123,7 +133,7 @@ def main() -> None:
         args.cells, args.prompt_len = ["2x4x8"], 5
     compute = torch.bfloat16 if cuda else torch.float32
     weights = compute if args.pure_bf16 or not cuda else torch.float32
-    model = build_model(shape, device, weights)
+    model = build_model(shape, device, weights, args.arch)
     V = model.config.vocab_size
 
     def amp():
@@ -133,7 +143,7 @@ def main() -> None:
         check(device)
     bw = copy_bandwidth(device)
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
-    print(f"# {name}, torch {torch.__version__}; weights {weights}, compute {compute}; "
+    print(f"# {name}, torch {torch.__version__}; {args.arch}; weights {weights}, compute {compute}; "
           f"copy bandwidth {bw / 1e9:.0f} GB/s (read+write)", flush=True)
     print(f"{'cell':>12} {'path':>6} {'tok/s':>9} {'ms/step':>8} {'floor ms':>8} {'x floor':>7} "
           f"{'speedup':>7} {'first_s':>7} {'same':>5}", flush=True)
@@ -190,8 +200,9 @@ def main() -> None:
                 with open(args.out, "a") as f:
                     f.write(json.dumps(row) + "\n")
             if args.profile and ci == 0:
-                profile(args.profile, path, lambda e=engine: sample(e, model, prompts, G, R, 0,
-                                                                   amp), device)
+                n = min(R, args.profile_tokens)
+                profile(args.profile, f"{path}, {P}x{G}x{n}",
+                        lambda e=engine: sample(e, model, prompts, G, n, 0, amp), device)
     print(f"# total {time.perf_counter() - start:.1f} s", flush=True)
 
 
