@@ -268,3 +268,39 @@ def test_a_process_worker_exits_on_its_own_when_closed(make_config, tmp_path):
     proc = t.rollouts.worker._proc
     t.rollouts.close()
     assert not proc.is_alive() and proc.exitcode == 0
+
+
+def test_push_ring_slots_are_shared_with_the_child_and_never_overwritten_unread():
+    """A push goes into slot n mod slots of memory the forked child shares; the parent waits
+    (here: raises, the child being gone) rather than overwrite a slot whose push the child has
+    not loaded."""
+    import multiprocessing as mp
+
+    from explorl.rollout.worker import _PushRing
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.LayerNorm(2))
+    model[1].weight.data = torch.tensor([1.5, -2.0])
+    tensors = [*model.parameters(), *model.buffers()]
+    ring = _PushRing(tensors, slots=2)
+    assert ring.write(tensors, lambda: True) == 0
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    assert ring.write(tensors, lambda: True) == 1
+    with pytest.raises(RuntimeError, match="exited"):  # push 0 not loaded: slot 0 is taken
+        ring.write(tensors, lambda: False)
+
+    def child(conn):  # loads slot 1 into its own copy and reports it
+        copy = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.LayerNorm(2))
+        ring.load(copy, 0)
+        ring.load(copy, 1)
+        conn.send([p.tolist() for p in copy.parameters()])  # plain lists over the pipe
+
+    ctx = mp.get_context("fork")
+    parent, end = ctx.Pipe()
+    proc = ctx.Process(target=child, args=(end,))
+    proc.start()
+    got = parent.recv()
+    proc.join(timeout=30)
+    assert int(ring.loaded[0]) == 2  # the child's count, seen by the parent
+    assert got == [p.tolist() for p in model.parameters()]
+    assert ring.write(tensors, lambda: False) == 0  # slot 0 is free again
