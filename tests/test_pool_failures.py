@@ -97,3 +97,22 @@ def test_a_script_without_main_guard_can_build_a_pool(tmp_path):
     assert p.stdout.count("top level ran") == 1  # not re-run in a worker
     assert "scores [1.0, 0.0, 1.0] 0" in p.stdout
     assert "failed to start" not in p.stderr
+
+
+def test_a_script_that_never_closes_its_pool_still_exits(tmp_path):
+    """The workers ignore SIGTERM (a job's stop signal is the trainer's to act on), which is how
+    multiprocessing stops daemonic children at exit: the pool kills them itself from an exit hook
+    that runs first, so a script (or a test) that forgets ``close()`` does not hang."""
+    script = tmp_path / "unclosed.py"
+    script.write_text(textwrap.dedent("""
+        from explorl.rewards import VerifierPool
+
+        pool = VerifierPool(1, timeout_s=5.0)
+        print("scores", pool.score("exact", ["3"], ["3"]).scores, flush=True)
+    """))
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, check=False,
+                       text=True, timeout=90, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "scores [1.0]" in p.stdout
+    assert time.perf_counter() - t0 < 60

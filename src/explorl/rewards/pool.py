@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import importlib
 import logging
 import math
@@ -13,6 +15,7 @@ import sys
 import threading
 import time
 import types
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -272,6 +275,12 @@ class VerifierPool:
         self._ctx = mp.get_context(method)
         self._workers = [self._start_worker() for _ in range(num_workers)]
         self._closed = False
+        # The workers ignore SIGTERM (the trainer decides when a job's stop signal ends the run),
+        # and multiprocessing's own exit hook stops daemonic children with SIGTERM and then waits
+        # for them: a script that exits without closing its pool would wait forever. This hook,
+        # registered after multiprocessing's (hooks run last-registered first), kills them first.
+        self._at_exit = functools.partial(_close_if_alive, weakref.ref(self))
+        atexit.register(self._at_exit)
 
     @classmethod
     def from_config(cls, reward) -> VerifierPool:
@@ -463,6 +472,7 @@ class VerifierPool:
         if getattr(self, "_closed", True):
             return
         self._closed = True
+        atexit.unregister(self._at_exit)
         for w in self._workers:
             w.proc.kill()
         for w in self._workers:
@@ -481,6 +491,12 @@ class VerifierPool:
             self.close()
         except Exception:  # interpreter shutdown may have torn down multiprocessing already
             pass
+
+
+def _close_if_alive(ref: weakref.ref) -> None:
+    pool = ref()
+    if pool is not None:
+        pool.close()
 
 
 def _score_inline(fn, responses: list[str], gts: list[str], ctxs: list,
