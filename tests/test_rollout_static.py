@@ -175,6 +175,23 @@ def test_unsupported_models_and_unseeded_draws_take_the_eager_loop():
     assert not engine._decoders  # torch.multinomial with a generator: no counter-based draw
 
 
+def test_cpu_autocast_takes_the_eager_loop_with_a_warning():
+    """Under CPU autocast the static step (weights cast once) would run attention in bfloat16
+    where autocast keeps it in float32: rows parted from the eager loop's in ~1 of 8. It warns
+    once and the eager loop samples: the same tokens and log-probs as without the setting."""
+    model = small_model("qwen2", 400)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = HFEngine(_Tok(), static=False).generate(model, PROMPTS, BUDGETS, 1.0, 30,
+                                                      seeds=SEEDS)
+        engine = HFEngine(_Tok(), static=True)
+        with pytest.warns(RuntimeWarning, match="CPU under autocast"):
+            ro = engine.generate(model, PROMPTS, BUDGETS, 1.0, 30, seeds=SEEDS)
+        assert not engine._decoders
+        again = engine.generate(model, PROMPTS, BUDGETS, 1.0, 30, seeds=SEEDS)  # warned once
+    assert torch.equal(ro.response_ids, ref.response_ids)
+    assert torch.equal(ro.old_logp, ref.old_logp) and torch.equal(again.old_logp, ref.old_logp)
+
+
 def test_failed_capture_warns_and_decodes_without_graphs():
     # On a CPU build every capture fails (no CUDA): the fallback a CUDA run takes when one does.
     model = small_model("qwen2", 400)

@@ -370,6 +370,16 @@ class HFEngine:
             return None
         if not static_supported(model):
             return None
+        if device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+            # CPU autocast keeps some ops (attention among them) in float32 where the static
+            # step, on weights cast once, runs them in the compute dtype: rows would part from
+            # the eager loop's (~1e-2 in log-prob under bfloat16). On CUDA both match.
+            if not getattr(self, "_warned_cpu_autocast", False):
+                warnings.warn("rollout.hf.static: on the CPU under autocast the static path "
+                              "would not compute what the eager loop does; the eager loop "
+                              "samples", RuntimeWarning, stacklevel=3)
+                self._warned_cpu_autocast = True
+            return None
         dtype = compute_dtype(model, device)
         rows, cols = bucket(N, self.static_min_rows), columns(P + R)
         dec = self._decoders.get(id(model))
