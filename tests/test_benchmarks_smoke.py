@@ -45,6 +45,6 @@ def test_benchmark_smoke_runs(name, tmp_path):
         ran = {x["recipe"]: x["ok"] for x in lines if "recipe" in x}
         lab = {n for n in builtin.names("recipe") if n.startswith("lab/")}
         assert lab | {"quickstart"} == set(ran) and all(ran.values()), ran
-        for section in ("resume", "lora", "acceptance"):
+        for section in ("resume", "lora", "sampling", "acceptance"):
             assert all(x.get("ok", True) for x in lines if x["section"] == section), lines
             assert any(x["section"] == section for x in lines), section
