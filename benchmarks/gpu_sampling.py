@@ -8,7 +8,8 @@ A model of Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 kv heads, in
 vocabulary 151936, tied embeddings) with random weights, float32 master weights sampled under
 bfloat16 autocast as the trainer does (``--pure-bf16``: weights stored in bfloat16). ``--arch
 llama`` (default) is the model ``gpu_matrix.py`` and ``gpu_acceptance.py`` train (Llama with
-attention biases), so the figures compare with theirs; ``--arch qwen2`` is Qwen2's own class. Each cell P×G×R samples G responses to each of P random prompts of ``--prompt-len``
+attention biases), so the figures compare with theirs; ``--arch qwen2`` is Qwen2's own class.
+Each cell P×G×R samples G responses to each of P random prompts of ``--prompt-len``
 tokens, every response exactly R tokens (EOS is an id the model never draws). Per cell and path,
 printed as each finishes: tokens/s, ms per decode step, the decode floor (bytes a step must read
 — the matrices once and the rows' keys and values at the mean context length — over the
@@ -143,7 +144,8 @@ def main() -> None:
         check(device)
     bw = copy_bandwidth(device)
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
-    print(f"# {name}, torch {torch.__version__}; {args.arch}; weights {weights}, compute {compute}; "
+    print(f"# {name}, torch {torch.__version__}; {args.arch}; weights {weights}, "
+          f"compute {compute}; "
           f"copy bandwidth {bw / 1e9:.0f} GB/s (read+write)", flush=True)
     print(f"{'cell':>12} {'path':>6} {'tok/s':>9} {'ms/step':>8} {'floor ms':>8} {'x floor':>7} "
           f"{'speedup':>7} {'first_s':>7} {'same':>5}", flush=True)
