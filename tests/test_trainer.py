@@ -13,6 +13,7 @@ from explorl import validation
 from explorl.outputs.runlog import read_metrics
 from explorl.rollout.fake import FakeEngine
 from explorl.training.loop import TIME_KEYS, Trainer
+from explorl.training.update import PolicyUpdate
 
 REQUIRED = [
     "step",
@@ -580,7 +581,10 @@ def test_micro_batch_tokens_splits_the_update_not_the_result(make_config, tmp_pa
     whole, calls_whole = run("whole", {"micro_batch_size": 64})
     split, calls_split = run("split", {"micro_batch_size": 64, "micro_batch_tokens": 24})
     assert max(calls_whole) == 16 and len(calls_split) > len(calls_whole)
-    assert sum(calls_split) == sum(calls_whole) and max(calls_split) < 16
+    # one micro-batch: the recompute's forward is the update's (one pass of 16 rows a step);
+    # split, the recompute and the update each pass every row (2 × 16 a step)
+    assert sum(calls_whole) == 2 * 16 and sum(calls_split) == 2 * 2 * 16
+    assert max(calls_split) < 16
     for a, b in zip(whole, split):
         for k in ("reward/mean", "loss/policy", "grad/norm", "entropy/mean"):
             assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
@@ -631,7 +635,7 @@ def test_model_compile_runs_the_loss_passes_compiled_and_matches_eager(make_conf
     # to float round-off.
     def run(name, on):
         cfg = make_config({"max_steps": 2, "eval": {"every": 0}, "model": {"compile": on},
-                           "algorithm": {"old_logp": "recompute"}})
+                           "algorithm": {"old_logp": "recompute"}, "optim": {"mini_batches": 2}})
         t = Trainer(cfg, tmp_path / name)
         calls = {"compiled": 0, "eager_in_generate": 0}
         if on:
@@ -658,8 +662,9 @@ def test_model_compile_runs_the_loss_passes_compiled_and_matches_eager(make_conf
 
     eager, _ = run("eager", False)
     compiled, calls = run("compiled", True)
-    # 2 steps × (recompute + loss pass) × every layer
-    assert calls["compiled"] >= 2 * 2 * 2 and calls["eager_in_generate"] >= 2
+    # 2 steps × (mini-batch 1's forward, which the recompute reuses, the no-grad recompute of
+    # mini-batch 2, its loss pass) × every layer
+    assert calls["compiled"] >= 2 * 3 * 2 and calls["eager_in_generate"] >= 2
     for a, b in zip(eager, compiled):
         for k in ("reward/mean", "loss/policy", "grad/norm", "entropy/mean"):
             assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
@@ -735,3 +740,41 @@ def test_a_controller_that_writes_kl_coef_gets_the_reference(make_config, tmp_pa
     plain = Trainer(make_config({"max_steps": 1, "eval": {"every": 0}}), tmp_path / "plain")
     plain.pool.close()
     assert plain.ref is None
+
+
+@pytest.mark.parametrize("extra", [
+    {"optim": {"mini_batches": 2}},  # mini-batch 1 folded, mini-batch 2 recomputed
+    {"rollout": {"async": {"enabled": True, "max_staleness": 1}},  # π_prox (ALGORITHMS §8)
+     "optim": {"mini_batches": 2}},
+    {"control": {"eepo": {"enabled": True}}},  # stage-2 rows keep the unlearned copy's values
+])
+def test_the_recompute_reuses_the_first_mini_batchs_forward(make_config, tmp_path, extra,
+                                                            monkeypatch):
+    """The old-log-prob recompute runs the first mini-batch's forward with gradients and the
+    update takes it instead of running it again: one pass fewer over those rows, the first
+    ratio exactly 1 there, and the same run as recomputing everything up to rounding."""
+    def run(name, fold):
+        if not fold:
+            monkeypatch.setattr(PolicyUpdate, "_fold", lambda self, ro, sb: None)
+        cfg = make_config({"max_steps": 3, "eval": {"every": 0},
+                           "algorithm": {"old_logp": "recompute"}, **extra})
+        t = Trainer(cfg, tmp_path / name)
+        rows, forward = [], t.scorer.forward
+
+        def counting(*a, **k):
+            rows.append(int(a[3].shape[0]))
+            return forward(*a, **k)
+
+        t.scorer.forward = counting
+        t.train()
+        monkeypatch.undo()
+        return _strip(read_metrics(tmp_path / name)), sum(rows)
+
+    folded, n_folded = run("folded", True)
+    plain, n_plain = run("plain", False)
+    mb = extra.get("optim", {}).get("mini_batches", 1)
+    assert n_plain - n_folded == 3 * 16 // mb  # 16 rows a step: mini-batch 1's pass, saved
+    assert len(folded) == len(plain) == 3
+    for a, b in zip(plain, folded):
+        for k in ("reward/mean", "loss/policy", "grad/norm", "entropy/mean", "loss/clip_frac"):
+            assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k

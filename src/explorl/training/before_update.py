@@ -100,7 +100,8 @@ class BeforeUpdate:
 
     @torch.no_grad()
     def recompute(self, ro: Rollouts, sb: StepBatch, temperature: float, sizes: list[int],
-                  n_micro: int) -> tuple[Rollouts, dict[str, float]]:
+                  n_micro: int, rows: torch.Tensor | None = None,
+                  first: tuple | None = None) -> tuple[Rollouts, dict[str, float]]:
         """Old log-probs and entropy from the trainer's own forward (``algorithm.old_logp``).
 
         One no-grad pass of the policy over this rank's rows, in micro-batches (every rank runs as
@@ -111,9 +112,17 @@ class BeforeUpdate:
         (``rollout/logp_diff_max``, ``rollout/logp_diff_mean`` over valid tokens).
         """
         a = self.cfg.algorithm
-        chunks = torch.arange(len(ro)).split(sizes) if len(ro) else ()  # host: row indices
+        # host: this rank's rows in pass order (``rows``: all but the first mini-batch's when
+        # ``first`` = (its rows, log-probs, entropy) from the update's own forward, see
+        # ``PolicyUpdate.recompute``)
+        order = torch.arange(len(ro)) if rows is None else rows
+        chunks = order.split(sizes) if len(order) else ()
         logps, ents = [], []
-        for k in range(n_micro):
+        if first is not None:
+            chunks = (first[0], *chunks)
+            logps.append(first[1].detach().float())
+            ents.append(first[2].detach().float())
+        for k in range(len(logps), n_micro + len(logps)):
             if k < len(chunks):
                 sub = ro.select(chunks[k])
                 lp, ent = self.scorer(
@@ -133,6 +142,11 @@ class BeforeUpdate:
         own = sb.rows.own[sb.local].to(mask.device)  # (n,) sampled by the policy itself
         new_logp = torch.cat(logps) if logps else ro.old_logp
         new_ent = torch.cat(ents) if ents else ro.entropy
+        if logps and (rows is not None or first is not None):  # back to this rank's row order
+            back = torch.empty(len(ro), dtype=torch.long)  # host
+            back[torch.cat(chunks[: len(logps)])] = torch.arange(len(ro))
+            back = back.to(new_logp.device)
+            new_logp, new_ent = new_logp[back], new_ent[back]
         new_logp = torch.where(own[:, None], new_logp.to(ro.old_logp.dtype), ro.old_logp)
         new_ent = torch.where(own[:, None], new_ent.to(ro.entropy.dtype), ro.entropy)
         diff = ((new_logp - ro.old_logp).abs() * mask)[own]

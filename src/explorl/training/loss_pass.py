@@ -38,9 +38,17 @@ class LossPass:
         self.old_from_forward = old_logp_from_forward
         self.device = dist.device
 
+    def forward(self, sub: Rollouts, temperature: float,
+                with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The policy's log-probs (n, T) of ``sub``'s responses at ``temperature``, with
+        gradients, and their entropy when asked: the loss's forward."""
+        return self.scorer(sub.prompt_ids, sub.prompt_mask, sub.response_ids, sub.response_mask,
+                           temperature, chunk_size=self.cfg.algorithm.logprob_chunk,
+                           with_entropy=with_entropy)
+
     def micro_loss(self, sub: Rollouts, adv: torch.Tensor, loss_fn, lcfg: LossParams, agg: dict,
                     sums: dict, selection=None, weight: torch.Tensor | None = None,
-                    correction: tuple | None = None) -> torch.Tensor:
+                    correction: tuple | None = None, forward: tuple | None = None) -> torch.Tensor:
         """This micro-batch's share of the mini-batch loss; adds its metric sums to ``sums``.
         ``weight`` (n, T): the forking mask's per-token weight of the policy loss. Every knob
         and setting comes from ``lcfg`` (``LossParams``). ``correction``: the rollout
@@ -50,15 +58,9 @@ class LossPass:
         confident_denom = agg.pop("confident_denom", None)
         mask = sub.response_mask
         need_entropy = lcfg.entropy_coef > 0
-        logp, ent = self.scorer(
-            sub.prompt_ids,
-            sub.prompt_mask,
-            sub.response_ids,
-            mask,
-            lcfg.temperature,
-            chunk_size=a.logprob_chunk,
-            with_entropy=need_entropy,
-        )
+        # ``forward``: (log-probs, entropy) of this forward, already run by the old-log-prob
+        # recompute (``PolicyUpdate.recompute``), with its graph
+        logp, ent = forward or self.forward(sub, lcfg.temperature, need_entropy)
         old_logp = logp.detach() if self.old_from_forward else sub.old_logp
         per_tok, m = loss_fn(
             logp, old_logp, adv, mask, lcfg, generator=self.loss_gen, selection=selection

@@ -172,7 +172,9 @@ class Plan:
 
     @property
     def passes(self) -> int:
-        """Passes of the policy over the rollout batch per step (each over every micro-batch)."""
+        """Passes of the policy over the rollout batch per step (each over every micro-batch),
+        at most: a recompute reuses the first mini-batch's forward where that mini-batch is one
+        micro-batch (``PolicyUpdate.recompute``), so 2 − 1/mini_batches there."""
         return 2 if self.old_logp == "recompute" else 1
 
     def lines(self) -> list[str]:
@@ -182,8 +184,12 @@ class Plan:
                 + (f" and ≤ {tok:,} tokens" if tok else ""))
         src = {"sampler": "the sampler", "update": "the update's own forward",
                "recompute": "a separate no-grad pass"}[self.old_logp]
+        fold = (" (the first mini-batch's rows from its own forward, with gradients, which the "
+                "update reuses, when that mini-batch is one micro-batch)"
+                if self.old_logp == "recompute" else "")
         return [f"device plan ({self.device}): micro-batches of {rows}: {self.sizes_why}",
-                f"  old log-probs from {src} ({self.old_logp_why}); {self.passes} pass"
+                f"  old log-probs from {src}{fold} ({self.old_logp_why}); "
+                f"{'up to ' if fold else ''}{self.passes} pass"
                 f"{'es' if self.passes > 1 else ''} of the policy over the batch per step"]
 
 

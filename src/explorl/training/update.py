@@ -69,6 +69,7 @@ class PolicyUpdate:
         )
         self.scaler = torch.amp.GradScaler(self.device.type) if fp16 else None
         self.memory = MemoryGuard(cfg.optim, dist.world_size)  # one retry on out-of-memory
+        self._first: dict | None = None  # recompute(): the first mini-batch's forward, for run()
         self.step = 0  # the training step being updated (the loop sets it; for messages)
 
     def _micro_plan(self, rows: StepRows, idx: torch.Tensor) -> tuple[list[int], int]:
@@ -84,10 +85,59 @@ class PolicyUpdate:
     def recompute(self, ro: Rollouts, sb: StepBatch,
                   temperature: float) -> tuple[Rollouts, dict[str, float]]:
         """Old log-probs and entropy from the trainer's own forward (``algorithm.old_logp``):
-        ``BeforeUpdate.recompute`` in this run's micro-batches."""
+        ``BeforeUpdate.recompute`` in this run's micro-batches.
+
+        The first mini-batch's rows are not passed twice when its update is one micro-batch:
+        its forward, with gradients, runs here, gives those rows' old log-probs and entropy
+        (detached: the weights are the update's starting ones, so they are what a no-grad pass
+        would give, up to the rounding of another packing), and is kept for the update, which
+        takes it instead of running it again (``_first``); the no-grad pass covers the other
+        rows. The mini-batch order is drawn here for that (``shuffle_gen``, as ``run`` would).
+        """
         every_row = torch.arange(len(sb.rows.rank))  # host: StepRows indices
-        sizes, n_micro = self._micro_plan(sb.rows, every_row)
-        return self.before.recompute(ro, sb, temperature, sizes, n_micro)
+        self._first = None
+        fold = self._fold(ro, sb)
+        if fold is None:
+            sizes, n_micro = self._micro_plan(sb.rows, every_row)
+            return self.before.recompute(ro, sb, temperature, sizes, n_micro)
+        order, mb, rows1 = fold
+        self.scorer.train()
+        logp, ent = self.passes.forward(ro.select(rows1), temperature, True)
+        rest = torch.ones(len(ro), dtype=torch.bool)  # host
+        rest[rows1] = False
+        others = rest.nonzero().squeeze(-1)  # this rank's rows
+        glob = sb.local.cpu()[others]  # their global rows, for the micro plan
+        sizes, n_micro = self._micro_plan(sb.rows, glob)
+        out, m = self.before.recompute(ro, sb, temperature, sizes, n_micro, rows=others,
+                                       first=(rows1, logp, ent))
+        self._first = {"order": order, "mb": mb, "temperature": temperature,
+                       "logp": logp, "ent": ent}
+        return out, m
+
+    def _fold(self, ro: Rollouts, sb: StepBatch):
+        """(the first epoch's row order, its first mini-batch's global rows, this rank's rows of
+        it) when the recompute can reuse that mini-batch's forward; else None: one process, its
+        update one micro-batch, no dropout (its forward then runs once, here), rows to pass."""
+        o = self.cfg.optim
+        N = len(sb.rows.reward)
+        if self.dist.world_size != 1 or N == 0 or len(ro) != N or self.cfg.algorithm.mask_truncated:
+            return None  # mask_truncated: the update's forward sees another response mask
+        if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.scorer.modules()):
+            return None
+        cfg = getattr(getattr(self.scorer, "policy", self.scorer), "config", None)
+        if getattr(cfg, "attention_dropout", 0.0):
+            return None
+        n_mb = min(o.mini_batches, N)
+        state = self.shuffle_gen.get_state()
+        order = (torch.randperm(N, generator=self.shuffle_gen)  # host: what run() would draw
+                 if n_mb > 1 or o.ppo_epochs > 1 else torch.arange(N))  # host
+        mb = order.tensor_split(n_mb)[0]
+        if self._micro_plan(sb.rows, mb)[1] != 1:
+            self.shuffle_gen.set_state(state)  # not folded: run() draws the order itself
+            return None
+        local_row = torch.full((N,), -1, dtype=torch.long)  # host
+        local_row[sb.local] = torch.arange(len(sb.local))  # host
+        return order, mb, local_row[mb]
 
     def reward_kl(self, ro: Rollouts, sb: StepBatch, temperature: float) -> None:
         """``sb.rows.kl_sum``: Σ_t kl_t to the reference per response, with
@@ -103,9 +153,11 @@ class PolicyUpdate:
                                                   o.micro_batch_tokens))
 
     def _accumulate(self, ro, adv, mb, mine, rows, agg, lcfg, loss_fn, corr, confident, sums,
-                    mask_sums) -> int:
+                    mask_sums, pre=None) -> int:
         """One mini-batch's gradients, accumulated over its micro-batches (no optimizer step);
-        adds to ``sums`` and ``mask_sums`` and returns the forking masks it took (0 or 1)."""
+        adds to ``sums`` and ``mask_sums`` and returns the forking masks it took (0 or 1).
+        ``pre``: (log-probs, entropy) of the mini-batch's forward, run by ``recompute`` (one
+        micro-batch)."""
         a, W = self.cfg.algorithm, self.dist.world_size
         # Every rank runs as many forward/backward passes as the busiest one: only the last
         # synchronises gradients (DDP), and FSDP gathers weights in every pass.
@@ -128,6 +180,7 @@ class PolicyUpdate:
                         selection=selections[k], weight=weights[k],
                         correction=None if corr is None else (
                             corr.weight[micros[k]], corr.keep[micros[k]], pg_agg),
+                        forward=pre if n_micro == 1 else None,
                     )
                 else:
                     loss = self.passes.idle()
@@ -172,10 +225,19 @@ class PolicyUpdate:
         mask_sums: dict[str, float] = {}  # forking-mask metrics (global), summed over mini-batches
         n_masks = 0
         self.scorer.train()
-        for _ in range(o.ppo_epochs):
-            order = (torch.randperm(N, generator=self.shuffle_gen)  # host: global row order
-                     if n_mb > 1 or o.ppo_epochs > 1 else torch.arange(N))  # host
-            for mb in order.tensor_split(n_mb):
+        first, self._first = self._first, None  # the recompute's forward of mini-batch 1
+        for epoch in range(o.ppo_epochs):
+            if epoch == 0 and first is not None:
+                order = first["order"]  # drawn by the recompute
+            else:
+                order = (torch.randperm(N, generator=self.shuffle_gen)  # host: global row order
+                         if n_mb > 1 or o.ppo_epochs > 1 else torch.arange(N))  # host
+            for k_mb, mb in enumerate(order.tensor_split(n_mb)):
+                pre = None
+                if epoch == 0 and k_mb == 0 and first is not None:
+                    if first["temperature"] == lcfg.temperature:
+                        pre = (first["logp"], first["ent"])
+                    first = None
                 agg = dict(
                     token_denom=lengths[mb].sum().clamp_min(1),
                     seq_denom=(lengths[mb] > 0).sum(),
@@ -186,9 +248,10 @@ class PolicyUpdate:
                     saved = ({k: v.clone() for k, v in sums.items()}, dict(mask_sums))
                     try:
                         n_masks += self._accumulate(ro, adv, mb, mine, rows, agg, lcfg, loss_fn,
-                                                    corr, confident, sums, mask_sums)
+                                                    corr, confident, sums, mask_sums, pre)
                         break
                     except OOM_ERRORS as e:  # drop the mini-batch's partial gradients and sums
+                        pre = None  # the retry runs its forward again, in smaller pieces
                         self.optimizer.zero_grad(set_to_none=True)
                         for d, old in zip((sums, mask_sums), saved):
                             d.clear()
