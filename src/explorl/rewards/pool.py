@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import contextlib
 import functools
 import importlib
 import logging
@@ -12,12 +11,9 @@ import multiprocessing as mp
 import os
 import signal
 import sys
-import threading
 import time
-import types
 import weakref
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
@@ -29,6 +25,12 @@ from explorl.rewards.functions import (
     load_reward,
     resolve_scorer,
     scheme_modules,
+)
+from explorl.rewards.processes import (
+    PARENT_DECIDES,
+    close_if_alive,
+    main_hidden,
+    stop_signals_ignored,
 )
 
 log = logging.getLogger(__name__)
@@ -75,44 +77,6 @@ def call_budget(timeout_s: float, n: int, num_workers: int) -> float:
     (``reward.step_timeout_s: null``): room for four full per-response time limits plus a
     quarter of one for each response a worker has to verify."""
     return timeout_s * (4 + n / max(1, num_workers) / 4)
-
-
-_PARENT_DECIDES = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
-
-
-@contextlib.contextmanager
-def _stop_signals_ignored() -> Iterator[None]:
-    """Start processes that ignore the stop signals from their first instruction: else a
-    SIGUSR1 sent to the whole job (SLURM's ``--signal``) kills the forkserver (started with the
-    first worker), and with it (``PR_SET_PDEATHSIG``) the workers of the step being finished."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _PARENT_DECIDES}
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-
-
-@contextlib.contextmanager
-def _main_hidden() -> Iterator[None]:
-    """Start processes without making them re-import the caller's ``__main__`` script.
-
-    forkserver and spawn children normally re-run the main script (as ``__mp_main__``) so
-    that objects defined there can be unpickled; our workers need nothing from it, and a
-    script that builds a trainer at top level (no ``if __name__ == "__main__"`` guard) would
-    build one again in every worker. multiprocessing decides what to re-import from
-    ``sys.modules["__main__"]`` when a process (or the forkserver) starts, so a module with no
-    file or spec stands in for it during ``start()``.
-    """
-    main = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        sys.modules["__main__"] = main
 
 
 @dataclass(frozen=True)
@@ -176,7 +140,7 @@ def _worker_main(conn: Connection, memory_limit_mb: int | None,
         importlib.import_module(module)
     # Ctrl-C goes to the whole process group, and a cluster's SIGTERM/SIGUSR1 often to every
     # process of the job; the parent decides when workers stop (it finishes its step first).
-    for sig in _PARENT_DECIDES:
+    for sig in PARENT_DECIDES:
         signal.signal(sig, signal.SIG_IGN)
     # Die with our parent (the forkserver, which exits with the pool's process), so a worker
     # stuck in a verification never outlives a killed trainer.
@@ -279,7 +243,7 @@ class VerifierPool:
         # and multiprocessing's own exit hook stops daemonic children with SIGTERM and then waits
         # for them: a script that exits without closing its pool would wait forever. This hook,
         # registered after multiprocessing's (hooks run last-registered first), kills them first.
-        self._at_exit = functools.partial(_close_if_alive, weakref.ref(self))
+        self._at_exit = functools.partial(close_if_alive, weakref.ref(self))
         atexit.register(self._at_exit)
 
     @classmethod
@@ -295,7 +259,7 @@ class VerifierPool:
             daemon=True,
             name="explorl-verifier",
         )
-        with _main_hidden(), _stop_signals_ignored():
+        with main_hidden(), stop_signals_ignored():
             proc.start()
         child.close()  # so the parent sees EOF when the worker dies
         return _Worker(proc, parent)
@@ -491,12 +455,6 @@ class VerifierPool:
             self.close()
         except Exception:  # interpreter shutdown may have torn down multiprocessing already
             pass
-
-
-def _close_if_alive(ref: weakref.ref) -> None:
-    pool = ref()
-    if pool is not None:
-        pool.close()
 
 
 def _score_inline(fn, responses: list[str], gts: list[str], ctxs: list,

@@ -114,8 +114,8 @@ class ThreadWorker:
         # update's on the default stream and overlap nothing.
         side = torch.cuda.Stream(device) if device.type == "cuda" and not self.shared else None
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            t0 = time.perf_counter()  # idle from the moment a result is handed over
             while True:
-                t0 = time.perf_counter()
                 item = self._queue.get()
                 with self._lock:
                     self._idle_s += time.perf_counter() - t0
@@ -127,8 +127,10 @@ class ThreadWorker:
                     if side is not None:  # done before the trainer's stream reads it
                         side.synchronize()
                         _hand_over(out, torch.cuda.default_stream(device))
+                    t0 = time.perf_counter()
                     fut.set_result(out)
                 except BaseException as e:  # handed to the trainer, which waits on the future
+                    t0 = time.perf_counter()
                     fut.set_exception(e)
 
 
@@ -309,9 +311,8 @@ def _serve(conn, sample: Sample, model: torch.nn.Module, version: int, threads: 
     fs._forkserver_pid = fs._forkserver_address = fs._forkserver_alive_fd = None
     torch.set_num_threads(threads)
     cleanup = after_fork()  # what the child closes before it exits (its verifier pool)
-    idle = 0.0
+    idle, t0 = 0.0, time.perf_counter()  # idle from the moment a reply is sent
     while True:
-        t0 = time.perf_counter()
         try:
             msg = _recv(conn)
         except EOFError:
@@ -324,6 +325,7 @@ def _serve(conn, sample: Sample, model: torch.nn.Module, version: int, threads: 
         if msg[0] == "push":
             ring.load(model, msg[1])
             version = msg[2]
+            t0 = time.perf_counter()
             continue
         try:
             if msg[0] == "ping":
@@ -337,8 +339,9 @@ def _serve(conn, sample: Sample, model: torch.nn.Module, version: int, threads: 
                 reply = ("ok", got, after if after != order_state else None)
         except BaseException:
             reply = ("error", traceback.format_exc(), None)
-        try:
-            _send(conn, (*reply, idle))
-        except Exception:  # noqa: BLE001 - an unpicklable result: say so instead of hanging
-            _send(conn, ("error", traceback.format_exc(), None, idle))
+        t0, sent = time.perf_counter(), idle
         idle = 0.0
+        try:
+            _send(conn, (*reply, sent))
+        except Exception:  # noqa: BLE001 - an unpicklable result: say so instead of hanging
+            _send(conn, ("error", traceback.format_exc(), None, sent))

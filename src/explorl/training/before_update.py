@@ -115,7 +115,7 @@ class BeforeUpdate:
         # host: this rank's rows in pass order (``rows``: all but the first mini-batch's when
         # ``first`` = (its rows, log-probs, entropy) from the update's own forward, see
         # ``PolicyUpdate.recompute``)
-        order = torch.arange(len(ro)) if rows is None else rows
+        order = torch.arange(len(ro)) if rows is None else rows  # host
         chunks = order.split(sizes) if len(order) else ()
         logps, ents = [], []
         if first is not None:
@@ -144,7 +144,7 @@ class BeforeUpdate:
         new_ent = torch.cat(ents) if ents else ro.entropy
         if logps and (rows is not None or first is not None):  # back to this rank's row order
             back = torch.empty(len(ro), dtype=torch.long)  # host
-            back[torch.cat(chunks[: len(logps)])] = torch.arange(len(ro))
+            back[torch.cat(chunks[: len(logps)])] = torch.arange(len(ro))  # host
             back = back.to(new_logp.device)
             new_logp, new_ent = new_logp[back], new_ent[back]
         new_logp = torch.where(own[:, None], new_logp.to(ro.old_logp.dtype), ro.old_logp)
