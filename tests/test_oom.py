@@ -123,3 +123,30 @@ def test_a_resumed_run_keeps_the_halved_micro_batch(make_config, tmp_path):
     resumed.train()
     assert max(sizes) == 4
     assert read_metrics(tmp_path / "run")[-1]["train/oom_retries"] == 1.0
+
+
+def test_an_oom_in_a_mini_batch_whose_forward_the_recompute_ran(make_config, tmp_path):
+    """With a recompute the first mini-batch's forward runs in it and the update reuses it
+    (``PolicyUpdate.recompute``); an OOM there drops that forward and the retry runs the
+    mini-batch again in halved micro-batches: the run goes on as one planned at half."""
+    sets = {"max_steps": 3, "eval": {"every": 0}, "algorithm": {"old_logp": "recompute"},
+            "optim": {"micro_batch_size": 16}}
+    t = Trainer(make_config(sets), tmp_path / "oom")
+    sizes, forwards = _inject(t, fail_on={1}), []
+    original = t.update.passes.micro_loss
+
+    def spy(ro, *a, **kw):
+        forwards.append(kw.get("forward") is not None)
+        return original(ro, *a, **kw)
+
+    t.update.passes.micro_loss = spy
+    t.train()
+    assert sizes[0] == 16 and max(sizes[1:]) == 8
+    assert forwards[0] is True and not any(forwards[1:])  # reused once, then too big to fold
+    rows = read_metrics(tmp_path / "oom")
+    assert [r["train/oom_retries"] for r in rows] == [1.0, 1.0, 1.0]
+    ref = Trainer(make_config({**sets, "optim": {"micro_batch_size": 8}}), tmp_path / "ref")
+    ref.train()
+    for a, b in zip(read_metrics(tmp_path / "ref"), rows):
+        for k in ("reward/mean", "loss/policy", "grad/norm"):
+            assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
