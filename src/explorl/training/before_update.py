@@ -113,16 +113,12 @@ class BeforeUpdate:
         """
         a = self.cfg.algorithm
         # host: this rank's rows in pass order (``rows``: all but the first mini-batch's when
-        # ``first`` = (its rows, log-probs, entropy) from the update's own forward, see
-        # ``PolicyUpdate.recompute``)
+        # ``first`` = (its rows, a call returning its log-probs and entropy from the update's own
+        # forward, run last), see ``PolicyUpdate.recompute``)
         order = torch.arange(len(ro)) if rows is None else rows  # host
         chunks = order.split(sizes) if len(order) else ()
         logps, ents = [], []
-        if first is not None:
-            chunks = (first[0], *chunks)
-            logps.append(first[1].detach().float())
-            ents.append(first[2].detach().float())
-        for k in range(len(logps), n_micro + len(logps)):
+        for k in range(n_micro):
             if k < len(chunks):
                 sub = ro.select(chunks[k])
                 lp, ent = self.scorer(
@@ -138,6 +134,11 @@ class BeforeUpdate:
                 ents.append(ent.float())
             else:
                 self.idle()
+        if first is not None:  # after the no-grad passes: its graph is held from here on
+            rows1, (lp, ent) = first[0], first[1]()
+            chunks = (*chunks, rows1)
+            logps.append(lp.detach().float())
+            ents.append(ent.detach().float())
         mask = ro.response_mask
         own = sb.rows.own[sb.local].to(mask.device)  # (n,) sampled by the policy itself
         new_logp = torch.cat(logps) if logps else ro.old_logp

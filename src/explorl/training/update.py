@@ -102,16 +102,22 @@ class PolicyUpdate:
             return self.before.recompute(ro, sb, temperature, sizes, n_micro)
         order, mb, rows1 = fold
         self.scorer.train()
-        logp, ent = self.passes.forward(ro.select(rows1), temperature, True)
+        kept = {}
+
+        def first():  # the update's forward of mini-batch 1, after the no-grad passes (its
+            with torch.enable_grad():  # graph is then held only until the update's backward)
+                kept["logp"], kept["ent"] = self.passes.forward(ro.select(rows1), temperature,
+                                                                True)
+            return kept["logp"], kept["ent"]
+
         rest = torch.ones(len(ro), dtype=torch.bool)  # host
         rest[rows1] = False
         others = rest.nonzero().squeeze(-1)  # this rank's rows
         glob = sb.local.cpu()[others]  # their global rows, for the micro plan
         sizes, n_micro = self._micro_plan(sb.rows, glob)
         out, m = self.before.recompute(ro, sb, temperature, sizes, n_micro, rows=others,
-                                       first=(rows1, logp, ent))
-        self._first = {"order": order, "mb": mb, "temperature": temperature,
-                       "logp": logp, "ent": ent}
+                                       first=(rows1, first))
+        self._first = {"order": order, "mb": mb, "temperature": temperature, **kept}
         return out, m
 
     def _fold(self, ro: Rollouts, sb: StepBatch):
