@@ -250,3 +250,24 @@ def test_a_point_at_the_edge_of_grpos_range_counts_its_left_out_replicates():
         G1)[:, None, None], gk, n_boot=300)
     assert 0.2 < edge["left_out"] < 0.8 and "replicates outside its range" in edge["gap_k"].how
     assert inner["left_out"] == 0.0
+
+
+def test_the_frontier_figure_gives_each_method_its_panel_beyond_two(tmp_path):
+    """One or two methods share the baseline's panel (7.6 in wide at 90 dpi: 684 px); three or
+    more get one panel each on a grid of three columns (3 × 4.2 in = 1134 px), rows as needed
+    (four methods: 2 rows × 3.4 in = 612 px)."""
+    from PIL import Image
+
+    from explorl.analysis.frontier import FPoint, Series, draw_frontier
+
+    def series(name, dx):
+        return Series(name, [FPoint(0.5 + dx, 0.9 - dx, (0.45 + dx, 0.55 + dx), (0.85, 0.95),
+                                    "0.0001"), FPoint(0.55 + dx, 0.8, tag="5e-05")])
+
+    grpo = series("grpo", 0.0)
+    one = draw_frontier([grpo, series("a", 0.01)], tmp_path / "one.png", 64, base=(0.4, 0.97),
+                        hull=[(0.5, 0.9), (0.55, 0.8)])
+    four = draw_frontier([grpo, *[series(m, 0.01 * i) for i, m in enumerate("abcd")]],
+                         tmp_path / "four.png", 64, base=(0.4, 0.97))
+    assert Image.open(one).size == (684, 468)
+    assert Image.open(four).size == (1134, 612)

@@ -51,43 +51,103 @@ def _lr_tag(value) -> str:
     return f"{float(value):.3g}" if isinstance(value, (int, float)) else str(value)
 
 
+def _limits(series: list[Series], base: tuple[float, float] | None) -> tuple[tuple, tuple]:
+    """Axis limits holding every point, its interval and the base model, with a margin."""
+    xs, ys = [], []
+    for s in series:
+        for p in s.points:
+            xs += [p.x, *(p.x_iv or ())]
+            ys += [p.y, *(p.y_iv or ())]
+    if base is not None:
+        xs.append(base[0])
+        ys.append(base[1])
+    pad = lambda lo, hi: max(hi - lo, 1e-3) * 0.06  # noqa: E731
+    (x0, x1), (y0, y1) = (min(xs), max(xs)), (min(ys), max(ys))
+    return (x0 - pad(x0, x1), x1 + pad(x0, x1)), (y0 - pad(y0, y1), y1 + pad(y0, y1))
+
+
+def _draw_series(ax, s: Series, color: str, baseline: bool) -> None:
+    pts = s.points
+    ax.plot([p.x for p in pts], [p.y for p in pts], color=color, marker="o",
+            markersize=5 if baseline else 4, linewidth=2.0 if baseline else 1.4, label=s.label,
+            zorder=4 if baseline else 3)
+    for p in pts:
+        xerr = None if p.x_iv is None else [[p.x - p.x_iv[0]], [p.x_iv[1] - p.x]]
+        yerr = None if p.y_iv is None else [[p.y - p.y_iv[0]], [p.y_iv[1] - p.y]]
+        if xerr is not None or yerr is not None:
+            ax.errorbar([p.x], [p.y], xerr=xerr, yerr=yerr, color=color, linewidth=0.8,
+                        capsize=2, alpha=0.6 if baseline else 0.8, zorder=2)
+        if p.tag:  # the learning rate: the baseline's left of its points, the method's right
+            ax.annotate(p.tag, (p.x, p.y), textcoords="offset points",
+                        xytext=(-5, 4) if baseline else (5, -9),
+                        ha="right" if baseline else "left", fontsize="x-small", color=color,
+                        zorder=6)
+
+
 def draw_frontier(series: list[Series], path: Path, k: int, *, base: tuple[float, float] | None
                   = None, hull: list[tuple[float, float]] | None = None,
                   subtitle: str = "", split: str = "test") -> Path:
-    """pass@k against pass@1: the first series (the baseline) in black with its learning
-    rates written beside its points, the others in colour, the base model as a star and the
-    baseline's frontier (``hull``: the points of its line, sorted by pass@1) dashed."""
-    fig, axes = new_figure(width=7.6, height=5.2)
-    fig.subplots_adjust(left=0.1, right=1 - 1.9 / 7.6, top=0.87)  # the legend beside them
-    ax = axes[0][0]
-    for i, s in enumerate(series):
-        color = "black" if i == 0 else f"C{(i - 1) % 10}"
-        pts = s.points
-        ax.plot([p.x for p in pts], [p.y for p in pts], color=color, marker="o",
-                markersize=4 if i else 5, linewidth=2.0 if i == 0 else 1.2, label=s.label,
-                zorder=4 if i == 0 else 3)
-        for p in pts:
-            xerr = None if p.x_iv is None else [[p.x - p.x_iv[0]], [p.x_iv[1] - p.x]]
-            yerr = None if p.y_iv is None else [[p.y - p.y_iv[0]], [p.y_iv[1] - p.y]]
-            if xerr is not None or yerr is not None:
-                ax.errorbar([p.x], [p.y], xerr=xerr, yerr=yerr, color=color, linewidth=0.8,
-                            capsize=2, alpha=0.7, zorder=2)
-            if i == 0 and p.tag:
-                ax.annotate(p.tag, (p.x, p.y), textcoords="offset points", xytext=(5, 4),
-                            fontsize="x-small", color="black")
-    if hull and len(hull) > 1:
-        ax.plot(*zip(*hull), color="0.45", linestyle="--", linewidth=1.3, zorder=5,
-                label=f"{series[0].label}'s frontier (upper hull)")
-    if base is not None:
-        ax.plot([base[0]], [base[1]], marker="*", markersize=13, color="black", linestyle="none",
-                label="base (before RL)", zorder=5)
-    ax.set_xlabel(f"{split} pass@1 (mean over seeds and problems; bars: 95% intervals)")
-    ax.set_ylabel(f"{split} pass@{k}")
-    ax.set_title(f"pass@1–pass@{k} frontier" + (f": {subtitle}" if subtitle else "")
-                 + ("\n(black labels: the learning rate)" if any(p.tag for p in series[0].points)
-                    else ""), fontsize="medium")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    """pass@k against pass@1: the first series (the baseline) in black, the others in colour,
+    each point labelled with its learning rate, the base model as a star and the baseline's
+    frontier (``hull``: the points of its line, sorted by pass@1) dashed.
+
+    Up to two methods share one panel with the baseline; more get a panel each (small
+    multiples on the same axes, each with the baseline, its frontier and the base model), so
+    that nine methods' lines and intervals do not cover one another."""
+    baseline, others = series[0], series[1:]
+    panels = [others] if len(others) <= 2 else [[s] for s in others]
+    ncols = 1 if len(panels) == 1 else min(3, len(panels))
+    nrows = -(-len(panels) // ncols)
+    single = len(panels) == 1
+    fig, axes = new_figure(nrows, ncols, width=7.6 if single else 4.2,
+                           height=5.2 if single else 3.4, suptitle=not single)
+    if single:
+        fig.subplots_adjust(left=0.1, right=1 - 1.9 / 7.6, top=0.87)  # the legend beside it
+    else:  # two lines of title above the panels' own
+        fig.subplots_adjust(top=1 - 1.0 / (3.4 * nrows))
+    xlim, ylim = _limits(series, base)
+    title = f"pass@1–pass@{k} frontier" + (f": {subtitle}" if subtitle else "")
+    xlabel = f"{split} pass@1 (mean over seeds and problems; bars: 95% intervals)"
+    for n, ax in enumerate(axes.flat):
+        if n >= len(panels):
+            ax.set_axis_off()
+            continue
+        _draw_series(ax, baseline, "black", True)
+        if hull and len(hull) > 1:
+            ax.plot(*zip(*hull), color="0.45", linestyle="--", linewidth=1.3, zorder=5,
+                    label=f"{baseline.label}'s frontier (upper hull)")
+        if base is not None:
+            ax.plot([base[0]], [base[1]], marker="*", markersize=12, color="black",
+                    linestyle="none", label="base (before RL)", zorder=5)
+        for s in panels[n]:
+            i = others.index(s)
+            _draw_series(ax, s, f"C{i % 10}", False)
+        ax.set_xlim(*xlim)
+        ax.set_ylim(*ylim)
+        ax.grid(alpha=0.3)
+        if single:
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(f"{split} pass@{k}")
+            ax.set_title(title + "\n(labels: the learning rate)", fontsize="medium")
+            ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+            continue
+        s = panels[n][0]
+        ax.set_title(f"{s.label} against {baseline.label}", fontsize="medium",
+                     color=f"C{others.index(s) % 10}")
+        if n % ncols == 0:
+            ax.set_ylabel(f"{split} pass@{k}")
+        if n // ncols == nrows - 1 or n + ncols >= len(panels):
+            ax.set_xlabel(f"{split} pass@1")
+    if not single:
+        handles, labels = axes.flat[0].get_legend_handles_labels()
+        keep = [(h, lab) for h, lab in zip(handles, labels) if lab != others[0].label]
+        fig.suptitle(f"{title}\n(one panel per method, on the same axes; labels: the learning "
+                     f"rate; bars: 95% intervals over seeds and problems)", fontsize="medium")
+        spare = [ax for ax in axes.flat[len(panels):]]
+        if spare:  # the legend in the first empty cell, else at the top right
+            spare[0].legend(*zip(*keep), loc="center", fontsize="small", frameon=False)
+        else:
+            fig.legend(*zip(*keep), loc="upper right", fontsize="x-small")
     save_figure(fig, path, dpi=90)
     return path
 
