@@ -162,6 +162,7 @@ def test_tiny_frontier_study_with_checkpoints_end_to_end(tiny_model, tmp_path, c
     assert "## The pass@1–pass@4 frontier" in md and "## Checkpoints" in md
     assert "pass@1 step 2" in md and "report/frontier.png" in md
     assert (out / "report" / "frontier.png").is_file()
+    assert "## Entropy over training" in md and (out / "report" / "horizon_entropy.png").is_file()
     data = json.loads((out / "study.json").read_text())
     assert [p["name"] for p in data["frontier"]["points"]["grpo"]] == ["grpo@0.001",
                                                                       "grpo@1.0e-05"]

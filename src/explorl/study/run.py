@@ -28,6 +28,7 @@ from explorl.study.figures import draw_figures
 from explorl.study.frontier import analyse_frontier
 from explorl.study.frontier_report import checkpoint_table, frontier_claims
 from explorl.study.frontier_report import draw as draw_frontier
+from explorl.study.horizon import draw_horizon, entropy_horizon
 from explorl.study.jobs import JobResult, finished, run_base_eval, run_jobs
 from explorl.study.numbers import build_table, collect, collect_passk, pooled_law
 from explorl.study.plan import (
@@ -125,11 +126,17 @@ def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: lis
                               frontier_k(spec), ev.base)
         claims = frontier_claims(fr) + [c for c in claims if c["verdict"] != "not run"]
         figures = draw_frontier(fr, out / "report", f"lab:{spec.task}") + figures
+    horizon = None
+    if spec.eval.checkpoints:  # a long horizon: entropy at each evaluated checkpoint
+        horizon = entropy_horizon(groups, [*spec.eval.checkpoints, spec.max_steps],
+                                  spec.frontier.baseline)
+        figures = draw_horizon(groups, horizon, out / "report") + figures
     cfg0 = done[0].cfg
     budget = f"{cfg0.data.prompts_per_step} prompts × {cfg0.rollout.n_samples} samples"
     return write_documents(out, spec, spec_path, quick, rows, table, claims, figures, per_run,
                            failed, wall_s, budget, ev, tuned or {}, jobs, frontier=fr,
-                           checkpoints=checkpoint_table(done, rows, frontier_k(spec)))
+                           checkpoints=checkpoint_table(done, rows, frontier_k(spec)),
+                           horizon=horizon)
 
 
 def run_tuning(spec: StudySpec, spec_path: Path, out: Path,
