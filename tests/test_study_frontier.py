@@ -271,3 +271,43 @@ def test_the_frontier_figure_gives_each_method_its_panel_beyond_two(tmp_path):
                          tmp_path / "four.png", 64, base=(0.4, 0.97))
     assert Image.open(one).size == (684, 468)
     assert Image.open(four).size == (1134, 612)
+
+
+def _base_pt(value, d1, dk):
+    """A GRPO point with its differences from the base model: (estimate, low, high) each."""
+    iv = Interval(0.5, 0.45, 0.55, "")
+    return Point("grpo", value, f"grpo@{value}", iv, iv, base_1=Interval(*d1, ""),
+                 base_k=Interval(*dk, ""))
+
+
+def test_regime_from_grpos_points_by_hand():
+    """The issue's held-out pilot: every lr loses pass@64 (intervals below 0) and more than it
+    gains pass@1 (0.201 > −0.007, 0.113 > 0.012, 0.078 > 0.021, 0.049 > 0.020): sharpens.
+    Countdown-like: lr 1.25e-5 gains +0.150 [+0.140, +0.160] and keeps pass@64 (−0.007
+    [−0.017, +0.003] does not lie below 0): learns, and 1e-4 narrows. One point gaining +0.05
+    while losing −0.08 and another losing nothing resolved while gaining nothing resolved: between
+    the two."""
+    from explorl.study.frontier_report import regime
+
+    held_out = [_base_pt(1e-4, (-0.007, -0.03, 0.02), (-0.201, -0.256, -0.148)),
+                _base_pt(5e-5, (0.012, -0.01, 0.03), (-0.113, -0.156, -0.074)),
+                _base_pt(2.5e-5, (0.021, 0.0, 0.04), (-0.078, -0.117, -0.043)),
+                _base_pt(1.25e-5, (0.020, 0.0, 0.04), (-0.049, -0.082, -0.023))]
+    r = regime(Frontier(64, "grpo", points={"grpo": held_out}))
+    assert r["regime"] == "RL sharpens more than it learns" and r["keeps"] == []
+    assert r["narrows"] == [1e-4, 5e-5, 2.5e-5, 1.25e-5]
+    assert "At lr 0.0001, 5.0e-05, 2.5e-05, 1.25e-05 grpo loses pass@64" in r["text"]
+    learns = [_base_pt(1e-4, (0.142, 0.123, 0.161), (-0.121, -0.150, -0.091)),
+              _base_pt(1.25e-5, (0.150, 0.140, 0.160), (-0.007, -0.017, 0.003))]
+    r = regime(Frontier(64, "grpo", points={"grpo": learns}))
+    assert (r["regime"], r["keeps"], r["narrows"]) == ("RL learns", [1.25e-5], [1e-4])
+    assert ("At lr 1.25e-05 grpo gains pass@1 and keeps pass@64; at lr 0.0001 it loses "
+            "pass@64") in r["text"]
+    between = [_base_pt(1e-4, (0.05, 0.03, 0.07), (-0.04, -0.06, -0.02)),
+               _base_pt(5e-5, (0.01, -0.01, 0.03), (-0.01, -0.03, 0.01))]
+    assert regime(Frontier(64, "grpo", points={"grpo": between}))["regime"] == "between the two"
+    # a point that loses pass@64 by less than it gains pass@1, at every lr narrowing: between
+    less = [_base_pt(1e-4, (0.10, 0.08, 0.12), (-0.05, -0.07, -0.03))]
+    assert regime(Frontier(64, "grpo", points={"grpo": less}))["regime"] == "between the two"
+    assert regime(Frontier(64, "grpo", points={"grpo": [_pt("grpo", 1e-4)]})) is None  # no base
+    assert regime(None) is None

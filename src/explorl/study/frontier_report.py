@@ -53,6 +53,46 @@ def _tag(value: Any) -> str:
     return value_text(value)
 
 
+def regime(fr: Frontier | None) -> dict | None:
+    """Which regime the task is in, read from the baseline's points against the model before
+    RL (``base_1``, ``base_k``: differences with 95% intervals). At a learning rate the baseline
+    *keeps* pass@k when it gains pass@1 (interval above 0) and its pass@k interval does not lie
+    below 0, and *narrows* when its pass@k interval lies below 0. The task is **RL learns** when
+    some learning rate keeps; **RL sharpens more than it learns** when every learning rate
+    narrows and loses more pass@k than it gains pass@1; else **between the two**. None without
+    the base model's evaluation."""
+    if fr is None:
+        return None
+    pts = [p for p in fr.points.get(fr.baseline, []) if p.base_1 and p.base_k]
+    if not pts:
+        return None
+    keeps = [p for p in pts if p.base_1.low > 0 and p.base_k.high >= 0]
+    narrows = [p for p in pts if p.base_k.high < 0]
+    if keeps:
+        name = "RL learns"
+    elif len(narrows) == len(pts) and all(-p.base_k.estimate > p.base_1.estimate for p in pts):
+        name = "RL sharpens more than it learns"
+    else:
+        name = "between the two"
+    k = fr.k
+    lrs = lambda ps: ", ".join(_tag(p.value) for p in ps)  # noqa: E731
+    parts = [f"lr {_tag(p.value)}: pass@1 {p.base_1.fmt()}, pass@{k} {p.base_k.fmt()}"
+             for p in pts]
+    b = fr.baseline
+    said = []
+    if keeps:
+        said.append(f"At lr {lrs(keeps)} {b} gains pass@1 and keeps pass@{k}")
+    if narrows:
+        said.append(f"{'at' if keeps else 'At'} lr {lrs(narrows)} {'it' if keeps else b} "
+                    f"loses pass@{k}")
+    sentence = "; ".join(said) or (f"{b} neither gains pass@1 while keeping pass@{k} nor "
+                                   f"loses pass@{k} at any learning rate")
+    text = (f"**Regime, from {b}'s points against the model before RL: {name}.** {sentence} "
+            f"(differences with the base model, 95% intervals: {'; '.join(parts)}).")
+    return {"regime": name, "keeps": [p.value for p in keeps],
+            "narrows": [p.value for p in narrows], "text": text}
+
+
 def frontier_table(fr: Frontier | None) -> list[str]:
     """The frontier's markdown: one row per (arm, learning rate)."""
     if fr is None:
@@ -74,7 +114,9 @@ def frontier_table(fr: Frontier | None) -> list[str]:
                 cell(p.base_1, mde=False) if p.base_1 else "",
                 cell(p.base_k, mde=False) if p.base_k else "", gap_k, gap_1, hull]) + " |")
     seeds = "; ".join(f"{a}: {', '.join(map(str, s))}" for a, s in fr.seeds.items())
-    return [*lines, "", FRONTIER_NOTES.format(k=k), "", f"Seeds compared: {seeds}."]
+    reg = regime(fr)
+    return [*([reg["text"], ""] if reg else []), *lines, "", FRONTIER_NOTES.format(k=k), "",
+            f"Seeds compared: {seeds}."]
 
 
 def frontier_claims(fr: Frontier | None) -> list[dict]:
@@ -121,6 +163,7 @@ def frontier_json(fr: Frontier | None) -> dict:
                 **{key: iv.to_json() if iv else None for key, iv in ivs.items()}}
 
     return {"k": fr.k, "baseline": fr.baseline, "base": fr.base, "seeds": fr.seeds,
+            "regime": regime(fr),
             "hull": list(zip(fr.hull.xs, fr.hull.ys)) if fr.hull else [],
             "points": {a: [point(p) for p in pts] for a, pts in fr.points.items()}}
 
