@@ -104,7 +104,7 @@ def test_checkpoints_the_runs_would_not_keep_are_refused(tmp_path, sets, checkpo
 
 
 def test_v4_specs_plan_full_and_quick():
-    for name in ("countdown_v4", "subset_sum_many_v4"):
+    for name in ("countdown_v4", "subset_sum_many_v4", "subset_sum_few_v4"):
         path = STUDIES / f"{name}.yaml"
         for quick in (False, True):
             spec = S.load_spec(path, quick=quick)
@@ -121,6 +121,10 @@ def test_v4_specs_plan_full_and_quick():
                 assert {p.cfg.optim.lr for p in plans} == {1e-4, 5e-5, 2.5e-5, 1.25e-5}
     many = S.load_spec(STUDIES / "subset_sum_many_v4.yaml")
     assert many.eval.n == 256 and max(many.eval.k) == 256 and many.frontier.k is None
+    few = S.load_spec(STUDIES / "subset_sum_few_v4.yaml")  # the same but 32 training problems
+    plans = S.plan_runs(few, STUDIES / "subset_sum_few_v4.yaml", Path("/tmp/unused"))
+    assert {p.cfg.data.max_train_prompts for p in plans} == {32}
+    assert set(few.set) - set(many.set) == {"data.max_train_prompts=32"}
     long = STUDIES / "countdown_v4_long.yaml"
     for quick in (False, True):
         spec = S.load_spec(long, quick=quick)
