@@ -392,6 +392,13 @@ def test_pass_at_k_figure_highlights_by_result():
     twin = Evidence(per_run, passk2, seeds, None, [km])
     assert highlighted(twin) == ["grpo", "a", "b"]
     assert twin_labels(twin)["a"] == "a = a2" and twin_labels(twin)["b"] == "b"
+    # a learning-rate sweep: GRPO's row is its best mean pass@1 (grpo@5e-05: 0.6 > 0.4), the
+    # other GRPO rows are ranked with the methods
+    sweep = {"grpo@1e-04": (0.4, 0.3), "grpo@5e-05": (0.6, 0.5), "m@1e-04": (0.5, 0.9),
+             "m@5e-05": (0.3, 0.1)}
+    ev = Evidence({}, {n: {1: np.full((1, 5), a), km: np.full((1, 5), b)}
+                       for n, (a, b) in sweep.items()}, {}, None, [1, km])
+    assert highlighted(ev) == ["grpo@5e-05", "m@1e-04", "grpo@1e-04", "m@5e-05"]
 
 
 def test_power_and_ablation_tables():

@@ -73,17 +73,27 @@ def draw_figures(groups: dict[str, list[Run]], out_dir: Path, ev=None) -> list[t
 N_BEST, N_WORST = 3, 2  # the pass@k figure draws these many best and worst methods in colour
 
 
+def reference(ev) -> str | None:
+    """GRPO's row on the pass@k figure: ``grpo``, or in a learning-rate sweep (rows
+    ``grpo@<lr>``) the one with the highest mean pass@1, GRPO as a practitioner would tune it."""
+    if "grpo" in ev.passk:
+        return "grpo"
+    sweep = [n for n in ev.passk if n.startswith("grpo@") and 1 in ev.passk[n]]
+    return max(sweep, key=lambda n: float(ev.passk[n][1].mean()), default=None)
+
+
 def highlighted(ev) -> list[str]:
-    """The methods drawn in colour on the pass@k figure, chosen by result: GRPO, then the
-    ``N_BEST`` best and the ``N_WORST`` worst of the rest by mean pass@k at the largest k (the
-    rest in grey). An arm that trained the same runs as an earlier one (``Evidence.same_runs``)
-    is drawn once, under the earlier one's name (``twin_labels``)."""
+    """The methods drawn in colour on the pass@k figure, chosen by result: GRPO
+    (``reference``), then the ``N_BEST`` best and the ``N_WORST`` worst of the rest by mean
+    pass@k at the largest k (the rest in grey). An arm that trained the same runs as an earlier
+    one (``Evidence.same_runs``) is drawn once, under the earlier one's name (``twin_labels``)."""
     km = ev.k_max
+    ref = reference(ev)
     twins = {n for g in ev.same_groups() for n in g[1:]}
-    rest = sorted((n for n in ev.passk if n != "grpo" and n not in twins),
+    rest = sorted((n for n in ev.passk if n != ref and n not in twins),
                   key=lambda n: -float(ev.passk[n][km].mean()))
     worst = rest[max(N_BEST, len(rest) - N_WORST):]
-    return (["grpo"] if "grpo" in ev.passk else []) + rest[:N_BEST] + worst
+    return ([ref] if ref else []) + rest[:N_BEST] + worst
 
 
 def twin_labels(ev) -> dict[str, str]:
@@ -102,6 +112,8 @@ def _draw_passk(ev, out_dir: Path) -> str:
     right panel subtracts from each arm the model it starts from."""
     ks = ev.k_list
     shown, labels = highlighted(ev), twin_labels(ev)
+    if shown and shown[0] != "grpo" and shown[0] in labels:  # a sweep's best-pass@1 GRPO
+        labels = {**labels, shown[0]: f"{labels[shown[0]]} (GRPO's best pass@1)"}
     fig, axes = new_figure(width=6.2, height=4.8, ncols=2)
     for ax, relative in zip(axes[0], (False, True)):
         base = {b: [ev.mean_passk(b, k) for k in ks] for b in ("base", *ev.bases)
@@ -124,16 +136,17 @@ def _draw_passk(ev, out_dir: Path) -> str:
             else:
                 ax.plot(ks, curve, color="0.72", linewidth=0.8, zorder=1,
                         label="other methods" if name == names[0] else None)
-        if "grpo" in ev.passk:
+        ref = reference(ev)
+        if ref:
             lo, hi = [], []
             for k in ks:
-                iv = ev.pk("grpo", "base", k) if relative else None
+                iv = ev.pk(ref, "base", k) if relative else None
                 if relative and iv is not None:
                     lo.append(iv.low)
                     hi.append(iv.high)
             if relative and lo:
                 ax.fill_between(ks, lo, hi, color="C0", alpha=0.18, linewidth=0,
-                                label="GRPO − base, 95% interval")
+                                label=f"{ref} − base, 95% interval")
         if relative:
             ax.axhline(0, color="black", linewidth=1)
         ax.set_xscale("log", base=2)
