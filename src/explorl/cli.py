@@ -195,6 +195,17 @@ def _study(args) -> int:
                             ("--from", args.restore)) if on]
     if len(used) > 1:  # each would silently ignore the other
         raise C.ConfigError(f"explorl study: {' and '.join(used)} do not go together")
+    if args.time_limit is not None and (args.plan or args.pack):
+        raise C.ConfigError(f"explorl study: --time-limit and {'--plan' if args.plan else '--pack'}"
+                            " do not go together (it limits training)")
+    limit = None
+    if args.time_limit is not None:
+        from explorl.study.jobs import parse_duration
+
+        try:
+            limit = parse_duration(args.time_limit)
+        except ValueError as e:
+            raise C.ConfigError(f"--time-limit: {e}") from None
     if args.plan:
         from explorl.study import plan_study
 
@@ -206,7 +217,8 @@ def _study(args) -> int:
         return pack_study(builtin.resolve(args.spec, "study"), args.pack, quick=args.quick,
                           out=args.out, recipes=args.recipes)
     return run_study(builtin.resolve(args.spec, "study"), quick=args.quick, out=args.out,
-                     jobs=args.jobs, recipes=args.recipes, restore=args.restore)
+                     jobs=args.jobs, recipes=args.recipes, restore=args.restore,
+                     time_limit=limit)
 
 
 def _config(args) -> int:
@@ -363,6 +375,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="first restore the finished runs of FILE (--pack's, or a published "
                         "study's data.tar.xz) that --out lacks, then continue (a finished study "
                         "is re-analysed without training)")
+    s.add_argument("--time-limit", metavar="DURATION",
+                   help="stop in time for a job's time limit (90s, 50m, 2h, 1h30m): no run starts "
+                        "that would not end before it (judged by the longest run finished so "
+                        "far), the running ones checkpoint and stop at it; exit 75 while runs "
+                        "remain (rerun, or --pack, to continue)")
     s.set_defaults(fn=_study)
 
     c = add("config", help="print the recipe reference, or a resolved recipe")

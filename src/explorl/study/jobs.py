@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -78,16 +79,60 @@ def _env() -> dict[str, str]:
             "TOKENIZERS_PARALLELISM": "false"}
 
 
+EXIT_TIME_LIMIT = 75  # sysexits' EX_TEMPFAIL, as `explorl train` stopped by SIGTERM: rerun
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of ``90``, ``90s``, ``50m``, ``2h`` or ``1h30m`` (``--time-limit``)."""
+    import re
+
+    t = str(text).strip().lower()
+    m = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?", t)
+    if not t or m is None or not any(m.groups()):
+        raise ValueError(f"expected a duration such as 90s, 50m, 2h or 1h30m, got {text!r}")
+    h, mins, sec = (float(g) if g else 0.0 for g in m.groups())
+    total = h * 3600 + mins * 60 + sec
+    if total <= 0:
+        raise ValueError(f"must be more than 0, got {text!r}")
+    return total
+
+
+@dataclass
+class Deadline:
+    """A study invocation's time limit (``--time-limit``): a job starts only when the longest
+    job this invocation has finished would still end before it (the first jobs always start);
+    at the limit the running jobs are stopped (SIGTERM: the runs checkpoint, a rerun resumes
+    them). ``clock``: ``time.monotonic`` (a test passes its own)."""
+
+    at: float
+    clock: Callable[[], float] = time.monotonic
+    longest: float = 0.0
+    reached: bool = False
+
+    @classmethod
+    def after(cls, seconds: float) -> Deadline:
+        return cls(time.monotonic() + seconds)
+
+    def allows(self) -> bool:
+        return not self.reached and self.clock() + self.longest <= self.at
+
+    def finished(self, seconds: float) -> None:
+        self.longest = max(self.longest, seconds)
+
+
 @dataclass
 class JobResult:
     plan: RunPlan
-    status: str  # "done" | "skipped" | "failed" | "interrupted"
+    status: str  # "done" | "skipped" | "failed" | "interrupted" | "deferred" (the time limit)
     detail: str = ""
     seconds: float = 0.0
 
 
-def execute(plan: RunPlan, spec: StudySpec, logs: Path, stop: threading.Event) -> JobResult:
-    """Train (or resume) one run, then evaluate its final policy; skip what is already done."""
+def execute(plan: RunPlan, spec: StudySpec, logs: Path, stop: threading.Event,
+            deadline: Deadline | None = None, running: dict | None = None) -> JobResult:
+    """Train (or resume) one run, then evaluate its final policy; skip what is already done.
+    ``deadline``: a job that would not end before it is deferred; ``running``: this job's
+    process while it runs (key: the plan's), for the deadline to stop it."""
     t0 = time.perf_counter()
     state = run_state(plan)
     commands = []
@@ -101,13 +146,25 @@ def execute(plan: RunPlan, spec: StudySpec, logs: Path, stop: threading.Event) -
             commands.append(eval_args(plan, spec, i))
     if not commands:
         return JobResult(plan, "skipped", state)
+    if deadline is not None and not deadline.allows():
+        return JobResult(plan, "deferred", "the time limit")
     if stop.is_set():
         return JobResult(plan, "interrupted", "not started")
     log = logs / f"{plan.key}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as f:
-        rc = subprocess.call(job_command(commands), stdout=f, stderr=subprocess.STDOUT, env=_env())
+        proc = subprocess.Popen(job_command(commands), stdout=f, stderr=subprocess.STDOUT,
+                                env=_env())
+        if running is not None:
+            running[plan.key] = proc
+        try:
+            rc = proc.wait()
+        finally:
+            if running is not None:
+                running.pop(plan.key, None)
     seconds = time.perf_counter() - t0
+    if deadline is not None and rc == 0:
+        deadline.finished(seconds)
     if rc == 130 or stop.is_set():
         return JobResult(plan, "interrupted", f"exit code {rc}", seconds)
     if rc != 0 or run_state(plan) != "done" or not eval_done(plan, spec):
@@ -116,16 +173,31 @@ def execute(plan: RunPlan, spec: StudySpec, logs: Path, stop: threading.Event) -
 
 
 def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
-             log: Callable[[str], None]) -> list[JobResult] | None:
+             log: Callable[[str], None], deadline: Deadline | None = None
+             ) -> list[JobResult] | None:
     """Every plan's job, ``spec.jobs`` at a time (``auto``: the cores this process may use),
-    logging each as it ends; None if interrupted (the running jobs checkpoint and stop)."""
+    logging each as it ends; None if interrupted (the running jobs checkpoint and stop). With a
+    ``deadline``, jobs that would not end before it are deferred, and at it the running ones
+    are sent SIGTERM (they checkpoint and stop; ``deadline.reached`` says so)."""
     t0 = time.perf_counter()
     stop = threading.Event()
+    running: dict = {}
+    timer = None
+    if deadline is not None:
+        def expire() -> None:
+            deadline.reached = True
+            stop.set()
+            for proc in list(running.values()):
+                proc.send_signal(signal.SIGTERM)
+
+        timer = threading.Timer(max(0.0, deadline.at - deadline.clock()), expire)
+        timer.daemon = True
+        timer.start()
     results: list[JobResult] = []
     workers = auto_jobs() if spec.jobs == "auto" else spec.jobs
     todo = sum(not finished(p) for p in plans)  # the runs that will train or evaluate
     pool = ThreadPoolExecutor(max_workers=workers)
-    futures = {pool.submit(execute, p, spec, logs, stop): p for p in plans}
+    futures = {pool.submit(execute, p, spec, logs, stop, deadline, running): p for p in plans}
     try:
         for i, fut in enumerate(as_completed(futures), 1):
             try:
@@ -133,6 +205,8 @@ def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
             except Exception as e:  # noqa: BLE001 — one broken run must not lose the others
                 r = JobResult(futures[fut], "failed", f"{type(e).__name__}: {e}")
             results.append(r)
+            if r.status == "deferred":  # counted once at the end (``time_limit_note``)
+                continue
             done = (f" ({r.detail})" if r.status in ("failed", "interrupted")
                     else f" in {r.seconds:.0f}s")
             log(f"  [{i}/{len(plans)}] {r.plan.key}: {r.status}{done}"
@@ -144,8 +218,21 @@ def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
             f.cancel()
         pool.shutdown(wait=True)
         return None
+    finally:
+        if timer is not None:
+            timer.cancel()
     pool.shutdown(wait=True)
     return results
+
+
+def time_limit_note(results: list[JobResult]) -> str | None:
+    """What a time limit left (None when it left nothing): runs not started, runs stopped."""
+    deferred = sum(r.status == "deferred" for r in results)
+    stopped = sum(r.status == "interrupted" for r in results)
+    if not deferred and not stopped:
+        return None
+    return (f"time limit: {deferred} runs not started, {stopped} stopped mid-run (they "
+            "checkpointed); rerun the same command to continue")
 
 
 def finished(plan: RunPlan) -> bool:

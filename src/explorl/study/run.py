@@ -29,7 +29,15 @@ from explorl.study.frontier import analyse_frontier
 from explorl.study.frontier_report import checkpoint_table, frontier_claims
 from explorl.study.frontier_report import draw as draw_frontier
 from explorl.study.horizon import draw_horizon, entropy_horizon
-from explorl.study.jobs import JobResult, finished, run_base_eval, run_jobs
+from explorl.study.jobs import (
+    EXIT_TIME_LIMIT,
+    Deadline,
+    JobResult,
+    finished,
+    run_base_eval,
+    run_jobs,
+    time_limit_note,
+)
 from explorl.study.numbers import build_table, collect, collect_passk, pooled_law
 from explorl.study.plan import (
     RunPlan,
@@ -139,8 +147,8 @@ def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: lis
                            horizon=horizon)
 
 
-def run_tuning(spec: StudySpec, spec_path: Path, out: Path,
-               log: Callable[[str], None]) -> dict[str, list[GridPoint]] | int:
+def run_tuning(spec: StudySpec, spec_path: Path, out: Path, log: Callable[[str], None],
+               deadline: Deadline | None = None) -> dict[str, list[GridPoint]] | int:
     """Train and evaluate every ``tune:`` grid point (finished ones are skipped) and pick each
     recipe's value, extending a grid past the edge its choice sits on (``tuning.extend``); the
     grid table, or an exit code when interrupted or a point failed.
@@ -158,7 +166,7 @@ def run_tuning(spec: StudySpec, spec_path: Path, out: Path,
             if src in chosen:
                 log(f"  shared with the other grids: {key} = {value_text(chosen[src])} ({src}'s "
                     "choice)")
-        got = _tune_stage(spec, names, chosen, spec_path, out, log)
+        got = _tune_stage(spec, names, chosen, spec_path, out, log, deadline)
         if isinstance(got, int):
             return got
         table.update(got)
@@ -177,7 +185,8 @@ def run_tuning(spec: StudySpec, spec_path: Path, out: Path,
 
 
 def _tune_stage(spec: StudySpec, names: list[str], chosen: dict[str, Any], spec_path: Path,
-                out: Path, log: Callable[[str], None]) -> dict[str, list[GridPoint]] | int:
+                out: Path, log: Callable[[str], None], deadline: Deadline | None = None
+                ) -> dict[str, list[GridPoint]] | int:
     """The grids of ``names`` (the earlier stages' ``chosen`` shared), extended at edge choices
     until none grows; their table, or an exit code."""
     grids = {name: list(spec.tune[name].values) for name in names}
@@ -191,7 +200,11 @@ def _tune_stage(spec: StudySpec, names: list[str], chosen: dict[str, Any], spec_
             first = False
             log(f"tuning: {len(names)} recipes, {len(plans)} grid runs ({todo} to do) on the "
                 f"{spec.tuning.split} split")
-        results = run_jobs(plans, current, out / "tune" / "logs", log)
+        results = run_jobs(plans, current, out / "tune" / "logs", log, deadline)
+        if results is not None and deadline is not None and (
+                note := time_limit_note(results)):
+            log(note)
+            return EXIT_TIME_LIMIT
         if results is None or any(r.status == "interrupted" for r in results):
             log("interrupted; rerun the same command to continue")
             return 130
@@ -293,12 +306,15 @@ def _build_models(plans: list[RunPlan]) -> None:
 
 def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | None = None,
               jobs: int | str | None = None, recipes: str | Path | None = None,
-              restore: str | Path | None = None, log: Callable[[str], None] = print) -> int:
+              restore: str | Path | None = None, time_limit: float | None = None,
+              log: Callable[[str], None] = print) -> int:
     """Run (or continue) a study end to end; returns an exit code (0 ok, 1 failed runs,
-    130 interrupted). ``jobs`` (an int or ``auto``) replaces the spec's; ``recipes`` replaces the
-    spec's ``recipe_dir`` (relative to the working directory, not the spec); ``restore``: an
-    archive (``pack_study``, a published ``data.tar.xz``) whose finished runs the study
-    directory lacks are restored first."""
+    130 interrupted, 75 stopped by ``time_limit``: seconds, ``--time-limit``, after which no
+    run starts that would not end before it and the running ones checkpoint and stop).
+    ``jobs`` (an int or ``auto``) replaces the spec's; ``recipes`` replaces the spec's
+    ``recipe_dir`` (relative to the working directory, not the spec); ``restore``: an archive
+    (``pack_study``, a published ``data.tar.xz``) whose finished runs the study directory lacks
+    are restored first."""
     spec_path = Path(spec_path)
     spec = load_spec(spec_path, quick=quick)
     if threading.current_thread() is threading.main_thread():
@@ -326,9 +342,10 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
                if lab else ""))
     tuned: dict[str, list[GridPoint]] = {}
     t0, before = time.perf_counter(), study_files(out)
+    deadline = Deadline.after(time_limit) if time_limit else None
     if spec.tune:
         _build_models(plan_tuning(spec, spec_path, out))
-        got = run_tuning(spec, spec_path, out, log)
+        got = run_tuning(spec, spec_path, out, log, deadline)
         if isinstance(got, int):
             add_wall(out, time.perf_counter() - t0, before, spec.jobs)
             return got
@@ -347,7 +364,11 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
             log(f"evaluating the base model{whose} (the model before RL)")
             if not run_base_eval(p, spec, out / folder, out / "logs"):
                 log(f"the base model's evaluation failed; see {out / 'logs' / folder}.log")
-    results = run_jobs(plans, spec, out / "logs", log)
+    results = run_jobs(plans, spec, out / "logs", log, deadline)
+    if results is not None and deadline is not None and (note := time_limit_note(results)):
+        add_wall(out, time.perf_counter() - t0, before, spec.jobs)
+        log(note)
+        return EXIT_TIME_LIMIT
     if results is None or any(r.status == "interrupted" for r in results):
         add_wall(out, time.perf_counter() - t0, before, spec.jobs)
         log("interrupted; rerun the same command to continue")
