@@ -79,8 +79,8 @@ def test_the_running_job_is_stopped_at_the_limit_and_the_next_deferred(tmp_path,
     assert [r.status for r in results] == ["interrupted", "deferred"]
     assert got.read_text() == str(int(signal.SIGTERM))
     assert J.time_limit_note(results) == (
-        "time limit: 1 runs not started, 1 stopped mid-run (they checkpointed); rerun the same "
-        "command to continue")
+        "time limit: 1 run not started, 1 run stopped mid-run (a run stopped while training "
+        "writes its checkpoint); rerun the same command to continue")
     assert not any("deferred" in line for line in lines)  # counted once, not per run
     assert J.time_limit_note([J.JobResult(plans[0], "done")]) is None
 
@@ -115,5 +115,5 @@ def test_a_study_stopped_by_its_limit_exits_75_unanalysed(tiny_model, tmp_path, 
     out = tmp_path / "study"
     assert main(["study", str(path), "--out", str(out), "--time-limit", "3s"]) == 75
     printed = capsys.readouterr().out
-    assert "time limit: 1 runs not started, 1 stopped mid-run" in printed
+    assert "time limit: 1 run not started, 1 run stopped mid-run" in printed
     assert not (out / "study.md").exists()

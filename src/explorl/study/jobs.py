@@ -157,6 +157,8 @@ def execute(plan: RunPlan, spec: StudySpec, logs: Path, stop: threading.Event,
                                 env=_env())
         if running is not None:
             running[plan.key] = proc
+            if deadline is not None and deadline.reached:  # the limit passed as it started
+                proc.send_signal(signal.SIGTERM)
         try:
             rc = proc.wait()
         finally:
@@ -231,8 +233,9 @@ def time_limit_note(results: list[JobResult]) -> str | None:
     stopped = sum(r.status == "interrupted" for r in results)
     if not deferred and not stopped:
         return None
-    return (f"time limit: {deferred} runs not started, {stopped} stopped mid-run (they "
-            "checkpointed); rerun the same command to continue")
+    runs = lambda n: f"{n} run{'' if n == 1 else 's'}"  # noqa: E731
+    return (f"time limit: {runs(deferred)} not started, {runs(stopped)} stopped mid-run (a run "
+            "stopped while training writes its checkpoint); rerun the same command to continue")
 
 
 def finished(plan: RunPlan) -> bool:
