@@ -281,12 +281,12 @@ def _base_pt(value, d1, dk):
 
 
 def test_regime_from_grpos_points_by_hand():
-    """The issue's held-out pilot: every lr loses pass@64 (intervals below 0) and more than it
-    gains pass@1 (0.201 > −0.007, 0.113 > 0.012, 0.078 > 0.021, 0.049 > 0.020): sharpens.
-    Countdown-like: lr 1.25e-5 gains +0.150 [+0.140, +0.160] and keeps pass@64 (−0.007
-    [−0.017, +0.003] does not lie below 0): learns, and 1e-4 narrows. One point gaining +0.05
-    while losing −0.08 and another losing nothing resolved while gaining nothing resolved: between
-    the two."""
+    """The issue's held-out pilot: no lr gains pass@1 with an interval above 0 (lows −0.03,
+    −0.01, 0.0, 0.0), so none keeps; every lr narrows, and at 1e-4 it loses 0.201 pass@64 for
+    −0.007 pass@1: sharpens. Countdown-like: lr 1.25e-5 gains +0.150 [+0.140, +0.160] and
+    keeps pass@64 (−0.007 [−0.017, +0.003] does not lie below 0): learns, and 1e-4 narrows.
+    A point gaining +0.05 [+0.03, +0.07] while losing −0.04 [−0.06, −0.02] and another with
+    nothing resolved: trades (0.04 ≤ 0.05). Nothing resolved anywhere: changes little."""
     from explorl.study.frontier_report import regime
 
     held_out = [_base_pt(1e-4, (-0.007, -0.03, 0.02), (-0.201, -0.256, -0.148)),
@@ -303,11 +303,16 @@ def test_regime_from_grpos_points_by_hand():
     assert (r["regime"], r["keeps"], r["narrows"]) == ("RL learns", [1.25e-5], [1e-4])
     assert ("At lr 1.25e-05 grpo gains pass@1 and keeps pass@64; at lr 0.0001 it loses "
             "pass@64") in r["text"]
-    between = [_base_pt(1e-4, (0.05, 0.03, 0.07), (-0.04, -0.06, -0.02)),
-               _base_pt(5e-5, (0.01, -0.01, 0.03), (-0.01, -0.03, 0.01))]
-    assert regime(Frontier(64, "grpo", points={"grpo": between}))["regime"] == "between the two"
-    # a point that loses pass@64 by less than it gains pass@1, at every lr narrowing: between
-    less = [_base_pt(1e-4, (0.10, 0.08, 0.12), (-0.05, -0.07, -0.03))]
-    assert regime(Frontier(64, "grpo", points={"grpo": less}))["regime"] == "between the two"
+    trades = [_base_pt(1e-4, (0.05, 0.03, 0.07), (-0.04, -0.06, -0.02)),
+              _base_pt(5e-5, (0.01, -0.01, 0.03), (-0.01, -0.03, 0.01))]
+    assert regime(Frontier(64, "grpo", points={"grpo": trades}))["regime"] == \
+        "RL trades pass@k for pass@1"
+    # one narrowing lr whose loss exceeds its gain is enough: 0.06 > 0.05
+    one = [*trades, _base_pt(2.5e-5, (0.05, 0.03, 0.07), (-0.06, -0.08, -0.04))]
+    assert regime(Frontier(64, "grpo", points={"grpo": one}))["regime"] == \
+        "RL sharpens more than it learns"
+    little = [_base_pt(1e-4, (0.01, -0.01, 0.03), (-0.01, -0.03, 0.01))]
+    r = regime(Frontier(64, "grpo", points={"grpo": little}))
+    assert r["regime"] == "RL changes little" and "neither gains pass@1" in r["text"]
     assert regime(Frontier(64, "grpo", points={"grpo": [_pt("grpo", 1e-4)]})) is None  # no base
     assert regime(None) is None

@@ -57,10 +57,12 @@ def regime(fr: Frontier | None) -> dict | None:
     """Which regime the task is in, read from the baseline's points against the model before
     RL (``base_1``, ``base_k``: differences with 95% intervals). At a learning rate the baseline
     *keeps* pass@k when it gains pass@1 (interval above 0) and its pass@k interval does not lie
-    below 0, and *narrows* when its pass@k interval lies below 0. The task is **RL learns** when
-    some learning rate keeps; **RL sharpens more than it learns** when every learning rate
-    narrows and loses more pass@k than it gains pass@1; else **between the two**. None without
-    the base model's evaluation."""
+    below 0, and *narrows* when its pass@k interval lies below 0. The task is in the regime
+    where **RL learns** when some learning rate keeps (pass@1 for free); otherwise where **RL
+    sharpens more than it learns** when at some narrowing learning rate the pass@k lost exceeds
+    the pass@1 gained (estimates), where **RL trades pass@k for pass@1** when at every narrowing
+    one the gain is at least the loss, and where **RL changes little** when none narrows.
+    None without the base model's evaluation."""
     if fr is None:
         return None
     pts = [p for p in fr.points.get(fr.baseline, []) if p.base_1 and p.base_k]
@@ -70,10 +72,12 @@ def regime(fr: Frontier | None) -> dict | None:
     narrows = [p for p in pts if p.base_k.high < 0]
     if keeps:
         name = "RL learns"
-    elif len(narrows) == len(pts) and all(-p.base_k.estimate > p.base_1.estimate for p in pts):
+    elif any(-p.base_k.estimate > p.base_1.estimate for p in narrows):
         name = "RL sharpens more than it learns"
+    elif narrows:
+        name = "RL trades pass@k for pass@1"
     else:
-        name = "between the two"
+        name = "RL changes little"
     k = fr.k
     lrs = lambda ps: ", ".join(_tag(p.value) for p in ps)  # noqa: E731
     parts = [f"lr {_tag(p.value)}: pass@1 {p.base_1.fmt()}, pass@{k} {p.base_k.fmt()}"
