@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from explorl.analysis.frontier import run_points
+from explorl.analysis.hull import beaten_by
 from explorl.analysis.report import write_report
 from explorl.analysis.runs import load_run
 from explorl.study.frontier import (
@@ -22,7 +23,7 @@ from explorl.study.frontier import (
     upper_hull,
     where,
 )
-from explorl.study.frontier_report import frontier_claims, frontier_table
+from explorl.study.frontier_report import frontier_claims, frontier_json, frontier_table
 from explorl.study.stats import Interval, paired_draws, passk_diff
 
 # The pilot's GRPO points (held-out task, 200 steps): (pass@1, pass@64) at lr 1e-4, 5e-5,
@@ -72,6 +73,18 @@ def test_frontier_both_ways_by_hand():
 ])
 def test_hull_test_by_hand(x, y, outside):
     assert dominated(upper_hull(G1, GK), x, y) is (not outside)
+
+
+def test_a_point_its_own_method_beats_by_hand():
+    """Points 0 (.50, .90), 1 (.60, .80), 2 (.55, .70), 3 (.40, .85), 4 (.55, .85). Hull: 3, 0,
+    1 (4 lies on the chord 0→1: .90 + (.80 − .90)·(.05/.10) = .85, so it is not beaten), the
+    peak is 0. Point 2: F(.55) = .85 > .70, beaten by the mix of 0 and 1; point 3: left of the
+    peak, F(.40) = .90 > .85, beaten by 0 alone (more pass@1 and more pass@k). The pilot's GRPO
+    sweep: A (.326, .768) is beaten by D (.353, .920) and B (.345, .855) too (F(.345) = .920)."""
+    got = beaten_by([0.50, 0.60, 0.55, 0.40, 0.55], [0.90, 0.80, 0.70, 0.85, 0.85])
+    assert got == [None, None, (0, 1), (0,), None]
+    assert beaten_by(G1, GK) == [(3,), (3,), None, None]
+    assert beaten_by([0.3], [0.9]) == [None]
 
 
 def _const(v: float, seeds: int = 2, problems: int = 3) -> np.ndarray:
@@ -218,6 +231,47 @@ def test_frontier_claim_verdicts(gaps, verdict):
     assert len(row["conditions"]) == sum(g is not None for g in gaps)
 
 
+def test_a_point_its_own_arm_beats_is_shown_but_not_judged():
+    """KL's 5e-5 point lies below GRPO's frontier (resolved) but its 2.5e-5 point has more
+    pass@1 and more pass@k: the 5e-5 point is not part of the frontier KL reaches, so the claim
+    judges 2.5e-5 alone (not shown, not opposite) and says why; the table names the beater."""
+    low = _pt("kl", 5e-5, (-0.04, -0.06, -0.02))
+    low.beaten_by = (2.5e-5,)
+    fr = Frontier(64, "grpo", points={"grpo": [_pt("grpo", 1e-4)],
+                                      "kl": [low, _pt("kl", 2.5e-5, (0.0, -0.01, 0.01))]})
+    (row,) = frontier_claims(fr)
+    assert row["verdict"] == "not shown" and len(row["conditions"]) == 1
+    assert "not judged, beaten by the arm's own points: lr 5.0e-05 (by lr 2.5e-05)" in row[
+        "numbers"]
+    lines = frontier_table(fr)
+    assert lines[0].endswith("| beaten by its own |")
+    assert lines[3].endswith("| lr 2.5e-05 |") and lines[4].endswith("|  |")
+    low.beaten_by = (2.5e-5, 1.25e-5)
+    assert frontier_table(fr)[3].endswith("| a mix of lr 2.5e-05 and 1.25e-05 |")
+    (row,) = frontier_claims(Frontier(64, "grpo", points={"grpo": [_pt("grpo", 1e-4)],
+                                                          "kl": [low]}))
+    assert row["verdict"] == "n/a"  # its only point inside GRPO's range is beaten
+
+
+def test_analyse_frontier_marks_beaten_points_and_sizes_the_family_without_them():
+    """GRPO: (.3, .9) and (.5, .7). The method: (.4, .75) at lr 1 is beaten by its own lr 2
+    (.45, .85), both inside GRPO's range; so the family is 1 and the claims' interval for lr 2
+    is the table's 95% one (constant arms: both are the point itself). GRPO's points beat
+    neither of each other."""
+    c = lambda v: np.full((2, 3), v)  # noqa: E731
+    pk = {"g@1": {1: c(0.3), 8: c(0.9)}, "g@2": {1: c(0.5), 8: c(0.7)},
+          "m@1": {1: c(0.4), 8: c(0.75)}, "m@2": {1: c(0.45), 8: c(0.85)}}
+    seeds = {n: [0, 1] for n in pk}
+    points = {"g": [(1, "g@1"), (2, "g@2")], "m": [(1, "m@1"), (2, "m@2")]}
+    fr = analyse_frontier(pk, seeds, points, "g", 8, n_boot=50)
+    assert [p.beaten_by for p in fr.points["g"]] == [None, None]
+    m1, m2 = fr.points["m"]
+    assert m1.beaten_by == (2,) and m2.beaten_by is None
+    # F(.45) = .9 − .2·.75 = .75; gap .85 − .75 = +.10 at the family level of one comparison
+    assert m2.gap_k_family.fmt_abs(3) == m2.gap_k.fmt_abs(3) == "0.100 [0.100, 0.100]"
+    assert json.loads(json.dumps(frontier_json(fr)))["points"]["m"][0]["beaten_by"] == [2]
+
+
 def test_frontier_table_rows_and_family_level():
     """With two points inside GRPO's range, the claims' intervals are at 1 − .05/2 = 97.5%:
     wider than the table's 95% ones (same replicates)."""
@@ -316,3 +370,24 @@ def test_regime_from_grpos_points_by_hand():
     assert r["regime"] == "RL changes little" and "neither gains pass@1" in r["text"]
     assert regime(Frontier(64, "grpo", points={"grpo": [_pt("grpo", 1e-4)]})) is None  # no base
     assert regime(None) is None
+
+
+def test_the_figure_draws_a_point_its_own_method_beats_with_an_open_marker():
+    """(.40, .85) is beaten by (.50, .90): one open (white-faced) marker over it, and the
+    drawing says so (the legend then explains open markers); a method whose points are all on
+    its own frontier gets none."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from explorl.analysis.frontier import FPoint, Series, _draw_series
+
+    fig, ax = plt.subplots()
+    s = Series("m", [FPoint(0.40, 0.85), FPoint(0.50, 0.90), FPoint(0.60, 0.80)])
+    assert _draw_series(ax, s, "C0", False) is True
+    opened = [ln for ln in ax.lines if ln.get_markerfacecolor() == "white"]
+    assert len(opened) == 1 and list(opened[0].get_xdata()) == [0.40]
+    ax2 = fig.add_subplot(2, 1, 2)
+    assert _draw_series(ax2, Series("g", [FPoint(0.5, 0.9), FPoint(0.6, 0.8)]), "k", True) is False
+    plt.close(fig)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from explorl.analysis.hull import beaten_by
 from explorl.analysis.runs import Run, new_figure, save_figure
 from explorl.eval.passk import pass_at_k
 
@@ -66,11 +67,24 @@ def _limits(series: list[Series], base: tuple[float, float] | None) -> tuple[tup
     return (x0 - pad(x0, x1), x1 + pad(x0, x1)), (y0 - pad(y0, y1), y1 + pad(y0, y1))
 
 
-def _draw_series(ax, s: Series, color: str, baseline: bool) -> None:
+BEATEN = "open marker: beaten by the method's own learning rates"
+
+
+def _draw_series(ax, s: Series, color: str, baseline: bool) -> bool:
+    """One method's line through its points; a point another of its learning rates (or a mix
+    of two) beats, with at least its pass@1 and more pass@k, gets an open marker. Returns
+    whether any did."""
     pts = s.points
+    size = 5 if baseline else 4
     ax.plot([p.x for p in pts], [p.y for p in pts], color=color, marker="o",
-            markersize=5 if baseline else 4, linewidth=2.0 if baseline else 1.4, label=s.label,
+            markersize=size, linewidth=2.0 if baseline else 1.4, label=s.label,
             zorder=4 if baseline else 3)
+    beaten = [p for p, b in zip(pts, beaten_by([p.x for p in pts], [p.y for p in pts]))
+              if b is not None]
+    if beaten:
+        ax.plot([p.x for p in beaten], [p.y for p in beaten], linestyle="none", marker="o",
+                markersize=size, markerfacecolor="white", markeredgecolor=color,
+                zorder=4.5 if baseline else 3.5)
     for p in pts:
         xerr = None if p.x_iv is None else [[p.x - p.x_iv[0]], [p.x_iv[1] - p.x]]
         yerr = None if p.y_iv is None else [[p.y - p.y_iv[0]], [p.y_iv[1] - p.y]]
@@ -82,6 +96,7 @@ def _draw_series(ax, s: Series, color: str, baseline: bool) -> None:
                         xytext=(-5, 4) if baseline else (5, -9),
                         ha="right" if baseline else "left", fontsize="x-small", color=color,
                         zorder=6)
+    return bool(beaten)
 
 
 def draw_frontier(series: list[Series], path: Path, k: int, *, base: tuple[float, float] | None
@@ -108,11 +123,12 @@ def draw_frontier(series: list[Series], path: Path, k: int, *, base: tuple[float
     xlim, ylim = _limits(series, base)
     title = f"pass@1–pass@{k} frontier" + (f": {subtitle}" if subtitle else "")
     xlabel = f"{split} pass@1 (mean over seeds and problems; bars: 95% intervals)"
+    open_marker = False
     for n, ax in enumerate(axes.flat):
         if n >= len(panels):
             ax.set_axis_off()
             continue
-        _draw_series(ax, baseline, "black", True)
+        open_marker |= _draw_series(ax, baseline, "black", True)
         if hull and len(hull) > 1:
             ax.plot(*zip(*hull), color="0.45", linestyle="--", linewidth=1.3, zorder=5,
                     label=f"{baseline.label}'s frontier (upper hull)")
@@ -121,7 +137,7 @@ def draw_frontier(series: list[Series], path: Path, k: int, *, base: tuple[float
                     linestyle="none", label="base (before RL)", zorder=5)
         for s in panels[n]:
             i = others.index(s)
-            _draw_series(ax, s, f"C{i % 10}", False)
+            open_marker |= _draw_series(ax, s, f"C{i % 10}", False)
         ax.set_xlim(*xlim)
         ax.set_ylim(*ylim)
         ax.grid(alpha=0.3)
@@ -129,6 +145,9 @@ def draw_frontier(series: list[Series], path: Path, k: int, *, base: tuple[float
             ax.set_xlabel(xlabel)
             ax.set_ylabel(f"{split} pass@{k}")
             ax.set_title(title + "\n(labels: the learning rate)", fontsize="medium")
+            if open_marker:
+                ax.plot([], [], linestyle="none", marker="o", markerfacecolor="white",
+                        markeredgecolor="0.3", label=BEATEN.replace(": ", ":\n"))
             ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
             continue
         s = panels[n][0]
@@ -141,6 +160,11 @@ def draw_frontier(series: list[Series], path: Path, k: int, *, base: tuple[float
     if not single:
         handles, labels = axes.flat[0].get_legend_handles_labels()
         keep = [(h, lab) for h, lab in zip(handles, labels) if lab != others[0].label]
+        if open_marker:
+            from matplotlib.lines import Line2D
+
+            keep.append((Line2D([], [], linestyle="none", marker="o", markerfacecolor="white",
+                                markeredgecolor="0.3"), BEATEN.replace(": ", ":\n")))
         fig.suptitle(f"{title}\n(one panel per method, on the same axes; labels: the learning "
                      f"rate; bars: 95% intervals over seeds and problems)", fontsize="medium")
         spare = [ax for ax in axes.flat[len(panels):]]

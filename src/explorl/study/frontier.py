@@ -2,15 +2,10 @@
 
 Every arm of a ``frontier`` spec trains at several learning rates; each (arm, lr) is one point
 (x, y) = (mean test pass@1, mean test pass@k) over its seeds and problems. The baseline's
-(GRPO's) points make its **frontier**:
-
-- the **upper concave hull** of its points in the (pass@1, pass@k) plane (points sorted by
-  pass@1, linear between hull vertices): a learning rate whose point lies below the chord of two
-  others is beaten by a mix of them and does not define the frontier, so a non-monotone sweep
-  needs no special case;
-- its **Pareto part**: F(x) = the most pass@k the hull reaches at a pass@1 of at least x, so
-  F is flat at the hull's highest pass@k to the left of the point that reaches it (the *peak*)
-  and follows the hull's falling edge to its right.
+(GRPO's) points make its **frontier** F (``explorl.analysis.hull``: the upper concave hull,
+flat left of its highest point; G(y) its reverse), and each arm's own points make the arm's:
+a point that another learning rate of the same arm (or a mix of two) beats, with at least its
+pass@1 and more pass@k, is not part of the frontier the arm reaches (``beaten_by``).
 
 F is defined on GRPO's pass@1 range [min, max] only: a point outside it is *outside*, never
 extrapolated. Per point of another arm:
@@ -41,6 +36,17 @@ from typing import Any
 
 import numpy as np
 
+from explorl.analysis.hull import (  # noqa: F401 (Hull, frontier_edge: part of this API)
+    Hull,
+    beaten_by,
+    dominated,
+    frontier_at,
+    frontier_edge,
+    pass1_at,
+    pass1_edge,
+    upper_hull,
+    where,
+)
 from explorl.study.stats import (
     BOOT_SEED,
     LEVEL,
@@ -54,104 +60,6 @@ from explorl.study.stats import (
 )
 
 HULL_SURE = 0.975  # the hull test: outside (inside) in at least this fraction of replicates
-
-
-# ----------------------------------------------------------------------------- the frontier
-
-
-@dataclass(frozen=True)
-class Hull:
-    """The baseline's frontier: the upper concave hull's vertices, sorted by pass@1, each with
-    the index of the point it is (into the points the hull was built from)."""
-
-    xs: tuple[float, ...]
-    ys: tuple[float, ...]
-    idx: tuple[int, ...]
-
-    @property
-    def peak(self) -> int:
-        """The vertex with the most pass@k (the rightmost of equal ones)."""
-        top = max(self.ys)
-        return max(i for i, y in enumerate(self.ys) if y == top)
-
-
-def upper_hull(xs, ys) -> Hull:
-    """The upper concave hull of points (x, y) (Andrew's monotone chain; of equal x the highest
-    y; collinear middle points dropped)."""
-    best: dict[float, int] = {}
-    for i, (x, y) in enumerate(zip(xs, ys)):
-        if x not in best or y > ys[best[x]]:
-            best[float(x)] = i
-    order = sorted(best.values(), key=lambda i: xs[i])
-    hull: list[int] = []
-    for i in order:
-        while len(hull) >= 2:
-            o, a = hull[-2], hull[-1]
-            cross = (xs[a] - xs[o]) * (ys[i] - ys[o]) - (ys[a] - ys[o]) * (xs[i] - xs[o])
-            if cross < 0:  # a clockwise turn: a stays on the upper hull
-                break
-            hull.pop()
-        hull.append(i)
-    return Hull(tuple(float(xs[i]) for i in hull), tuple(float(ys[i]) for i in hull), tuple(hull))
-
-
-def frontier_edge(h: Hull, x: float) -> tuple[int, int, float, float] | None:
-    """F(x) as a mix of two hull vertices: (i, j, t, slope) with F(x) = (1 − t)·y_i + t·y_j and
-    F′(x) = slope; None outside [min, max] pass@1. Left of the peak, F is the peak's pass@k."""
-    if not h.xs[0] <= x <= h.xs[-1]:
-        return None
-    p = h.peak
-    if x <= h.xs[p]:
-        return p, p, 0.0, 0.0
-    j = next(j for j in range(p + 1, len(h.xs)) if x <= h.xs[j])
-    i = j - 1
-    t = (x - h.xs[i]) / (h.xs[j] - h.xs[i])
-    return i, j, t, (h.ys[j] - h.ys[i]) / (h.xs[j] - h.xs[i])
-
-
-def frontier_at(h: Hull, x: float) -> float | None:
-    """F(x): the most pass@k GRPO's hull reaches at a pass@1 of at least x; None outside its
-    pass@1 range."""
-    e = frontier_edge(h, x)
-    return None if e is None else (1 - e[2]) * h.ys[e[0]] + e[2] * h.ys[e[1]]
-
-
-def pass1_edge(h: Hull, y: float) -> tuple[int, int, float, float] | None:
-    """G(y) as a mix of two vertices of the hull's falling edge: (i, j, u, dx/dy) with G(y) =
-    (1 − u)·x_i + u·x_j; None when y is above the peak or below F at the largest pass@1."""
-    p = h.peak
-    if not h.ys[-1] <= y <= h.ys[p]:
-        return None
-    for j in range(len(h.ys) - 1, p, -1):  # from the right: the largest x that keeps y
-        i = j - 1
-        if h.ys[j] <= y <= h.ys[i]:
-            if y == h.ys[j]:
-                return j, j, 0.0, 0.0
-            u = (y - h.ys[i]) / (h.ys[j] - h.ys[i])
-            return i, j, u, (h.xs[j] - h.xs[i]) / (h.ys[j] - h.ys[i])
-    return p, p, 0.0, 0.0  # the falling edge is the peak alone, at y = its pass@k
-
-
-def pass1_at(h: Hull, y: float) -> float | None:
-    """G(y): the most pass@1 GRPO's hull reaches while keeping pass@k ≥ y; None outside."""
-    e = pass1_edge(h, y)
-    return None if e is None else (1 - e[2]) * h.xs[e[0]] + e[2] * h.xs[e[1]]
-
-
-def dominated(h: Hull, x: float, y: float) -> bool:
-    """Whether some mix of GRPO's points has pass@1 ≥ x and pass@k ≥ y (inside its hull's
-    reach); a point that is not lies outside GRPO's frontier."""
-    if x > h.xs[-1]:
-        return False
-    p = h.peak
-    return y <= (h.ys[p] if x <= h.xs[p] else frontier_at(h, x))
-
-
-def where(h: Hull, x: float) -> str:
-    """``inside``, or which side of GRPO's pass@1 range x lies on."""
-    if x < h.xs[0]:
-        return "below GRPO's pass@1 range"
-    return "above GRPO's pass@1 range" if x > h.xs[-1] else "inside"
 
 
 # ----------------------------------------------------------------------------- the comparison
@@ -176,6 +84,7 @@ class Point:
     left_out: float | None = None  # fraction of gap_k's replicates outside GRPO's range
     base_1: Interval | None = None  # − the model before RL (the baseline's points)
     base_k: Interval | None = None
+    beaten_by: tuple | None = None  # the values of the arm's own points that beat this one
 
     @property
     def hull(self) -> str:
@@ -296,9 +205,10 @@ def analyse_frontier(passk: dict[str, dict[int, np.ndarray]], seeds: dict[str, l
     out.hull = upper_hull(g1.mean(axis=(1, 2)), gk.mean(axis=(1, 2)))
     out.seeds[baseline] = g_seeds
     out.points[baseline] = []
+    g_beaten = _beaten(g_pts, g1.mean(axis=(1, 2)), gk.mean(axis=(1, 2)))
     for i, (v, n) in enumerate(g_pts):
         p = Point(baseline, v, n, mean_interval(g1[i], n_boot=n_boot, seed=seed),
-                  mean_interval(gk[i], n_boot=n_boot, seed=seed))
+                  mean_interval(gk[i], n_boot=n_boot, seed=seed), beaten_by=g_beaten[i])
         if base is not None and 1 in base and k in base:
             p.base_1 = passk_diff(g1[i], base[1], paired_seeds=False, n_boot=n_boot, seed=seed)
             p.base_k = passk_diff(gk[i], base[k], paired_seeds=False, n_boot=n_boot, seed=seed)
@@ -312,10 +222,18 @@ def analyse_frontier(passk: dict[str, dict[int, np.ndarray]], seeds: dict[str, l
         out.seeds[arm] = common
         a1, ak = stack(pts, common, 1), stack(pts, common, k)
         b1, bk = stack(g_pts, common, 1), stack(g_pts, common, k)
-        inside = sum(where(upper_hull(b1.mean(axis=(1, 2)), bk.mean(axis=(1, 2))), x) == "inside"
-                     for x in a1.mean(axis=(1, 2)))
-        got = compare(a1, ak, b1, bk, n_boot=n_boot, seed=seed, family=max(1, inside))
+        m1, mk = a1.mean(axis=(1, 2)), ak.mean(axis=(1, 2))
+        beaten = _beaten(pts, m1, mk)
+        hb = upper_hull(b1.mean(axis=(1, 2)), bk.mean(axis=(1, 2)))
+        judged = sum(where(hb, x) == "inside" and b is None for x, b in zip(m1, beaten))
+        got = compare(a1, ak, b1, bk, n_boot=n_boot, seed=seed, family=max(1, judged))
         out.points[arm] = [Point(arm, v, n, mean_interval(a1[i], n_boot=n_boot, seed=seed),
-                                 mean_interval(ak[i], n_boot=n_boot, seed=seed), **got[i])
+                                 mean_interval(ak[i], n_boot=n_boot, seed=seed), **got[i],
+                                 beaten_by=beaten[i])
                            for i, (v, n) in enumerate(pts)]
     return out
+
+
+def _beaten(pts: list[tuple[Any, str]], m1: np.ndarray, mk: np.ndarray) -> list[tuple | None]:
+    """Per point of one arm, the values (learning rates) of its own points that beat it."""
+    return [None if b is None else tuple(pts[j][0] for j in b) for b in beaten_by(m1, mk)]

@@ -39,14 +39,19 @@ test**: the share of replicates in which the point lies outside every mix of GRP
 *inside* at ≤ 2.5%, else *undecided*. **†**: that share of the replicates put the point's pass@1
 outside GRPO's resampled range and is left out of its interval (the point sits at the edge of
 GRPO's range: read the interval with care). Next to a steep edge of GRPO's hull (two learning
-rates with almost the same pass@1) the linearised MDE is large; the interval is the judge."""
+rates with almost the same pass@1) the linearised MDE is large; the interval is the judge.
+**beaten by its own**: the arm's other learning rate (or mix of two) that reaches at least the
+point's pass@1 with more pass@{k}; such a point is not part of the frontier the arm reaches
+(as GRPO's own beaten points are not part of GRPO's) and its claim does not judge it."""
 
 CLAIM_RULE = """\
-A frontier claim (F-…) is judged at each of the arm's learning rates whose pass@1 lies inside
+A frontier claim (F-…) compares the frontier the arm reaches with GRPO's: it is judged at each
+of the arm's learning rates whose point lies on the arm's own frontier (no other learning rate of
+the arm, or mix of two, has at least its pass@1 and more pass@k) and whose pass@1 lies inside
 GRPO's range, each interval Bonferroni-corrected for their number (95% over the family): **shown**
 when some point lies above GRPO's frontier and none below, **opposite** when some lies below and
-none above, **mixed** when both, **not shown** when none is decided; **n/a** when no point's
-pass@1 lies inside GRPO's range (the hull test then speaks)."""
+none above, **mixed** when both, **not shown** when none is decided; **n/a** when no such point
+exists (the hull test then speaks)."""
 
 
 def _tag(value: Any) -> str:
@@ -104,7 +109,7 @@ def frontier_table(fr: Frontier | None) -> list[str]:
     k = fr.k
     head = ["arm", "lr", "pass@1", f"pass@{k}", "− base, pass@1", f"− base, pass@{k}",
             f"pass@{k} − GRPO frontier at its pass@1", f"pass@1 − GRPO at its pass@{k}",
-            "hull test"]
+            "hull test", "beaten by its own"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm, pts in fr.points.items():
         for p in pts:
@@ -116,11 +121,20 @@ def frontier_table(fr: Frontier | None) -> list[str]:
             lines.append("| " + " | ".join([
                 arm, _tag(p.value), p.pass1.fmt_abs(), p.passk.fmt_abs(),
                 cell(p.base_1, mde=False) if p.base_1 else "",
-                cell(p.base_k, mde=False) if p.base_k else "", gap_k, gap_1, hull]) + " |")
+                cell(p.base_k, mde=False) if p.base_k else "", gap_k, gap_1, hull,
+                _beaten_text(p)]) + " |")
     seeds = "; ".join(f"{a}: {', '.join(map(str, s))}" for a, s in fr.seeds.items())
     reg = regime(fr)
     return [*([reg["text"], ""] if reg else []), *lines, "", FRONTIER_NOTES.format(k=k), "",
             f"Seeds compared: {seeds}."]
+
+
+def _beaten_text(p: Point) -> str:
+    """Which of the arm's own learning rates beat the point ("" when none does)."""
+    if not p.beaten_by:
+        return ""
+    lrs = " and ".join(_tag(v) for v in p.beaten_by)
+    return f"lr {lrs}" if len(p.beaten_by) == 1 else f"a mix of lr {lrs}"
 
 
 def frontier_claims(fr: Frontier | None) -> list[dict]:
@@ -137,10 +151,15 @@ def frontier_claims(fr: Frontier | None) -> list[dict]:
                "paper": paper, "needs": [fr.baseline, arm]}
         hull = "; ".join(f"lr {_tag(p.value)}: {p.hull} ({p.outside:.0%})" for p in pts)
         conds = [Cond(f"lr {_tag(p.value)}: pass@{fr.k} − GRPO frontier at pass@1 "
-                      f"{p.pass1.estimate:.3f}", p.gap_k_family, +1) for p in pts if p.gap_k]
+                      f"{p.pass1.estimate:.3f}", p.gap_k_family, +1)
+                 for p in pts if p.gap_k and not p.beaten_by]
+        beaten = [f"lr {_tag(p.value)} (by {_beaten_text(p)})" for p in pts if p.beaten_by]
+        if beaten:
+            hull += "; not judged, beaten by the arm's own points: " + ", ".join(beaten)
         if not conds:
-            row.update(numbers=f"not testable: no learning rate's pass@1 lies inside GRPO's "
-                               f"range; hull test: {hull}", conditions=[], verdict="n/a")
+            row.update(numbers=f"not testable: no point of the arm's own frontier has its "
+                               f"pass@1 inside GRPO's range; hull test: {hull}",
+                       conditions=[], verdict="n/a")
         else:
             verdicts = [c.verdict for c in conds]
             up, down = "shown" in verdicts, "opposite" in verdicts
@@ -164,6 +183,7 @@ def frontier_json(fr: Frontier | None) -> dict:
         return {"arm": p.arm, "value": p.value, "name": p.name, "where_k": p.where_k,
                 "where_1": p.where_1, "outside": p.outside, "hull": p.hull,
                 "left_out": p.left_out,
+                "beaten_by": list(p.beaten_by) if p.beaten_by else None,
                 **{key: iv.to_json() if iv else None for key, iv in ivs.items()}}
 
     return {"k": fr.k, "baseline": fr.baseline, "base": fr.base, "seeds": fr.seeds,
