@@ -67,6 +67,9 @@ def test_two_runs_report_files_and_numbers(tmp_path):
     for link in links:
         assert (out / link).read_bytes()[:4] == b"\x89PNG"
 
+    # the runs lie beside the report: shown relative to it (true wherever the folder moves)
+    assert "| `../a` | grpo | 0 |" in md and "| `../b` | eepo | 1 |" in md
+
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == len(links)
     assert "<table>" in html and "src='reward.png'" not in html

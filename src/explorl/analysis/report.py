@@ -10,6 +10,7 @@ import base64
 import html
 import json
 import math
+import os
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,6 +148,16 @@ def make_report(run_dirs: list[Path], out_dir: Path) -> Path:
     return write_report(run_dirs, out_dir).markdown
 
 
+def _shown_path(run: Path, out_dir: Path) -> str:
+    """A run's directory as the report shows it: relative to the report's folder when both lie
+    in one folder (a study's ``report/`` beside its ``runs/``: ``../runs/grpo-seed0``, true
+    wherever the study is moved), else as given."""
+    run, here = Path(run).resolve(), Path(out_dir).resolve()
+    if run.is_relative_to(here.parent):
+        return os.path.relpath(run, here)
+    return str(run)
+
+
 def write_report(run_dirs: list[Path], out_dir: Path) -> Report:
     """Write ``report.md``, ``report.html`` (self-contained: plots embedded as base64 PNG, each
     linking to its file), ``report.json`` (the table's raw numbers) and one PNG per panel that
@@ -186,7 +197,7 @@ def write_report(run_dirs: list[Path], out_dir: Path) -> Report:
     json_path.write_text(json.dumps({"columns": columns, "rows": rows,
                                      "figures": [p.name for _, _, p in figures]}, indent=2) + "\n")
 
-    run_lines = [(str(r.path), r.name, "—" if r.seed is None else str(r.seed),
+    run_lines = [(_shown_path(r.path, out_dir), r.name, "—" if r.seed is None else str(r.seed),
                   str(r.records[-1]["step"]) if r.records else "0") for r in runs]
     header = ["recipe", "runs", *[title for _, title in columns]]
     body = [[row["recipe"], str(len(row["runs"])), *[_fmt(row["metrics"][c]) for c, _ in columns]]
