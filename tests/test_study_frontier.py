@@ -19,6 +19,7 @@ from explorl.study.frontier import (
     compare,
     dominated,
     frontier_at,
+    own_beaten,
     pass1_at,
     upper_hull,
     where,
@@ -229,6 +230,21 @@ def test_frontier_claim_verdicts(gaps, verdict):
     assert row["id"] == "F-kl" and row["verdict"] == verdict
     assert "hull test: lr 0.0001: outside (99%)" in row["numbers"]
     assert len(row["conditions"]) == sum(g is not None for g in gaps)
+
+
+def test_a_hair_more_pass1_for_much_less_passk_is_beaten_within_noise():
+    """Point 0: pass@1 .500 (per problem .6/.4 alternating), pass@k .80 everywhere; point 1:
+    pass@1 .499 (the other phase, minus .001: differences of ±.2 per problem, so their interval
+    holds 0), pass@k .90 everywhere (a difference of +.10 in every replicate). At the point
+    estimates 0 has more pass@1 and is not beaten; within noise 1 beats it. With 1's pass@1 at
+    .30 everywhere (a difference of −.20 in every replicate) it does not."""
+    alt = np.array([[0.6, 0.4, 0.6, 0.4], [0.4, 0.6, 0.4, 0.6]])
+    x1 = np.stack([alt, alt[::-1] - 0.001])
+    xk = np.stack([np.full((2, 4), 0.8), np.full((2, 4), 0.9)])
+    assert beaten_by(x1.mean(axis=(1, 2)), xk.mean(axis=(1, 2))) == [None, None]
+    assert own_beaten(x1, xk, n_boot=400) == [(1,), None]
+    x1[1] = 0.30
+    assert own_beaten(x1, xk, n_boot=400) == [None, None]
 
 
 def test_a_point_its_own_arm_beats_is_shown_but_not_judged():

@@ -222,8 +222,9 @@ def analyse_frontier(passk: dict[str, dict[int, np.ndarray]], seeds: dict[str, l
         out.seeds[arm] = common
         a1, ak = stack(pts, common, 1), stack(pts, common, k)
         b1, bk = stack(g_pts, common, 1), stack(g_pts, common, k)
-        m1, mk = a1.mean(axis=(1, 2)), ak.mean(axis=(1, 2))
-        beaten = _beaten(pts, m1, mk)
+        m1 = a1.mean(axis=(1, 2))
+        beaten = [None if b is None else tuple(pts[j][0] for j in b)
+                  for b in own_beaten(a1, ak, n_boot=n_boot, seed=seed)]
         hb = upper_hull(b1.mean(axis=(1, 2)), bk.mean(axis=(1, 2)))
         judged = sum(where(hb, x) == "inside" and b is None for x, b in zip(m1, beaten))
         got = compare(a1, ak, b1, bk, n_boot=n_boot, seed=seed, family=max(1, judged))
@@ -237,3 +238,28 @@ def analyse_frontier(passk: dict[str, dict[int, np.ndarray]], seeds: dict[str, l
 def _beaten(pts: list[tuple[Any, str]], m1: np.ndarray, mk: np.ndarray) -> list[tuple | None]:
     """Per point of one arm, the values (learning rates) of its own points that beat it."""
     return [None if b is None else tuple(pts[j][0] for j in b) for b in beaten_by(m1, mk)]
+
+
+def own_beaten(x1: np.ndarray, xk: np.ndarray, *, n_boot: int = N_BOOT,
+               seed: int = BOOT_SEED) -> list[tuple[int, ...] | None]:
+    """Per point of one arm (``x1``, ``xk``: (points, seeds, problems)), the indices of its own
+    points that beat it, or None: ``beaten_by`` at the point estimates (another point or a mix
+    of two with at least its pass@1 and more pass@k), or another point whose pass@k is higher
+    (paired 95% interval above 0) at a pass@1 not resolved below the point's (the interval of
+    the difference reaches 0). The second keeps a point that has a hair more pass@1 than its
+    neighbour and much less pass@k (the steep end of a sweep) from standing for the arm's
+    frontier on the strength of noise; of several such beaters, the one with most pass@k."""
+    out = beaten_by(x1.mean(axis=(1, 2)), xk.mean(axis=(1, 2)))
+    mk = xk.mean(axis=(1, 2))
+    for i in range(len(x1)):
+        if out[i] is not None:
+            continue
+        for j in sorted(range(len(x1)), key=lambda j: -mk[j]):
+            if j == i or mk[j] <= mk[i]:
+                continue
+            if (passk_diff(xk[j], xk[i], paired_seeds=True, n_boot=n_boot, seed=seed).low > 0
+                    and passk_diff(x1[j], x1[i], paired_seeds=True, n_boot=n_boot,
+                                   seed=seed).high >= 0):
+                out[i] = (j,)
+                break
+    return out

@@ -41,13 +41,16 @@ outside GRPO's resampled range and is left out of its interval (the point sits a
 GRPO's range: read the interval with care). Next to a steep edge of GRPO's hull (two learning
 rates with almost the same pass@1) the linearised MDE is large; the interval is the judge.
 **beaten by its own**: the arm's other learning rate (or mix of two) that reaches at least the
-point's pass@1 with more pass@{k}; such a point is not part of the frontier the arm reaches
-(as GRPO's own beaten points are not part of GRPO's) and its claim does not judge it."""
+point's pass@1 with more pass@{k}, or (for arms other than GRPO) one with more pass@{k} (95%
+interval above 0) at a pass@1 not resolved below the point's; such a point is not part of the
+frontier the arm reaches (as GRPO's own beaten points are not part of GRPO's) and its claim does
+not judge it."""
 
 CLAIM_RULE = """\
 A frontier claim (F-…) compares the frontier the arm reaches with GRPO's: it is judged at each
 of the arm's learning rates whose point lies on the arm's own frontier (no other learning rate of
-the arm, or mix of two, has at least its pass@1 and more pass@k) and whose pass@1 lies inside
+the arm, or mix of two, has at least its pass@1 and more pass@k, nor more pass@k, resolved, at a
+pass@1 not resolved below it) and whose pass@1 lies inside
 GRPO's range, each interval Bonferroni-corrected for their number (95% over the family): **shown**
 when some point lies above GRPO's frontier and none below, **opposite** when some lies below and
 none above, **mixed** when both, **not shown** when none is decided; **n/a** when no such point
