@@ -406,4 +406,10 @@ def test_the_figure_draws_a_point_its_own_method_beats_with_an_open_marker():
     assert len(opened) == 1 and list(opened[0].get_xdata()) == [0.40]
     ax2 = fig.add_subplot(2, 1, 2)
     assert _draw_series(ax2, Series("g", [FPoint(0.5, 0.9), FPoint(0.6, 0.8)]), "k", True) is False
+    # the study says which (its rule also weighs noise): that is what is drawn
+    ax3 = fig.add_subplot(2, 2, 4)
+    told = Series("m", [FPoint(0.40, 0.85, beaten=False), FPoint(0.60, 0.80, beaten=True)])
+    assert _draw_series(ax3, told, "C1", False) is True
+    (opened,) = [ln for ln in ax3.lines if ln.get_markerfacecolor() == "white"]
+    assert list(opened.get_xdata()) == [0.60]
     plt.close(fig)

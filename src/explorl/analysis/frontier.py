@@ -32,6 +32,7 @@ class FPoint:
     x_iv: tuple[float, float] | None = None
     y_iv: tuple[float, float] | None = None
     tag: str = ""  # the learning rate, as written beside the baseline's points
+    beaten: bool | None = None  # beaten by its method's other points; None: judged here
 
 
 @dataclass
@@ -79,8 +80,9 @@ def _draw_series(ax, s: Series, color: str, baseline: bool) -> bool:
     ax.plot([p.x for p in pts], [p.y for p in pts], color=color, marker="o",
             markersize=size, linewidth=2.0 if baseline else 1.4, label=s.label,
             zorder=4 if baseline else 3)
-    beaten = [p for p, b in zip(pts, beaten_by([p.x for p in pts], [p.y for p in pts]))
-              if b is not None]
+    at_means = beaten_by([p.x for p in pts], [p.y for p in pts])  # where the caller did not say
+    beaten = [p for p, b in zip(pts, at_means) if (b is not None if p.beaten is None
+                                                     else p.beaten)]
     if beaten:
         ax.plot([p.x for p in beaten], [p.y for p in beaten], linestyle="none", marker="o",
                 markersize=size, markerfacecolor="white", markeredgecolor=color,

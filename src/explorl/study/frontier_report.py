@@ -201,7 +201,8 @@ def draw(fr: Frontier | None, out_dir: Path, subtitle: str = "") -> list[tuple[s
         return []
     series = [Series(arm, [FPoint(p.pass1.estimate, p.passk.estimate, (p.pass1.low, p.pass1.high),
                                   (p.passk.low, p.passk.high), f"{float(p.value):.3g}"
-                                  if isinstance(p.value, (int, float)) else str(p.value))
+                                  if isinstance(p.value, (int, float)) else str(p.value),
+                                  beaten=p.beaten_by is not None)
                            for p in pts]) for arm, pts in fr.points.items()]
     hull = None
     if fr.hull:  # F: flat at the peak's pass@k from GRPO's least pass@1, then the falling edge
