@@ -74,9 +74,12 @@ def test_the_running_job_is_stopped_at_the_limit_and_the_next_deferred(tmp_path,
     spec = SimpleNamespace(jobs=1)
     lines = []
     t0 = time.monotonic()
-    results = J.run_jobs(plans, spec, tmp_path / "logs", lines.append, J.Deadline.after(1.5))
+    ended = []
+    results = J.run_jobs(plans, spec, tmp_path / "logs", lines.append, J.Deadline.after(1.5),
+                         on_done=lambda: ended.append(1))
     assert time.monotonic() - t0 < 30  # not the child's 60 s
     assert [r.status for r in results] == ["interrupted", "deferred"]
+    assert ended == [1]  # the study's clock ticks for the job that ran, not the deferred one
     assert got.read_text() == str(int(signal.SIGTERM))
     assert J.time_limit_note(results) == (
         "time limit: 1 run not started, 1 run stopped mid-run (a run stopped while training "

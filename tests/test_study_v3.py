@@ -607,6 +607,23 @@ def test_wall_clock_adds_up_over_interrupted_invocations(tmp_path):
     assert add_wall(old, 1.0) == 101.0 and add_wall(old, 1.0) == 102.0
 
 
+def test_wall_clock_counts_each_finished_job_so_a_killed_invocation_keeps_its_time(tmp_path):
+    """Invocation 1 ticks at 10 s and 25 s (two jobs ended) and is then killed (no close): the
+    study has 25 s. Invocation 2 finishes nothing and only re-analyses: close adds none of its
+    30 s. Invocation 3: one job ends at 5 s, the analysis ends at 8 s: 8 s more, 33 s."""
+    from explorl.study.run import Wall, wall_jobs
+
+    t = iter([0.0, 10.0, 25.0])
+    w = Wall(tmp_path, 2, clock=lambda: next(t))
+    assert w.tick() == 10.0 and w.tick() == 25.0
+    t = iter([100.0, 130.0])
+    assert Wall(tmp_path, 1, clock=lambda: next(t)).close() == 25.0
+    t = iter([0.0, 5.0, 8.0])
+    w = Wall(tmp_path, 1, clock=lambda: next(t))
+    assert w.tick() == 30.0 and w.close() == 33.0
+    assert wall_jobs(tmp_path) == [1, 2]
+
+
 def test_an_invocation_that_only_reanalyses_adds_no_wall_clock(tmp_path):
     """Re-publishing a finished study leaves its recorded cost (and its archive) alone; a step
     logged or an evaluation written in the invocation counts."""

@@ -175,10 +175,12 @@ def execute(plan: RunPlan, spec: StudySpec, logs: Path, stop: threading.Event,
 
 
 def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
-             log: Callable[[str], None], deadline: Deadline | None = None
-             ) -> list[JobResult] | None:
+             log: Callable[[str], None], deadline: Deadline | None = None,
+             on_done: Callable[[], None] | None = None) -> list[JobResult] | None:
     """Every plan's job, ``spec.jobs`` at a time (``auto``: the cores this process may use),
-    logging each as it ends; None if interrupted (the running jobs checkpoint and stop). With a
+    logging each as it ends and then calling ``on_done`` (for each that ran: not a skipped or
+    deferred one); None if
+    interrupted (the running jobs checkpoint and stop). With a
     ``deadline``, jobs that would not end before it are deferred, and at it the running ones
     are sent SIGTERM (they checkpoint and stop; ``deadline.reached`` says so)."""
     t0 = time.perf_counter()
@@ -213,6 +215,8 @@ def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
                     else f" in {r.seconds:.0f}s")
             log(f"  [{i}/{len(plans)}] {r.plan.key}: {r.status}{done}"
                 f"  [{(time.perf_counter() - t0) / 60:.1f} min{eta(results, todo, workers)}]")
+            if on_done is not None and r.status != "skipped":
+                on_done()
     except KeyboardInterrupt:
         stop.set()
         log("interrupt: the running jobs checkpoint and stop; rerun the same command to continue")

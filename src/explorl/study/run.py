@@ -148,7 +148,8 @@ def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: lis
 
 
 def run_tuning(spec: StudySpec, spec_path: Path, out: Path, log: Callable[[str], None],
-               deadline: Deadline | None = None) -> dict[str, list[GridPoint]] | int:
+               deadline: Deadline | None = None, on_done: Callable[[], None] | None = None
+               ) -> dict[str, list[GridPoint]] | int:
     """Train and evaluate every ``tune:`` grid point (finished ones are skipped) and pick each
     recipe's value, extending a grid past the edge its choice sits on (``tuning.extend``); the
     grid table, or an exit code when interrupted or a point failed.
@@ -166,7 +167,7 @@ def run_tuning(spec: StudySpec, spec_path: Path, out: Path, log: Callable[[str],
             if src in chosen:
                 log(f"  shared with the other grids: {key} = {value_text(chosen[src])} ({src}'s "
                     "choice)")
-        got = _tune_stage(spec, names, chosen, spec_path, out, log, deadline)
+        got = _tune_stage(spec, names, chosen, spec_path, out, log, deadline, on_done)
         if isinstance(got, int):
             return got
         table.update(got)
@@ -185,8 +186,8 @@ def run_tuning(spec: StudySpec, spec_path: Path, out: Path, log: Callable[[str],
 
 
 def _tune_stage(spec: StudySpec, names: list[str], chosen: dict[str, Any], spec_path: Path,
-                out: Path, log: Callable[[str], None], deadline: Deadline | None = None
-                ) -> dict[str, list[GridPoint]] | int:
+                out: Path, log: Callable[[str], None], deadline: Deadline | None = None,
+                on_done: Callable[[], None] | None = None) -> dict[str, list[GridPoint]] | int:
     """The grids of ``names`` (the earlier stages' ``chosen`` shared), extended at edge choices
     until none grows; their table, or an exit code."""
     grids = {name: list(spec.tune[name].values) for name in names}
@@ -200,7 +201,7 @@ def _tune_stage(spec: StudySpec, names: list[str], chosen: dict[str, Any], spec_
             first = False
             log(f"tuning: {len(names)} recipes, {len(plans)} grid runs ({todo} to do) on the "
                 f"{spec.tuning.split} split")
-        results = run_jobs(plans, current, out / "tune" / "logs", log, deadline)
+        results = run_jobs(plans, current, out / "tune" / "logs", log, deadline, on_done)
         if results is not None and deadline is not None and (
                 note := time_limit_note(results)):
             log(note)
@@ -283,6 +284,31 @@ def add_wall(out: Path, seconds: float, before: frozenset | None = None,
     return data["wall_s"]
 
 
+class Wall:
+    """An invocation's wall-clock, added to the study's (``add_wall``) as it goes: ``tick``
+    after each job that ends, so an invocation killed without a word (its machine taken away,
+    a job killed at its limit) has counted its time up to its last finished job; ``close`` at
+    the end adds the rest, and, when no job ended, only if the invocation finished something
+    (a rerun that only re-analyses adds nothing). Returns the study's total."""
+
+    def __init__(self, out: Path, jobs, clock: Callable[[], float] = time.perf_counter):
+        self.out, self.jobs, self.clock = out, jobs, clock
+        self.before, self.mark, self.ticked = study_files(out), clock(), False
+
+    def tick(self) -> float:
+        now = self.clock()
+        total = add_wall(self.out, now - self.mark, None, self.jobs)
+        self.mark, self.ticked = now, True
+        return total
+
+    def close(self) -> float:
+        now = self.clock()
+        total = add_wall(self.out, now - self.mark, None if self.ticked else self.before,
+                         self.jobs)
+        self.mark = now
+        return total
+
+
 def wall_jobs(out: Path) -> list[int]:
     """The job counts of the invocations that built the study in ``out`` (``add_wall``); empty
     for a study from before they were recorded."""
@@ -341,13 +367,13 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
             + (f", and the lab model {', '.join(u[4:] for u in lab)} they started from"
                if lab else ""))
     tuned: dict[str, list[GridPoint]] = {}
-    t0, before = time.perf_counter(), study_files(out)
+    wall = Wall(out, spec.jobs)
     deadline = Deadline.after(time_limit) if time_limit else None
     if spec.tune:
         _build_models(plan_tuning(spec, spec_path, out))
-        got = run_tuning(spec, spec_path, out, log, deadline)
+        got = run_tuning(spec, spec_path, out, log, deadline, on_done=wall.tick)
         if isinstance(got, int):
-            add_wall(out, time.perf_counter() - t0, before, spec.jobs)
+            wall.close()
             return got
         tuned = got
     plans = plan_runs(spec, spec_path, out, choices(tuned))
@@ -364,19 +390,19 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
             log(f"evaluating the base model{whose} (the model before RL)")
             if not run_base_eval(p, spec, out / folder, out / "logs"):
                 log(f"the base model's evaluation failed; see {out / 'logs' / folder}.log")
-    results = run_jobs(plans, spec, out / "logs", log, deadline)
+    results = run_jobs(plans, spec, out / "logs", log, deadline, on_done=wall.tick)
     if results is not None and deadline is not None and (note := time_limit_note(results)):
-        add_wall(out, time.perf_counter() - t0, before, spec.jobs)
+        wall.close()
         log(note)
         return EXIT_TIME_LIMIT
     if results is None or any(r.status == "interrupted" for r in results):
-        add_wall(out, time.perf_counter() - t0, before, spec.jobs)
+        wall.close()
         log("interrupted; rerun the same command to continue")
         return 130
     failed = [r for r in results if r.status == "failed"]
     # Wall-clock adds up over the invocations that built this study (a rerun that only resumes
     # or re-analyses does not reset it).
-    wall_s = add_wall(out, time.perf_counter() - t0, before, spec.jobs)
+    wall_s = wall.close()
     payload = analyse(out, spec, spec_path, quick, plans, failed, wall_s, tuned,
                       wall_jobs(out))
     if spec.publish:
