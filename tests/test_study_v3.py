@@ -227,7 +227,7 @@ def test_tuning_stages_share_the_source_choice_and_extend_edges(tmp_path, monkey
     spec = S.load_spec(path)
     trained = []
 
-    def fake_jobs(plans, spec, logs, log, deadline=None):
+    def fake_jobs(plans, spec, logs, log, deadline=None, on_done=None):
         for p in plans:
             if p.name == "grpo":  # smaller lr is better, down to 1.25e-5
                 score = 1.0 - abs(math.log2(p.value / 1.25e-5)) / 10

@@ -201,7 +201,7 @@ def _tune_stage(spec: StudySpec, names: list[str], chosen: dict[str, Any], spec_
             first = False
             log(f"tuning: {len(names)} recipes, {len(plans)} grid runs ({todo} to do) on the "
                 f"{spec.tuning.split} split")
-        results = run_jobs(plans, current, out / "tune" / "logs", log, deadline, on_done)
+        results = run_jobs(plans, current, out / "tune" / "logs", log, deadline, on_done=on_done)
         if results is not None and deadline is not None and (
                 note := time_limit_note(results)):
             log(note)
