@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from explorl.analysis.hull import (  # noqa: F401 (Hull, frontier_edge: part of this API)
+from explorl.analysis.hull import (
     Hull,
     beaten_by,
     dominated,

@@ -50,11 +50,11 @@ CLAIM_RULE = """\
 A frontier claim (F-…) compares the frontier the arm reaches with GRPO's: it is judged at each
 of the arm's learning rates whose point lies on the arm's own frontier (no other learning rate of
 the arm, or mix of two, has at least its pass@1 and more pass@k, nor more pass@k, resolved, at a
-pass@1 not resolved below it) and whose pass@1 lies inside
-GRPO's range, each interval Bonferroni-corrected for their number (95% over the family): **shown**
-when some point lies above GRPO's frontier and none below, **opposite** when some lies below and
-none above, **mixed** when both, **not shown** when none is decided; **n/a** when no such point
-exists (the hull test then speaks)."""
+pass@1 not resolved below it) and whose pass@1 lies inside GRPO's range, each interval
+Bonferroni-corrected for their number (95% over the family): **shown** when some point lies
+above GRPO's frontier and none below, **opposite** when some lies below and none above,
+**mixed** when both, **not shown** when none is decided; **n/a** when no such point exists (the
+hull test then speaks)."""
 
 
 def _tag(value: Any) -> str:

@@ -179,8 +179,7 @@ def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
              on_done: Callable[[], None] | None = None) -> list[JobResult] | None:
     """Every plan's job, ``spec.jobs`` at a time (``auto``: the cores this process may use),
     logging each as it ends and then calling ``on_done`` (for each that ran: not a skipped or
-    deferred one); None if
-    interrupted (the running jobs checkpoint and stop). With a
+    deferred one); None if interrupted (the running jobs checkpoint and stop). With a
     ``deadline``, jobs that would not end before it are deferred, and at it the running ones
     are sent SIGTERM (they checkpoint and stop; ``deadline.reached`` says so)."""
     t0 = time.perf_counter()
