@@ -167,7 +167,9 @@ def test_tiny_frontier_study_with_checkpoints_end_to_end(tiny_model, tmp_path, c
     assert "pass@1 step 2" in md and "report/frontier.png" in md
     assert (out / "report" / "frontier.png").is_file()
     assert "## Entropy over training" in md and (out / "report" / "horizon_entropy.png").is_file()
+    assert "report/horizon_passk.png" in md and (out / "report" / "horizon_passk.png").is_file()
     data = json.loads((out / "study.json").read_text())
+    assert data["checkpoints"]["steps"] == [2, 4] and data["checkpoints"]["k"] == 4
     assert [p["name"] for p in data["frontier"]["points"]["grpo"]] == ["grpo@0.001",
                                                                       "grpo@1.0e-05"]
     assert data["claims"][0]["id"] == "F-kl_cov"

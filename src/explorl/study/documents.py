@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from explorl.config import builtin
+from explorl.study.checkpoints import checkpoint_json, checkpoint_table
 from explorl.study.claims import rule_notes
 from explorl.study.frontier_report import CLAIM_RULE, frontier_json, frontier_table
 from explorl.study.horizon import horizon_json, horizon_lines
@@ -114,12 +115,12 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
                     figures: list[tuple[str, str]], per_run: dict[str, list[dict]],
                     failed: list[JobResult], wall_s: float, budget: str, ev=None,
                     tuned: dict | None = None, jobs: list[int] | None = None, *,
-                    frontier=None, checkpoints: list[str] | None = None,
+                    frontier=None, checkpoints=None,
                     horizon=None) -> dict:
     """Write study.md, claims.md and study.json into ``out``; returns the study.json payload.
     ``jobs``: the job counts its invocations ran with (default the spec's); ``frontier``: the
-    sweep's ``Frontier``; ``checkpoints``: the table of pass@k at intermediate checkpoints;
-    ``horizon``: the entropy at those checkpoints (``horizon.Horizon``)."""
+    sweep's ``Frontier``; ``checkpoints``: pass@k at intermediate checkpoints
+    (``checkpoints.Checkpoints``); ``horizon``: the entropy at those (``horizon.Horizon``)."""
     cols = columns(spec.eval.k)
     timing = {k for k, _, _, t in cols if t}
     table_json = {name: {k: dataclasses.asdict(s) for k, s in table[name].items()}
@@ -160,8 +161,8 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
     front = frontier_table(frontier)
     if front:
         md += [f"## The pass@1–pass@{frontier.k} frontier", "", *front, ""]
-    if checkpoints:
-        md += ["## Checkpoints", "", *checkpoints, ""]
+    if checkpoints is not None:
+        md += ["## Checkpoints", "", *checkpoint_table(checkpoints), ""]
     if horizon is not None:
         md += ["## Entropy over training", "", *horizon_lines(horizon), ""]
     passk_md = passk_tables(ev)
@@ -213,6 +214,7 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
                      for t, pk in ev.passk_t.items()} if ev is not None else {}),
         **({"frontier": frontier_json(frontier)} if frontier is not None else {}),
         **({"horizon": horizon_json(horizon)} if horizon is not None else {}),
+        **({"checkpoints": checkpoint_json(checkpoints)} if checkpoints is not None else {}),
         "fingerprint": fp,
         "timing": {"wall_s": wall_s, "model_params": a_run.get("n_params")},
     }

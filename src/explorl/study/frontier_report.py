@@ -1,19 +1,15 @@
 """The frontier's part of the study's documents: its table, its claims ("method X moves the
-frontier outward"), its figure, its JSON, and the table of pass@k at intermediate checkpoints."""
+frontier outward"), its figure and its JSON."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from explorl.analysis.frontier import FPoint, Series, draw_frontier
 from explorl.study.claims import Cond
 from explorl.study.frontier import Frontier, Point
-from explorl.study.numbers import fmt_value
-from explorl.study.plan import RunPlan, checkpoint_of, value_text
-from explorl.study.stats import passk_diff, problem_passk
+from explorl.study.plan import value_text
 from explorl.study.tables import cell
 
 PAPERS = {  # the paper whose method an arm runs, by the recipe its name starts with
@@ -212,46 +208,3 @@ def draw(fr: Frontier | None, out_dir: Path, subtitle: str = "") -> list[tuple[s
                   subtitle=subtitle)
     return [(f"The pass@1–pass@{fr.k} frontier: every arm through its learning rates",
              "frontier.png")]
-
-
-def checkpoint_table(done: list[RunPlan], rows: list[str], k: int,
-                     baseline: str = "grpo") -> list[str]:
-    """pass@1 and pass@k (mean over seeds) of each row at every evaluated checkpoint and at
-    the end (``eval.checkpoints``), then each row − the baseline at each, with its paired
-    bootstrap interval and MDE."""
-    steps = sorted({s for p in done for f, _ in p.evals if (s := checkpoint_of(f)) is not None})
-    if not steps:
-        return []
-    last = max(p.cfg.max_steps for p in done)
-    cols = [*steps, last]
-    got: dict[tuple[str, int, int], dict[int, np.ndarray]] = {}  # (row, k, step) → seed → …
-    for p in done:
-        for st in cols:
-            path = p.out / ("eval" if st == last else f"eval_step{st}") / "problems.jsonl"
-            if path.exists():
-                for kk, v in problem_passk(path, [1, k]).items():
-                    got.setdefault((p.name, kk, st), {})[p.seed] = v
-    head = ["arm", *[f"pass@1 step {s}" for s in cols], *[f"pass@{k} step {s}" for s in cols]]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for name in rows:
-        cells = [fmt_value(float(np.mean(list(got[name, kk, st].values())))
-                         if (name, kk, st) in got else None) for kk in (1, k) for st in cols]
-        lines.append("| " + " | ".join([name, *cells]) + " |")
-    lines += ["", "Each checkpoint evaluated with the final protocol (mean over seeds)."]
-    others = [n for n in rows if n != baseline and any((baseline, 1, st) in got for st in cols)]
-    if not others:
-        return lines
-    head = ["arm", *[f"− {baseline}, pass@{kk} step {st}" for kk in (1, k) for st in cols]]
-    lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for name in others:
-        cells = []
-        for kk in (1, k):
-            for st in cols:
-                a, b = got.get((name, kk, st), {}), got.get((baseline, kk, st), {})
-                common = sorted(set(a) & set(b))
-                cells.append(cell(passk_diff(np.stack([a[x] for x in common]),
-                                             np.stack([b[x] for x in common]),
-                                             paired_seeds=True)) if common else "—")
-        lines.append("| " + " | ".join([name, *cells]) + " |")
-    return lines + ["", f"Differences with {baseline} on the seeds both finished: 95% bootstrap "
-                        "over problems and seeds (paired), ± the MDE."]

@@ -19,6 +19,7 @@ from explorl.analysis import make_report
 from explorl.config import builtin
 from explorl.files import write_text_atomic
 from explorl.models import resolve_model_path
+from explorl.study.checkpoints import checkpoint_passk, draw_checkpoints
 from explorl.study.claims import evaluate_claims
 from explorl.study.cost import Rates, plan_text
 from explorl.study.data import lab_models, pack, packable, unpack
@@ -26,8 +27,8 @@ from explorl.study.documents import publish, write_documents
 from explorl.study.evidence import Evidence
 from explorl.study.figures import draw_figures
 from explorl.study.frontier import analyse_frontier
-from explorl.study.frontier_report import checkpoint_table, frontier_claims
 from explorl.study.frontier_report import draw as draw_frontier
+from explorl.study.frontier_report import frontier_claims
 from explorl.study.horizon import draw_horizon, entropy_horizon
 from explorl.study.jobs import (
     EXIT_TIME_LIMIT,
@@ -134,16 +135,19 @@ def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: lis
                               frontier_k(spec), ev.base)
         claims = frontier_claims(fr) + [c for c in claims if c["verdict"] != "not run"]
         figures = draw_frontier(fr, out / "report", f"lab:{spec.task}") + figures
-    horizon = None
-    if spec.eval.checkpoints:  # a long horizon: entropy at each evaluated checkpoint
+    horizon = checkpoints = None
+    if spec.eval.checkpoints:  # a long horizon: entropy and pass@k at each evaluated checkpoint
         horizon = entropy_horizon(groups, [*spec.eval.checkpoints, spec.max_steps],
                                   spec.frontier.baseline)
-        figures = draw_horizon(groups, horizon, out / "report") + figures
+        checkpoints = checkpoint_passk(done, rows, frontier_k(spec), spec.frontier.baseline,
+                                       ev.base)
+        figures = (draw_checkpoints(checkpoints, out / "report")
+                   + draw_horizon(groups, horizon, out / "report") + figures)
     cfg0 = done[0].cfg
     budget = f"{cfg0.data.prompts_per_step} prompts × {cfg0.rollout.n_samples} samples"
     return write_documents(out, spec, spec_path, quick, rows, table, claims, figures, per_run,
                            failed, wall_s, budget, ev, tuned or {}, jobs, frontier=fr,
-                           checkpoints=checkpoint_table(done, rows, frontier_k(spec)),
+                           checkpoints=checkpoints,
                            horizon=horizon)
 
 

@@ -1,0 +1,240 @@
+"""pass@1 and pass@k at a long horizon's intermediate checkpoints (``eval.checkpoints``): each
+arm's test pass@k at every evaluated step with its interval, its difference with the baseline
+(paired), the steps where that difference is resolved, the table, the JSON and the figure.
+
+Every checkpoint is evaluated with the final protocol (same test problems, samples and
+temperature), so step 0 is the base model's own evaluation: every arm starts from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from explorl.analysis.runs import new_figure, save_figure, step_axes
+from explorl.study.numbers import fmt_value
+from explorl.study.plan import RunPlan, checkpoint_of
+from explorl.study.stats import Interval, passk_diff, passk_mean, problem_passk
+from explorl.study.tables import cell
+
+
+@dataclass
+class Checkpoints:
+    """Per (arm, k, step): {seed: per-problem pass@k}; ``base``: k → the base model's."""
+
+    steps: list[int]  # the evaluated checkpoints and the last step, sorted
+    k: int
+    baseline: str
+    arms: list[str]
+    got: dict[tuple[str, int, int], dict[int, np.ndarray]] = field(default_factory=dict)
+    base: dict[int, np.ndarray] | None = None
+
+    def seeds(self, arm: str, kk: int, step: int) -> list[int]:
+        return sorted(self.got.get((arm, kk, step), {}))
+
+    def mean(self, arm: str, kk: int, step: int) -> float | None:
+        """Mean over seeds and problems; None when no seed reached the step."""
+        v = self.got.get((arm, kk, step))
+        return float(np.mean([a.mean() for a in v.values()])) if v else None
+
+    def interval(self, arm: str, kk: int, step: int) -> Interval | None:
+        """The mean with its 95% bootstrap over problems and seeds (``stats.passk_mean``)."""
+        v = self.got.get((arm, kk, step))
+        return passk_mean(np.stack([v[s] for s in sorted(v)])) if v else None
+
+    def diff(self, arm: str, kk: int, step: int) -> Interval | None:
+        """``arm`` − the baseline at the step over the seeds both reached it with, paired by
+        problem and seed; None without a common seed."""
+        a, b = self.got.get((arm, kk, step), {}), self.got.get((self.baseline, kk, step), {})
+        common = sorted(set(a) & set(b))
+        if not common:
+            return None
+        return passk_diff(
+            np.stack([a[s] for s in common]), np.stack([b[s] for s in common]), paired_seeds=True
+        )
+
+    def resolved(self, arm: str, kk: int) -> list[int]:
+        """The steps where ``arm`` − the baseline excludes 0 (on 2 seeds or more)."""
+        out = []
+        for s in self.steps:
+            d = self.diff(arm, kk, s)
+            common = set(self.seeds(arm, kk, s)) & set(self.seeds(self.baseline, kk, s))
+            if d is not None and len(common) >= 2 and (d.low > 0 or d.high < 0):
+                out.append(s)
+        return out
+
+
+def checkpoint_passk(
+    done: list[RunPlan],
+    rows: list[str],
+    k: int,
+    baseline: str = "grpo",
+    base: dict[int, np.ndarray] | None = None,
+) -> Checkpoints | None:
+    """Read every finished run's checkpoint evaluations (``eval_step<s>``) and final one; None
+    when the study evaluated no intermediate checkpoint. ``base``: k → (1, problems) or
+    (problems,), the base model at the main temperature (step 0)."""
+    steps = sorted({s for p in done for f, _ in p.evals if (s := checkpoint_of(f)) is not None})
+    if not steps:
+        return None
+    last = max(p.cfg.max_steps for p in done)
+    cp = Checkpoints([*steps, last], k, baseline, list(rows))
+    if base is not None and 1 in base and k in base:
+        cp.base = {kk: np.asarray(base[kk], float).reshape(-1) for kk in (1, k)}
+    for p in done:
+        for st in cp.steps:
+            path = p.out / ("eval" if st == last else f"eval_step{st}") / "problems.jsonl"
+            if path.exists():
+                for kk, v in problem_passk(path, [1, k]).items():
+                    cp.got.setdefault((p.name, kk, st), {})[p.seed] = v
+    return cp
+
+
+def checkpoint_table(cp: Checkpoints | None) -> list[str]:
+    """The markdown of the study's "Checkpoints" section: pass@1 and pass@k (mean over seeds)
+    of each arm at every step, then each arm − the baseline with its paired interval and MDE,
+    and the steps where that difference is resolved."""
+    if cp is None:
+        return []
+    k, cols = cp.k, cp.steps
+    head = ["arm", *[f"pass@1 step {s}" for s in cols], *[f"pass@{k} step {s}" for s in cols]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in cp.arms:
+        cells = [fmt_value(cp.mean(name, kk, st)) for kk in (1, k) for st in cols]
+        lines.append("| " + " | ".join([name, *cells]) + " |")
+    start = ""
+    if cp.base is not None:
+        start = (
+            f" Step 0 is the base model: pass@1 {cp.base[1].mean():.3f}, pass@{k} "
+            f"{cp.base[k].mean():.3f}."
+        )
+    lines += ["", "Each checkpoint evaluated with the final protocol (mean over seeds)." + start]
+    others = [
+        n
+        for n in cp.arms
+        if n != cp.baseline and any((cp.baseline, 1, st) in cp.got for st in cols)
+    ]
+    if not others:
+        return lines
+    head = [
+        "arm",
+        *[f"− {cp.baseline}, pass@{kk} step {st}" for kk in (1, k) for st in cols],
+        "pass@1 resolved at steps",
+        f"pass@{k} resolved at steps",
+    ]
+    lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in others:
+        cells = [cell(cp.diff(name, kk, st)) for kk in (1, k) for st in cols]
+        n = max(
+            (len(set(cp.seeds(name, 1, s)) & set(cp.seeds(cp.baseline, 1, s))) for s in cols),
+            default=0,
+        )
+        where = [
+            ", ".join(map(str, cp.resolved(name, kk))) or "none" if n >= 2 else "one seed"
+            for kk in (1, k)
+        ]
+        lines.append("| " + " | ".join([name, *cells, *where]) + " |")
+    return lines + [
+        "",
+        f"Differences with {cp.baseline} on the seeds both finished: 95% "
+        "bootstrap over problems and seeds (paired), ± the MDE; **resolved at "
+        "steps**: where that interval excludes 0 (2 seeds or more).",
+    ]
+
+
+def checkpoint_json(cp: Checkpoints | None) -> dict | None:
+    if cp is None:
+        return None
+    arms = {}
+    for name in cp.arms:
+        per = {}
+        for kk in (1, cp.k):
+            at = {
+                str(s): {"mean": iv.to_json(), "seeds": cp.seeds(name, kk, s)}
+                | (
+                    {"minus_baseline": d.to_json()}
+                    if (d := cp.diff(name, kk, s)) is not None and name != cp.baseline
+                    else {}
+                )
+                for s in cp.steps
+                if (iv := cp.interval(name, kk, s)) is not None
+            }
+            per[f"pass@{kk}"] = {
+                "at": at,
+                "resolved_at": cp.resolved(name, kk) if name != cp.baseline else [],
+            }
+        arms[name] = per
+    base = (
+        {f"pass@{kk}": float(v.mean()) for kk, v in cp.base.items()}
+        if cp.base is not None
+        else None
+    )
+    return {"steps": cp.steps, "k": cp.k, "baseline": cp.baseline, "base": base, "arms": arms}
+
+
+def draw_checkpoints(cp: Checkpoints | None, out_dir: Path) -> list[tuple[str, str]]:
+    """``horizon_passk.png``: test pass@1 (left) and pass@k (right) against the training step,
+    one line per arm through its checkpoints from the base model at step 0, bars the 95%
+    bootstrap over problems and seeds; (title, file) or none."""
+    if cp is None:
+        return []
+    fig, axes = new_figure(1, 2, width=5.4, height=4.2, suptitle=True)
+    handles = {}
+    for col, kk in enumerate((1, cp.k)):
+        ax = axes[0][col]
+        for i, arm in enumerate(cp.arms):
+            color = "black" if arm == cp.baseline else f"C{i % 10}"
+            pts = [(s, iv) for s in cp.steps if (iv := cp.interval(arm, kk, s)) is not None]
+            if not pts:
+                continue
+            shift = (i - (len(cp.arms) - 1) / 2) * 0.006 * cp.steps[-1]  # bars side by side
+            xs, ys = [s + shift for s, _ in pts], [iv.estimate for _, iv in pts]
+            lo = [iv.estimate - iv.low for _, iv in pts]
+            hi = [iv.high - iv.estimate for _, iv in pts]
+            if cp.base is not None:  # every arm starts from the base model
+                ax.plot(
+                    [0, xs[0]],
+                    [cp.base[kk].mean(), ys[0]],
+                    color=color,
+                    linewidth=1.0,
+                    linestyle=":",
+                )
+            n = max(len(cp.seeds(arm, kk, s)) for s, _ in pts)
+            h = ax.errorbar(
+                xs,
+                ys,
+                yerr=[lo, hi],
+                color=color,
+                marker="o",
+                markersize=4,
+                linewidth=2.0 if arm == cp.baseline else 1.4,
+                capsize=3,
+                label=f"{arm} ({n} seed{'s' if n > 1 else ''})",
+            )
+            handles.setdefault(arm, h)
+        if cp.base is not None:
+            b = ax.plot(
+                [0],
+                [cp.base[kk].mean()],
+                marker="s",
+                color="0.35",
+                markersize=7,
+                linestyle="none",
+                label="base model",
+            )[0]
+            handles.setdefault("base model", b)
+        ax.set_xlabel("training step")
+        ax.set_ylabel(f"test pass@{kk}")
+        ax.set_title(f"pass@{kk}", fontsize="medium")
+        ax.grid(alpha=0.3)
+        step_axes(ax)
+    axes[0][1].legend(handles.values(), [h.get_label() for h in handles.values()], fontsize="small")
+    fig.suptitle(
+        f"Test pass@1 and pass@{cp.k} at the evaluated checkpoints (bars: 95% "
+        "bootstrap over problems and seeds)",
+        fontsize="medium",
+    )
+    save_figure(fig, out_dir / "horizon_passk.png", dpi=90)
+    return [(f"Test pass@1 and pass@{cp.k} at each checkpoint", "horizon_passk.png")]

@@ -1,0 +1,113 @@
+"""pass@k at a long horizon's checkpoints (``explorl.study.checkpoints``): the means, the
+one-arm interval, the paired difference with the baseline, the steps where it is resolved, the
+table, the JSON and the figure, against numbers worked out by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from explorl.study.checkpoints import (
+    checkpoint_json,
+    checkpoint_passk,
+    checkpoint_table,
+    draw_checkpoints,
+)
+from explorl.study.stats import passk_diff, passk_mean
+
+N = 4  # samples per problem: pass@1 = c/4, pass@4 = 1 when c ≥ 1
+
+
+def _eval(folder: Path, correct: list[int]) -> None:
+    folder.mkdir(parents=True)
+    (folder / "problems.jsonl").write_text(
+        "".join(json.dumps({"n_samples": N, "n_correct": c}) + "\n" for c in correct)
+    )
+
+
+def _plan(root: Path, name: str, seed: int, at5: list[int], at10: list[int] | None):
+    """A finished run with a checkpoint evaluation at step 5 and (unless ``at10`` is None, a
+    run that has not finished) the final one at step 10."""
+    out = root / f"{name}-seed{seed}"
+    _eval(out / "eval_step5", at5)
+    evals = [("eval", None), ("eval_step5", None)]
+    if at10 is not None:
+        _eval(out / "eval", at10)
+    return SimpleNamespace(
+        name=name, seed=seed, out=out, evals=evals, cfg=SimpleNamespace(max_steps=10)
+    )
+
+
+@pytest.fixture
+def cp(tmp_path):
+    done = [
+        # GRPO at step 5: problems (0, 1) correct 0 and 1 of 4 → pass@1 (0, 0.25), pass@4 (0, 1)
+        _plan(tmp_path, "grpo", 0, [0, 1], [4, 4]),
+        _plan(tmp_path, "grpo", 1, [0, 1], [4, 4]),
+        # m at step 5: 2 and 3 of 4 → pass@1 (0.5, 0.75), pass@4 (1, 1); step 10 as GRPO
+        _plan(tmp_path, "m", 0, [2, 3], [4, 4]),
+        _plan(tmp_path, "m", 1, [2, 3], [4, 4]),
+        _plan(tmp_path, "late", 0, [4, 0], None),  # one seed, stopped before step 10
+    ]
+    base = {1: np.array([[0.25, 0.25]]), 4: np.array([[1.0, 1.0]])}
+    return checkpoint_passk(done, ["grpo", "m", "late"], 4, "grpo", base)
+
+
+def test_passk_mean_by_hand_and_as_a_difference_with_nothing():
+    a = np.array([[0.0, 1.0], [1.0, 1.0]])
+    iv = passk_mean(a)
+    # 0 needs both problem draws on problem 0 and both seed draws on seed 0: 1/16 > 2.5%;
+    # 1 needs both problems on problem 1 or both seeds on seed 1: 7/16 > 2.5%
+    assert (iv.estimate, iv.low, iv.high) == pytest.approx((0.75, 0.0, 1.0))
+    d = passk_diff(a, np.zeros_like(a), paired_seeds=True)  # the same draws
+    assert (d.low, d.high) == pytest.approx((iv.low, iv.high))
+
+
+def test_means_differences_and_resolved_steps(cp):
+    assert cp.steps == [5, 10]
+    assert cp.mean("grpo", 1, 5) == pytest.approx(0.125)
+    assert cp.mean("m", 1, 5) == pytest.approx(0.625)
+    assert cp.mean("grpo", 4, 5) == pytest.approx(0.5)
+    assert cp.mean("late", 1, 10) is None and cp.seeds("late", 1, 5) == [0]
+    d = cp.diff("m", 1, 5)  # (0.5, 0.5) on every problem and seed: no spread
+    assert (d.estimate, d.low, d.high) == pytest.approx((0.5, 0.5, 0.5))
+    d4 = cp.diff("m", 4, 5)  # (1, 0) per seed: problem draws give 0 to 1
+    assert (d4.estimate, d4.low, d4.high) == pytest.approx((0.5, 0.0, 1.0))
+    assert cp.diff("m", 1, 10).estimate == pytest.approx(0.0)
+    assert cp.resolved("m", 1) == [5] and cp.resolved("m", 4) == []
+    assert cp.resolved("late", 1) == []  # one seed decides nothing
+    assert cp.diff("late", 1, 10) is None
+
+
+def test_the_table_the_json_and_the_figure(cp, tmp_path):
+    md = "\n".join(checkpoint_table(cp))
+    assert "| grpo | 0.125 | 1.000 | 0.500 | 1.000 |" in md
+    assert "| m | 0.625 | 1.000 | 1.000 | 1.000 |" in md
+    assert "| late | 0.500 | — | 0.500 | — |" in md  # (1, 0) at step 5
+    assert "Step 0 is the base model: pass@1 0.250, pass@4 1.000." in md
+    row = next(line for line in md.splitlines() if line.startswith("| m | **+0.500"))
+    assert row.endswith("| 5 | none |")
+    assert next(
+        line for line in md.splitlines() if line.startswith("| late | ") and "one seed" in line
+    )
+    js = json.loads(json.dumps(checkpoint_json(cp)))
+    assert js["steps"] == [5, 10] and js["base"] == {"pass@1": 0.25, "pass@4": 1.0}
+    assert js["arms"]["m"]["pass@1"]["resolved_at"] == [5]
+    assert js["arms"]["m"]["pass@1"]["at"]["5"]["minus_baseline"]["estimate"] == pytest.approx(0.5)
+    assert js["arms"]["grpo"]["pass@4"]["at"]["5"]["mean"]["estimate"] == pytest.approx(0.5)
+    assert "minus_baseline" not in js["arms"]["grpo"]["pass@1"]["at"]["5"]
+    ((title, name),) = draw_checkpoints(cp, tmp_path)
+    assert (tmp_path / name).is_file() and "pass@4" in title
+    assert checkpoint_table(None) == [] and checkpoint_json(None) is None
+    assert draw_checkpoints(None, tmp_path) == []
+
+
+def test_no_checkpoint_evaluations_no_section(tmp_path):
+    plan = SimpleNamespace(
+        name="grpo", seed=0, out=tmp_path, evals=[("eval", None)], cfg=SimpleNamespace(max_steps=10)
+    )
+    assert checkpoint_passk([plan], ["grpo"], 4) is None
