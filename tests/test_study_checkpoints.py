@@ -111,3 +111,47 @@ def test_no_checkpoint_evaluations_no_section(tmp_path):
         name="grpo", seed=0, out=tmp_path, evals=[("eval", None)], cfg=SimpleNamespace(max_steps=10)
     )
     assert checkpoint_passk([plan], ["grpo"], 4) is None
+
+
+def _run(name, seed, entropies):
+    from explorl.analysis.runs import Run
+    return Run(Path("."), name, seed, [{"step": 1 + i, "entropy/mean": h}
+                                       for i, h in enumerate(entropies)])
+
+
+def test_horizon_claims_by_hand():
+    """GRPO falls to 0.2 of its start (collapses); m ends 0.6 above it in entropy ratio and
+    (1, 0) pass@4 above it per problem on both seeds; one-seed arms are n/a."""
+    from explorl.study.checkpoints import Checkpoints, horizon_claims
+    from explorl.study.horizon import entropy_horizon
+
+    groups = {"grpo": [_run("grpo", 0, [1, 1, 0.8, 0.6, 0.5, 0.4, 0.3, 0.1]),
+                       _run("grpo", 1, [2, 2, 1.6, 1.2, 1.0, 0.8, 0.4, 0.4])],
+              "m": [_run("m", 0, [1, 1, 1, 1, 1, 1, 0.9, 0.9]),
+                    _run("m", 1, [1, 1, 1, 1, 1, 1, 0.7, 0.7])],
+              "solo": [_run("solo", 0, [1] * 8)]}
+    h = entropy_horizon(groups, [4, 8], window=2)
+    cp = Checkpoints([4, 8], 4, "grpo", ["grpo", "m", "solo"])
+    for seed in (0, 1):
+        for st in (4, 8):
+            cp.got.setdefault(("grpo", 4, st), {})[seed] = np.array([0.0, 1.0])
+            cp.got.setdefault(("m", 4, st), {})[seed] = np.array([1.0, 1.0] if st == 8
+                                                                 else [0.0, 1.0])
+    claims = {c["id"]: c for c in horizon_claims(h, cp)}
+    assert list(claims) == ["H-collapse", "L-m", "L-solo"]
+    col = claims["H-collapse"]
+    assert col["verdict"] == "shown" and col["conditions"][0]["null"] == pytest.approx(0.3)
+    assert col["conditions"][0]["interval"]["estimate"] == pytest.approx(0.2)
+    lm = claims["L-m"]
+    # entropy: +0.3 at step 4 (resolved), +0.6 [0.5, 0.7] at 8; pass@4: 0 at 4, 0.5 [0, 1] at 8
+    assert [c["verdict"] for c in lm["conditions"]] == ["shown", "not shown"]
+    assert lm["verdict"] == "partial"
+    assert lm["conditions"][1]["interval"]["estimate"] == pytest.approx(0.5)
+    assert lm["numbers"].endswith("entropy resolved at steps: 4, 8; pass@4 resolved at steps: "
+                                  "none")
+    assert claims["L-solo"]["verdict"] == "n/a"
+    assert "1 seed shared with grpo" in claims["L-solo"]["numbers"]
+    assert horizon_claims(None, cp) == []
+    # a baseline with one seed decides nothing either
+    one = entropy_horizon({"grpo": groups["grpo"][:1]}, [4, 8], window=2)
+    assert horizon_claims(one, None)[0]["verdict"] == "n/a"

@@ -1,6 +1,7 @@
 """pass@1 and pass@k at a long horizon's intermediate checkpoints (``eval.checkpoints``): each
 arm's test pass@k at every evaluated step with its interval, its difference with the baseline
-(paired), the steps where that difference is resolved, the table, the JSON and the figure.
+(paired), the steps where that difference is resolved, the table, the JSON and the figure; and
+the long horizon's claims (the baseline's collapse, each arm ending above it).
 
 Every checkpoint is evaluated with the final protocol (same test problems, samples and
 temperature), so step 0 is the base model's own evaluation: every arm starts from it.
@@ -14,6 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from explorl.analysis.runs import new_figure, save_figure, step_axes
+from explorl.study.claims import E3, EM, Cond, combine
+from explorl.study.frontier_report import PAPERS
+from explorl.study.horizon import COLLAPSE, Horizon
 from explorl.study.numbers import fmt_value
 from explorl.study.plan import RunPlan, checkpoint_of
 from explorl.study.stats import Interval, passk_diff, passk_mean, problem_passk
@@ -238,3 +242,54 @@ def draw_checkpoints(cp: Checkpoints | None, out_dir: Path) -> list[tuple[str, s
     )
     save_figure(fig, out_dir / "horizon_passk.png", dpi=90)
     return [(f"Test pass@1 and pass@{cp.k} at each checkpoint", "horizon_passk.png")]
+
+
+HORIZON_RULE = """\
+The long-horizon claims are judged at the last step. **H-collapse**: the baseline's entropy
+there ÷ its start (95% bootstrap over seeds) lies below 0.30, a fall of 70% or more. **L-…**: the
+arm ends with more entropy (its ratio − the baseline's, paired by seed) and more pass@{k} (paired
+bootstrap over problems and seeds) than the baseline; the steps where each difference is resolved
+follow the numbers. A claim on one seed is **n/a**: a bootstrap over one seed has no spread."""
+
+
+def horizon_claims(h: Horizon | None, cp: Checkpoints | None) -> list[dict]:
+    """The baseline's collapse and, per other arm, "ends with more entropy and pass@k than the
+    baseline", in ``evaluate_claims``' row format (``HORIZON_RULE``)."""
+    if h is None or h.baseline not in h.ratio:
+        return []
+    last, base = h.steps[-1], h.baseline
+    out = []
+
+    def row(id_: str, claim: str, paper: str, needs: list[str], conds: list[Cond],
+            seeds: int, after: str = "") -> dict:
+        r = {"id": id_, "claim": claim, "paper": paper, "needs": needs}
+        if seeds < 2:
+            return r | {"numbers": f"not testable: {seeds} seed{'s' if seeds != 1 else ''}"
+                                   f"{' shared with ' + base if needs[1:] else ''}",
+                        "conditions": [], "verdict": "n/a"}
+        return r | {"numbers": "; ".join(c.text() for c in conds) + after,
+                    "conditions": [{"label": c.label, "direction": c.direction, "null": c.null,
+                                    "interval": c.iv.to_json() if c.iv else None,
+                                    "verdict": c.verdict} for c in conds],
+                    "verdict": combine([c.verdict for c in conds])}
+
+    out.append(row("H-collapse", f"{base}'s entropy collapses over {last} steps (falls by "
+                   f"{1 - COLLAPSE:.0%} or more)", f"{EM} §2; {E3} Fig. 1", [base],
+                   [Cond(f"{base} H step {last} / H start", h.ratio[base].get(last), -1,
+                         COLLAPSE)], len(h.seeds[base])))
+    for arm in h.ratio:
+        if arm == base:
+            continue
+        paper = next((v for key, v in PAPERS.items() if arm.startswith(key)), "")
+        conds = [Cond(f"H step {last} / H start, {arm} − {base}", h.diff.get(arm, {}).get(last),
+                      +1)]
+        after = f"; entropy resolved at steps: {', '.join(map(str, h.parted(arm))) or 'none'}"
+        if cp is not None:
+            conds.append(Cond(f"{arm} − {base}, test pass@{cp.k} at step {last}",
+                              cp.diff(arm, cp.k, last), +1))
+            after += (f"; pass@{cp.k} resolved at steps: "
+                      f"{', '.join(map(str, cp.resolved(arm, cp.k))) or 'none'}")
+        out.append(row(f"L-{arm}", f"{arm} ends {last} steps with more entropy and pass@"
+                       f"{cp.k if cp else 'k'} than {base}", paper, [base, arm], conds,
+                       h.paired.get(arm, 0), after))
+    return out

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from explorl.config import builtin
-from explorl.study.checkpoints import checkpoint_json, checkpoint_table
+from explorl.study.checkpoints import HORIZON_RULE, checkpoint_json, checkpoint_table
 from explorl.study.claims import rule_notes
 from explorl.study.frontier_report import CLAIM_RULE, frontier_json, frontier_table
 from explorl.study.horizon import horizon_json, horizon_lines
@@ -173,6 +173,8 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
     if temps:
         md += ["## Evaluation temperature", "", *temps, ""]
     rules = rule_notes(len(spec.seeds)) + ("\n\n" + CLAIM_RULE if front else "")
+    if any(c["id"] == "H-collapse" for c in claims):
+        rules += "\n\n" + HORIZON_RULE.format(k=checkpoints.k if checkpoints else "k")
     md += ["## Claims", "", *claims_md, "", rules, ""]
     abl = ablation_tables(spec, ev)
     if abl:

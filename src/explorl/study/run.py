@@ -19,7 +19,7 @@ from explorl.analysis import make_report
 from explorl.config import builtin
 from explorl.files import write_text_atomic
 from explorl.models import resolve_model_path
-from explorl.study.checkpoints import checkpoint_passk, draw_checkpoints
+from explorl.study.checkpoints import checkpoint_passk, draw_checkpoints, horizon_claims
 from explorl.study.claims import evaluate_claims
 from explorl.study.cost import Rates, plan_text
 from explorl.study.data import lab_models, pack, packable, unpack
@@ -143,6 +143,10 @@ def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: lis
                                        ev.base)
         figures = (draw_checkpoints(checkpoints, out / "report")
                    + draw_horizon(groups, horizon, out / "report") + figures)
+        long = horizon_claims(horizon, checkpoints)  # these replace the claims it does not run
+        claims = [*[c for c in claims if c["id"].startswith("F-")], *long,
+                  *[c for c in claims if not c["id"].startswith("F-")
+                    and (c["verdict"] != "not run" or not long)]]
     cfg0 = done[0].cfg
     budget = f"{cfg0.data.prompts_per_step} prompts × {cfg0.rollout.n_samples} samples"
     return write_documents(out, spec, spec_path, quick, rows, table, claims, figures, per_run,
