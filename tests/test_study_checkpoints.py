@@ -155,3 +155,38 @@ def test_horizon_claims_by_hand():
     # a baseline with one seed decides nothing either
     one = entropy_horizon({"grpo": groups["grpo"][:1]}, [4, 8], window=2)
     assert horizon_claims(one, None)[0]["verdict"] == "n/a"
+
+
+def test_the_frontier_along_training_by_hand():
+    """GRPO's checkpoints (0.4, 0.9) at step 5 and (0.6, 0.7) at 10: its frontier at pass@1 0.5
+    is the chord's 0.8. m at step 5 (0.5, 0.85) lies 0.05 above it; m at step 10 (0.5, 0.80) is
+    beaten by m's own step 5 and not judged. Every problem and seed alike: no spread."""
+    from explorl.study.checkpoints import Checkpoints, training_frontier
+    from explorl.study.frontier_report import claim_rule, frontier_claims, frontier_table
+
+    cp = Checkpoints([5, 10], 4, "grpo", ["grpo", "m"])
+    values = {("grpo", 5): (0.4, 0.9), ("grpo", 10): (0.6, 0.7), ("m", 5): (0.5, 0.85),
+              ("m", 10): (0.5, 0.80)}
+    for (arm, step), (p1, pk) in values.items():
+        for seed in (0, 1):
+            cp.got.setdefault((arm, 1, step), {})[seed] = np.full(3, p1)
+            cp.got.setdefault((arm, 4, step), {})[seed] = np.full(3, pk)
+    cp.base = {1: np.full(3, 0.3), 4: np.full(3, 0.95)}
+    fr = training_frontier(cp)
+    assert (fr.knob, fr.unit, fr.base) == ("step", "checkpoint", pytest.approx((0.3, 0.95)))
+    m5, m10 = fr.points["m"]
+    assert (m5.value, m5.name) == (5, "m@step5")
+    assert (m5.gap_k.estimate, m5.gap_k.low, m5.gap_k.high) == pytest.approx((0.05, 0.05, 0.05))
+    assert m10.beaten_by == (5,) and m5.beaten_by is None
+    (claim,) = frontier_claims(fr, "T", " along training")
+    assert claim["id"] == "T-m" and claim["verdict"] == "shown"
+    assert claim["claim"] == "m moves the pass@1–pass@4 frontier along training outward"
+    assert "step 10 (by step 5)" in claim["numbers"]
+    md = "\n".join(frontier_table(fr))
+    assert "| arm | step | pass@1 | pass@4 |" in md
+    assert "Each arm's points are its checkpoints" in md
+    assert "At step 5, 10 grpo loses pass@4" in md
+    assert claim_rule(fr, "T").startswith("A frontier claim (T-…)")
+    assert training_frontier(None) is None
+    one = Checkpoints([10], 4, "grpo", ["grpo"], {k: v for k, v in cp.got.items() if k[2] == 10})
+    assert training_frontier(one) is None  # one GRPO checkpoint defines no frontier

@@ -11,6 +11,7 @@ a bootstrap over problems and runs.
 from __future__ import annotations
 
 import json
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,7 +69,7 @@ def _limits(series: list[Series], base: tuple[float, float] | None) -> tuple[tup
     return (x0 - pad(x0, x1), x1 + pad(x0, x1)), (y0 - pad(y0, y1), y1 + pad(y0, y1))
 
 
-BEATEN = "open marker: beaten by the method's own learning rates"
+BEATEN = "open marker: beaten by the method's own {units}"
 
 
 def _draw_series(ax, s: Series, color: str, baseline: bool) -> bool:
@@ -103,10 +104,12 @@ def _draw_series(ax, s: Series, color: str, baseline: bool) -> bool:
 
 def draw_frontier(series: list[Series], path: Path, k: int, *, base: tuple[float, float] | None
                   = None, hull: list[tuple[float, float]] | None = None,
-                  subtitle: str = "", split: str = "test") -> Path:
+                  subtitle: str = "", split: str = "test", unit: str = "learning rate",
+                  labels: str = "") -> Path:
     """pass@k against pass@1: the first series (the baseline) in black, the others in colour,
-    each point labelled with its learning rate, the base model as a star and the baseline's
-    frontier (``hull``: the points of its line, sorted by pass@1) dashed.
+    each point labelled with its learning rate (``unit``: what the points sweep; ``labels``: what
+    the labels say, default the unit), the base model as a star and the baseline's frontier
+    (``hull``: the points of its line, sorted by pass@1) dashed.
 
     Up to two methods share one panel with the baseline; more get a panel each (small
     multiples on the same axes, each with the baseline, its frontier and the base model), so
@@ -126,6 +129,7 @@ def draw_frontier(series: list[Series], path: Path, k: int, *, base: tuple[float
     title = f"pass@1–pass@{k} frontier" + (f": {subtitle}" if subtitle else "")
     xlabel = f"{split} pass@1 (mean over seeds and problems; bars: 95% intervals)"
     open_marker = False
+    beaten_label = "\n".join(textwrap.wrap(BEATEN.format(units=unit + "s"), 24))
     for n, ax in enumerate(axes.flat):
         if n >= len(panels):
             ax.set_axis_off()
@@ -146,10 +150,10 @@ def draw_frontier(series: list[Series], path: Path, k: int, *, base: tuple[float
         if single:
             ax.set_xlabel(xlabel)
             ax.set_ylabel(f"{split} pass@{k}")
-            ax.set_title(title + "\n(labels: the learning rate)", fontsize="medium")
+            ax.set_title(title + f"\n(labels: the {labels or unit})", fontsize="medium")
             if open_marker:
                 ax.plot([], [], linestyle="none", marker="o", markerfacecolor="white",
-                        markeredgecolor="0.3", label=BEATEN.replace(": ", ":\n"))
+                        markeredgecolor="0.3", label=beaten_label)
             ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
             continue
         s = panels[n][0]
@@ -166,9 +170,10 @@ def draw_frontier(series: list[Series], path: Path, k: int, *, base: tuple[float
             from matplotlib.lines import Line2D
 
             keep.append((Line2D([], [], linestyle="none", marker="o", markerfacecolor="white",
-                                markeredgecolor="0.3"), BEATEN.replace(": ", ":\n")))
-        fig.suptitle(f"{title}\n(one panel per method, on the same axes; labels: the learning "
-                     f"rate; bars: 95% intervals over seeds and problems)", fontsize="medium")
+                                markeredgecolor="0.3"), beaten_label))
+        fig.suptitle(f"{title}\n(one panel per method, on the same axes; labels: the "
+                     f"{labels or unit}; "
+                     "bars: 95% intervals over seeds and problems)", fontsize="medium")
         spare = [ax for ax in axes.flat[len(panels):]]
         if spare:  # the legend in the first empty cell, else at the top right
             spare[0].legend(*zip(*keep), loc="center", fontsize="small", frameon=False)

@@ -1,7 +1,9 @@
 """pass@1 and pass@k at a long horizon's intermediate checkpoints (``eval.checkpoints``): each
 arm's test pass@k at every evaluated step with its interval, its difference with the baseline
 (paired), the steps where that difference is resolved, the table, the JSON and the figure; and
-the long horizon's claims (the baseline's collapse, each arm ending above it).
+the long horizon's claims (the baseline's collapse, each arm ending above it) and the frontier
+along training (each arm's checkpoints against the baseline's, as the learning-rate frontier
+compares learning rates).
 
 Every checkpoint is evaluated with the final protocol (same test problems, samples and
 temperature), so step 0 is the base model's own evaluation: every arm starts from it.
@@ -16,6 +18,7 @@ import numpy as np
 
 from explorl.analysis.runs import new_figure, save_figure, step_axes
 from explorl.study.claims import E3, EM, Cond, combine
+from explorl.study.frontier import Frontier, analyse_frontier
 from explorl.study.frontier_report import PAPERS
 from explorl.study.horizon import COLLAPSE, Horizon
 from explorl.study.numbers import fmt_value
@@ -293,3 +296,30 @@ def horizon_claims(h: Horizon | None, cp: Checkpoints | None) -> list[dict]:
                        f"{cp.k if cp else 'k'} than {base}", paper, [base, arm], conds,
                        h.paired.get(arm, 0), after))
     return out
+
+
+def training_frontier(cp: Checkpoints | None) -> Frontier | None:
+    """The frontier along training: each arm's checkpoints as the points of a sweep (the value
+    is the step), compared with the baseline's checkpoints' frontier exactly as the
+    learning-rate frontier is (``frontier.analyse_frontier``): a method must beat stopping the
+    baseline early, not only the baseline at the same step. None with fewer than two of the
+    baseline's checkpoints."""
+    if cp is None:
+        return None
+    passk, seeds, points = {}, {}, {}
+    for arm in sorted(cp.arms, key=lambda a: a != cp.baseline):
+        for s in cp.steps:
+            v1, vk = cp.got.get((arm, 1, s), {}), cp.got.get((arm, cp.k, s), {})
+            both = sorted(set(v1) & set(vk))
+            if not both:
+                continue
+            name = f"{arm}@step{s}"
+            passk[name] = {1: np.stack([v1[x] for x in both]),
+                           cp.k: np.stack([vk[x] for x in both])}
+            seeds[name] = both
+            points.setdefault(arm, []).append((s, name))
+    base = {kk: v.reshape(1, -1) for kk, v in cp.base.items()} if cp.base is not None else None
+    fr = analyse_frontier(passk, seeds, points, cp.baseline, cp.k, base)
+    if fr is not None:
+        fr.knob, fr.unit = "step", "checkpoint"
+    return fr

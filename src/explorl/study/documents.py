@@ -14,7 +14,7 @@ from typing import Any
 from explorl.config import builtin
 from explorl.study.checkpoints import HORIZON_RULE, checkpoint_json, checkpoint_table
 from explorl.study.claims import rule_notes
-from explorl.study.frontier_report import CLAIM_RULE, frontier_json, frontier_table
+from explorl.study.frontier_report import claim_rule, frontier_json, frontier_table
 from explorl.study.horizon import horizon_json, horizon_lines
 from explorl.study.jobs import JobResult
 from explorl.study.numbers import Stat, columns
@@ -115,12 +115,12 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
                     figures: list[tuple[str, str]], per_run: dict[str, list[dict]],
                     failed: list[JobResult], wall_s: float, budget: str, ev=None,
                     tuned: dict | None = None, jobs: list[int] | None = None, *,
-                    frontier=None, checkpoints=None,
-                    horizon=None) -> dict:
+                    frontier=None, checkpoints=None, horizon=None, along=None) -> dict:
     """Write study.md, claims.md and study.json into ``out``; returns the study.json payload.
     ``jobs``: the job counts its invocations ran with (default the spec's); ``frontier``: the
     sweep's ``Frontier``; ``checkpoints``: pass@k at intermediate checkpoints
-    (``checkpoints.Checkpoints``); ``horizon``: the entropy at those (``horizon.Horizon``)."""
+    (``checkpoints.Checkpoints``); ``horizon``: the entropy at those (``horizon.Horizon``);
+    ``along``: the frontier along training (``checkpoints.training_frontier``)."""
     cols = columns(spec.eval.k)
     timing = {k for k, _, _, t in cols if t}
     table_json = {name: {k: dataclasses.asdict(s) for k, s in table[name].items()}
@@ -163,6 +163,9 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
         md += [f"## The pass@1–pass@{frontier.k} frontier", "", *front, ""]
     if checkpoints is not None:
         md += ["## Checkpoints", "", *checkpoint_table(checkpoints), ""]
+    along_md = frontier_table(along)
+    if along_md:
+        md += [f"## The pass@1–pass@{along.k} frontier along training", "", *along_md, ""]
     if horizon is not None:
         md += ["## Entropy over training", "", *horizon_lines(horizon), ""]
     passk_md = passk_tables(ev)
@@ -172,7 +175,9 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
     temps = temperature_tables(ev)
     if temps:
         md += ["## Evaluation temperature", "", *temps, ""]
-    rules = rule_notes(len(spec.seeds)) + ("\n\n" + CLAIM_RULE if front else "")
+    rules = rule_notes(len(spec.seeds)) + ("\n\n" + claim_rule(frontier) if front else "")
+    if along_md:
+        rules += "\n\n" + claim_rule(along, "T")
     if any(c["id"] == "H-collapse" for c in claims):
         rules += "\n\n" + HORIZON_RULE.format(k=checkpoints.k if checkpoints else "k")
     md += ["## Claims", "", *claims_md, "", rules, ""]
@@ -217,6 +222,7 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
         **({"frontier": frontier_json(frontier)} if frontier is not None else {}),
         **({"horizon": horizon_json(horizon)} if horizon is not None else {}),
         **({"checkpoints": checkpoint_json(checkpoints)} if checkpoints is not None else {}),
+        **({"frontier_along_training": frontier_json(along)} if along is not None else {}),
         "fingerprint": fp,
         "timing": {"wall_s": wall_s, "model_params": a_run.get("n_params")},
     }

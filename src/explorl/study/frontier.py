@@ -104,6 +104,8 @@ class Frontier:
     hull: Hull | None = None
     seeds: dict[str, list[int]] = field(default_factory=dict)  # per arm: the seeds compared
     base: tuple[float, float] | None = None  # the model before RL: (pass@1, pass@k)
+    knob: str = "lr"  # what the points sweep, as the documents name a value ("lr 5e-05")
+    unit: str = "learning rate"  # and in words
 
 
 def _power(d: np.ndarray) -> Power | None:

@@ -21,10 +21,10 @@ PAPERS = {  # the paper whose method an arm runs, by the recipe its name starts 
 LEFT_OUT = 0.05  # a gap whose replicates leave GRPO's range more often than this is marked
 
 FRONTIER_NOTES = """\
-Each arm trains at every learning rate of the sweep; a point is its mean test pass@1 and
+{intro}; a point is its mean test pass@1 and
 pass@{k} over seeds and problems. GRPO's frontier is the upper concave hull of its points, and
 at each pass@1 the most pass@{k} that hull reaches at that pass@1 or more (flat left of its
-highest point): a learning rate below the chord of two others does not define it. **pass@{k} −
+highest point): a {unit} below the chord of two others does not define it. **pass@{k} −
 frontier**: the point's pass@{k} minus GRPO's frontier at the point's pass@1 (none outside GRPO's
 pass@1 range: no extrapolation); **pass@1 − frontier**: its pass@1 minus the most pass@1 GRPO
 reaches while keeping pass@{k} at the point's level. Intervals: 95% bootstrap over problems and
@@ -34,18 +34,18 @@ test**: the share of replicates in which the point lies outside every mix of GRP
 (more pass@1 *and* more pass@{k} than any of them reach together): *outside* at ≥ 97.5%,
 *inside* at ≤ 2.5%, else *undecided*. **†**: that share of the replicates put the point's pass@1
 outside GRPO's resampled range and is left out of its interval (the point sits at the edge of
-GRPO's range: read the interval with care). Next to a steep edge of GRPO's hull (two learning
-rates with almost the same pass@1) the linearised MDE is large; the interval is the judge.
-**beaten by its own**: the arm's other learning rate (or mix of two) that reaches at least the
+GRPO's range: read the interval with care). Next to a steep edge of GRPO's hull (two
+{units} with almost the same pass@1) the linearised MDE is large; the interval is the judge.
+**beaten by its own**: the arm's other {unit} (or mix of two) that reaches at least the
 point's pass@1 with more pass@{k}, or (for arms other than GRPO) one with more pass@{k} (95%
 interval above 0) at a pass@1 not resolved below the point's; such a point is not part of the
 frontier the arm reaches (as GRPO's own beaten points are not part of GRPO's) and its claim does
 not judge it."""
 
 CLAIM_RULE = """\
-A frontier claim (F-…) compares the frontier the arm reaches with GRPO's: it is judged at each
-of the arm's learning rates whose point lies on the arm's own frontier (no other learning rate of
-the arm, or mix of two, has at least its pass@1 and more pass@k, nor more pass@k, resolved, at a
+A frontier claim ({id}-…) compares the frontier the arm reaches with GRPO's: it is judged at
+each of the arm's {units} whose point lies on the arm's own frontier (no other {unit} of the
+arm, or mix of two, has at least its pass@1 and more pass@k, nor more pass@k, resolved, at a
 pass@1 not resolved below it) and whose pass@1 lies inside GRPO's range, each interval
 Bonferroni-corrected for their number (95% over the family): **shown** when some point lies
 above GRPO's frontier and none below, **opposite** when some lies below and none above,
@@ -84,17 +84,18 @@ def regime(fr: Frontier | None) -> dict | None:
         name = "RL changes little"
     k = fr.k
     lrs = lambda ps: ", ".join(_tag(p.value) for p in ps)  # noqa: E731
-    parts = [f"lr {_tag(p.value)}: pass@1 {p.base_1.fmt()}, pass@{k} {p.base_k.fmt()}"
+    kn = fr.knob
+    parts = [f"{kn} {_tag(p.value)}: pass@1 {p.base_1.fmt()}, pass@{k} {p.base_k.fmt()}"
              for p in pts]
     b = fr.baseline
     said = []
     if keeps:
-        said.append(f"At lr {lrs(keeps)} {b} gains pass@1 and keeps pass@{k}")
+        said.append(f"At {kn} {lrs(keeps)} {b} gains pass@1 and keeps pass@{k}")
     if narrows:
-        said.append(f"{'at' if keeps else 'At'} lr {lrs(narrows)} {'it' if keeps else b} "
+        said.append(f"{'at' if keeps else 'At'} {kn} {lrs(narrows)} {'it' if keeps else b} "
                     f"loses pass@{k}")
     sentence = "; ".join(said) or (f"{b} neither gains pass@1 while keeping pass@{k} nor "
-                                   f"loses pass@{k} at any learning rate")
+                                   f"loses pass@{k} at any {fr.unit}")
     text = (f"**Regime, from {b}'s points against the model before RL: {name}.** {sentence} "
             f"(differences with the base model, 95% intervals: {'; '.join(parts)}).")
     return {"regime": name, "keeps": [p.value for p in keeps],
@@ -106,7 +107,7 @@ def frontier_table(fr: Frontier | None) -> list[str]:
     if fr is None:
         return []
     k = fr.k
-    head = ["arm", "lr", "pass@1", f"pass@{k}", "− base, pass@1", f"− base, pass@{k}",
+    head = ["arm", fr.knob, "pass@1", f"pass@{k}", "− base, pass@1", f"− base, pass@{k}",
             f"pass@{k} − GRPO frontier at its pass@1", f"pass@1 − GRPO at its pass@{k}",
             "hull test", "beaten by its own"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -121,24 +122,38 @@ def frontier_table(fr: Frontier | None) -> list[str]:
                 arm, _tag(p.value), p.pass1.fmt_abs(), p.passk.fmt_abs(),
                 cell(p.base_1, mde=False) if p.base_1 else "",
                 cell(p.base_k, mde=False) if p.base_k else "", gap_k, gap_1, hull,
-                _beaten_text(p)]) + " |")
+                _beaten_text(p, fr.knob)]) + " |")
     seeds = "; ".join(f"{a}: {', '.join(map(str, s))}" for a, s in fr.seeds.items())
     reg = regime(fr)
-    return [*([reg["text"], ""] if reg else []), *lines, "", FRONTIER_NOTES.format(k=k), "",
+    return [*([reg["text"], ""] if reg else []), *lines, "", frontier_notes(fr), "",
             f"Seeds compared: {seeds}."]
 
 
-def _beaten_text(p: Point) -> str:
-    """Which of the arm's own learning rates beat the point ("" when none does)."""
+def _beaten_text(p: Point, knob: str = "lr") -> str:
+    """Which of the arm's own points beat the point ("" when none does)."""
     if not p.beaten_by:
         return ""
     lrs = " and ".join(_tag(v) for v in p.beaten_by)
-    return f"lr {lrs}" if len(p.beaten_by) == 1 else f"a mix of lr {lrs}"
+    return f"{knob} {lrs}" if len(p.beaten_by) == 1 else f"a mix of {knob} {lrs}"
 
 
-def frontier_claims(fr: Frontier | None) -> list[dict]:
+INTROS = {"learning rate": "Each arm trains at every learning rate of the sweep"}
+
+
+def frontier_notes(fr: Frontier) -> str:
+    """``FRONTIER_NOTES`` in the words of what the points sweep."""
+    intro = INTROS.get(fr.unit, f"Each arm's points are its {fr.unit}s")
+    return FRONTIER_NOTES.format(k=fr.k, intro=intro, unit=fr.unit, units=fr.unit + "s")
+
+
+def claim_rule(fr: Frontier, id_: str = "F") -> str:
+    """``CLAIM_RULE`` for claims with the id prefix ``id_``."""
+    return CLAIM_RULE.format(id=id_, unit=fr.unit, units=fr.unit + "s")
+
+
+def frontier_claims(fr: Frontier | None, id_: str = "F", what: str = "") -> list[dict]:
     """Per non-baseline arm, the claim that it moves GRPO's frontier outward (``CLAIM_RULE``),
-    in ``evaluate_claims``' row format."""
+    in ``evaluate_claims``' row format; ids ``<id_>-<arm>``, ``what`` after "frontier"."""
     if fr is None:
         return []
     out = []
@@ -146,13 +161,15 @@ def frontier_claims(fr: Frontier | None) -> list[dict]:
         if arm == fr.baseline:
             continue
         paper = next((v for key, v in PAPERS.items() if arm.startswith(key)), "")
-        row = {"id": f"F-{arm}", "claim": f"{arm} moves the pass@1–pass@{fr.k} frontier outward",
+        row = {"id": f"{id_}-{arm}",
+               "claim": f"{arm} moves the pass@1–pass@{fr.k} frontier{what} outward",
                "paper": paper, "needs": [fr.baseline, arm]}
-        hull = "; ".join(f"lr {_tag(p.value)}: {p.hull} ({p.outside:.0%})" for p in pts)
-        conds = [Cond(f"lr {_tag(p.value)}: pass@{fr.k} − GRPO frontier at pass@1 "
+        kn = fr.knob
+        hull = "; ".join(f"{kn} {_tag(p.value)}: {p.hull} ({p.outside:.0%})" for p in pts)
+        conds = [Cond(f"{kn} {_tag(p.value)}: pass@{fr.k} − GRPO frontier at pass@1 "
                       f"{p.pass1.estimate:.3f}", p.gap_k_family, +1)
                  for p in pts if p.gap_k and not p.beaten_by]
-        beaten = [f"lr {_tag(p.value)} (by {_beaten_text(p)})" for p in pts if p.beaten_by]
+        beaten = [f"{kn} {_tag(p.value)} (by {_beaten_text(p, kn)})" for p in pts if p.beaten_by]
         if beaten:
             hull += "; not judged, beaten by the arm's own points: " + ", ".join(beaten)
         if not conds:
@@ -185,26 +202,29 @@ def frontier_json(fr: Frontier | None) -> dict:
                 "beaten_by": list(p.beaten_by) if p.beaten_by else None,
                 **{key: iv.to_json() if iv else None for key, iv in ivs.items()}}
 
-    return {"k": fr.k, "baseline": fr.baseline, "base": fr.base, "seeds": fr.seeds,
+    return {"k": fr.k, "baseline": fr.baseline, "knob": fr.knob, "base": fr.base, "seeds": fr.seeds,
             "regime": regime(fr),
             "hull": list(zip(fr.hull.xs, fr.hull.ys)) if fr.hull else [],
             "points": {a: [point(p) for p in pts] for a, pts in fr.points.items()}}
 
 
-def draw(fr: Frontier | None, out_dir: Path, subtitle: str = "") -> list[tuple[str, str]]:
-    """``report/frontier.png``: (title, file) for the study's figures, or none."""
+def draw(fr: Frontier | None, out_dir: Path, subtitle: str = "", file: str = "frontier.png",
+         title: str = "") -> list[tuple[str, str]]:
+    """``report/<file>`` (default ``frontier.png``): (title, file) for the study's figures, or
+    none."""
     if fr is None:
         return []
     series = [Series(arm, [FPoint(p.pass1.estimate, p.passk.estimate, (p.pass1.low, p.pass1.high),
-                                  (p.passk.low, p.passk.high), f"{float(p.value):.3g}"
-                                  if isinstance(p.value, (int, float)) else str(p.value),
+                                  (p.passk.low, p.passk.high), str(p.value)
+                                  if isinstance(p.value, int) else f"{float(p.value):.3g}"
+                                  if isinstance(p.value, float) else str(p.value),
                                   beaten=p.beaten_by is not None)
                            for p in pts]) for arm, pts in fr.points.items()]
     hull = None
     if fr.hull:  # F: flat at the peak's pass@k from GRPO's least pass@1, then the falling edge
         h = fr.hull
         hull = [(h.xs[0], h.ys[h.peak]), *list(zip(h.xs, h.ys))[h.peak:]]
-    draw_frontier(series, out_dir / "frontier.png", fr.k, base=fr.base, hull=hull,
-                  subtitle=subtitle)
-    return [(f"The pass@1–pass@{fr.k} frontier: every arm through its learning rates",
-             "frontier.png")]
+    draw_frontier(series, out_dir / file, fr.k, base=fr.base, hull=hull, subtitle=subtitle,
+                  unit=fr.unit, labels="training step" if fr.knob == "step" else "")
+    return [(title or f"The pass@1–pass@{fr.k} frontier: every arm through its learning rates",
+             file)]

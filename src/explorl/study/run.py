@@ -19,7 +19,12 @@ from explorl.analysis import make_report
 from explorl.config import builtin
 from explorl.files import write_text_atomic
 from explorl.models import resolve_model_path
-from explorl.study.checkpoints import checkpoint_passk, draw_checkpoints, horizon_claims
+from explorl.study.checkpoints import (
+    checkpoint_passk,
+    draw_checkpoints,
+    horizon_claims,
+    training_frontier,
+)
 from explorl.study.claims import evaluate_claims
 from explorl.study.cost import Rates, plan_text
 from explorl.study.data import lab_models, pack, packable, unpack
@@ -135,7 +140,7 @@ def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: lis
                               frontier_k(spec), ev.base)
         claims = frontier_claims(fr) + [c for c in claims if c["verdict"] != "not run"]
         figures = draw_frontier(fr, out / "report", f"lab:{spec.task}") + figures
-    horizon = checkpoints = None
+    horizon = checkpoints = along = None
     if spec.eval.checkpoints:  # a long horizon: entropy and pass@k at each evaluated checkpoint
         horizon = entropy_horizon(groups, [*spec.eval.checkpoints, spec.max_steps],
                                   spec.frontier.baseline)
@@ -143,7 +148,13 @@ def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: lis
                                        ev.base)
         figures = (draw_checkpoints(checkpoints, out / "report")
                    + draw_horizon(groups, horizon, out / "report") + figures)
-        long = horizon_claims(horizon, checkpoints)  # these replace the claims it does not run
+        along = training_frontier(checkpoints)
+        figures = draw_frontier(along, out / "report", f"lab:{spec.task}, along training",
+                                "frontier_training.png", "The pass@1–pass@"
+                                f"{frontier_k(spec)} frontier along training: every arm "
+                                "through its checkpoints") + figures
+        long = [*frontier_claims(along, "T", " along training"),
+                *horizon_claims(horizon, checkpoints)]  # these replace the claims not run
         claims = [*[c for c in claims if c["id"].startswith("F-")], *long,
                   *[c for c in claims if not c["id"].startswith("F-")
                     and (c["verdict"] != "not run" or not long)]]
@@ -151,7 +162,7 @@ def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: lis
     budget = f"{cfg0.data.prompts_per_step} prompts × {cfg0.rollout.n_samples} samples"
     return write_documents(out, spec, spec_path, quick, rows, table, claims, figures, per_run,
                            failed, wall_s, budget, ev, tuned or {}, jobs, frontier=fr,
-                           checkpoints=checkpoints,
+                           checkpoints=checkpoints, along=along,
                            horizon=horizon)
 
 
