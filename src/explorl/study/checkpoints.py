@@ -19,8 +19,9 @@ import numpy as np
 from explorl.analysis.runs import new_figure, save_figure, step_axes
 from explorl.study.claims import E3, EM, Cond, combine
 from explorl.study.frontier import Frontier, analyse_frontier
-from explorl.study.frontier_report import PAPERS
-from explorl.study.horizon import COLLAPSE, Horizon
+from explorl.study.frontier_report import PAPERS, frontier_claims
+from explorl.study.frontier_report import draw as draw_frontier
+from explorl.study.horizon import COLLAPSE, Horizon, draw_horizon, entropy_horizon
 from explorl.study.numbers import fmt_value
 from explorl.study.plan import RunPlan, checkpoint_of
 from explorl.study.stats import Interval, passk_diff, passk_mean, problem_passk
@@ -323,3 +324,31 @@ def training_frontier(cp: Checkpoints | None) -> Frontier | None:
     if fr is not None:
         fr.knob, fr.unit = "step", "checkpoint"
     return fr
+
+
+@dataclass
+class LongHorizon:
+    """A long-horizon study's analysis: entropy and pass@k at the checkpoints, the frontier
+    along training, their claims and figures."""
+
+    horizon: Horizon | None
+    checkpoints: Checkpoints | None
+    along: Frontier | None
+    claims: list[dict]
+    figures: list[tuple[str, str]]
+
+
+def analyse_long(groups: dict, done: list[RunPlan], rows: list[str], steps: list[int], k: int,
+                 baseline: str, base: dict[int, np.ndarray] | None, report: Path,
+                 task: str) -> LongHorizon:
+    """Everything ``eval.checkpoints`` adds to a study (``steps``: the checkpoints and the last
+    step; ``groups``: row → its runs' curves; ``base``: the base model's per-problem pass@k)."""
+    horizon = entropy_horizon(groups, steps, baseline)
+    cp = checkpoint_passk(done, rows, k, baseline, base)
+    along = training_frontier(cp)
+    figures = [*draw_frontier(along, report, f"lab:{task}, along training",
+                              "frontier_training.png", f"The pass@1–pass@{k} frontier along "
+                              "training: every arm through its checkpoints"),
+               *draw_checkpoints(cp, report), *draw_horizon(groups, horizon, report)]
+    claims = [*frontier_claims(along, "T", " along training"), *horizon_claims(horizon, cp)]
+    return LongHorizon(horizon, cp, along, claims, figures)

@@ -115,12 +115,13 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
                     figures: list[tuple[str, str]], per_run: dict[str, list[dict]],
                     failed: list[JobResult], wall_s: float, budget: str, ev=None,
                     tuned: dict | None = None, jobs: list[int] | None = None, *,
-                    frontier=None, checkpoints=None, horizon=None, along=None) -> dict:
+                    frontier=None, long=None) -> dict:
     """Write study.md, claims.md and study.json into ``out``; returns the study.json payload.
     ``jobs``: the job counts its invocations ran with (default the spec's); ``frontier``: the
-    sweep's ``Frontier``; ``checkpoints``: pass@k at intermediate checkpoints
-    (``checkpoints.Checkpoints``); ``horizon``: the entropy at those (``horizon.Horizon``);
-    ``along``: the frontier along training (``checkpoints.training_frontier``)."""
+    sweep's ``Frontier``; ``long``: entropy, pass@k and the frontier at intermediate
+    checkpoints (``checkpoints.LongHorizon``)."""
+    checkpoints, horizon, along = ((long.checkpoints, long.horizon, long.along) if long
+                                   else (None, None, None))
     cols = columns(spec.eval.k)
     timing = {k for k, _, _, t in cols if t}
     table_json = {name: {k: dataclasses.asdict(s) for k, s in table[name].items()}

@@ -19,12 +19,7 @@ from explorl.analysis import make_report
 from explorl.config import builtin
 from explorl.files import write_text_atomic
 from explorl.models import resolve_model_path
-from explorl.study.checkpoints import (
-    checkpoint_passk,
-    draw_checkpoints,
-    horizon_claims,
-    training_frontier,
-)
+from explorl.study.checkpoints import analyse_long
 from explorl.study.claims import evaluate_claims
 from explorl.study.cost import Rates, plan_text
 from explorl.study.data import lab_models, pack, packable, unpack
@@ -34,7 +29,6 @@ from explorl.study.figures import draw_figures
 from explorl.study.frontier import analyse_frontier
 from explorl.study.frontier_report import draw as draw_frontier
 from explorl.study.frontier_report import frontier_claims
-from explorl.study.horizon import draw_horizon, entropy_horizon
 from explorl.study.jobs import (
     EXIT_TIME_LIMIT,
     Deadline,
@@ -140,30 +134,20 @@ def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: lis
                               frontier_k(spec), ev.base)
         claims = frontier_claims(fr) + [c for c in claims if c["verdict"] != "not run"]
         figures = draw_frontier(fr, out / "report", f"lab:{spec.task}") + figures
-    horizon = checkpoints = along = None
+    long = None
     if spec.eval.checkpoints:  # a long horizon: entropy and pass@k at each evaluated checkpoint
-        horizon = entropy_horizon(groups, [*spec.eval.checkpoints, spec.max_steps],
-                                  spec.frontier.baseline)
-        checkpoints = checkpoint_passk(done, rows, frontier_k(spec), spec.frontier.baseline,
-                                       ev.base)
-        figures = (draw_checkpoints(checkpoints, out / "report")
-                   + draw_horizon(groups, horizon, out / "report") + figures)
-        along = training_frontier(checkpoints)
-        figures = draw_frontier(along, out / "report", f"lab:{spec.task}, along training",
-                                "frontier_training.png", "The pass@1–pass@"
-                                f"{frontier_k(spec)} frontier along training: every arm "
-                                "through its checkpoints") + figures
-        long = [*frontier_claims(along, "T", " along training"),
-                *horizon_claims(horizon, checkpoints)]  # these replace the claims not run
-        claims = [*[c for c in claims if c["id"].startswith("F-")], *long,
-                  *[c for c in claims if not c["id"].startswith("F-")
-                    and (c["verdict"] != "not run" or not long)]]
+        long = analyse_long(groups, done, rows, [*spec.eval.checkpoints, spec.max_steps],
+                            frontier_k(spec), spec.frontier.baseline, ev.base, out / "report",
+                            spec.task)
+        figures = long.figures + figures
+        claims = [*[c for c in claims if c["id"].startswith("F-")], *long.claims,  # they
+                  *[c for c in claims if not c["id"].startswith("F-")  # replace the claims
+                    and (c["verdict"] != "not run" or not long.claims)]]  # not run
     cfg0 = done[0].cfg
     budget = f"{cfg0.data.prompts_per_step} prompts × {cfg0.rollout.n_samples} samples"
     return write_documents(out, spec, spec_path, quick, rows, table, claims, figures, per_run,
                            failed, wall_s, budget, ev, tuned or {}, jobs, frontier=fr,
-                           checkpoints=checkpoints, along=along,
-                           horizon=horizon)
+                           long=long)
 
 
 def run_tuning(spec: StudySpec, spec_path: Path, out: Path, log: Callable[[str], None],
