@@ -481,6 +481,18 @@ def test_run_cpu_numbers_skip_validation_steps(tmp_path):
     assert nums["cpu_step_s"] == pytest.approx(0.3) and nums["cpu_run_s"] == pytest.approx(1.5)
 
 
+def test_step_seconds_are_the_median_without_validation(tmp_path):
+    """s / step: the median of time/step_s − time/val_s, so one step of a suspended job (60 s)
+    does not move it: steps of 1.0, 1.5 − 0.5, 1.2 and 60 s → median of (1.0, 1.0, 1.2, 60)."""
+    from explorl.analysis.runs import Run
+
+    recs = [{"step": s, "entropy/mean": 0.3, "reward/mean": 0.5, "time/step_s": w,
+             **({"time/val_s": 0.5} if s == 2 else {})}
+            for s, w in ((1, 1.0), (2, 1.5), (3, 1.2), (4, 60.0))]
+    nums = S.run_numbers(Run(tmp_path, "grpo", 0, recs), {}, None, [1])
+    assert nums["step_s"] == pytest.approx(1.1)
+
+
 def test_run_numbers_anneal_ratio_and_beta_by_hand(tmp_path):
     """20 steps, annealing_ratio 0.4: the phase starts at step 12 (20 − ⌊8⌋); the 10% window is
     2 steps, so the ratio is mean H of steps 19–20 (0.8) over steps 10–11 (1.0) = 0.8, and the

@@ -75,8 +75,9 @@ COLUMN_NOTES = """\
 - **rollouts / step**: mean `rollout/n_samples` (DAPO's dynamic sampling generates extra rounds).
 - **PPO clip frac**: mean `loss/clip_frac`, the fraction of tokens whose clip is active: the
   lever of every method that moves `eps_high` (DAPO's clip-higher, the adaptive controller).
-- **s / step**: mean wall-clock seconds of a training step without validation (`time/step_s −
-  time/val_s`), with `jobs` runs sharing the machine; **overhead vs GRPO**: s / step ÷ GRPO's − 1.
+- **s / step**: median wall-clock seconds of a training step without validation (`time/step_s −
+  time/val_s`; the median, so a suspended job or a slow checkpoint write does not move it), with
+  `jobs` runs sharing the machine; **overhead vs GRPO**: s / step ÷ GRPO's − 1.
   **CPU s / step**: mean `time/cpu_s` (CPU seconds of the training process, all threads) over
   the steps without validation, steadier than wall-clock when jobs share the cores; **CPU
   overhead vs GRPO** likewise. Timing columns vary between reruns and machines; every other

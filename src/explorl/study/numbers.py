@@ -94,9 +94,11 @@ def run_numbers(run: Run, cfg: dict, eval_summary: dict | None,
     out["eepo_active_frac"] = len(on) / len(active) if active else None
     out["eepo_dH"] = _mean([float(r["entropy/stage2"]) - float(r["entropy/stage1"]) for r in on])
 
-    # Seconds per training step, validation excluded (it runs every eval.every steps).
-    out["step_s"] = _mean([float(r["time/step_s"]) - float(r.get("time/val_s", 0.0))
-                           for r in recs if "time/step_s" in r])
+    # Seconds per training step, validation excluded (it runs every eval.every steps): the
+    # median, which a suspended process or a slow checkpoint write does not move.
+    walls = [float(r["time/step_s"]) - float(r.get("time/val_s", 0.0))
+             for r in recs if "time/step_s" in r]
+    out["step_s"] = statistics.median(walls) if walls else None
 
     # CPU seconds of the training process per step, on the steps without a validation (its
     # CPU time is not separated), and over the whole run: the same-budget cost in CPU time.
