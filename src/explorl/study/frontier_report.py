@@ -3,6 +3,7 @@ frontier outward"), its figure and its JSON."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -143,12 +144,14 @@ INTROS = {"learning rate": "Each arm trains at every learning rate of the sweep"
 def frontier_notes(fr: Frontier) -> str:
     """``FRONTIER_NOTES`` in the words of what the points sweep."""
     intro = INTROS.get(fr.unit, f"Each arm's points are its {fr.unit}s")
-    return FRONTIER_NOTES.format(k=fr.k, intro=intro, unit=fr.unit, units=fr.unit + "s")
+    text = FRONTIER_NOTES.format(k=fr.k, intro=intro, unit=fr.unit, units=fr.unit + "s")
+    return textwrap.fill(" ".join(text.split()), 96, break_on_hyphens=False)
 
 
 def claim_rule(fr: Frontier, id_: str = "F") -> str:
     """``CLAIM_RULE`` for claims with the id prefix ``id_``."""
-    return CLAIM_RULE.format(id=id_, unit=fr.unit, units=fr.unit + "s")
+    text = CLAIM_RULE.format(id=id_, unit=fr.unit, units=fr.unit + "s")
+    return textwrap.fill(" ".join(text.split()), 96, break_on_hyphens=False)
 
 
 def frontier_claims(fr: Frontier | None, id_: str = "F", what: str = "") -> list[dict]:
