@@ -190,10 +190,11 @@ def draw_checkpoints(cp: Checkpoints | None, out_dir: Path) -> list[tuple[str, s
         return []
     fig, axes = new_figure(1, 2, width=5.4, height=4.2, suptitle=True)
     handles = {}
+    others = [a for a in cp.arms if a != cp.baseline]  # coloured as the frontier figure's
     for col, kk in enumerate((1, cp.k)):
         ax = axes[0][col]
         for i, arm in enumerate(cp.arms):
-            color = "black" if arm == cp.baseline else f"C{i % 10}"
+            color = "black" if arm == cp.baseline else f"C{others.index(arm) % 10}"
             pts = [(s, iv) for s in cp.steps if (iv := cp.interval(arm, kk, s)) is not None]
             if not pts:
                 continue

@@ -176,8 +176,9 @@ def draw_horizon(groups: dict[str, list[Run]], h: Horizon | None,
     window = h.window
     fig, axes = new_figure(width=7.6, height=4.4)
     ax = axes[0][0]
-    for i, arm in enumerate(h.ratio):
-        color = "black" if arm == h.baseline else f"C{i % 10}"
+    others = [a for a in h.ratio if a != h.baseline]  # coloured as the frontier figure's
+    for arm in h.ratio:
+        color = "black" if arm == h.baseline else f"C{others.index(arm) % 10}"
         curves: dict[int, list[float]] = {}
         for r in groups.get(arm, []):
             steps, values = r.series(KEY)
