@@ -17,7 +17,8 @@ from explorl.study.checkpoints import (
     checkpoint_table,
     draw_checkpoints,
 )
-from explorl.study.stats import passk_diff, passk_mean
+from explorl.study.frontier import mean_interval
+from explorl.study.stats import passk_diff
 
 N = 4  # samples per problem: pass@1 = c/4, pass@4 = 1 when c ≥ 1
 
@@ -57,9 +58,9 @@ def cp(tmp_path):
     return checkpoint_passk(done, ["grpo", "m", "late"], 4, "grpo", base)
 
 
-def test_passk_mean_by_hand_and_as_a_difference_with_nothing():
+def test_one_arm_interval_by_hand_and_as_a_difference_with_nothing():
     a = np.array([[0.0, 1.0], [1.0, 1.0]])
-    iv = passk_mean(a)
+    iv = mean_interval(a)  # the checkpoints' bars and intervals
     # 0 needs both problem draws on problem 0 and both seed draws on seed 0: 1/16 > 2.5%;
     # 1 needs both problems on problem 1 or both seeds on seed 1: 7/16 > 2.5%
     assert (iv.estimate, iv.low, iv.high) == pytest.approx((0.75, 0.0, 1.0))

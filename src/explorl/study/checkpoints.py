@@ -18,13 +18,13 @@ import numpy as np
 
 from explorl.analysis.runs import new_figure, save_figure, step_axes
 from explorl.study.claims import E3, EM, Cond, combine
-from explorl.study.frontier import Frontier, analyse_frontier
+from explorl.study.frontier import Frontier, analyse_frontier, mean_interval
 from explorl.study.frontier_report import PAPERS, frontier_claims
 from explorl.study.frontier_report import draw as draw_frontier
 from explorl.study.horizon import COLLAPSE, Horizon, draw_horizon, entropy_horizon
 from explorl.study.numbers import fmt_value
 from explorl.study.plan import RunPlan, checkpoint_of
-from explorl.study.stats import Interval, passk_diff, passk_mean, problem_passk
+from explorl.study.stats import Interval, passk_diff, problem_passk
 from explorl.study.tables import cell
 
 
@@ -48,9 +48,9 @@ class Checkpoints:
         return float(np.mean([a.mean() for a in v.values()])) if v else None
 
     def interval(self, arm: str, kk: int, step: int) -> Interval | None:
-        """The mean with its 95% bootstrap over problems and seeds (``stats.passk_mean``)."""
+        """The mean with its 95% bootstrap over problems and seeds (``frontier.mean_interval``)."""
         v = self.got.get((arm, kk, step))
-        return passk_mean(np.stack([v[s] for s in sorted(v)])) if v else None
+        return mean_interval(np.stack([v[s] for s in sorted(v)])) if v else None
 
     def diff(self, arm: str, kk: int, step: int) -> Interval | None:
         """``arm`` − the baseline at the step over the seeds both reached it with, paired by

@@ -5,7 +5,7 @@ Every claim of the study is judged by an interval, not by a threshold on means:
 - ``passk_diff``: the difference of mean pass@k between two arms on the same test problems,
   resampling problems (the same draw for both arms: paired) and, within each arm, seeds (the
   same seed draw for both when they ran the same seeds, as a method and GRPO do; the base model
-  is one arm of one "seed"); ``passk_mean``: one arm's mean with the same resampling.
+  is one arm of one "seed").
 - ``Power`` (``variance_components``, ``paired_power``): the seed, problem and residual
   variance of a pass@k difference and the minimum effect it could detect (MDE), with the seeds
   that would reach a target MDE.
@@ -113,21 +113,6 @@ def passk_diff(a: np.ndarray, b: np.ndarray, *, paired_seeds: bool, n_boot: int 
            + (" (paired)" if paired_seeds else f" vs {b.shape[0]}"))
     power = paired_power(a, b, paired_seeds=paired_seeds) if n_prob >= 2 else None
     return Interval(float(a.mean() - b.mean()), *_percentiles(out), how=how, power=power)
-
-
-def passk_mean(a: np.ndarray, *, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> Interval:
-    """Mean pass@k of one arm, an array (seeds, problems), with its 95% bootstrap: problems
-    resampled, then seeds, per draw (``passk_diff``'s draws, against nothing)."""
-    a = np.atleast_2d(np.asarray(a, float))
-    rng = np.random.default_rng(seed)
-    n_seeds, n_prob = a.shape
-    out = np.empty(n_boot)
-    for i in range(n_boot):
-        cols = rng.integers(0, n_prob, n_prob)
-        rows = rng.integers(0, n_seeds, n_seeds)
-        out[i] = a[rows][:, cols].mean()
-    return Interval(float(a.mean()), *_percentiles(out),
-                    how=f"{n_prob} problems × {n_seeds} seeds resampled")
 
 
 def paired_draws(n_seeds: int, n_problems: int, *, n_boot: int = N_BOOT, seed: int = BOOT_SEED):
