@@ -66,3 +66,32 @@ def test_overrides_and_recipe_forms(make_config, tmp_path):
     assert summary["steps"] == 1
     with pytest.raises(explorl.ConfigError.__mro__[1], match="already holds a run"):
         explorl.train(cfg, out=tmp_path / "run")
+
+
+def test_train_frees_the_trainer_when_it_returns(make_config, tmp_path, monkeypatch):
+    """Nothing of a finished run stays alive: its model, optimizer state and the sampler's static
+    buffers are freed before ``explorl.train`` returns (on a GPU a sweep in one process would
+    otherwise keep each run's device memory until the cycle collector happened to run)."""
+    import gc
+    import weakref
+
+    from explorl.training import loop
+
+    made = []
+    real_init = loop.Trainer.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        made.append((weakref.ref(self), weakref.ref(self.policy)))
+
+    monkeypatch.setattr(loop.Trainer, "__init__", init)
+    gc.disable()  # a collection the test did not ask for would hide a missing one
+    try:
+        summary = explorl.train(make_config(), out=tmp_path / "run",
+                                overrides={"max_steps": 1, "eval.every": 0,
+                                           "rollout.hf.static": True})
+        alive = [ref() is not None for pair in made for ref in pair]
+    finally:
+        gc.enable()
+    assert summary["steps"] == 1 and len(made) == 1
+    assert alive == [False, False]
