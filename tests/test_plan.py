@@ -81,6 +81,56 @@ def test_plan_on_cuda_sizes_by_tokens_with_no_separate_row_limit():
     assert "≤ 40,448 tokens" in text and "75.0 GiB free" in text and "1 pass " in text
 
 
+def test_the_static_decode_buffers_come_out_of_the_budget():
+    # 2 GiB kept for the sampler: the budget of 73 GiB free (reserve 10% of that), by hand:
+    # 73 GiB = 78,383,153,152; reserve 7,838,315,315; fixed 7,693,912,320 (as above)
+    # usable = 62,850,925,517; // 1,593,856 = 39,433 tokens -> 39,424 (154 × 256)
+    plan = P.make_plan(_cfg(), CUDA, shape=QWEN05, free=75 * GIB, engine_exact=False,
+                       resident=2 * GIB)
+    assert plan.micro_batch_tokens == 39_424
+    assert plan.micro_batch_tokens == P.token_budget(73 * GIB, QWEN05, checkpointing=False,
+                                                     **BF16).tokens
+    assert "75.0 GiB free (2.0 GiB of it kept for the sampler's static decode buffers)" in (
+        "\n".join(plan.lines()))
+    assert "kept for" not in "\n".join(
+        P.make_plan(_cfg(), CUDA, shape=QWEN05, free=75 * GIB, engine_exact=False).lines())
+
+
+@pytest.mark.parametrize("sets,models", [
+    ({}, 1), ({"control": {"eepo": {"enabled": True}}}, 2),
+    ({"rollout": {"async": {"enabled": True, "max_staleness": 1}}}, 2),
+    ({"rollout": {"async": {"enabled": True, "max_staleness": 0}}}, 1)])
+def test_sampling_models_counts_the_copies_that_sample(sets, models):
+    assert P.sampling_models(validation.from_dict(sets, env=False)) == models
+
+
+def test_plan_for_asks_the_engine_what_it_keeps(monkeypatch):
+    """plan_for passes the compute dtype, the longest prompt, the response length and the
+    sampling models to the engine, and its answer to make_plan."""
+    seen = {}
+
+    class Engine:
+        def resident_bytes(self, model, device, dtype, prompt_len, out_len, models):
+            seen.update(dtype=dtype, prompt_len=prompt_len, out_len=out_len, models=models)
+            return 3 * GIB
+
+    class Dist:
+        strategy, world_size = "none", 1
+
+        def gather(self, x):
+            return [x]
+
+    monkeypatch.setattr(P, "free_bytes", lambda device: 75 * GIB)
+    monkeypatch.setattr(P.ModelShape, "of", classmethod(lambda cls, m, pack=0: QWEN05))
+    monkeypatch.setattr(P, "takes_custom_mask", lambda m: False)
+    cfg = validation.from_dict({"model": {"dtype": "bfloat16"}, "rollout": {
+        "max_response_len": 256}, "control": {"eepo": {"enabled": True}}}, env=False)
+    plan = P.plan_for(cfg, CUDA, torch.nn.Linear(1, 1), Dist(), Engine(), prompt_len=40)
+    assert seen == {"dtype": torch.bfloat16, "prompt_len": 40, "out_len": 256, "models": 2}
+    assert plan.micro_batch_tokens == P.token_budget(
+        72 * GIB, QWEN05, checkpointing=False, **BF16).tokens
+
+
 def test_sizes_set_in_the_config_are_kept():
     plan = P.make_plan(_cfg(micro_batch_tokens=4096), CUDA, shape=QWEN05, free=75 * GIB,
                        engine_exact=False)

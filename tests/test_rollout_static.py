@@ -224,3 +224,44 @@ def test_a_failing_static_path_falls_back_to_the_eager_loop(monkeypatch):
 def test_buckets_are_powers_of_two_above_the_smallest():
     assert [bucket(n, 8) for n in (1, 8, 9, 16, 17, 500)] == [8, 8, 16, 16, 32, 512]
     assert [bucket(n, 1) for n in (1, 2, 3, 5)] == [1, 2, 4, 8]
+
+
+def test_decoder_bytes_by_hand_and_as_allocated():
+    # small_model: hidden 32, MLP 64, 2 layers, 4 heads of 8, 2 key/value heads, vocab 400,
+    # float32 weights, no biases, untied head. Computing in bfloat16 (b = 2):
+    # copies    = 2 · (2 · (32·32 + 32·16 + 32·16 + 32·32 + 3 · 32·64) + 400·32)
+    #           = 2 · (2 · 9,216 + 12,800) = 62,464
+    # keys/vals = 2 · 2 layers · 16 rows · 2 heads · 128 cols · 8 · 2 = 262,144
+    # per row   = 16 · (128·2 + 25) = 4,496;  outputs = 17 · 10 · 25 = 4,250
+    # workspace = 16 · 400 · (2 + 8) = 64,000;  total = 397,354
+    model = small_model("llama", 400)
+    total = static_mod.decoder_bytes(model, 16, 128, 10, torch.bfloat16)
+    assert total == 397_354
+    assert static_mod.decoder_bytes(model, 16, 128, 10, torch.float32) == (
+        0 + 2 * 2 * 16 * 2 * 128 * 8 * 4 + 16 * (128 * 4 + 25) + 4_250 + 16 * 400 * 12)
+    # What a decoder of those sizes allocates (the captured step's workspace aside): the same.
+    dec = StaticDecoder(model, torch.device("cpu"), torch.bfloat16, 16, 128, 10,
+                        torch.tensor([2]), 0, 8, graphs=False)
+    tensors = [*dec.k, *dec.v, dec.mask, dec.tok, dec.pos, dec.row, dec.alive, dec.u,
+               dec.out_tok, dec.out_logp, dec.out_ent, dec.out_mask,
+               *(d for s, d in zip(dec.weights.src, dec.weights.dst)
+                 if d is not None and d is not s)]
+    assert sum(t.numel() * t.element_size() for t in tensors) == total - 64_000
+
+
+def test_resident_bytes_is_what_the_static_path_will_keep():
+    model = small_model("llama", 400)
+    cpu = torch.device("cpu")
+    per = static_mod.decoder_bytes(model, 128, 128, 10, torch.bfloat16)  # 100 rows -> bucket 128
+    on = HFEngine(_Tok(), static=True, batch_size=100)
+    assert on.resident_bytes(model, cpu, torch.bfloat16, 6, 10) == per
+    assert on.resident_bytes(model, cpu, torch.bfloat16, 6, 10, models=2) == 2 * per
+    assert on.resident_bytes(model, cpu, torch.bfloat16, 6, 0) == 0
+    # auto: the static path runs on CUDA only; off: never
+    assert HFEngine(_Tok(), static="auto").resident_bytes(model, cpu, torch.bfloat16, 6, 10) == 0
+    assert HFEngine(_Tok(), static=False).resident_bytes(model, cpu, torch.bfloat16, 6, 10) == 0
+    handle = model.model.layers[0].mlp.register_forward_hook(lambda *a: None)
+    try:  # a model the static path does not take samples on the eager loop: nothing kept
+        assert on.resident_bytes(model, cpu, torch.bfloat16, 6, 10) == 0
+    finally:
+        handle.remove()

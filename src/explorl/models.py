@@ -186,6 +186,11 @@ class PromptTokens:
             ids = tokenize_prompts(data, self._render, self.max_len, f"data.{tag}")
             self._cache.update({(tag, i): x for i, x in enumerate(ids)})
 
+    @property
+    def longest(self) -> int:
+        """Tokens in the longest prompt rendered so far (0 before any)."""
+        return max(map(len, self._cache.values()), default=0)
+
     def ids_of(self, data: list, tag: str):
         """A function: row index of ``data`` -> its prompt's token ids (``tag`` names the split)."""
         def ids(idx: int) -> list[int]:

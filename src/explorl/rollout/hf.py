@@ -52,6 +52,7 @@ from explorl.rollout.static import (
     bucket,
     columns,
     compute_dtype,
+    decoder_bytes,
     static_supported,
 )
 from explorl.rollout.types import Rollouts
@@ -169,6 +170,23 @@ class HFEngine:
                if e is not None]
         # moved to the model's device per call (the engine has no device of its own)
         self.eos_ids = torch.as_tensor(eos, dtype=torch.long)  # host
+
+    def resident_bytes(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype,
+                       prompt_len: int, out_len: int, models: int = 1) -> int:
+        """Device memory the static decode path keeps between sampling calls for ``models``
+        models of ``model``'s shape (EEPO's copy and the asynchronous worker's copy sample with
+        their own buffers), at its largest call: ``batch_size`` rows (a validation pass fills
+        it), the longest prompt (``prompt_len`` tokens) plus ``out_len``, computing in
+        ``dtype``; 0 where the eager loop samples. The device plan keeps it out of the update's
+        token budget (training/plan.py)."""
+        if not (self._static_on(device) and self.lean and out_len > 0
+                and static_supported(model)):
+            return 0
+        rows, cols = bucket(self.batch_size, self.static_min_rows), columns(prompt_len + out_len)
+        return models * decoder_bytes(model, rows, cols, out_len, dtype)
+
+    def _static_on(self, device: torch.device) -> bool:
+        return self.static is True or (self.static == "auto" and device.type == "cuda")
 
     def generate(
         self,
@@ -365,8 +383,8 @@ class HFEngine:
 
     def _static_decoder(self, model, device, lean, N, P, R, greedy, keys):
         """The static decoder for this call (``rollout.static``), or None: the eager loop."""
-        on = self.static is True or (self.static == "auto" and device.type == "cuda")
-        if not (on and lean and R > 0 and P > 0 and (greedy or keys is not None)):
+        if not (self._static_on(device) and lean and R > 0 and P > 0
+                and (greedy or keys is not None)):
             return None
         if not static_supported(model):
             return None

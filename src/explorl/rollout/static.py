@@ -91,19 +91,55 @@ def compute_dtype(model: torch.nn.Module, device: torch.device) -> torch.dtype:
     return model.lm_head.weight.dtype
 
 
+def _matrices(model: torch.nn.Module) -> list[torch.Tensor | None]:
+    """The step's (weight, bias) pairs, flat: each layer's q, k, v, o, gate, up, down, then the
+    output head."""
+    body, n = model.model, model.config.num_hidden_layers
+    lins = []
+    for layer in body.layers[:n]:
+        a, m = layer.self_attn, layer.mlp
+        lins += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
+    lins.append(model.lm_head)
+    return [t for lin in lins for t in (lin.weight, lin.bias)]
+
+
+def decoder_bytes(model: torch.nn.Module, rows: int, cols: int, out_len: int,
+                  dtype: torch.dtype) -> int:
+    """Bytes a ``StaticDecoder(model, …, rows, cols, out_len)`` computing in ``dtype`` keeps
+    allocated between sampling calls, worked out without allocating anything:
+
+    - the compute-dtype copies of the step's matrices stored in another dtype (``_Weights``;
+      float32 masters under bfloat16 autocast: 2 bytes per weight);
+    - keys and values: ``2 × layers × rows × kv_heads × cols × head_dim`` in ``dtype``;
+    - per row: the additive attention mask over the columns (``dtype``), the next token, its
+      position and its output row (int64) and whether it is alive, ``rows × (cols·b + 25)``;
+    - per (row, token) with one spare row: the uniforms (float64), tokens (int64), log-probs and
+      entropies (float32) and the mask (bool), ``(rows + 1) × out_len × 25``;
+    - the captured step's working memory at the largest bucket, which the graphs' pool keeps:
+      the logits in ``dtype`` with their float32 log-softmax and one float32 temporary,
+      ``rows × vocab × (b + 8)``.
+    """
+    b = torch.empty((), dtype=dtype).element_size()
+    cfg = model.config
+    copies = sum(t.numel() * b for t in _matrices(model) if t is not None and t.dtype != dtype)
+    layers = cfg.num_hidden_layers
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = model.model.layers[0].self_attn.head_dim
+    kv = 2 * layers * rows * kv_heads * cols * head_dim * b
+    per_row = rows * (cols * b + 8 + 8 + 8 + 1)
+    outputs = (rows + 1) * out_len * (8 + 8 + 4 + 4 + 1)
+    workspace = rows * model.lm_head.weight.shape[0] * (b + 8)
+    return copies + kv + per_row + outputs + workspace
+
+
 class _Weights:
     """The step's matrices (weight, bias) in the compute dtype: the model's own tensors where
     they are stored in it, else copies that ``refresh`` fills (float32 masters under autocast:
     the values autocast's casts give)."""
 
     def __init__(self, model: torch.nn.Module, dtype: torch.dtype):
-        body, n = model.model, model.config.num_hidden_layers
-        lins = []
-        for layer in body.layers[:n]:
-            a, m = layer.self_attn, layer.mlp
-            lins += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
-        lins.append(model.lm_head)
-        self.src = [t for lin in lins for t in (lin.weight, lin.bias)]
+        self.src = _matrices(model)
         self.dst = [t if t is None or t.dtype == dtype else torch.empty_like(t, dtype=dtype)
                     for t in self.src]
 

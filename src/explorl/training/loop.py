@@ -141,7 +141,8 @@ class Trainer:
         dtype = models.resolve_dtype(cfg.model.dtype, self.device)
         engine = engine or build_engine(cfg, self.tokenizer, self.base_path, dtype, self.device)
         # Micro-batch sizes (CUDA: a token budget) and the old-log-prob source (training/plan.py).
-        self.plan = device_plan.plan_for(cfg, self.device, self.policy, self.dist, engine)
+        self.plan = device_plan.plan_for(cfg, self.device, self.policy, self.dist, engine,
+                                         prompt_len=self.prompts.longest)
         self.cfg = cfg = device_plan.apply(cfg, self.plan)
         pad = getattr(engine, "pad_id", 0)
         self.sampler = make_sampler(engine, cfg.control.eepo, pad_id=pad,

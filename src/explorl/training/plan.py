@@ -31,8 +31,8 @@ TOKEN_QUANTUM = 256
 MAX_TOKENS = 1 << 20
 """Largest planned budget (``optim.micro_batch_size``'s upper bound)."""
 RESERVE_FRACTION, RESERVE_MIN = 0.10, 1 * GIB
-"""Kept free for the allocator's fragmentation, cuBLAS workspaces and the sampler's KV cache
-growth: 10% of the free memory, at least 1 GiB."""
+"""Kept free for the allocator's fragmentation, cuBLAS workspaces and the eager decode loop's
+KV cache: 10% of the free memory (after the static decode path's buffers), at least 1 GiB."""
 
 
 @dataclass(frozen=True)
@@ -194,9 +194,11 @@ class Plan:
 
 
 def make_plan(cfg: RunConfig, device: torch.device, *, shape: ModelShape | None,
-              free: int | None, engine_exact: bool, shards: int = 1) -> Plan:
+              free: int | None, engine_exact: bool, shards: int = 1, resident: int = 0) -> Plan:
     """The plan for ``cfg`` on ``device``. ``free``: bytes free on the device with the weights
-    loaded (CUDA; None elsewhere). Sizes set in the config are kept as written."""
+    loaded (CUDA; None elsewhere). ``resident``: bytes the sampler will keep allocated between
+    calls once it has run (the static decode path's buffers), taken out of ``free`` before the
+    budget. Sizes set in the config are kept as written."""
     o, src = cfg.optim, old_logp_source(cfg, engine_exact)
     rows, tokens, budget = o.micro_batch_size, o.micro_batch_tokens, None
     if device.type != "cuda" or free is None or shape is None:
@@ -205,12 +207,14 @@ def make_plan(cfg: RunConfig, device: torch.device, *, shape: ModelShape | None,
         return Plan(device.type, rows, tokens, src[0], why, src[1])
     if tokens is None:
         c = resolve_dtype(cfg.model.dtype, device).itemsize
-        budget = token_budget(free, shape, compute_bytes=c,
+        budget = token_budget(free - resident, shape, compute_bytes=c,
                               master_bytes=c if cfg.model.pure_low_precision else 4,
                               checkpointing=cfg.model.gradient_checkpointing,
                               logprob_chunk=cfg.algorithm.logprob_chunk, shards=shards)
         tokens = budget.tokens
-        why = (f"{free / GIB:.1f} GiB free, {budget.fixed / GIB:.1f} GiB fixed, "
+        kept = (f" ({resident / GIB:.1f} GiB of it kept for the sampler's static decode "
+                f"buffers)" if resident else "")
+        why = (f"{free / GIB:.1f} GiB free{kept}, {budget.fixed / GIB:.1f} GiB fixed, "
                f"{budget.per_token / 2**20:.2f} MiB of activations per token "
                f"({shape.layers} layers × hidden {shape.hidden}"
                f"{', checkpointed' if cfg.model.gradient_checkpointing else ''})")
@@ -246,15 +250,29 @@ def engine_exact(cfg: RunConfig, engine, device: torch.device) -> bool:
             and resolve_dtype(cfg.model.dtype, device) == torch.float32)
 
 
+def sampling_models(cfg: RunConfig) -> int:
+    """Models the sampler keeps decode buffers for: the policy, and a copy where EEPO's second
+    stage or an asynchronous worker samples with one."""
+    a = cfg.rollout.async_
+    return 2 if cfg.control.eepo.enabled or (a.enabled and a.max_staleness > 0) else 1
+
+
 def plan_for(cfg: RunConfig, device: torch.device, policy: torch.nn.Module, dist,
-             engine) -> Plan:
+             engine, prompt_len: int = 0) -> Plan:
     """The plan of a run set up this far: on CUDA a token budget from the least free memory of
-    any rank (every rank joins the gather), measured with the weights and the engine in place."""
+    any rank (every rank joins the gather), measured with the weights and the engine in place,
+    less what the engine's static decode path will keep for prompts of up to ``prompt_len``
+    tokens (it allocates on its first call, after the plan)."""
     free = free_bytes(device)
+    resident = 0
     if free is not None:
         free = min(p["free"] for p in dist.gather({"free": free}))
+        if hasattr(engine, "resident_bytes"):
+            resident = engine.resident_bytes(policy, device, resolve_dtype(cfg.model.dtype, device),
+                                             prompt_len, cfg.rollout.max_response_len or 0,
+                                             sampling_models(cfg))
     pack = pack_length(policy) if takes_custom_mask(policy) else 0
     shape = ModelShape.of(policy, pack) if free is not None else None
     shards = dist.world_size if dist.strategy == "fsdp" else 1
-    return make_plan(cfg, device, shape=shape, free=free, shards=shards,
+    return make_plan(cfg, device, shape=shape, free=free, shards=shards, resident=resident,
                      engine_exact=engine_exact(cfg, engine, device))
