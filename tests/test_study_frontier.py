@@ -343,6 +343,33 @@ def test_the_frontier_figure_gives_each_method_its_panel_beyond_two(tmp_path):
     assert Image.open(four).size == (1134, 612)
 
 
+def test_the_frontier_figure_titles_say_what_the_labels_are(tmp_path, monkeypatch):
+    """The title names what the point labels give (the unit, or ``labels``), in the single panel
+    and above the small multiples (where the legend's names once leaked into it)."""
+    from explorl.analysis import frontier as F
+
+    titles = []
+
+    def keep(fig, path, dpi=90):
+        sup = fig._suptitle.get_text() if fig._suptitle is not None else ""
+        titles.append(sup + "|" + " ".join(ax.get_title() for ax in fig.axes))
+
+    monkeypatch.setattr(F, "save_figure", keep)
+
+    def series(name, dx):
+        return F.Series(name, [F.FPoint(0.5 + dx, 0.9 - dx, tag="100"),
+                               F.FPoint(0.55 + dx, 0.8, tag="200")])
+
+    grpo = series("grpo", 0.0)
+    F.draw_frontier([grpo, series("a", 0.01)], tmp_path / "one.png", 64, base=(0.4, 0.97))
+    F.draw_frontier([grpo, *[series(m, 0.01 * i) for i, m in enumerate("abc")]],
+                    tmp_path / "three.png", 64, base=(0.4, 0.97), unit="checkpoint",
+                    labels="training step")
+    assert "(labels: the learning rate)" in titles[0]
+    assert "labels: the training step;" in titles[1]
+    assert "[" not in titles[1] and "base (before RL)" not in titles[1]
+
+
 def _base_pt(value, d1, dk):
     """A GRPO point with its differences from the base model: (estimate, low, high) each."""
     iv = Interval(0.5, 0.45, 0.55, "")

@@ -164,8 +164,8 @@ def draw_frontier(series: list[Series], path: Path, k: int, *, base: tuple[float
         if n // ncols == nrows - 1 or n + ncols >= len(panels):
             ax.set_xlabel(f"{split} pass@1")
     if not single:
-        handles, labels = axes.flat[0].get_legend_handles_labels()
-        keep = [(h, lab) for h, lab in zip(handles, labels) if lab != others[0].label]
+        handles, names = axes.flat[0].get_legend_handles_labels()
+        keep = [(h, lab) for h, lab in zip(handles, names) if lab != others[0].label]
         if open_marker:
             from matplotlib.lines import Line2D
 
