@@ -119,7 +119,7 @@ def decoder_bytes(model: torch.nn.Module, rows: int, cols: int, out_len: int,
       the logits in ``dtype`` with their float32 log-softmax and one float32 temporary,
       ``rows × vocab × (b + 8)``.
     """
-    b = torch.empty((), dtype=dtype).element_size()
+    b = dtype.itemsize
     cfg = model.config
     copies = sum(t.numel() * b for t in _matrices(model) if t is not None and t.dtype != dtype)
     layers = cfg.num_hidden_layers
