@@ -1,8 +1,12 @@
 """Sampling speed: explorl's engine vs a plain ``model.generate`` at equal settings (figures only).
 
     .venv/bin/python benchmarks/generation_speed.py [--reps 5] [--calls 20] [--threads 1]
+    .venv/bin/python benchmarks/generation_speed.py --model smollm2-135m --task chat_addition \
+        --max-new 64 --sizes 8x8 --calls 2 --reps 2 --threads 2     # a real model (~10 min)
 
-Both sample P prompts × G responses from the lab model (float32, CPU) at temperature 1 with
+Each variant samples P prompts × G responses from the lab model (or ``--model``: a local HF
+model directory or a name of ``explorl models``, prompted with ``--task``'s problems through its
+chat template; float32, CPU) at temperature 1 with
 no top-k/top-p, ≤ ``--max-new`` tokens, stopping at EOS, from the same left-padded prompt
 batches. ``model.generate`` gets the G copies of each prompt as rows, as TRL passes them;
 explorl's engine gets the prompts and the counts, and also returns each token's log-prob and
@@ -24,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {
     "explorl": "explorl engine, counter-based seeds (as the trainer samples)",
+    "explorl-static": "explorl engine, static decode path (rollout.hf.static: true)",
     "explorl-multinomial": "explorl engine, torch.multinomial with one generator",
     "generate": "model.generate(do_sample=True)",
 }
@@ -37,15 +42,18 @@ def worker(spec: dict) -> dict:
     sys.path.insert(0, str(ROOT / "src"))
     from explorl.config import ModelConfig
     from explorl.lab import lab_model_path, make_splits
-    from explorl.models import load_model, load_tokenizer, render_prompt
+    from explorl.models import load_model, load_tokenizer, render_prompt, resolve_model_path
     from explorl.rollout.hf import HFEngine, left_pad
 
-    path = lab_model_path("addition")
+    model_spec = spec.get("model") or "lab:addition"
+    path = (lab_model_path("addition") if model_spec == "lab:addition"
+            else resolve_model_path(model_spec))
     tok = load_tokenizer(path, ModelConfig())
     model = load_model(path, ModelConfig(dtype="float32"), torch.device("cpu")).eval()
-    train = make_splits("addition", seed=0)["train"]
+    train = make_splits(spec.get("task") or "addition", seed=0, n_train=256, n_val=0,
+                        n_test=0)["train"]
     P, G, max_new, variant = spec["prompts"], spec["samples"], spec["max_new"], spec["variant"]
-    engine = HFEngine(tok, batch_size=P * G)
+    engine = HFEngine(tok, batch_size=P * G, static=variant == "explorl-static")
     generator = torch.Generator().manual_seed(0)
 
     def call(i: int) -> int:
@@ -53,7 +61,7 @@ def worker(spec: dict) -> dict:
             render_prompt(tok, train[(i * P + j) % len(train)].prompt, True) for j in range(P)
         ]
         if variant.startswith("explorl"):
-            seeds = [i * P + j for j in range(P)] if variant == "explorl" else None
+            seeds = [i * P + j for j in range(P)] if variant != "explorl-multinomial" else None
             ro = engine.generate(
                 model, prompts, [G] * P, 1.0, max_new, generator=generator, seeds=seeds
             )
@@ -79,7 +87,7 @@ def worker(spec: dict) -> dict:
         )
         return int(first.sum())
 
-    for i in range(3):  # warm-up
+    for i in range(spec.get("warmup", 3)):  # warm-up
         call(10_000 + i)
     tokens, w0, c0 = 0, time.perf_counter(), time.process_time()
     for i in range(spec["calls"]):
@@ -121,6 +129,11 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--max-new", type=int, default=8)
     p.add_argument("--sizes", nargs="+", default=["8x8", "32x8"], help="PROMPTSxSAMPLES per call")
+    p.add_argument("--model", help="a local HF model dir or an `explorl models` name "
+                   "(default: the lab's addition model)")
+    p.add_argument("--task", help="the lab task whose prompts are sampled (default addition; "
+                   "chat_addition for a chat model)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed calls first, per measurement")
     p.add_argument("--smoke", action="store_true", help="tiny shapes, one repetition: it runs")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -139,7 +152,8 @@ def main() -> None:
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"load average {os.getloadavg()[0]:.1f} at start; torch {torch.__version__}, "
         f"transformers {transformers.__version__}; "
-        f"{args.threads} torch thread(s); lab addition model, T=1, ≤{args.max_new} new tokens"
+        f"{args.threads} torch thread(s); {args.model or 'lab addition model'}, T=1, "
+        f"≤{args.max_new} new tokens"
     )
     for size in args.sizes:
         P, G = (int(x) for x in size.split("x"))
@@ -155,6 +169,9 @@ def main() -> None:
                             max_new=args.max_new,
                             calls=args.calls,
                             threads=args.threads,
+                            model=args.model,
+                            task=args.task,
+                            warmup=args.warmup,
                         )
                     )
                 )
@@ -177,6 +194,9 @@ def main() -> None:
         ]
         print(f"  explorl/generate tokens-per-second ratio {spread(ratio, '4.2f')}; per CPU-second "
               f"{spread(cpu, '4.2f')}")
+        static = [s["tokens_per_s"] / e["tokens_per_s"]
+                  for s, e in zip(runs["explorl-static"], runs["explorl"])]
+        print(f"  static/eager tokens-per-second ratio {spread(static, '4.2f')}")
 
 
 if __name__ == "__main__":

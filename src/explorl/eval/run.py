@@ -37,6 +37,7 @@ from explorl.outputs.tables import print_tables, stacked
 from explorl.rewards.functions import check_reward
 from explorl.rewards.pool import VerifierPool
 from explorl.rewards.rewarder import Rewarder
+from explorl.rollout import progress as sampler_progress
 from explorl.rollout.base import build_engine
 from explorl.rollout.seeding import mix_seed
 from explorl.training.checkpoint import latest_checkpoint
@@ -130,10 +131,17 @@ def run_eval(
     problems: list[dict] = []  # one row of problems.jsonl per problem
     t0 = time.perf_counter()
     columns = (TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("eta"), TimeRemainingColumn())
+               TextColumn("eta"), TimeRemainingColumn(), TextColumn("[dim]{task.fields[decode]}"))
+    rate = sampler_progress.DecodeRate(time.perf_counter)
+
+    def on_decode(t: int, total: int, rows: int) -> None:  # moves the line between batches
+        rate(t, total, rows)
+        bar.update(task, decode=rate.text())
+
     with VerifierPool.from_config(cfg.reward) as pool, \
-            Progress(*columns, disable=not progress) as bar:
-        task = bar.add_task("eval", total=len(records))
+            Progress(*columns, disable=not progress) as bar, \
+            sampler_progress.listening(on_decode):
+        task = bar.add_task("eval", total=len(records), decode="")
         for start in range(0, len(records), batch_problems):
             chunk = records[start: start + batch_problems]
             ids = [render_prompt(tokenizer, r.prompt, cfg.model.use_chat_template) for r in chunk]

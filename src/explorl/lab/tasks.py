@@ -49,6 +49,7 @@ from explorl.lab.tokenizer import CHARS
 from explorl.rewards.verifiers import (
     addition_verifier,
     countdown_verifier,
+    math_verifier,
     subset_sum_verifier,
 )
 
@@ -255,3 +256,71 @@ TASKS: dict[str, LabTask] = {
     ),
 }
 """The built-in lab tasks."""
+
+
+# ----------------------------------------------------------------------------- chat tasks
+# Tasks for pretrained chat models: natural-language prompts through the chat template, answers
+# as \boxed{} scored by the math verifier; no lab model is built for them (the run names a real
+# model in model.path).
+
+ANSWER_FORMAT = "Give the final answer as \\boxed{{number}}, for example \\boxed{{{example}}}."
+"""The format instruction every ``chat_*`` prompt ends with (the example is the problem's own
+number of digits, never its answer)."""
+
+
+def _operand(rng: random.Random, min_digits: int, max_digits: int) -> int:
+    d = rng.randint(min_digits, max_digits)
+    return rng.randint(0 if d == 1 else 10 ** (d - 1), 10**d - 1)
+
+
+def _column_carries(terms: list[int]) -> int:
+    """Columns whose digit sum (with the incoming carry) reaches 10: the difficulty."""
+    n, carry, terms = 0, 0, list(terms)
+    while any(terms) or carry:
+        s = sum(t % 10 for t in terms) + carry
+        carry = s // 10
+        n += carry > 0
+        terms = [t // 10 for t in terms]
+    return n
+
+
+def _example(answer: int, rng: random.Random) -> int:
+    """A number with as many digits as ``answer`` that is not ``answer``: the format example."""
+    d = len(str(answer))
+    while True:
+        x = rng.randint(0 if d == 1 else 10 ** (d - 1), 10**d - 1)
+        if x != answer:
+            return x
+
+
+def _sample_chat_addition(rng: random.Random, *, min_digits: int, max_digits: int,
+                          n_terms: int) -> Problem:
+    terms = [_operand(rng, min_digits, max_digits) for _ in range(n_terms)]
+    total = sum(terms)
+    question = "What is " + " + ".join(map(str, terms)) + "? "
+    prompt = question + ANSWER_FORMAT.format(example=_example(total, rng))
+    return Problem(tuple(sorted(terms)), prompt, str(total), f"\\boxed{{{total}}}",
+                   _column_carries(terms))
+
+
+def _validate_chat_addition(*, min_digits: int, max_digits: int, n_terms: int) -> None:
+    if not 1 <= min_digits <= max_digits <= 9:
+        raise ValueError(f"chat_addition needs 1 <= min_digits <= max_digits <= 9, got "
+                         f"{min_digits}, {max_digits}")
+    if not 2 <= n_terms <= 6:
+        raise ValueError(f"chat_addition needs 2 <= n_terms <= 6, got {n_terms}")
+
+
+TASKS.update({
+    "chat_addition": LabTask(
+        name="chat_addition",
+        sample=_sample_chat_addition,
+        check=math_verifier,
+        params={"min_digits": 1, "max_digits": 2, "n_terms": 2},
+        validate=_validate_chat_addition,
+        alphabet=None,
+        max_response_len=64,
+        version="1",
+        data_source="chat/addition",
+    ),
+})

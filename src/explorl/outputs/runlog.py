@@ -6,6 +6,7 @@ import contextlib
 import json
 import math
 import signal
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -19,6 +20,7 @@ from rich.progress import (
 )
 
 from explorl.errors import CheckpointError
+from explorl.rollout import progress
 
 
 def _clean(v):
@@ -98,6 +100,7 @@ class ProgressBar:
             MofNCompleteColumn(),
             TextColumn(
                 "reward {task.fields[reward]}  entropy {task.fields[entropy]}  {task.fields[extra]}"
+                "  [dim]{task.fields[decode]}"
             ),
             TimeElapsedColumn(),
             TextColumn("eta"),
@@ -106,8 +109,17 @@ class ProgressBar:
             transient=False,
         )
         self.task = self.progress.add_task("train", total=total, completed=start,
-                                           reward="-", entropy="-", extra="")
+                                           reward="-", entropy="-", extra="", decode="")
+        # The sampler's decode steps move the line between steps (a real model's step on a
+        # CPU takes minutes); the rate restarts with each step.
+        self._rate = progress.DecodeRate(time.perf_counter)
+        self._listening = progress.listening(self._on_decode)
+        self._listening.__enter__()
         self.progress.start()
+
+    def _on_decode(self, t: int, total: int, rows: int) -> None:
+        self._rate(t, total, rows)
+        self.progress.update(self.task, decode=self._rate.text())
 
     def update(self, step: int, metrics: dict) -> None:
         if not self.enabled:
@@ -124,13 +136,17 @@ class ProgressBar:
             reward=fmt("reward/mean"),
             entropy=fmt("entropy/mean"),
             extra=extra,
+            decode="",
         )
+        self._rate = progress.DecodeRate(time.perf_counter)
 
     def log(self, text: str) -> None:
         (self.progress.console if self.enabled else self.console).print(text)
 
     def close(self) -> None:
-        if self.enabled:
+        if self.enabled and self._listening is not None:
+            self._listening.__exit__(None, None, None)
+            self._listening = None
             self.progress.stop()
 
 

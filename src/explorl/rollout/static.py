@@ -39,6 +39,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from explorl.rollout import progress
 from explorl.rollout.lean import (
     _GLOBAL_HOOKS,
     _hooked,
@@ -375,6 +376,7 @@ class StaticDecoder:
                                (self.out_ent, 0), (self.out_mask, False)):
                 buf[: N + 1].fill_(value)
             self._draw(N, logits, mode, noise, 0, N)
+            progress.step(1, R, N)
             b, n = top, N
             for t in range(1, R):
                 if t % check_every == 0:
@@ -384,6 +386,7 @@ class StaticDecoder:
                     if bucket(n_alive, self.smallest) < b:
                         b, n = self._compact(b, n_alive, noise), n_alive
                 self._run(b, mode, noise, t, n)
+                progress.step(t + 1, R, n)
             mask = self.out_mask[:N, :R]
             width = int(mask.sum(-1).max()) if N else 0
             return tuple(buf[:N, :width].clone()

@@ -1,0 +1,51 @@
+"""The tasks for pretrained chat models (``chat_*``): prompts, answers, difficulty, splits."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from explorl.lab import make_splits
+from explorl.lab.registry import get_task, task_params
+from explorl.lab.tasks import _column_carries
+
+
+def test_chat_addition_problem_reads_as_a_question_with_the_answer_format():
+    task = get_task("chat_addition")
+    p = task.sample(random.Random(3), **task.params)
+    a, b = (int(x) for x in re.match(r"What is (\d+) \+ (\d+)\? ", p.prompt).groups())
+    assert p.ground_truth == str(a + b)
+    assert p.solution == f"\\boxed{{{a + b}}}"
+    assert "Give the final answer as \\boxed{number}" in p.prompt
+    example = re.search(r"for example \\boxed\{(\d+)\}", p.prompt).group(1)
+    assert example != p.ground_truth and len(example) == len(p.ground_truth)
+    assert task.source == "chat/addition" and task.alphabet is None
+
+
+def test_chat_addition_checker_scores_boxed_answers_with_the_math_verifier():
+    check = get_task("chat_addition").check
+    assert check("37 + 5 = 42, so \\boxed{42}", "42") == 1.0
+    assert check("\\boxed{41}", "42") == 0.0
+    assert check("I think it is large.", "42") == 0.0
+
+
+def test_column_carries_by_hand():
+    assert _column_carries([37, 5]) == 1      # 7+5=12
+    assert _column_carries([99, 1]) == 2      # 9+1=10, 9+1=10
+    assert _column_carries([12, 34]) == 0
+    assert _column_carries([5, 5, 5]) == 1    # 15
+    assert _column_carries([55, 55, 55]) == 2  # 15, 5+5+5+1=16
+
+
+def test_chat_addition_params_and_splits():
+    assert task_params("chat_addition", n_terms=3)["n_terms"] == 3
+    with pytest.raises(ValueError, match="n_terms"):
+        task_params("chat_addition", n_terms=9)
+    with pytest.raises(ValueError, match="did you mean 'max_digits'"):
+        task_params("chat_addition", max_digit=3)
+    s = make_splits("chat_addition", seed=0, n_train=64, n_val=8, n_test=32)
+    keys = [{(r.prompt.split("?")[0]) for r in s[k]} for k in ("train", "val", "test")]
+    assert len(s["test"]) == 32 and not (keys[0] & keys[2]) and not (keys[1] & keys[2])
+    assert all(r.data_source == "chat/addition" for r in s["train"])
