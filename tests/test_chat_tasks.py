@@ -18,9 +18,7 @@ def test_chat_addition_problem_reads_as_a_question_with_the_answer_format():
     a, b = (int(x) for x in re.match(r"What is (\d+) \+ (\d+)\? ", p.prompt).groups())
     assert p.ground_truth == str(a + b)
     assert p.solution == f"\\boxed{{{a + b}}}"
-    assert "Give the final answer as \\boxed{number}" in p.prompt
-    example = re.search(r"for example \\boxed\{(\d+)\}", p.prompt).group(1)
-    assert example != p.ground_truth and len(example) == len(p.ground_truth)
+    assert p.prompt.endswith("? Put your final answer in \\boxed{}.")
     assert task.source == "chat/addition" and task.alphabet is None
 
 
@@ -49,3 +47,12 @@ def test_chat_addition_params_and_splits():
     keys = [{(r.prompt.split("?")[0]) for r in s[k]} for k in ("train", "val", "test")]
     assert len(s["test"]) == 32 and not (keys[0] & keys[2]) and not (keys[1] & keys[2])
     assert all(r.data_source == "chat/addition" for r in s["train"])
+
+
+def test_boxed_format_rewards_any_boxed_answer_and_nothing_else():
+    from explorl.rewards import VERIFIERS
+
+    fmt = VERIFIERS["boxed_format"]
+    assert fmt("7 + 5 = 13, so \\boxed{13}", "12") == 1.0  # wrong but boxed: format only
+    assert fmt("The answer is 12", "12") == 0.0  # right but not boxed
+    assert fmt("\\boxed{12", "12") == 0.0  # an unclosed box is no answer

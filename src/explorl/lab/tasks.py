@@ -263,9 +263,11 @@ TASKS: dict[str, LabTask] = {
 # as \boxed{} scored by the math verifier; no lab model is built for them (the run names a real
 # model in model.path).
 
-ANSWER_FORMAT = "Give the final answer as \\boxed{{number}}, for example \\boxed{{{example}}}."
-"""The format instruction every ``chat_*`` prompt ends with (the example is the problem's own
-number of digits, never its answer)."""
+ANSWER_FORMAT = "Put your final answer in \\boxed{}."
+"""The format instruction every ``chat_*`` prompt ends with. SmolLM2-135M-Instruct boxes its
+answer to 12% of "What is 7 + 5? …" prompts with it at T = 0.7 (9% right); a worked example in
+the instruction (``\\boxed{12}``) raised that to 33% but the model then boxed the example's
+number (3% right); a system prompt asking for it, to 3%."""
 
 
 def _operand(rng: random.Random, min_digits: int, max_digits: int) -> int:
@@ -284,21 +286,11 @@ def _column_carries(terms: list[int]) -> int:
     return n
 
 
-def _example(answer: int, rng: random.Random) -> int:
-    """A number with as many digits as ``answer`` that is not ``answer``: the format example."""
-    d = len(str(answer))
-    while True:
-        x = rng.randint(0 if d == 1 else 10 ** (d - 1), 10**d - 1)
-        if x != answer:
-            return x
-
-
 def _sample_chat_addition(rng: random.Random, *, min_digits: int, max_digits: int,
                           n_terms: int) -> Problem:
     terms = [_operand(rng, min_digits, max_digits) for _ in range(n_terms)]
     total = sum(terms)
-    question = "What is " + " + ".join(map(str, terms)) + "? "
-    prompt = question + ANSWER_FORMAT.format(example=_example(total, rng))
+    prompt = "What is " + " + ".join(map(str, terms)) + "? " + ANSWER_FORMAT
     return Problem(tuple(sorted(terms)), prompt, str(total), f"\\boxed{{{total}}}",
                    _column_carries(terms))
 

@@ -314,6 +314,13 @@ def math_verifier(response: str, ground_truth: str) -> float:
     return float(bool(pred) and mv.verify(_parse_gold(ground_truth), pred, timeout_seconds=None))
 
 
+def boxed_format(response: str, ground_truth: str) -> float:
+    """1.0 iff the response gives a final answer in ``\\boxed{}``, right or wrong: a format reward
+    to weigh beside a verifier (``reward.functions``), as R1-style recipes do. It never decides
+    correctness; as ``reward.verifier`` it would count every boxed answer as right."""
+    return float(last_boxed(response) is not None)
+
+
 # ----------------------------------------------------------------------------- registry
 
 VERIFIERS: dict[str, Verifier] = {
@@ -322,6 +329,7 @@ VERIFIERS: dict[str, Verifier] = {
     "countdown": countdown_verifier,
     "subset_sum": subset_sum_verifier,
     "addition": addition_verifier,
+    "boxed_format": boxed_format,
 }
 
 # Work a verifier does once per process (imports, parser warm-up), kept out of the first
