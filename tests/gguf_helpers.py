@@ -119,3 +119,9 @@ def write_gguf(model, path: Path, *, qtype: str = "F32") -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def varied(response: str, ground_truth: str) -> float:
+    """A reward that differs between a random model's samples (distinct characters, capped), so
+    the smoke run's groups have non-zero advantages."""
+    return min(len(set(response)), 12) / 12

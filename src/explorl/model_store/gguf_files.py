@@ -7,9 +7,9 @@ built from the same config without the ``quantization_config``, which saves like
 Every later load, checkpoint, ``explorl export``, LoRA merge and vLLM engine then reads the
 converted folder, and the ``gguf`` package is needed only for the conversion.
 
-Cache key: the sha256 of the file's bytes (a copied or moved file reuses its conversion; an
-edited one never does). Hashing a large file on every load is avoided by a memo keyed by the
-file's path, size, mtime and inode (``<cache>/.sha256/``).
+Cache key: the sha256 of the file's bytes (a copied, moved or renamed file reuses its
+conversion; an edited one never does). Hashing a large file on every load is avoided by a memo
+keyed by the file's path, size, mtime and inode (``<cache>/.sha256/``).
 """
 
 from __future__ import annotations
@@ -89,9 +89,16 @@ def file_sha256(path: Path) -> str:
 
 
 def converted_dir(path: Path) -> Path:
-    """Where ``path``'s conversion lives: ``<cache>/gguf/<stem>-<12 hex digits of sha256>``."""
+    """Where ``path``'s conversion lives: ``<cache>/gguf/<stem>-<12 hex digits of sha256>``, or
+    the conversion of the same bytes made under another file name."""
+    sha = file_sha256(path)
+    root = cache_root() / "gguf"
+    for d in sorted(root.glob(f"*-{sha[:12]}")):
+        src = read_source(d)
+        if src is not None and src.get("sha256") == sha:
+            return d
     stem = re.sub(r"[^A-Za-z0-9_.-]", "-", Path(path).stem)
-    return cache_root() / "gguf" / f"{stem}-{file_sha256(path)[:12]}"
+    return root / f"{stem}-{sha[:12]}"
 
 
 def is_current(source: dict, sha256: str | None = None) -> bool:
