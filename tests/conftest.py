@@ -24,6 +24,17 @@ os.environ.setdefault("EXPLORL_LAB_CACHE",
                       str(Path(__file__).resolve().parents[1] / ".pytest_cache" / "explorl-lab"))
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``real`` (they train SmolLM2-135M, minutes on a CPU) run only when asked
+    for (``make test-real``: ``-m real``), never in ``make test``."""
+    if "real" in (config.getoption("markexpr") or "").replace("not real", ""):
+        return
+    skip = pytest.mark.skip(reason="trains the real model: make test-real (pytest -m real)")
+    for item in items:
+        if "real" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def tiny_model():
     """Directory of a throwaway lab model for the addition task (seconds to build, cached)."""

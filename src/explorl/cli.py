@@ -1,4 +1,5 @@
-"""``explorl`` command line: train, eval, export, passk, fit, report, study, config, recipes.
+"""``explorl`` command line: train, eval, export, passk, fit, report, study, config, recipes,
+models.
 
 Every error a user can cause (``explorl.errors.ExplorlError``, and ``OSError`` such as a full
 disk) is printed as one ``error: …`` line with exit status 2; ``--debug`` (or
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from explorl import __version__, cli_recipes, validation
+from explorl import __version__, cli_models, cli_recipes, validation
 from explorl import config as C
 from explorl.config import builtin
 from explorl.errors import ExplorlError
@@ -390,6 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a config field of the resolved recipe, e.g. optim.lr=1e-5")
     c.set_defaults(fn=_config)
     cli_recipes.add_parser(sub, [debug])
+    cli_models.add_parser(sub, [debug])
     return p
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from explorl import model_store
 from explorl.config import ModelConfig
 from explorl.data.files import tokenize_prompts
 from explorl.data.sources import params_for
@@ -53,7 +54,10 @@ def autocast(cfg: ModelConfig, device: torch.device):
 
 
 def resolve_model_path(path: str, lab=None) -> Path:
-    """A local directory, or ``lab:<task>`` → the built (and cached) lab model's directory.
+    """The model folder ``model.path`` stands for: ``lab:<task>`` → the built (and cached) lab
+    model; a registered name (``smollm2-135m``) → its fetched folder; a ``.gguf`` file (or a
+    folder holding exactly one) → its conversion in the model cache (made on first use);
+    else a local Hugging Face model folder.
 
     ``lab`` (a ``LabConfig``) makes the lab model's SFT split the same as the one RL uses, so
     validation problems are never in the model's supervised training data.
@@ -65,11 +69,15 @@ def resolve_model_path(path: str, lab=None) -> Path:
         return lab_model_path(ref, size=lab.model_size, split_seed=lab.split_seed,
                               n_train=lab.n_train, n_val=lab.n_val, n_test=lab.n_test,
                               **params_for(get_task(ref), lab.params))
+    converted = model_store.resolve(path)
+    if converted is not None:
+        return converted
     p = Path(path).expanduser()
     if not p.is_dir():
         raise ModelPathError(
             f"model.path {path!r} is not a local directory; explorl loads models with "
-            "from_pretrained(local_path) (download them beforehand) or use lab:<task>")
+            "from_pretrained(local_path) (download them beforehand), a .gguf file, a name "
+            f"({', '.join(model_store.KNOWN)}) or lab:<task>")
     return p
 
 

@@ -40,8 +40,11 @@ class LoRAConfig:
 @dataclass
 class ModelConfig:
     path: str = "lab:addition"
-    """Local HF model directory (``from_pretrained``), or ``lab:<task>`` for the built-in lab
-    model."""
+    """Local HF model directory (``from_pretrained``); ``lab:<task>`` for the built-in lab model;
+    a model name such as ``smollm2-135m`` (``explorl models`` lists them; ``explorl models get
+    NAME`` fetches one); or a ``.gguf`` file (or a folder holding exactly one), converted once
+    into the model cache (``$EXPLORL_MODEL_CACHE``, else ``~/.cache/explorl/models``). Names are
+    resolved before paths."""
     trust_remote_code: bool = False
     """Allow custom modelling code shipped with the model. Off unless the recipe says so."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"

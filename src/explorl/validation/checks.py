@@ -8,6 +8,7 @@ import dataclasses
 import difflib
 from pathlib import Path
 
+from explorl import model_store
 from explorl.algorithms import ADVANTAGES, AGG_MODES, KL_ESTIMATORS, LOSSES
 from explorl.algorithms.advantages import TAKES_K
 from explorl.algorithms.losses import REQUIRED_AGG
@@ -19,6 +20,7 @@ from explorl.control.contract import check_knob_contract
 from explorl.control.registry import CONTROLLER_SPECS, check_control_config
 from explorl.control.spec import check_choice
 from explorl.data.files import EXTENSIONS
+from explorl.errors import ExplorlError
 from explorl.outputs.trackers import TRACKERS
 from explorl.rollout.vllm_settings import (
     check_engine_settings,
@@ -159,13 +161,14 @@ def _check_sources(cfg: RunConfig, env: bool) -> None:
         return spec.startswith(("lab:", "rg:"))
 
     if not cfg.model.path.strip():
-        _fail("model.path", "is empty; give a local model directory or lab:<task>")
-    if not lab_task("model.path", cfg.model.path) and env:
+        _fail("model.path", "is empty; give a local model directory, a .gguf file, a model "
+              "name or lab:<task>")
+    if not lab_task("model.path", cfg.model.path) and env and not _model_source(cfg.model.path):
         p = Path(cfg.model.path).expanduser()
         if not p.is_dir():
             _fail("model.path", f"{cfg.model.path!r} is not a local directory; explorl loads "
-                  "models with from_pretrained(local_path) (download them beforehand) or use "
-                  "lab:<task>")
+                  "models with from_pretrained(local_path) (download them beforehand), a .gguf "
+                  f"file, a name ({', '.join(model_store.KNOWN)}) or lab:<task>")
         if not (p / "config.json").is_file():
             _fail("model.path", f"{cfg.model.path!r} holds no config.json: not a Hugging Face "
                   "model directory")
@@ -180,6 +183,15 @@ def _check_sources(cfg: RunConfig, env: bool) -> None:
             if p.suffix.lower() not in EXTENSIONS:
                 _fail(path, f"{spec!r}: unsupported file type {p.suffix or '(none)'!r} "
                       f"(expected {', '.join(EXTENSIONS)})")
+
+
+def _model_source(spec: str) -> bool:
+    """Whether ``model.path`` is a registered name or a GGUF file, checked (fetched; readable,
+    of a supported quantisation and architecture) before any model loads."""
+    try:
+        return model_store.check(spec)
+    except ExplorlError as e:
+        _fail("model.path", str(e))
 
 
 def _check_device(device: str) -> None:
