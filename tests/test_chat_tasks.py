@@ -56,3 +56,4 @@ def test_boxed_format_rewards_any_boxed_answer_and_nothing_else():
     assert fmt("7 + 5 = 13, so \\boxed{13}", "12") == 1.0  # wrong but boxed: format only
     assert fmt("The answer is 12", "12") == 0.0  # right but not boxed
     assert fmt("\\boxed{12", "12") == 0.0  # an unclosed box is no answer
+    assert fmt("\\boxed{} 7 + 5 = \\boxed{ }", "12") == 0.0  # nor is an empty one

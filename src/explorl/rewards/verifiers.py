@@ -315,10 +315,13 @@ def math_verifier(response: str, ground_truth: str) -> float:
 
 
 def boxed_format(response: str, ground_truth: str) -> float:
-    """1.0 iff the response gives a final answer in ``\\boxed{}``, right or wrong: a format reward
-    to weigh beside a verifier (``reward.functions``), as R1-style recipes do. It never decides
-    correctness; as ``reward.verifier`` it would count every boxed answer as right."""
-    return float(last_boxed(response) is not None)
+    """1.0 iff the response's last ``\\boxed{}`` holds an answer (not blank), right or wrong: a
+    format reward to weigh beside a verifier (``reward.functions``), as R1-style recipes do. It
+    never decides correctness; as ``reward.verifier`` it would count every boxed answer as right.
+    An empty box earns nothing: SmolLM2-135M-Instruct, rewarded for any ``\\boxed{`` ``}``,
+    learned within 10 steps to open its replies with ``\\boxed{}`` and answer nothing."""
+    boxed = last_boxed(response)
+    return float(boxed is not None and bool(boxed.strip()))
 
 
 # ----------------------------------------------------------------------------- registry
