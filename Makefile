@@ -1,6 +1,6 @@
 # explorl — two-command quickstart: `make demo` and `make test`. Each target sets up .venv
 # when missing: the pinned CPU torch first (a plain `torch` requirement would pull several
-# GB of CUDA wheels), then the package with its dev extras.
+# GB of CUDA wheels), then the package with its dev and bench (TRL) extras.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,11 +10,11 @@ PYTEST_ARGS ?=
 .PHONY: setup demo test lint docs bench clean setup-vllm test-vllm bench-vllm test-integrations \
 	gpu-check gpu-check-prepare real-model test-real
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(TORCH_PIN)
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,bench]'
 	touch $@
 
 setup: $(BIN)/.installed
@@ -23,8 +23,10 @@ setup: $(BIN)/.installed
 demo: setup
 	$(BIN)/explorl train quickstart --out runs/quickstart --force
 
+# -m "not integrations": TRL's trainer-level tests stay in test-integrations (the bench extra is
+# here for the losses' TRL-equivalence tests, tensor-level and fast)
 test: setup
-	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 -m "not integrations" $(PYTEST_ARGS)
 
 # ruff with pyproject.toml's settings (line length 100; pyflakes, pycodestyle, import order)
 lint: setup

@@ -31,13 +31,16 @@ def test_public_names():
         "knapsack_budgets",
         "logprobs_from_hidden",
         "logprobs_from_logits",
+        "luspo_loss",
         "masked_mean",
         "naive_logprobs",
         "overlong_penalty",
         "ppo_loss",
         "reinforce_pp_advantages",
         "rloo_advantages",
+        "sapo_loss",
         "token_covariance",
+        "vespo_loss",
     ]
     assert all(hasattr(A, n) for n in A.__all__)
 
@@ -48,7 +51,8 @@ def test_registries():
         "reinforce_plus_plus_baseline", "grpo_batch_std", "passk_training", "pkpo", "pkpo_loo",
         "pkpo_loo_minus_one", "grpo_passk",
     }
-    assert set(A.LOSSES) == {"ppo", "clip_cov", "kl_cov", "gspo", "cispo"}
+    assert set(A.LOSSES) == {"ppo", "clip_cov", "kl_cov", "gspo", "cispo", "sapo",
+                             "luspo", "vespo"}
     assert A.AGG_MODES == ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                            "seq-mean-token-sum-norm")
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from explorl.algorithms import LOSSES, clip_cov_loss, kl_cov_loss, ppo_loss
+from explorl.algorithms.losses import REQUIRED_AGG
 
 LN = math.log
 
@@ -21,9 +22,15 @@ def make_cfg(**kw):
         "clip_cov_ub": 5.0,
         "kl_cov_ratio": 0.25,
         "kl_cov_coef": 1.0,
-        "agg": "seq-mean-token-mean",  # GSPO's required mode; the others ignore it
+        "agg": "seq-mean-token-mean",  # GSPO's required mode (LUSPO's: REQUIRED_AGG)
         "cispo_w_max": 1.2,
         "cispo_mask": False,
+        "sapo_tau_pos": 1.0,
+        "sapo_tau_neg": 1.05,
+        "vespo_k_pos": 2.0,
+        "vespo_lambda_pos": 3.0,
+        "vespo_k_neg": 3.0,
+        "vespo_lambda_neg": 2.0,
     }
     base.update(kw)
     return SimpleNamespace(**base)
@@ -112,7 +119,7 @@ def test_zero_outside_mask_and_no_nan_from_padding(name):
         old,
         torch.tensor([1.0, -1.0]),
         mask,
-        make_cfg(clip_c=3.0),
+        make_cfg(clip_c=3.0, agg=REQUIRED_AGG.get(name, "seq-mean-token-mean")),
         torch.Generator().manual_seed(0),
     )
     assert torch.isfinite(loss).all() and (loss[~mask] == 0).all()
@@ -124,9 +131,10 @@ def test_zero_outside_mask_and_no_nan_from_padding(name):
 @pytest.mark.parametrize("name", sorted(LOSSES))
 def test_per_response_and_per_token_advantages_agree(name):
     logp, old, adv, mask = ppo_inputs()
-    a, _ = LOSSES[name](logp, old, adv, mask, make_cfg(), torch.Generator().manual_seed(1))
+    c = make_cfg(agg=REQUIRED_AGG.get(name, "seq-mean-token-mean"))
+    a, _ = LOSSES[name](logp, old, adv, mask, c, torch.Generator().manual_seed(1))
     b, _ = LOSSES[name](
-        logp, old, adv[:, None].expand(2, 5), mask, make_cfg(), torch.Generator().manual_seed(1)
+        logp, old, adv[:, None].expand(2, 5), mask, c, torch.Generator().manual_seed(1)
     )
     torch.testing.assert_close(a, b)
 
@@ -301,7 +309,7 @@ def test_kl_cov_k_is_at_least_one():
 
 
 def test_losses_dict():
-    from explorl.algorithms.losses import cispo_loss, gspo_loss
+    from explorl.algorithms.losses import cispo_loss, gspo_loss, luspo_loss, sapo_loss, vespo_loss
 
     assert LOSSES == {
         "ppo": ppo_loss,
@@ -309,6 +317,9 @@ def test_losses_dict():
         "kl_cov": kl_cov_loss,
         "gspo": gspo_loss,
         "cispo": cispo_loss,
+        "sapo": sapo_loss,
+        "luspo": luspo_loss,
+        "vespo": vespo_loss,
     }
 
 

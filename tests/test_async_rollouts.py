@@ -11,8 +11,9 @@ import torch
 
 from explorl import config as C
 from explorl import validation
-from explorl.algorithms.losses import ppo_loss
-from explorl.algorithms.rollout_correction import rollout_correction
+from explorl.algorithms import LOSSES
+from explorl.algorithms.losses import ppo_loss, vespo_loss
+from explorl.algorithms.rollout_correction import rollout_correction, sequence_log_weight
 from explorl.config import ConfigError
 from explorl.outputs.runlog import read_metrics
 from explorl.training.async_rollouts import clip_note
@@ -174,6 +175,60 @@ def test_decoupled_ppo_worked_example():
     assert float(rollout_correction(prox2, mu, mask, "token-truncate", 2.0).weight) == 2.0
     masked = rollout_correction(prox2, mu, mask, "token-mask", 2.0)
     assert float(masked.weight) == 0.0 and not bool(masked.keep)
+
+
+def test_decoupled_vespo_worked_example():
+    """VESPO under §8: μ −1.0, π_prox −0.8, π_θ −0.7 (one token), A = +1. Its W is measured
+    against the sampler, W = π_θ/π_prox · π_prox/μ = e^0.1·e^0.2 = e^0.3 (PPO's ratio would be
+    e^0.1, weighted by e^0.2 outside the clip); φ = W²·e^{3(1−W)} = 1.822119·0.350086 = 0.637898,
+    loss term −φ·A·logp = −0.637898·(−0.7) = 0.446529."""
+
+    class Cfg:
+        vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg = 2.0, 3.0, 3.0, 2.0
+
+    mask = torch.ones(1, 1, dtype=torch.bool)
+    mu, prox, theta = (torch.tensor([[x]], dtype=torch.float64) for x in (-1.0, -0.8, -0.7))
+    c = rollout_correction(prox, mu, mask, "token-truncate", 2.0)
+    per_tok, m = vespo_loss(theta, prox, torch.tensor([1.0], dtype=torch.float64), mask, Cfg,
+                            behaviour_log_weight=sequence_log_weight(c.weight, c.keep))
+    assert m["loss/ratio_mean"].item() == pytest.approx(math.exp(0.3))
+    assert m["loss/vespo_phi_mean"].item() == pytest.approx(0.637898, abs=1e-6)
+    assert float(per_tok) == pytest.approx(0.446529, abs=1e-6)
+
+
+def test_vespo_takes_the_stale_behaviour_weight_into_w(make_config, tmp_path, monkeypatch):
+    """With staleness 1 the update hands VESPO log Π_t min(π_prox/μ, 2) of each response (0 for
+    a batch sampled by the trainer's own weights), and does not multiply its loss by w."""
+    cfg = make_config({**_async({"algorithm": {"loss": "vespo"}}, 1, "thread"), "max_steps": 2,
+                       "eval": {"every": 0}})
+    t = Trainer(cfg, tmp_path / "run")
+    seen, run, vespo = [], t.update.run, LOSSES["vespo"]
+
+    def spy_run(ro, *args, **kw):
+        seen.append({"stale": t.step - int(ro.version[0]), "old": ro.old_logp.clone(),
+                     "mu": ro.engine_logp.clone(), "mask": ro.response_mask.clone(),
+                     "folded": []})
+        return run(ro, *args, **kw)
+
+    def spy_loss(*args, behaviour_log_weight=None, **kw):
+        seen[-1]["folded"].append(behaviour_log_weight)
+        return vespo(*args, behaviour_log_weight=behaviour_log_weight, **kw)
+
+    t.update.run = spy_run
+    monkeypatch.setitem(LOSSES, "vespo", spy_loss)
+    rows = [t.train_step() for _ in range(2)]
+    t.rollouts.close()
+    assert [s["stale"] for s in seen] == [0, 1]
+    for s in seen:
+        folded = torch.cat(s["folded"])  # one micro-batch per mini-batch here, rows in order
+        ell = torch.where(s["mask"], s["old"] - s["mu"], 0.0).clamp(max=math.log(2.0))
+        if s["stale"] == 0:
+            assert folded.abs().max() < 1e-4  # π_prox = μ up to float noise
+        else:
+            assert folded.abs().max() > 1e-4
+            assert sorted(folded.tolist()) == pytest.approx(sorted(ell.sum(-1).tolist()),
+                                                            abs=1e-5)
+    assert all("loss/vespo_phi_mean" in r and "rollout_corr/weight_mean" in r for r in rows[1:])
 
 
 def test_controllers_read_the_knobs_that_sampled_the_batch(make_config, tmp_path):

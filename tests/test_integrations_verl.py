@@ -17,7 +17,7 @@ from verl.trainer.ppo import core_algos as va  # noqa: E402
 from verl.workers.config import ActorConfig, PolicyLossConfig  # noqa: E402
 
 from explorl.algorithms import ADVANTAGES, LOSSES, aggregate  # noqa: E402
-from explorl.algorithms.losses import clip_cov_select  # noqa: E402
+from explorl.algorithms.losses import REQUIRED_AGG, clip_cov_select  # noqa: E402
 from explorl.config import (  # noqa: E402
     EntroPICControlConfig,
     EntropyCoefControlConfig,
@@ -65,10 +65,10 @@ MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 
 @pytest.mark.parametrize("name", list(LOSSES))
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", [*MODES, "seq-mean-token-sum"])
 def test_registered_loss_equals_explorls_own(name, mode):
-    if name == "gspo" and mode != "seq-mean-token-mean":
-        pytest.skip("GSPO is defined under seq-mean-token-mean only")
+    if name in REQUIRED_AGG and mode != REQUIRED_AGG[name]:
+        pytest.skip(f"{name} is defined under {REQUIRED_AGG[name]} only")
     config = _actor(policy_loss={"clip_cov_ratio": 0.1, "kl_cov_ratio": 0.1})
     logp, old, adv, mask = _tensors()
     assert va.get_policy_loss_fn(f"explorl_{name}") is ev.POLICY_LOSSES[f"explorl_{name}"]
@@ -146,6 +146,26 @@ def test_explorl_cispo_equals_verl_cispo_where_no_ratio_is_below_the_low_clip():
     a = _run(ev.POLICY_LOSSES["explorl_cispo"], logp, old, adv, mask, "token-mean", config)
     b = _run(va.get_policy_loss_fn("cispo"), logp, old, adv, mask, "token-mean", config)
     assert torch.allclose(a[0], b[0], atol=1e-6) and torch.allclose(a[1], b[1], atol=1e-6)
+
+
+def test_explorl_vespo_folds_rollout_is_weights_into_w():
+    """verl's token-level IS weights π_old/π_rollout go into VESPO's W (their product over each
+    response), not onto its per-token loss; a weight-0 token (verl's mask) leaves the loss."""
+    from explorl.algorithms.rollout_correction import sequence_log_weight
+
+    config = _actor()
+    logp, old, adv, mask = _tensors()
+    g = torch.Generator().manual_seed(1)
+    w = torch.rand(mask.shape, generator=g) + 0.5
+    w[1, 2] = 0.0
+    got, _ = ev.POLICY_LOSSES["explorl_vespo"](old_log_prob=old, log_prob=logp, advantages=adv,
+                                               response_mask=mask, loss_agg_mode="token-mean",
+                                               config=config, rollout_is_weights=w)
+    keep = mask & (w > 0)
+    per_token, _ = LOSSES["vespo"](logp, old, adv, mask, ev.explorl_loss_config(config, "vespo"),
+                                   behaviour_log_weight=sequence_log_weight(w, keep))
+    want = aggregate(per_token * keep, mask, "token-mean")
+    assert torch.allclose(got, want, atol=1e-6)
 
 
 # ---------------------------------------------------------------------------- advantages

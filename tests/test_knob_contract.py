@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ from explorl import config as C
 from explorl import validation
 from explorl.algorithms import LOSSES, LossParams
 from explorl.algorithms.contract import LOSS_KNOBS, UPDATE_READS, knobs_read
-from explorl.algorithms.losses import READS, SELECTORS
+from explorl.algorithms.losses import READS, REQUIRED_AGG, SELECTORS
 from explorl.control import Knobs
 from explorl.control.contract import controller_writes
 from explorl.rollout.types import Rollouts
@@ -46,8 +47,8 @@ VALUES = {"eps_high": (0.05, 0.5), "entropy_coef": (0.0, 0.1), "kl_coef": (0.0, 
 
 def _config(controller: str, actuator: str, loss: str, adv: dict) -> C.RunConfig:
     algorithm = {"loss": loss, **adv}
-    if loss == "gspo":
-        algorithm["agg"] = "seq-mean-token-mean"
+    if loss in REQUIRED_AGG:
+        algorithm["agg"] = REQUIRED_AGG[loss]
     if adv.get("kl_in_reward") and actuator != "kl_coef":
         algorithm["kl_coef"] = 0.1  # the KL in the reward needs a coefficient
     section = {"enabled": True}
@@ -152,27 +153,30 @@ def test_the_matrix_is_not_vacuous_and_refuses_exactly_the_dead_combinations():
     refused = set(CASES) - accepted
     assert len(accepted) > len(refused)
     dead = {(c, k, loss, i) for c, k, loss, i in CASES
-            if (k == "eps_high" and loss in ("cispo", "kl_cov"))
+            if (k == "eps_high" and loss in ("cispo", "kl_cov", "sapo", "vespo"))
             or (k == "kl_coef" and ADVANTAGES[i]["advantage"] == "passk_training")
             or ADVANTAGES[i]["advantage"] == "passk_training"}  # KL in the reward never reaches it
     assert refused == dead
 
 
-def test_cispo_and_kl_cov_with_adaptive_eps_high_are_refused_naming_both():
-    for loss, why in (("cispo", "cispo_w_max"), ("kl_cov", "no PPO clip")):
+def test_losses_without_eps_high_refuse_adaptive_clip_higher_in_one_line():
+    for loss, why in (("cispo", "cispo_w_max"), ("kl_cov", "no PPO clip"),
+                      ("sapo", "no clip bounds.*sapo_tau_pos/neg"),
+                      ("vespo", "no clip bounds.*vespo_k_")):
         pattern = (rf"control\.adaptive.*eps_high.*{loss}.*{why}"
                    r".*would work: entropy_coef, kl_coef, temperature")
         with pytest.raises(C.ConfigError, match=pattern):
             _config("adaptive", "eps_high", loss, {"advantage": "grpo"})
 
 
-@pytest.mark.parametrize("loss, eps", [("gspo", (3e-4, 4e-4)), ("clip_cov", (1.0, 1.0))])
+@pytest.mark.parametrize("loss, eps", [("gspo", (3e-4, 4e-4)), ("luspo", (3e-4, 4e-4)),
+                                       ("clip_cov", (1.0, 1.0))])
 def test_adaptive_eps_high_cannot_replace_the_losss_own_scale(loss, eps):
-    """GSPO's 4e-4 and Clip-Cov's 1.0 would become 0.28 silently: refused; on the loss's scale
-    (init/min/max set) the controller is accepted and starts from its init."""
+    """GSPO's and LUSPO's 4e-4 and Clip-Cov's 1.0 would become 0.28 silently: refused; on the
+    loss's scale (init/min/max set) the controller is accepted and starts from its init."""
     algorithm = {"loss": loss, "eps_low": eps[0], "eps_high": eps[1]}
-    if loss == "gspo":
-        algorithm["agg"] = "seq-mean-token-mean"
+    if loss in REQUIRED_AGG:
+        algorithm["agg"] = REQUIRED_AGG[loss]
     data = {"algorithm": algorithm, "control": {"adaptive": {"enabled": True}}}
     with pytest.raises(C.ConfigError, match=rf"replace algorithm.eps_high = {eps[1]}"):
         validation.from_dict(copy.deepcopy(data), env=False)
@@ -219,7 +223,7 @@ class _Recorder:
 @pytest.mark.parametrize("loss", sorted(LOSSES))
 def test_reads_declares_exactly_what_each_loss_touches(loss):
     a = C.AlgorithmConfig(loss=loss, cispo_mask=True, clip_c=3.0 if loss == "ppo" else None,
-                          agg="seq-mean-token-mean" if loss == "gspo" else "token-mean")
+                          agg=REQUIRED_AGG.get(loss, "token-mean"))
     knobs = Knobs(temperature=1.0, eps_high=0.3, entropy_coef=0.0, kl_coef=0.0, n_samples=2,
                   max_response_len=4)
     rec = _Recorder(LossParams.build(a, knobs))
@@ -250,6 +254,9 @@ def test_knobs_read_and_controller_writes():
     a = C.AlgorithmConfig(loss="cispo")
     assert "eps_high" not in knobs_read(a) and "entropy_coef" in knobs_read(a)
     assert "eps_high" in knobs_read(C.AlgorithmConfig(loss="gspo"))
+    assert "eps_high" in knobs_read(C.AlgorithmConfig(loss="luspo"))
+    for loss in ("sapo", "vespo"):  # no clip bounds; every other knob reaches them
+        assert knobs_read(C.AlgorithmConfig(loss=loss)) == set(LOSS_KNOBS) - {"eps_high"}
     passk = C.AlgorithmConfig(advantage="passk_training", kl_in_reward=True)
     assert "kl_coef" not in knobs_read(passk)
     assert "kl_coef" in knobs_read(dataclasses.replace(passk, advantage="grpo"))
@@ -335,3 +342,83 @@ def test_kl_in_reward_by_hand(batch):
                                          ro.response_mask, 1.0, with_entropy=False)
     k1 = ((ro.old_logp - ref_logp) * ro.response_mask).sum(-1).double()
     torch.testing.assert_close(sb.rows.kl_sum, k1)
+
+
+# ------------------- SAPO, LUSPO, VESPO with the rollout correction / decoupled PPO (§7a, §8)
+# old_logp is π_prox (the trainer's weights before the update), engine_logp μ (the weights or
+# engine that sampled); the correction's token weight is w = π_prox/μ.
+
+ELL = torch.tensor([0.1, -0.2, 0.3, 0.0])  # log π_prox/μ per row, the same on each token
+
+
+def _behaviour(ro, ell=ELL):
+    return dataclasses.replace(ro, engine_logp=torch.where(ro.response_mask,
+                                                           ro.old_logp - ell[:, None], 0.0))
+
+
+def _truncate():
+    """``auto``: token-truncate at 2 when the rollouts carry the sampler's log-probs (ℓ ≤ 0.3
+    here, so nothing is truncated)."""
+    return {"rollout_correction": {"mode": "auto"}}
+
+
+def test_sapo_and_luspo_loss_is_weighted_by_the_behaviour_weight_per_token(batch):
+    """On policy (ratio π_θ/π_prox = 1) SAPO's per-token loss is −2A/τ; the update multiplies
+    it by w = e^ℓ. seq-mean-token-mean over rows A = [1, −1, .5, 2]:
+    mean(−2·e^.1, +2/1.05·e^−.2, −1·e^.3, −4·1). LUSPO on policy: s = 1, loss −A per token,
+    seq-mean-token-sum: Σ_i −A_i·L_i·w_i / 4 with lengths [4, 4, 4, 3]."""
+    ro = _behaviour(_on_policy(batch))
+    adv = torch.tensor([1.0, -1.0, 0.5, 2.0])
+    e = math.exp
+    sapo = _policy_loss(batch, ro, {"loss": "sapo", "agg": "seq-mean-token-mean", **_truncate()},
+                        adv)
+    assert sapo == pytest.approx((-2 * e(0.1) + 2 / 1.05 * e(-0.2) - e(0.3) - 4) / 4, abs=1e-5)
+    luspo = _policy_loss(batch, ro, {"loss": "luspo", "agg": "seq-mean-token-sum", **_truncate()},
+                         adv)
+    assert luspo == pytest.approx((-4 * e(0.1) + 4 * e(-0.2) - 2 * e(0.3) - 6) / 4, abs=1e-5)
+
+
+def test_vespo_folds_the_behaviour_weight_into_w_instead(batch):
+    """VESPO on policy: W_i = Π_t w_t = e^{L_i·ℓ_i} (lengths [4, 4, 4, 3]), φ_i = W^k·e^{λ(1−W)},
+    per-token loss −φ_i·A_i·logp_t, token-mean over 15 tokens; its loss is *not* multiplied by
+    w again."""
+    ro = _behaviour(_on_policy(batch))
+    adv = torch.tensor([1.0, -1.0, 0.5, 2.0])
+    got = _policy_loss(batch, ro, {"loss": "vespo", **_truncate()}, adv)
+    lengths = ro.response_mask.sum(-1).tolist()
+    assert lengths == [4, 4, 4, 3]
+    total = 0.0
+    for i, a in enumerate(adv.tolist()):
+        w = math.exp(lengths[i] * float(ELL[i]))
+        k, lam = (2.0, 3.0) if a >= 0 else (3.0, 2.0)
+        phi = w**k * math.exp(lam * (1 - w))
+        total += -phi * a * float(ro.old_logp[i][ro.response_mask[i]].sum())
+    assert got == pytest.approx(total / 15, rel=1e-5)
+
+
+def test_vespo_folded_equals_w_measured_against_the_sampler(batch):
+    """Untruncated, VESPO's W = π_θ/π_prox · π_prox/μ = π_θ/μ: the same update as old_logp = μ
+    with no correction (PPO's clip would differ: it acts on π_θ/π_prox only)."""
+    _, _, ro, _ = batch  # off-policy: ratios 0.74–1.42 around each row
+    ro = _behaviour(ro, ELL)
+    adv = torch.tensor([1.0, -1.0, 0.5, 2.0])
+    folded = _policy_loss(batch, ro, {"loss": "vespo", **_truncate()}, adv)
+    as_old = dataclasses.replace(ro, old_logp=ro.engine_logp, engine_logp=None)
+    direct = _policy_loss(batch, as_old, {"loss": "vespo"}, adv)
+    assert folded == pytest.approx(direct, rel=1e-5)
+    ppo = _policy_loss(batch, ro, {"loss": "ppo", **_truncate()}, adv)
+    assert ppo != pytest.approx(_policy_loss(batch, as_old, {"loss": "ppo"}, adv), rel=1e-3)
+
+
+def test_vespo_refuses_sequence_level_corrections_in_one_line():
+    for mode in ("sequence-truncate", "geometric-mask"):
+        with pytest.raises(C.ConfigError, match=r"^algorithm\.rollout_correction\.mode: loss "
+                           r"'vespo' folds.*token-truncate or token-mask"):
+            validation.from_dict({"rollout": {"engine": "vllm"}, "algorithm": {
+                "loss": "vespo", "rollout_correction": {"mode": mode}}}, env=False)
+    for mode in ("auto", "off", "token-truncate", "token-mask"):
+        validation.from_dict({"rollout": {"engine": "vllm"}, "algorithm": {
+            "loss": "vespo", "rollout_correction": {"mode": mode}}}, env=False)
+    # the other losses take the sequence levels as before
+    validation.from_dict({"rollout": {"engine": "vllm"}, "algorithm": {
+        "loss": "sapo", "rollout_correction": {"mode": "sequence-truncate"}}}, env=False)

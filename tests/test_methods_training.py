@@ -95,6 +95,12 @@ def test_corrections_train_kl_in_reward_mask_truncated_reinforce_plus_plus(make_
 
 @pytest.mark.parametrize("sets,message", [
     (["algorithm.loss=gspo"], "algorithm.agg: loss 'gspo' needs agg 'seq-mean-token-mean'"),
+    (["algorithm.loss=luspo"], "algorithm.agg: loss 'luspo' needs agg 'seq-mean-token-sum'"),
+    (["algorithm.loss=sapo", "control.adaptive.enabled=true"],
+     "control.adaptive drives eps_high, which nothing reads with loss 'sapo'"),
+    (["algorithm.loss=vespo", "rollout.engine=vllm",
+      "algorithm.rollout_correction.mode=sequence-mask"],
+     "algorithm.rollout_correction.mode: loss 'vespo' folds the rollout correction"),
     (["algorithm.advantage=pkpo"], "algorithm.passk_k: advantage 'pkpo' optimises pass@k"),
     (["algorithm.advantage=pkpo", "algorithm.passk_k=9"], "algorithm.passk_k: must be ≤ 8"),
     (["algorithm.advantage=pkpo_loo", "algorithm.passk_k=8"], "pkpo_loo needs k < n"),

@@ -61,8 +61,12 @@ def test_recipe_trains_two_steps(recipe, tiny_model, tmp_path):
     if cfg.algorithm.kl_coef > 0:
         assert "kl/ref_mean" in last
     a = cfg.algorithm
-    if a.loss == "gspo":
+    if a.loss in ("gspo", "luspo"):
         assert "loss/seq_log_ratio_abs_mean" in last
+    if a.loss == "sapo":
+        assert 0 < last["loss/sapo_gate_mean"] <= 1
+    if a.loss == "vespo":
+        assert last["loss/vespo_phi_mean"] > 0
     if a.loss == "cispo":
         assert "loss/cispo_masked_frac" in last
     if a.entropy_mask_ratio:

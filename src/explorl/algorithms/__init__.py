@@ -1,4 +1,5 @@
-"""Pure tensor math for RLVR: advantages (incl. pass@k), policy losses (incl. GSPO, CISPO) and
+"""Pure tensor math for RLVR: advantages (incl. pass@k), policy losses (incl. GSPO, CISPO, SAPO,
+LUSPO, VESPO) and
 the parameters they read (``LossParams``),
 aggregation, log-probs, entropy, covariance, KL estimators, DAPO filters, the forking-token
 mask, entropy advantage shaping and Knapsack RL budgets. Imports torch only (see STYLE.md)."""
@@ -27,7 +28,10 @@ from explorl.algorithms.losses import (
     clip_cov_loss,
     gspo_loss,
     kl_cov_loss,
+    luspo_loss,
     ppo_loss,
+    sapo_loss,
+    vespo_loss,
 )
 from explorl.algorithms.regularisers import KL_ESTIMATORS, entropic_confident_term, kl_estimate
 from explorl.algorithms.shaping import entropy_advantage_shaping
@@ -55,6 +59,7 @@ __all__ = [
     "kl_cov_loss",
     "kl_estimate",
     "knapsack_budgets",
+    "luspo_loss",
     "logprobs_from_hidden",
     "logprobs_from_logits",
     "masked_mean",
@@ -63,5 +68,7 @@ __all__ = [
     "ppo_loss",
     "reinforce_pp_advantages",
     "rloo_advantages",
+    "sapo_loss",
     "token_covariance",
+    "vespo_loss",
 ]

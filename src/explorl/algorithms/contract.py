@@ -48,6 +48,12 @@ class LossParams:
     kl_cov_tol: float
     cispo_w_max: float
     cispo_mask: bool
+    sapo_tau_pos: float
+    sapo_tau_neg: float
+    vespo_k_pos: float
+    vespo_lambda_pos: float
+    vespo_k_neg: float
+    vespo_lambda_neg: float
     agg: str
     kl_estimator: str
     entropy_coef: float  # knob
@@ -84,6 +90,10 @@ def knobs_read(algorithm) -> frozenset[str]:
 WHY_NOT = {
     ("cispo", "eps_high"): "CISPO caps its weight with algorithm.cispo_w_max, never eps_high",
     ("kl_cov", "eps_high"): "KL-Cov has no PPO clip",
+    ("sapo", "eps_high"): ("SAPO has no clip bounds: its soft gate is shaped by "
+                           "algorithm.sapo_tau_pos/neg"),
+    ("vespo", "eps_high"): ("VESPO has no clip bounds: its sequence weight φ(W) is shaped by "
+                            "algorithm.vespo_k_*/vespo_lambda_*"),
 }
 """Why a loss does not read a knob, for the config error."""
 

@@ -1,4 +1,5 @@
-"""Per-token policy losses: PPO-clip, Clip-Cov, KL-Cov, GSPO, CISPO (ALGORITHMS.md §0, §2, §6a-b).
+"""Per-token policy losses: PPO-clip, Clip-Cov, KL-Cov, GSPO, CISPO (ALGORITHMS.md §0, §2, §6a-b),
+SAPO, LUSPO, VESPO (TRL 1.16's ``loss_type`` names).
 
 One signature, as in verl's ``core_algos``::
 
@@ -7,24 +8,33 @@ One signature, as in verl's ``core_algos``::
 
 logp, old_logp (N, T); advantages (N,) or (N, T); mask (N, T) bool. ``cfg`` is any object
 with ``eps_low, eps_high, clip_c, clip_cov_ratio, clip_cov_lb, clip_cov_ub, kl_cov_ratio,
-kl_cov_coef`` (and optionally ``kl_cov_tol``, default 0); GSPO also reads ``agg``, CISPO
-``cispo_w_max`` and ``cispo_mask``. The loss is 0 outside the mask; reduce it with
-``aggregation.aggregate``.
+kl_cov_coef`` (and optionally ``kl_cov_tol``, default 0); GSPO and LUSPO also read ``agg``,
+CISPO ``cispo_w_max`` and ``cispo_mask``, SAPO ``sapo_tau_pos/neg``, VESPO ``vespo_k_pos/neg``
+and ``vespo_lambda_pos/neg`` (``READS`` lists each loss's fields). VESPO alone takes one more
+keyword, ``behaviour_log_weight`` (``FOLDS_CORRECTION``). The loss is 0 outside the mask;
+reduce it with ``aggregation.aggregate``.
 
 Metrics (0-dim tensors, means over the valid tokens):
   ``loss/clip_frac``: fraction of valid tokens whose PPO clip is *active*, i.e. the clipped
       term −A·clip(ratio) is strictly greater than −A·ratio, so the token gets no gradient
       (verl's ``pg_clipfrac``). Tokens outside [1−eps_low, 1+eps_high] on the side where the
-      unclipped term wins still train and do not count. KL-Cov does not clip: always 0.
-      GSPO: the same test on the sequence ratio s_i (a clipped sequence is counted per token).
+      unclipped term wins still train and do not count. KL-Cov, SAPO and VESPO do not clip:
+      always 0. GSPO and LUSPO: the same test on the sequence ratio s_i (a clipped sequence is
+      counted per token).
       CISPO: the fraction of valid tokens whose weight hit the cap, ratio > w_max (they still
       train, with weight w_max).
   ``loss/dual_clip_frac``: fraction of valid tokens where the dual clip −A·clip_c (A < 0)
       is strictly below the PPO term and so replaces it. 0 when ``clip_c`` is None.
   ``loss/cov_selected_frac``: tokens selected by Clip-Cov/KL-Cov / valid tokens (0 for PPO).
-  ``loss/ratio_mean``: mean of ratio = exp(logp − old_logp) (GSPO: of s_i, per token).
-  ``loss/seq_log_ratio_abs_mean`` (GSPO only): mean over valid tokens of |log s_i| of their
+  ``loss/ratio_mean``: mean of ratio = exp(logp − old_logp) (GSPO, LUSPO: of s_i, per token;
+      VESPO: of its sequence weight W, per token, with the folded behaviour weight).
+  ``loss/seq_log_ratio_abs_mean`` (GSPO, LUSPO): mean over valid tokens of |log s_i| of their
       response, i.e. the token-weighted mean |mean_t(logp − old_logp)|.
+  ``loss/sapo_gate_mean`` (SAPO only): mean over valid tokens of the gradient's gate
+      4σ(1 − σ), σ = σ(τ(ratio − 1)): the share of the plain policy gradient −A·ratio·∇logp
+      a token keeps (1 on policy, → 0 far from it).
+  ``loss/vespo_phi_mean`` (VESPO only): mean over valid tokens of φ(W) of their response (1 on
+      policy; each response counts by its number of tokens).
   ``loss/cispo_masked_frac`` (CISPO only): fraction of valid tokens dropped by the Eq. 6 mask.
   ``cov/mean``: mean of ``token_covariance`` (the batch covariance of logp and A).
   ``cov/selected_mean``: mean covariance of the selected tokens (0 if none / PPO).
@@ -197,19 +207,8 @@ GSPO_LOG_RATIO_MAX = 10.0
 """Upper clamp of GSPO's per-token log s_{i,t} (verl ``compute_policy_loss_gspo``)."""
 
 
-def gspo_loss(logp, old_logp, advantages, mask, cfg, generator=None, selection=None):
-    """GSPO (Zheng et al. 2025, arXiv 2507.18071 Eq. 5), GSPO-token form as verl (ALGORITHMS §6a).
-
-    s_i = exp(mean_t(logp − old_logp)) over the valid tokens of response i (length ≥ 1);
-    log s_{i,t} = logp_t − sg(logp_t) + sg(log s_i), clamped ≤ 10, so s_{i,t} = s_i in value
-    and ∇s_{i,t} = s_i·∇logp_t; loss = max(−A·s_{i,t}, −A·clip(s_{i,t}, 1−eps_low, 1+eps_high)).
-    Aggregated with seq-mean-token-mean and one A per response this is sequence-level GSPO in
-    value and gradient, so ``cfg.agg`` must be seq-mean-token-mean (verl silently forces it;
-    ours: an error). The paper's eps are tiny (3e-4, 4e-4): they bound a sequence's mean ratio.
-    """
-    _check_agg("gspo", cfg)
-    mask = mask.bool()
-    adv = per_token_advantages(advantages.detach(), logp)  # (N, T)
+def _gspo_terms(logp, old_logp, adv, mask, cfg):
+    """GSPO-token per-token loss (0 on padding), its metrics, and log s_i (N,)."""
     # where() first: padded logp may be -inf, and -inf − (-inf) would be NaN in value and grad.
     logp_v = torch.where(mask, logp, torch.zeros_like(logp))  # (N, T)
     seq_len = mask.sum(-1).clamp(min=1)  # (N,)
@@ -226,6 +225,41 @@ def gspo_loss(logp, old_logp, advantages, mask, cfg, generator=None, selection=N
     metrics = _metrics(s, mask, clip_active, no, cov, no)
     # token-weighted like every loss metric (the trainer sums metric × valid tokens)
     metrics["loss/seq_log_ratio_abs_mean"] = masked_mean(log_s.abs()[:, None].expand_as(s), mask)
+    return loss, metrics, log_s
+
+
+def gspo_loss(logp, old_logp, advantages, mask, cfg, generator=None, selection=None):
+    """GSPO (Zheng et al. 2025, arXiv 2507.18071 Eq. 5), GSPO-token form as verl (ALGORITHMS §6a).
+
+    s_i = exp(mean_t(logp − old_logp)) over the valid tokens of response i (length ≥ 1);
+    log s_{i,t} = logp_t − sg(logp_t) + sg(log s_i), clamped ≤ 10, so s_{i,t} = s_i in value
+    and ∇s_{i,t} = s_i·∇logp_t; loss = max(−A·s_{i,t}, −A·clip(s_{i,t}, 1−eps_low, 1+eps_high)).
+    Aggregated with seq-mean-token-mean and one A per response this is sequence-level GSPO in
+    value and gradient, so ``cfg.agg`` must be seq-mean-token-mean (verl silently forces it;
+    ours: an error). The paper's eps are tiny (3e-4, 4e-4): they bound a sequence's mean ratio.
+    """
+    _check_agg("gspo", cfg)
+    mask = mask.bool()
+    adv = per_token_advantages(advantages.detach(), logp)  # (N, T)
+    loss, metrics, _ = _gspo_terms(logp, old_logp, adv, mask, cfg)
+    return loss, metrics
+
+
+def luspo_loss(logp, old_logp, advantages, mask, cfg, generator=None, selection=None):
+    """LUSPO (Liu et al. 2026, arXiv 2602.05261; TRL ``loss_type="luspo"``): GSPO with each
+    response's sequence-level loss scaled by its length |o_i|.
+
+    The per-token loss is GSPO's (``gspo_loss``, GSPO-token form); summed over a response's
+    tokens it is |o_i|·max(−A·s_i, −A·clip(s_i, 1−eps_low, 1+eps_high)) in value and gradient,
+    so ``cfg.agg`` must be seq-mean-token-sum (Σ_i Σ_t ℓ_{i,t} / N_seq, TRL's
+    ``(per_token_loss * mask).sum(-1).mean()``). GSPO's 1/|o_i| gives a long response the same
+    weight as a short one, so its many clipped negative-advantage sequences push towards short
+    answers; LUSPO's weight |o_i| removes that bias. Same s_i, clip and metrics as GSPO.
+    """
+    _check_agg("luspo", cfg)
+    mask = mask.bool()
+    adv = per_token_advantages(advantages.detach(), logp)  # (N, T)
+    loss, metrics, _ = _gspo_terms(logp, old_logp, adv, mask, cfg)
     return loss, metrics
 
 
@@ -258,16 +292,91 @@ def cispo_loss(logp, old_logp, advantages, mask, cfg, generator=None, selection=
     return loss, metrics
 
 
-REQUIRED_AGG = {"gspo": "seq-mean-token-mean"}
+def sapo_loss(logp, old_logp, advantages, mask, cfg, generator=None, selection=None):
+    """SAPO (Gao et al. 2025, arXiv 2511.20347 Eq. 6–7; TRL ``loss_type="sapo"``): a smooth,
+    temperature-controlled gate on the token ratio in place of PPO's hard clip.
+
+    f(r) = (4/τ)·σ(τ·(r − 1)), τ = ``cfg.sapo_tau_pos`` if A > 0 else ``cfg.sapo_tau_neg``;
+    per-token loss = −f(ratio)·A. Its gradient is −A·w·ratio·∇logp with w = 4σ(1 − σ): w = 1
+    on policy (the plain policy gradient, as PPO's) and fades smoothly as the ratio leaves 1, on
+    both sides, faster for larger τ; no token's gradient is ever cut to exactly 0. No eps, no
+    clip: ``loss/clip_frac`` is 0. The paper and TRL aggregate by seq-mean-token-mean.
+    """
+    mask = mask.bool()
+    adv = per_token_advantages(advantages.detach(), logp)  # (N, T)
+    ratio = torch.exp(_log_ratio(logp, old_logp, mask))  # (N, T)
+    tau = torch.where(adv > 0, torch.full_like(adv, cfg.sapo_tau_pos),
+                      torch.full_like(adv, cfg.sapo_tau_neg))  # (N, T)
+    gate = torch.sigmoid(tau * (ratio - 1.0))  # (N, T)
+    loss = -(4.0 / tau) * gate * adv
+    loss = torch.where(mask, loss, torch.zeros_like(loss))
+    cov = token_covariance(logp, adv, mask)  # (N, T)
+    no = torch.zeros_like(mask)
+    metrics = _metrics(ratio, mask, no, no, cov, no)
+    g = gate.detach()
+    metrics["loss/sapo_gate_mean"] = masked_mean(4.0 * g * (1.0 - g), mask)
+    return loss, metrics
+
+
+VESPO_LOG_W_MIN = math.log(1e-8)
+"""Lower clamp of VESPO's log W (TRL ``get_gamma_weights``, after the official code): W below
+1e-8 is a response the policy has all but abandoned; its φ is ~0 either way."""
+
+
+def vespo_loss(logp, old_logp, advantages, mask, cfg, generator=None, selection=None,
+               behaviour_log_weight=None):
+    """VESPO (Shen et al. 2026, arXiv 2602.10693; TRL ``loss_type="vespo"``): REINFORCE with a
+    stop-gradient, Gamma-shaped weight of the *sequence* importance weight W.
+
+    log W_i = Σ_t (logp − old_logp) over response i's valid tokens (each term clamped to ±20;
+    a sum, not GSPO's mean: no length normalisation) + ``behaviour_log_weight`` (N,) when the
+    update folds the rollout correction in (the log of Π_t w_t, w the §7a token weight
+    π_old/μ), clamped to [log 1e-8, 20]. φ(W) = W^k·exp(λ(1 − W)), computed as
+    exp(λ + k·log W − λ·W), with (k, λ) = (``vespo_k_pos``, ``vespo_lambda_pos``) where A ≥ 0
+    and (``vespo_k_neg``, ``vespo_lambda_neg``) where A < 0; φ(1) = 1, its peak is at W = k/λ,
+    it vanishes as W → 0 (k) and W → ∞ (λ). Per-token loss = −sg(φ)·A·logp, so on policy
+    (W = 1) the gradient is the plain policy gradient. No eps, no clip: ``loss/clip_frac`` is 0.
+    TRL aggregates by token-mean over the global batch.
+    """
+    mask = mask.bool()
+    adv = per_token_advantages(advantages.detach(), logp)  # (N, T)
+    log_w = _log_ratio(logp, old_logp, mask).detach().sum(-1)  # (N,)
+    if behaviour_log_weight is not None:
+        log_w = log_w + behaviour_log_weight.to(log_w)
+    log_w = log_w.clamp(VESPO_LOG_W_MIN, LOG_RATIO_CLAMP)[:, None]  # (N, 1)
+    w = torch.exp(log_w)  # (N, 1)
+    pos = adv >= 0
+    k = torch.where(pos, torch.full_like(adv, cfg.vespo_k_pos),
+                    torch.full_like(adv, cfg.vespo_k_neg))  # (N, T)
+    lam = torch.where(pos, torch.full_like(adv, cfg.vespo_lambda_pos),
+                      torch.full_like(adv, cfg.vespo_lambda_neg)).clamp(min=1e-4)  # (N, T)
+    phi = torch.exp(lam + k * log_w - lam * w).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    logp_v = torch.where(mask, logp, torch.zeros_like(logp))  # padding may be -inf
+    loss = -phi * adv * logp_v
+    loss = torch.where(mask, loss, torch.zeros_like(loss))
+    cov = token_covariance(logp, adv, mask)  # (N, T)
+    no = torch.zeros_like(mask)
+    metrics = _metrics(w.expand_as(logp), mask, no, no, cov, no)
+    metrics["loss/vespo_phi_mean"] = masked_mean(phi, mask)
+    return loss, metrics
+
+
+REQUIRED_AGG = {"gspo": "seq-mean-token-mean", "luspo": "seq-mean-token-sum"}
 """Losses that are only correct under one aggregation mode (checked when the loss runs; a
 config validator can check ``algorithm.agg`` against this table at load time)."""
+
+AGG_WHY = {
+    "gspo": "only then is the GSPO-token loss the sequence-level GSPO objective",
+    "luspo": "only then is each response's GSPO loss scaled by its length",
+}
+"""Why each ``REQUIRED_AGG`` loss needs its mode, for the error."""
 
 
 def _check_agg(name: str, cfg) -> None:
     if cfg.agg != REQUIRED_AGG[name]:
         raise ValueError(
             f"loss {name!r} needs algorithm.agg = {REQUIRED_AGG[name]!r} (got {cfg.agg!r}): "
-            "only then is the GSPO-token loss the sequence-level GSPO objective"
+            f"{AGG_WHY[name]}"
         )
 
 
@@ -277,6 +386,9 @@ LOSSES = {
     "kl_cov": kl_cov_loss,
     "gspo": gspo_loss,
     "cispo": cispo_loss,
+    "sapo": sapo_loss,
+    "luspo": luspo_loss,
+    "vespo": vespo_loss,
 }
 
 READS = {
@@ -286,10 +398,21 @@ READS = {
     "kl_cov": frozenset({"kl_cov_ratio", "kl_cov_coef", "kl_cov_tol"}),
     "gspo": frozenset({"eps_low", "eps_high", "agg"}),
     "cispo": frozenset({"cispo_w_max", "cispo_mask", "eps_low"}),  # eps_low: the Eq. 6 mask only
+    "sapo": frozenset({"sapo_tau_pos", "sapo_tau_neg"}),
+    "luspo": frozenset({"eps_low", "eps_high", "agg"}),
+    "vespo": frozenset({"vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"}),
 }
 """The ``cfg`` fields each loss (and its selector) reads (ALGORITHMS §7d; a test records every
-attribute each one touches). KL-Cov has no clip and CISPO caps with ``cispo_w_max``: neither
-reads eps_high, so a controller moving eps_high does nothing to them."""
+attribute each one touches). KL-Cov has no clip, CISPO caps with ``cispo_w_max``, SAPO's gate
+and VESPO's φ(W) are smooth: none reads eps_high, so a controller moving eps_high does nothing
+to them."""
+
+FOLDS_CORRECTION = {"vespo": ("token-truncate", "token-mask")}
+"""Losses that take the rollout correction into their own weight instead of having their
+per-token loss multiplied by it (``algorithm.rollout_correction``, §7a), with the correction
+modes they accept: VESPO multiplies its sequence weight W by Π_t w_t (the update passes
+``behaviour_log_weight``); dropped tokens (mask modes) still leave the loss and its
+denominators. Sequence-level weights would count twice in W (TRL refuses them as well)."""
 
 SELECTORS = {"clip_cov": clip_cov_select, "kl_cov": kl_cov_select}
 """Losses that select tokens over a batch; the trainer runs these over a whole mini-batch."""

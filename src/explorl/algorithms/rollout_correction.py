@@ -86,6 +86,15 @@ def rollout_correction(old_logp: torch.Tensor, engine_logp: torch.Tensor, mask: 
     return Correction(weight.to(old_logp.dtype), keep, sums)
 
 
+def sequence_log_weight(weight: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """log Π_t w_t over each response's kept tokens (N,): the token-level weights of a
+    ``Correction`` as one sequence weight, for a loss that folds them into its own (VESPO,
+    ``losses.FOLDS_CORRECTION``). Dropped tokens count 1 (they leave the loss instead)."""
+    keep = keep.bool()
+    safe = torch.where(keep, weight, torch.ones_like(weight))  # log 0 would be -inf
+    return torch.where(keep, safe.log(), torch.zeros_like(weight)).sum(-1)  # (N,)
+
+
 def merge_sums(parts: list[dict[str, float]]) -> dict[str, float]:
     """Several ranks' ``Correction.sums`` as one batch's."""
     out: dict[str, float] = {}

@@ -48,7 +48,9 @@ class AlgorithmConfig:
     """Added to the group std in GRPO normalisation."""
     loss: str = "ppo"
     """Policy loss: ``ppo``, ``clip_cov`` (Clip-Cov), ``kl_cov`` (KL-Cov), ``gspo`` (GSPO; needs
-    ``agg: seq-mean-token-mean``), ``cispo`` (CISPO)."""
+    ``agg: seq-mean-token-mean``), ``cispo`` (CISPO), ``sapo`` (SAPO's soft gate), ``luspo``
+    (LUSPO: GSPO scaled by length; needs ``agg: seq-mean-token-sum``), ``vespo`` (VESPO's
+    Gamma-shaped sequence weight)."""
     eps_low: float = 0.2
     """PPO lower clip: ratio ≥ 1 − eps_low."""
     eps_high: float = 0.2
@@ -78,6 +80,21 @@ class AlgorithmConfig:
     cispo_mask: bool = False
     """CISPO: MiniMax-M1 Eq. 6 token mask (drop A > 0 ∧ ratio > w_max and A < 0 ∧ ratio <
     1 − eps_low). Off, as in the paper's main runs."""
+    sapo_tau_pos: float = 1.0
+    """SAPO: temperature τ of the soft gate (4/τ)·σ(τ(ratio − 1)) for tokens with A > 0 (TRL's
+    ``sapo_temperature_pos``; the paper's 1.0). Larger τ: the gradient fades faster off-policy."""
+    sapo_tau_neg: float = 1.05
+    """SAPO: τ for tokens with A ≤ 0 (TRL's ``sapo_temperature_neg``; the paper's 1.05, above
+    τ_pos: negative updates spread over the whole vocabulary, so they fade faster)."""
+    vespo_k_pos: float = 2.0
+    """VESPO: exponent k of the sequence weight φ(W) = W^k·exp(λ(1 − W)) for responses with
+    A ≥ 0 (TRL's default): how hard responses the policy now finds unlikely (W < 1) are damped."""
+    vespo_lambda_pos: float = 3.0
+    """VESPO: decay λ of φ(W) for responses with A ≥ 0 (TRL's default): how hard W > 1 is damped."""
+    vespo_k_neg: float = 3.0
+    """VESPO: exponent k of φ(W) for responses with A < 0 (TRL's default)."""
+    vespo_lambda_neg: float = 2.0
+    """VESPO: decay λ of φ(W) for responses with A < 0 (TRL's default)."""
     entropy_mask_ratio: float | None = None
     """Forking-token mask (Beyond the 80/20 Rule, §6c): keep the policy gradient only on the top ρ
     of a mini-batch's valid tokens by entropy (paper: 0.2), threshold global over every rank; the

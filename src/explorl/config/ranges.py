@@ -87,6 +87,12 @@ RANGES: dict[str, str] = {
     "algorithm.logprob_chunk": _TOKENS,
     "algorithm.passk_k": _SAMPLES,
     "algorithm.cispo_w_max": "(0, inf)",
+    "algorithm.sapo_tau_pos": "(0, inf)",  # 4/τ: τ = 0 divides by 0
+    "algorithm.sapo_tau_neg": "(0, inf)",
+    "algorithm.vespo_k_pos": "[0, inf)",
+    "algorithm.vespo_lambda_pos": "(0, inf)",  # TRL clamps λ ≥ 1e-4; 0 is no damping of W > 1
+    "algorithm.vespo_k_neg": "[0, inf)",
+    "algorithm.vespo_lambda_neg": "(0, inf)",
     "algorithm.entropy_mask_ratio": "[0, 1]",  # 0 = off
     "algorithm.entropy_shaping_alpha": "[0, inf)",  # 0 = off
     "algorithm.entropy_shaping_kappa": "[1, inf)",  # κ ≥ 1 keeps the sign of A

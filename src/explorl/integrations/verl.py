@@ -3,9 +3,11 @@ per-step object for a verl trainer subclass (docs/integrations-verl.md).
 
 ``import explorl.integrations.verl`` registers, with verl's own signatures:
 
-- policy losses ``explorl_ppo``, ``explorl_clip_cov``, ``explorl_kl_cov``, ``explorl_gspo``,
-  ``explorl_cispo`` (``actor_rollout_ref.actor.policy_loss.loss_mode``): explorl's per-token losses
-  (``algorithms.losses``) aggregated by verl's ``agg_loss`` with its global-batch information;
+- policy losses ``explorl_<name>`` for every loss in ``algorithms.LOSSES`` (``explorl_ppo``,
+  ``explorl_clip_cov``, ``explorl_kl_cov``, ``explorl_gspo``, ``explorl_cispo``, ``explorl_sapo``,
+  ``explorl_luspo``, ``explorl_vespo``; ``actor_rollout_ref.actor.policy_loss.loss_mode``):
+  explorl's per-token losses (``algorithms.losses``) aggregated by verl's ``agg_loss`` with its
+  global-batch information;
 - advantage estimators ``explorl_<name>`` for every estimator in ``algorithms.ADVANTAGES``
   (``algorithm.adv_estimator``): verl lacks ``passk_training``, ``pkpo``, ``pkpo_loo`` and
   ``pkpo_loo_minus_one``; the others are explorl's versions of methods verl has.
@@ -29,7 +31,8 @@ import torch
 from verl.trainer.ppo.core_algos import agg_loss, register_adv_est, register_policy_loss
 
 from explorl.algorithms.advantages import ADVANTAGES, TAKES_K
-from explorl.algorithms.losses import LOSSES
+from explorl.algorithms.losses import FOLDS_CORRECTION, LOSSES, REQUIRED_AGG
+from explorl.algorithms.rollout_correction import sequence_log_weight
 from explorl.config import AlgorithmConfig
 from explorl.control import Controller, Knobs
 from explorl.integrations.driver import ControlDriver, KnobTable
@@ -85,7 +88,7 @@ def explorl_loss_config(config, loss: str) -> AlgorithmConfig:
         clip_cov_ub=_get(pl, "clip_cov_ub", base.clip_cov_ub),
         kl_cov_ratio=_get(pl, "kl_cov_ratio", base.kl_cov_ratio),
         kl_cov_coef=_get(pl, "ppo_kl_coef", base.kl_cov_coef),
-        agg="seq-mean-token-mean" if loss == "gspo" else base.agg,
+        agg=REQUIRED_AGG.get(loss, base.agg),
     )
     return dataclasses.replace(base, **{**fields, **extra})
 
@@ -96,11 +99,18 @@ def _policy_loss(name: str):
     def loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
              config=None, rollout_is_weights=None) -> tuple[torch.Tensor, dict[str, Any]]:
         cfg = explorl_loss_config(config, name)
-        if name == "gspo" and loss_agg_mode != "seq-mean-token-mean":
-            raise ValueError("explorl_gspo needs actor.loss_agg_mode: seq-mean-token-mean")
+        if name in REQUIRED_AGG and loss_agg_mode != REQUIRED_AGG[name]:
+            raise ValueError(f"{PREFIX}{name} needs actor.loss_agg_mode: {REQUIRED_AGG[name]}")
         mask = response_mask.bool()
-        per_token, metrics = fn(log_prob, old_log_prob, advantages, mask, cfg)  # (B, T)
-        if rollout_is_weights is not None:
+        # VESPO takes verl's token-level IS weights into its sequence weight W; a token with
+        # weight 0 (verl's mask modes) leaves the loss and counts 1 in W.
+        fold = rollout_is_weights is not None and name in FOLDS_CORRECTION
+        extra = {"behaviour_log_weight": sequence_log_weight(
+            rollout_is_weights, mask & (rollout_is_weights > 0))} if fold else {}
+        per_token, metrics = fn(log_prob, old_log_prob, advantages, mask, cfg, **extra)  # (B, T)
+        if fold:
+            per_token = per_token * (rollout_is_weights > 0)
+        elif rollout_is_weights is not None:
             per_token = per_token * rollout_is_weights
         batch_info = getattr(config, "global_batch_info", None) or {}
         pg_loss = agg_loss(loss_mat=per_token, loss_mask=mask, loss_agg_mode=loss_agg_mode,

@@ -88,13 +88,15 @@ def clip_note(cfg, old_logp: str) -> str | None:
         return None
     s = a.max_staleness
     if old_logp != "recompute":
-        return (f"rollout.async: the PPO clip acts on π_θ/μ, μ the sampler's log-probs (weights "
-                f"up to {s} updates old), not on π_θ/π_prox: stale tokens are clipped twice as "
-                f"hard and carry no behaviour weight (algorithm.old_logp: {cfg.algorithm.old_logp}"
-                "; auto or recompute gives decoupled PPO)")
+        return (f"rollout.async: the loss's ratio (the PPO clip; SAPO's gate; VESPO's W) is "
+                f"π_θ/μ, μ the sampler's log-probs (weights up to {s} updates old), not "
+                f"π_θ/π_prox: stale tokens are clipped twice as hard and carry no behaviour "
+                f"weight (algorithm.old_logp: {cfg.algorithm.old_logp}; auto or recompute gives "
+                "decoupled PPO)")
     if cfg.algorithm.rollout_correction.mode == "off":
-        return ("rollout.async: the PPO clip acts on π_θ/π_prox; algorithm.rollout_correction."
-                "mode: off leaves the behaviour weight π_prox/μ out (stale tokens count fully)")
+        return ("rollout.async: the loss's ratio is π_θ/π_prox; algorithm.rollout_correction."
+                "mode: off leaves the behaviour weight π_prox/μ out (stale tokens count fully; "
+                "VESPO's W misses its staleness factor)")
     return None
 
 

@@ -14,6 +14,8 @@ import torch
 from explorl.adapters import disabled
 from explorl.algorithms import aggregate, entropic_confident_term, kl_estimate
 from explorl.algorithms.contract import LossParams
+from explorl.algorithms.losses import FOLDS_CORRECTION
+from explorl.algorithms.rollout_correction import sequence_log_weight
 from explorl.config import RunConfig
 from explorl.rollout.types import Rollouts
 from explorl.training.forward import response_logprobs
@@ -62,15 +64,21 @@ class LossPass:
         # recompute (``PolicyUpdate.recompute``), with its graph
         logp, ent = forward or self.forward(sub, lcfg.temperature, need_entropy)
         old_logp = logp.detach() if self.old_from_forward else sub.old_logp
+        # VESPO takes the behaviour weight into its sequence weight W instead (FOLDS_CORRECTION)
+        fold = correction is not None and a.loss in FOLDS_CORRECTION
+        extra = ({"behaviour_log_weight": sequence_log_weight(correction[0], correction[1])}
+                 if fold else {})
         per_tok, m = loss_fn(
-            logp, old_logp, adv, mask, lcfg, generator=self.loss_gen, selection=selection
+            logp, old_logp, adv, mask, lcfg, generator=self.loss_gen, selection=selection, **extra
         )
         if weight is not None:
             per_tok = per_tok * weight.to(per_tok.device)
         pg_mask, pg_agg = mask, agg
         if correction is not None:  # §7a: weighted, and dropped tokens leave the denominators
             w, keep, pg_agg = correction
-            per_tok, pg_mask = per_tok * w.to(per_tok.device), mask & keep.to(mask.device)
+            if not fold:
+                per_tok = per_tok * w.to(per_tok.device)
+            pg_mask = mask & keep.to(mask.device)
         pg = aggregate(per_tok, pg_mask, lcfg.agg, **pg_agg)
         loss = pg
         if confident_denom is not None:  # EntroPIC: α · token-mean of −ratio·|A| on confident ones

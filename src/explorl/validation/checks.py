@@ -11,7 +11,7 @@ from pathlib import Path
 from explorl import model_store
 from explorl.algorithms import ADVANTAGES, AGG_MODES, KL_ESTIMATORS, LOSSES
 from explorl.algorithms.advantages import TAKES_K
-from explorl.algorithms.losses import REQUIRED_AGG
+from explorl.algorithms.losses import AGG_WHY, FOLDS_CORRECTION, REQUIRED_AGG
 from explorl.config.coerce import _fail, build, to_dict
 from explorl.config.ranges import _check_ranges
 from explorl.config.recipes import HISTORY_KEY, _if_dir, read_recipe
@@ -140,7 +140,13 @@ def _check_names(cfg: RunConfig) -> None:
               f"advantage {a.advantage!r} optimises pass@k: set k (≤ rollout.n_samples)")
     if a.loss in REQUIRED_AGG and a.agg != REQUIRED_AGG[a.loss]:
         _fail("algorithm.agg", f"loss {a.loss!r} needs agg {REQUIRED_AGG[a.loss]!r}, got {a.agg!r} "
-              "(only then is the GSPO-token loss the sequence-level GSPO objective)")
+              f"({AGG_WHY[a.loss]})")
+    rc_mode = a.rollout_correction.mode
+    if a.loss in FOLDS_CORRECTION and rc_mode not in ("auto", "off", *FOLDS_CORRECTION[a.loss]):
+        _fail("algorithm.rollout_correction.mode",
+              f"loss {a.loss!r} folds the rollout correction into its sequence weight, token by "
+              f"token; {rc_mode!r} would count the response's weight twice: use "
+              f"{' or '.join(FOLDS_CORRECTION[a.loss])} (or auto, off)")
     for path, value, table, kind in [
         ("algorithm.loss", a.loss, LOSSES, "loss"),
         ("algorithm.advantage", a.advantage, ADVANTAGES, "advantage estimator"),
