@@ -300,3 +300,27 @@ def test_fraction_axes_stay_within_zero_and_one(tmp_path, monkeypatch):
     assert limits["truncated"][0] == 0.0 and 0.0 < limits["truncated"][1] <= 1.0
     assert limits["all_wrong"][0] == 0.0 and limits["all_wrong"][1] <= 1.0
     assert limits["grad_norm"][0] < 0.0  # not a fraction: matplotlib's limits stand
+
+
+def test_report_shows_the_first_and_last_logged_completions(tmp_path):
+    import json
+
+    from explorl.analysis.report import COMPLETIONS_SHOWN, write_report
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "reward/mean": 0.1 * s}) + "\n" for s in range(1, 4)))
+    rows = [{"step": s, "split": split, "data_source": "chat/addition",
+             "prompt": f"system: x\nuser: What is {s} + {i}?", "ground_truth": str(s + i),
+             "response": f"answer {i} at {s} {split}", "score": float(i == 0), "reward": None}
+            for s in (0, 10, 20) for split in ("train", "val") for i in range(6)]
+    (run / "completions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rep = write_report([run], tmp_path / "rep")
+    md = rep.markdown.read_text()
+    assert "## Completions" in md and "Step 0:" in md and "Step 20:" in md
+    assert "Step 10:" not in md  # the first and the last logged step only
+    assert md.count("at 20 val") == COMPLETIONS_SHOWN and "at 20 train" not in md  # val first
+    assert "✓ `user: What is 0 + 0?`" in md  # the prompt's last line, the verdict
+    html = rep.html.read_text()
+    assert "<h2>Completions</h2>" in html and html.count("at 0 val") == COMPLETIONS_SHOWN

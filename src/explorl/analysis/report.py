@@ -26,9 +26,35 @@ from explorl.analysis.curves import (
 )
 from explorl.analysis.frontier import draw_frontier, run_points
 from explorl.analysis.runs import PASSK_KEY, Run, load_run
+from explorl.outputs.completions import read_completions
 
 FRONTIER_SECTION = "Evaluation"  # the frontier figure, from the runs' eval/ results
 FINAL_FRACTION = 0.1  # "final" reward/entropy = mean over the last 10% of logged steps
+COMPLETIONS_SHOWN = 4  # per run and step: the report's first and last logged completions
+RESPONSE_CHARS = 400  # a longer response is cut (the full text is in completions.jsonl)
+
+
+# ----------------------------------------------------------------------------- completions
+
+
+def completion_samples(run: Run) -> list[tuple[int, list[dict]]]:
+    """What the run's model wrote at its first and its last logged step: ``[(step, rows)]`` of
+    ``completions.jsonl`` (validation rows where a step has them, else training rows), at most
+    ``COMPLETIONS_SHOWN`` each; empty when the run logged none."""
+    rows = read_completions(run.path / "completions.jsonl")
+    if not rows:
+        return []
+    steps = sorted({r["step"] for r in rows})
+    out = []
+    for step in dict.fromkeys((steps[0], steps[-1])):
+        at = [r for r in rows if r["step"] == step]
+        val = [r for r in at if r.get("split") == "val"]
+        out.append((step, (val or at)[:COMPLETIONS_SHOWN]))
+    return out
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= RESPONSE_CHARS else text[:RESPONSE_CHARS] + " …"
 
 
 # ----------------------------------------------------------------------------- final figures
@@ -217,12 +243,24 @@ def write_report(run_dirs: list[Path], out_dir: Path) -> Report:
         md += [f"### {sec}", ""]
         md += [f"![{title}]({path.name})" for title, path in figs]
         md += [""]
+    samples = [(r, completion_samples(r)) for r in runs]
+    samples = [(r, got) for r, got in samples if got]
+    if samples:
+        md += ["## Completions", "", "What each run's model wrote at its first and last logged "
+               "step (completions.jsonl; ✓ = the verifier's score 1).", ""]
+        for run, got in samples:
+            md += [f"### {_md(run.label)}", ""]
+            for step, rows in got:
+                md += [f"Step {step}:", ""]
+                md += [f"- {'✓' if r['score'] else '✗'} `{_md(r['prompt'].splitlines()[-1])}` → "
+                       f"{_md(_clip(r['response'])).replace(chr(10), ' ⏎ ')}" for r in rows]
+                md += [""]
     md_path = out_dir / "report.md"
     md_path.write_text("\n".join(md))
 
     html_path = out_dir / "report.html"
     html_path.write_text(_html(run_lines, header, body, sections,
-                               wide=len(group_list) > MANY_GROUPS))
+                               wide=len(group_list) > MANY_GROUPS, samples=samples))
     return Report(markdown=md_path, html=html_path, json=json_path, figures=figures)
 
 
@@ -239,11 +277,13 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}
 figure{margin:0;border:1px solid #d0d7de;border-radius:6px;padding:8px;background:#fff}
 figure.wide{grid-column:1/-1}
 figure img{width:100%;display:block} figcaption{font-size:12px;color:#59636e;text-align:right}
+td.resp{white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:12px;max-width:720px}
 """
 
 
-def _html(run_lines, header, body, sections, wide: bool = False) -> str:
-    """The report page; ``wide``: the figures are small multiples, each a whole row."""
+def _html(run_lines, header, body, sections, wide: bool = False, samples=()) -> str:
+    """The report page; ``wide``: the figures are small multiples, each a whole row;
+    ``samples``: ``[(run, completion_samples(run))]``, shown last."""
     esc = html.escape
     n_runs, n_recipes = len(run_lines), len(body)
     parts = [
@@ -274,5 +314,18 @@ def _html(run_lines, header, body, sections, wide: bool = False) -> str:
                       f"src='data:image/png;base64,{data}'></a>"
                       f"<figcaption>{esc(path.name)}</figcaption></figure>")]
         parts.append("</div>")
+    if samples:
+        parts += ["<h2>Completions</h2>",
+                  "<p class='sub'>What each run's model wrote at its first and last logged step "
+                  "(completions.jsonl; ✓ = the verifier's score 1).</p>"]
+        for run, got in samples:
+            parts.append(f"<h3>{esc(run.label)}</h3>")
+            for step, rows in got:
+                parts += [f"<p><b>Step {step}</b></p>", "<table>",
+                          "<tr><th></th><th>prompt</th><th>response</th></tr>"]
+                parts += [f"<tr><td>{'✓' if r['score'] else '✗'}</td>"
+                          f"<td>{esc(r['prompt'].splitlines()[-1])}</td>"
+                          f"<td class='resp'>{esc(_clip(r['response']))}</td></tr>" for r in rows]
+                parts.append("</table>")
     parts.append("</body></html>")
     return "\n".join(parts)
