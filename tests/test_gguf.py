@@ -250,4 +250,19 @@ def test_pack_and_unpack_rebuild_the_folder_checked_by_sha256(files, cache, tmp_
     assert str(rebuilt) in capsys.readouterr().out
     for f in d.iterdir():
         assert (rebuilt / f.name).read_bytes() == f.read_bytes(), f.name
-    assert isinstance(model_store.read_source(rebuilt), dict)
+    assert model_store.read_source(rebuilt) == model_store.read_source(d)
+
+
+def test_pack_of_the_gguf_file_is_converted_again_by_unpack(known_tiny, tmp_path, monkeypatch):
+    model, install, _ = known_tiny
+    d = registry.get(model.name, install=install)
+    parts = tmp_path / "parts"
+    assert main(["models", "pack", model.name, "--gguf", "--out", str(parts)]) == 0
+    manifest = json.loads((parts / "manifest.json").read_text())
+    assert manifest["kind"] == "gguf" and [f["path"] for f in manifest["files"]] == ["tiny.gguf"]
+    monkeypatch.setenv("EXPLORL_MODEL_CACHE", str(tmp_path / "other-cache"))
+    rebuilt = packing.unpack(parts)
+    assert rebuilt == tmp_path / "other-cache" / model.name
+    assert resolve_model_path(model.name) == rebuilt  # the name works there
+    assert (rebuilt / "model.safetensors").read_bytes() == (d / "model.safetensors").read_bytes()
+    assert model_store.read_source(rebuilt)["sha256"] == model_store.read_source(d)["sha256"]
