@@ -204,11 +204,12 @@ def test_training_from_a_gguf_file_then_export(files, cache, tmp_path):
         "data": {"train": [str(data)], "prompts_per_step": 2},
         "rollout": {"n_samples": 4, "max_response_len": 6},
         "reward": {"verifier": "gguf_helpers:varied", "num_workers": 1},
-        "optim": {"lr": 1e-2},
+        "optim": {"lr": 1e-2}, "algorithm": {"kl_coef": 0.01},  # a reference model too
         "eval": {"every": 0, "before_training": False},
         "log": {"progress": False, "plots": False}})
     t = Trainer(cfg, tmp_path / "run")
     assert t.base_path == gguf_files.converted_dir(files["f32"])
+    assert torch.equal(t.ref.model.norm.weight, files["model"].model.norm.weight)
     before = {k: v.clone() for k, v in t.policy.state_dict().items()}
     summary = t.train()
     assert summary["steps"] == 2
