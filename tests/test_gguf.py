@@ -65,6 +65,16 @@ def test_conversion_is_the_original_model_with_its_tokenizer(files, cache):
     assert src["tensor_types"] == {"F32": 20} and src["architecture"] == "llama"
 
 
+def test_export_of_a_gguf_file_is_its_conversion(files, cache, tmp_path):
+    from safetensors.torch import load_file
+
+    d = resolve_model_path(str(files["f32"]))
+    assert main(["export", str(files["f32"]), "--out", str(tmp_path / "out")]) == 0
+    exported, converted = (load_file(p / "model.safetensors") for p in (tmp_path / "out", d))
+    assert exported.keys() == converted.keys()
+    assert all(torch.equal(exported[k], converted[k]) for k in converted)
+
+
 def test_q8_0_conversion_holds_the_dequantised_weights(files, cache):
     from transformers import AutoModelForCausalLM
 
