@@ -32,7 +32,8 @@ def _entry(spec: str) -> tuple[Path, str]:
 
 
 def _size(folder: Path) -> str:
-    return f"{sum(f.stat().st_size for f in folder.rglob('*') if f.is_file()) / 2**20:.0f} MiB"
+    mib = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20
+    return f"{mib:.{0 if mib >= 10 else 1}f} MiB"
 
 
 def list_models(console: Console) -> None:
