@@ -46,7 +46,7 @@ real-model: setup
 	$(BIN)/explorl models get smollm2-135m
 
 # The real model trained for 2 steps and resumed exactly (the tests marked `real`; `make test`
-# skips them). ~2 min on 2 busy CPU cores.
+# skips them). ~2 min on 2 CPU cores; more when they are busy.
 test-real: real-model
 	$(BIN)/python -m pytest -m real -p no:xdist $(PYTEST_ARGS)
 

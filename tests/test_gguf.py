@@ -65,6 +65,16 @@ def test_conversion_is_the_original_model_with_its_tokenizer(files, cache):
     assert src["tensor_types"] == {"F32": 20} and src["architecture"] == "llama"
 
 
+def test_export_of_a_gguf_file_is_its_conversion(files, cache, tmp_path):
+    from safetensors.torch import load_file
+
+    d = resolve_model_path(str(files["f32"]))
+    assert main(["export", str(files["f32"]), "--out", str(tmp_path / "out")]) == 0
+    exported, converted = (load_file(p / "model.safetensors") for p in (tmp_path / "out", d))
+    assert exported.keys() == converted.keys()
+    assert all(torch.equal(exported[k], converted[k]) for k in converted)
+
+
 def test_q8_0_conversion_holds_the_dequantised_weights(files, cache):
     from transformers import AutoModelForCausalLM
 
@@ -204,11 +214,12 @@ def test_training_from_a_gguf_file_then_export(files, cache, tmp_path):
         "data": {"train": [str(data)], "prompts_per_step": 2},
         "rollout": {"n_samples": 4, "max_response_len": 6},
         "reward": {"verifier": "gguf_helpers:varied", "num_workers": 1},
-        "optim": {"lr": 1e-2},
+        "optim": {"lr": 1e-2}, "algorithm": {"kl_coef": 0.01},  # a reference model too
         "eval": {"every": 0, "before_training": False},
         "log": {"progress": False, "plots": False}})
     t = Trainer(cfg, tmp_path / "run")
     assert t.base_path == gguf_files.converted_dir(files["f32"])
+    assert torch.equal(t.ref.model.norm.weight, files["model"].model.norm.weight)
     before = {k: v.clone() for k, v in t.policy.state_dict().items()}
     summary = t.train()
     assert summary["steps"] == 2
@@ -250,4 +261,19 @@ def test_pack_and_unpack_rebuild_the_folder_checked_by_sha256(files, cache, tmp_
     assert str(rebuilt) in capsys.readouterr().out
     for f in d.iterdir():
         assert (rebuilt / f.name).read_bytes() == f.read_bytes(), f.name
-    assert isinstance(model_store.read_source(rebuilt), dict)
+    assert model_store.read_source(rebuilt) == model_store.read_source(d)
+
+
+def test_pack_of_the_gguf_file_is_converted_again_by_unpack(known_tiny, tmp_path, monkeypatch):
+    model, install, _ = known_tiny
+    d = registry.get(model.name, install=install)
+    parts = tmp_path / "parts"
+    assert main(["models", "pack", model.name, "--gguf", "--out", str(parts)]) == 0
+    manifest = json.loads((parts / "manifest.json").read_text())
+    assert manifest["kind"] == "gguf" and [f["path"] for f in manifest["files"]] == ["tiny.gguf"]
+    monkeypatch.setenv("EXPLORL_MODEL_CACHE", str(tmp_path / "other-cache"))
+    rebuilt = packing.unpack(parts)
+    assert rebuilt == tmp_path / "other-cache" / model.name
+    assert resolve_model_path(model.name) == rebuilt  # the name works there
+    assert (rebuilt / "model.safetensors").read_bytes() == (d / "model.safetensors").read_bytes()
+    assert model_store.read_source(rebuilt)["sha256"] == model_store.read_source(d)["sha256"]

