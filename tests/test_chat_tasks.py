@@ -10,6 +10,7 @@ import pytest
 from explorl.lab import make_splits
 from explorl.lab.registry import get_task, task_params
 from explorl.lab.tasks import _column_carries
+from explorl.rewards.verifiers import boxed_integer as VERIFIERS_BOXED_INTEGER
 
 
 def test_chat_addition_problem_reads_as_a_question_with_the_answer_format():
@@ -20,13 +21,23 @@ def test_chat_addition_problem_reads_as_a_question_with_the_answer_format():
     assert p.solution == f"\\boxed{{{a + b}}}"
     assert p.prompt.endswith("? Put your final answer in \\boxed{}.")
     assert task.source == "chat/addition" and task.alphabet is None
+    assert task.check is VERIFIERS_BOXED_INTEGER
 
 
-def test_chat_addition_checker_scores_boxed_answers_with_the_math_verifier():
+def test_chat_addition_checker_wants_the_number_not_the_question_in_the_box():
+    from explorl.rewards import VERIFIERS
+
     check = get_task("chat_addition").check
     assert check("37 + 5 = 42, so \\boxed{42}", "42") == 1.0
+    assert check("\\boxed{37 + 5 = 42.}", "42") == 1.0  # an equation ending in the answer
+    assert check("\\boxed{$42$}", "42") == 1.0
     assert check("\\boxed{41}", "42") == 0.0
     assert check("I think it is large.", "42") == 0.0
+    assert check("The answer is 42", "42") == 0.0  # not boxed
+    assert check("\\boxed{37 + 5}", "42") == 0.0  # the question copied: no sum computed
+    assert check("\\boxed{42} then \\boxed{41}", "42") == 0.0  # the last box counts
+    # why the task does not use ``math``: math-verify evaluates the copied question
+    assert VERIFIERS["math"]("\\boxed{37 + 5}", "42") == 1.0
 
 
 def test_column_carries_by_hand():

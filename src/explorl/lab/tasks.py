@@ -48,8 +48,8 @@ from typing import Any, NamedTuple
 from explorl.lab.tokenizer import CHARS
 from explorl.rewards.verifiers import (
     addition_verifier,
+    boxed_integer,
     countdown_verifier,
-    math_verifier,
     subset_sum_verifier,
 )
 
@@ -260,8 +260,8 @@ TASKS: dict[str, LabTask] = {
 
 # ----------------------------------------------------------------------------- chat tasks
 # Tasks for pretrained chat models: natural-language prompts through the chat template, answers
-# as \boxed{} scored by the math verifier; no lab model is built for them (the run names a real
-# model in model.path).
+# as \boxed{} (the convention of math RL data); no lab model is built for them (the run names a
+# real model in model.path).
 
 ANSWER_FORMAT = "Put your final answer in \\boxed{}."
 """The format instruction every ``chat_*`` prompt ends with. SmolLM2-135M-Instruct boxes its
@@ -307,7 +307,9 @@ TASKS.update({
     "chat_addition": LabTask(
         name="chat_addition",
         sample=_sample_chat_addition,
-        check=math_verifier,
+        # not ``math``: math-verify evaluates the box, so \boxed{37 + 5} (the question) would
+        # score as right; SmolLM2-135M-Instruct wrote such boxes within 15 steps of RL
+        check=boxed_integer,
         params={"min_digits": 1, "max_digits": 2, "n_terms": 2},
         validate=_validate_chat_addition,
         alphabet=None,

@@ -314,6 +314,22 @@ def math_verifier(response: str, ground_truth: str) -> float:
     return float(bool(pred) and mv.verify(_parse_gold(ground_truth), pred, timeout_seconds=None))
 
 
+_BOXED_INT = re.compile(r"-?[0-9]{1,30}")
+
+
+def boxed_integer(response: str, ground_truth: str) -> float:
+    """1.0 iff the last ``\\boxed{}`` holds the integer ``ground_truth`` written out as a number:
+    ``\\boxed{42}``, or an equation that ends in it (``\\boxed{37 + 5 = 42}``); spaces, ``$`` and a
+    final ``.`` are ignored. For arithmetic tasks, where ``math`` would be fooled: math-verify
+    evaluates what it parses, so ``\\boxed{37 + 5}`` (the question copied into the box) scores as
+    right under it."""
+    boxed = last_boxed(response)
+    if boxed is None:
+        return 0.0
+    text = boxed.rsplit("=", 1)[-1].replace("$", "").replace(" ", "").rstrip(".")
+    return float(bool(_BOXED_INT.fullmatch(text)) and int(text) == int(ground_truth))
+
+
 def boxed_format(response: str, ground_truth: str) -> float:
     """1.0 iff the response's last ``\\boxed{}`` holds an answer (not blank), right or wrong: a
     format reward to weigh beside a verifier (``reward.functions``), as R1-style recipes do. It
@@ -332,6 +348,7 @@ VERIFIERS: dict[str, Verifier] = {
     "countdown": countdown_verifier,
     "subset_sum": subset_sum_verifier,
     "addition": addition_verifier,
+    "boxed_integer": boxed_integer,
     "boxed_format": boxed_format,
 }
 
