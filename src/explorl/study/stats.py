@@ -294,12 +294,20 @@ class Power:
         p = problems or self.problems
         if MDE_Z * np.sqrt(self.var_problem / p) >= target:
             return None
-        for s in range(2, most + 1):
+        def reaches(s: int) -> bool:
             terms = self._terms(s, p)
-            se = np.sqrt(sum(v for v, _ in terms))
-            if mde_factor(satterthwaite(terms)) * se <= target:
+            return mde_factor(satterthwaite(terms)) * np.sqrt(sum(v for v, _ in terms)) <= target
+
+        for s in range(2, min(most, 100) + 1):  # seed by seed where a seed counts
+            if reaches(s):
                 return s
-        return None
+        if most <= 100 or not reaches(most):
+            return None
+        lo, hi = 100, most  # beyond, the MDE falls steadily: bisect
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if reaches(mid) else (mid, hi)
+        return hi
 
     def to_json(self) -> dict:
         return {"seeds": self.seeds, "problems": self.problems, "var_problem": self.var_problem,
