@@ -276,6 +276,9 @@ def test_claim_verdicts_come_from_intervals():
     assert iv["estimate"] == pytest.approx(0.05) and iv["low"] == pytest.approx(0.05)
 
     eepo = [_run(eepo_active_frac=0.5, eepo_dH=0.02), _run(eepo_active_frac=0.4, eepo_dH=0.03)]
+    # two seeds: .025 ± t(.975, 1)·.005 = ± .064 holds 0; a third at .025 gives ± 4.30·.0029
+    assert _claims({"eepo": eepo})["4"]["verdict"] == "not shown"
+    eepo.append(_run(eepo_active_frac=0.45, eepo_dH=0.025))
     assert _claims({"eepo": eepo})["4"]["verdict"] == "shown"
     never = [_run(eepo_active_frac=0.0, eepo_dH=None)]  # the gate never opened: nothing to test
     c = _claims({"eepo": never})["4"]

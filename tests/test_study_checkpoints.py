@@ -61,10 +61,12 @@ def cp(tmp_path):
 def test_one_arm_interval_by_hand_and_as_a_difference_with_nothing():
     a = np.array([[0.0, 1.0], [1.0, 1.0]])
     iv = mean_interval(a)  # the checkpoints' bars and intervals
-    # 0 needs both problem draws on problem 0 and both seed draws on seed 0: 1/16 > 2.5%;
-    # 1 needs both problems on problem 1 or both seeds on seed 1: 7/16 > 2.5%
-    assert (iv.estimate, iv.low, iv.high) == pytest.approx((0.75, 0.0, 1.0))
-    d = passk_diff(a, np.zeros_like(a), paired_seeds=True)  # the same draws
+    # seed means .5, 1: var .125 / 2 = .0625; MS_problem = 2·var(.5, 1) = .25 = MS_resid
+    # (residuals ±.25, one df): no problem part. SE = .25, df 1, t = 12.706
+    half = 12.7062047 * 0.25
+    assert (iv.estimate, iv.low, iv.high) == pytest.approx((0.75, 0.75 - half, 0.75 + half))
+    assert iv.df == pytest.approx(1)
+    d = passk_diff(a, np.zeros_like(a), paired_seeds=True)  # the same array
     assert (d.low, d.high) == pytest.approx((iv.low, iv.high))
 
 
@@ -76,8 +78,9 @@ def test_means_differences_and_resolved_steps(cp):
     assert cp.mean("late", 1, 10) is None and cp.seeds("late", 1, 5) == [0]
     d = cp.diff("m", 1, 5)  # (0.5, 0.5) on every problem and seed: no spread
     assert (d.estimate, d.low, d.high) == pytest.approx((0.5, 0.5, 0.5))
-    d4 = cp.diff("m", 4, 5)  # (1, 0) per seed: problem draws give 0 to 1
-    assert (d4.estimate, d4.low, d4.high) == pytest.approx((0.5, 0.0, 1.0))
+    d4 = cp.diff("m", 4, 5)  # (1, 0) per seed: no seed part; MS_problem 1, MS_resid 0:
+    # SE² = 1 / 4, df 1 → .5 ± 12.706·.5
+    assert (d4.estimate, d4.low, d4.high) == pytest.approx((0.5, 0.5 - 6.3531024, 0.5 + 6.3531024))
     assert cp.diff("m", 1, 10).estimate == pytest.approx(0.0)
     assert cp.resolved("m", 1) == [5] and cp.resolved("m", 4) == []
     assert cp.resolved("late", 1) == []  # one seed decides nothing
@@ -144,11 +147,12 @@ def test_horizon_claims_by_hand():
     assert col["verdict"] == "shown" and col["conditions"][0]["null"] == pytest.approx(0.3)
     assert col["conditions"][0]["interval"]["estimate"] == pytest.approx(0.2)
     lm = claims["L-m"]
-    # entropy: +0.3 at step 4 (resolved), +0.6 [0.5, 0.7] at 8; pass@4: 0 at 4, 0.5 [0, 1] at 8
-    assert [c["verdict"] for c in lm["conditions"]] == ["shown", "not shown"]
-    assert lm["verdict"] == "partial"
+    # entropy: +0.3 at step 4 (no spread: resolved), +0.6 (.5, .7: t(1) makes it [−.67, 1.87])
+    # at 8; pass@4: 0 at 4, 0.5 ± 6.35 at 8
+    assert [c["verdict"] for c in lm["conditions"]] == ["not shown", "not shown"]
+    assert lm["verdict"] == "not shown"
     assert lm["conditions"][1]["interval"]["estimate"] == pytest.approx(0.5)
-    assert lm["numbers"].endswith("entropy resolved at steps: 4, 8; pass@4 resolved at steps: "
+    assert lm["numbers"].endswith("entropy resolved at steps: 4; pass@4 resolved at steps: "
                                   "none")
     assert claims["L-solo"]["verdict"] == "n/a"
     assert "1 seed shared with grpo" in claims["L-solo"]["numbers"]

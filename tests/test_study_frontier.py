@@ -1,5 +1,5 @@
 """The pass@1–pass@k frontier (``explorl.study.frontier``): GRPO's hull, the interpolation both
-ways, the hull test, the bootstrap and the MDE, each against numbers worked out by hand."""
+ways, the hull test, the t intervals and the MDE, each against numbers worked out by hand."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from explorl.analysis.frontier import run_points
-from explorl.analysis.hull import beaten_by
+from explorl.analysis.hull import beaten_by, dominated, pareto
 from explorl.analysis.report import write_report
 from explorl.analysis.runs import load_run
 from explorl.study.frontier import (
@@ -17,7 +17,6 @@ from explorl.study.frontier import (
     Point,
     analyse_frontier,
     compare,
-    dominated,
     frontier_at,
     own_beaten,
     pass1_at,
@@ -25,7 +24,7 @@ from explorl.study.frontier import (
     where,
 )
 from explorl.study.frontier_report import frontier_claims, frontier_json, frontier_table
-from explorl.study.stats import Interval, paired_draws, passk_diff
+from explorl.study.stats import Interval, t_ppf
 
 # The pilot's GRPO points (held-out task, 200 steps): (pass@1, pass@64) at lr 1e-4, 5e-5,
 # 2.5e-5, 1.25e-5 = A, B, C, D.
@@ -93,50 +92,81 @@ def _const(v: float, seeds: int = 2, problems: int = 3) -> np.ndarray:
 
 
 def test_constant_arms_give_point_intervals_at_the_hand_values():
-    """Every seed and problem at its arm's mean: each replicate recomputes the same hull and
-    the same interpolation, so the interval is the estimate itself and the variances are 0.
-    The pilot's KL-Cov point (.354, .891 + .047): gap_k = .938 − F(.354) = +.047; its pass@64
-    is above the peak, so gap_1 is none (above GRPO's pass@k range); outside in every
-    replicate. A point (.340, .9055): gap_k = .9055 − .920 = −.0145, gap_1 = .340 − G(.9055) =
-    .340 − .3535 = −.0135, inside in every replicate."""
+    """Every seed and problem at its arm's mean: every variance is 0, so the interval is the
+    estimate itself. GRPO's frontier is its non-dominated points D (.353, .920) and C (.354,
+    .891): A and B, with less of both than D, do not start its pass@1 range. The pilot's KL-Cov
+    point (.354, .891 + .047): gap_k = .938 − F(.354) = +.047; its pass@64 is above the peak,
+    so gap_1 is none (above GRPO's pass@k range); outside with certainty. A point (.340,
+    .9055) lies left of D: no gap_k (below GRPO's pass@1 range), gap_1 = .340 − G(.9055) =
+    .340 − .3535 = −.0135, and inside (D has more of both)."""
     g1 = np.stack([_const(v) for v in G1])
     gk = np.stack([_const(v) for v in GK])
     x1 = np.stack([_const(0.354), _const(0.340)])
     xk = np.stack([_const(0.938), _const(0.9055)])
-    got = compare(x1, xk, g1, gk, n_boot=200)
-    kl, low = got
+    kl, low = compare(x1, xk, g1, gk)
     assert kl["gap_k"].estimate == pytest.approx(0.047)
     assert (kl["gap_k"].low, kl["gap_k"].high) == pytest.approx((0.047, 0.047))
     assert kl["gap_k"].mde == pytest.approx(0.0, abs=1e-12)
     assert "gap_1" not in kl and kl["where_1"] == "above GRPO's pass@k range"
     assert kl["outside"] == 1.0 and kl["where_k"] == "inside"
-    assert low["gap_k"].fmt_abs(4) == "-0.0145 [-0.0145, -0.0145]"
+    assert "gap_k" not in low and low["where_k"] == "below GRPO's pass@1 range"
     assert low["gap_1"].estimate == pytest.approx(-0.0135)
     assert low["outside"] == 0.0
 
 
-def test_gap_mde_is_the_delta_method_difference_by_hand():
-    """GRPO a = (pass@1 .4, pass@k .6), b = (.6, .5), both constant: the hull's peak is a, its
-    falling edge a→b has slope (.5 − .6)/.2 = −.5. The method's pass@1 is .5 everywhere: t =
+def test_grpos_frontier_is_its_non_dominated_points():
+    """The pilot's hull A, D, C with its peak D: the non-dominated part is D, C, so GRPO's
+    pass@1 range is [.353, .354], not [.326, .354] (A is beaten by D on both axes)."""
+    h = pareto(upper_hull(G1, GK))
+    assert h.xs == (0.353, 0.354) and h.idx == (3, 2) and h.peak == 0
+    assert frontier_at(h, 0.340) is None and where(h, 0.340) == "below GRPO's pass@1 range"
+    assert frontier_at(h, 0.3535) == pytest.approx(0.9055)
+    assert dominated(h, 0.300, 0.90) and not dominated(h, 0.300, 0.95)
+
+
+def test_gap_interval_and_mde_by_hand():
+    """GRPO a = (pass@1 .4, pass@k .6), b = (.6, .5), both constant: the frontier's peak is a,
+    its falling edge a→b has slope (.5 − .6)/.2 = −.5. The method's pass@1 is .5 everywhere: t =
     (.5 − .4)/.2 = .5, and F(.5) = .5·.6 + .5·.5 = .55. The linearised difference is d = y_m −
     .5·y_a − .5·y_b − (−.5)·(x_m − .5·x_a − .5·x_b) = y_m − .55 (the x terms are .5 − .5 = 0).
-    With y_m = .55 + d′, d′ = [[.05, .15, .10], [.25, .35, .15]] = half the power docs' worked
-    example, whose MDE is .45029: here .45029 / 2 = .225145; gap = mean(d′) = 1.05 / 6 = .175."""
+    With y_m = .55 + d′, d′ = [[.05, .15, .10], [.25, .35, .15]] (S = 2, P = 3): gap = mean(d′)
+    = 1.05 / 6 = .175. Seed means .10, .25: var .01125, / S = .005625; problem means .15, .25,
+    .125: MS_problem = 2 · .004375 = .00875, MS_resid = Σ resid² / 2 = .0075 / 2 = .00375, so
+    σ²_problem / P = (.00875 − .00375) / 6 = .000833; SE² = .0064583, SE = .080364.
+    Satterthwaite: df_problem = .005² / (.00875² / 2 + .00375² / 2) = .11034, df = .0064583² /
+    (.005625² / 1 + .000833² / .11034) = 1.26781. Interval .175 ± t(.975, df)·SE; MDE = (t(.975,
+    df) + t(.80, df))·SE."""
     d = np.array([[0.05, 0.15, 0.10], [0.25, 0.35, 0.15]])
     g1, gk = np.stack([_const(0.4), _const(0.6)]), np.stack([_const(0.6), _const(0.5)])
-    got = compare(np.stack([_const(0.5)]), np.stack([0.55 + d]), g1, gk, n_boot=400)[0]
-    assert got["gap_k"].estimate == pytest.approx(0.175)
-    assert got["gap_k"].mde == pytest.approx(0.225145, abs=1e-5)
-    assert got["gap_k"].low <= 0.175 <= got["gap_k"].high
+    got = compare(np.stack([_const(0.5)]), np.stack([0.55 + d]), g1, gk)[0]
+    iv = got["gap_k"]
+    se = np.sqrt(0.005625 + 0.005 / 6)
+    df = (0.005625 + 0.005 / 6) ** 2 / (0.005625 ** 2 + (0.005 / 6) ** 2 / (
+        0.005 ** 2 / (0.00875 ** 2 / 2 + 0.00375 ** 2 / 2)))
+    assert se == pytest.approx(0.080364, abs=1e-6) and df == pytest.approx(1.26781, abs=1e-5)
+    assert iv.estimate == pytest.approx(0.175) and iv.se == pytest.approx(se)
+    assert iv.df == pytest.approx(df)
+    assert iv.high - iv.estimate == pytest.approx(t_ppf(0.975, df) * se)
+    assert iv.mde == pytest.approx((t_ppf(0.975, df) + t_ppf(0.8, df)) * se)
     assert got["where_1"] == "above GRPO's pass@k range"  # .725 > the peak's .6
 
 
-def test_paired_draws_are_passk_diffs_resamples():
-    rng = np.random.default_rng(3)
-    a, b = rng.random((3, 7)), rng.random((3, 7))
-    iv = passk_diff(a, b, paired_seeds=True, n_boot=500)
-    reps = [a[r][:, c].mean() - b[r][:, c].mean() for r, c in paired_draws(3, 7, n_boot=500)]
-    assert (iv.low, iv.high) == pytest.approx(tuple(np.percentile(reps, [2.5, 97.5])))
+def test_the_base_model_is_grpos_lr_to_zero_end():
+    """GRPO at (.5, .80) and (.6, .70), the base model at (.3, .90): the frontier runs from the
+    base model through both, so a method at (.4, .87) is judged against the chord base→(.5,
+    .80): F(.4) = .90 − .10·(.1/.2) = .85, gap +.02; without the base model it lies left of
+    GRPO's pass@1 range."""
+    pk = {"g@1": {1: _const(0.5), 8: _const(0.80)}, "g@2": {1: _const(0.6), 8: _const(0.70)},
+          "m@1": {1: _const(0.4), 8: _const(0.87)}}
+    seeds = {n: [0, 1] for n in pk}
+    points = {"g": [(1, "g@1"), (2, "g@2")], "m": [(1, "m@1")]}
+    base = {1: np.full((1, 3), 0.3), 8: np.full((1, 3), 0.90)}
+    fr = analyse_frontier(pk, seeds, points, "g", 8, base)
+    assert fr.hull.xs == pytest.approx((0.3, 0.5, 0.6))
+    (m,) = fr.points["m"]
+    assert m.gap_k.estimate == pytest.approx(0.02) and m.where_k == "inside"
+    (m,) = analyse_frontier(pk, seeds, points, "g", 8).points["m"]
+    assert m.gap_k is None and m.where_k == "below GRPO's pass@1 range"
 
 
 def test_analyse_frontier_compares_on_the_seeds_every_point_finished():
@@ -149,7 +179,7 @@ def test_analyse_frontier_compares_on_the_seeds_every_point_finished():
     seeds = {"g@1": [0, 1], "g@2": [0, 1], "m@1": [1]}
     points = {"g": [(1, "g@1"), (2, "g@2"), (3, "g@3")], "m": [(1, "m@1"), (2, "m@2")]}
     base = {1: np.array([[0.2] * 3]), 8: np.array([[0.95] * 3])}
-    fr = analyse_frontier(pk, seeds, points, "g", 8, base, n_boot=100)
+    fr = analyse_frontier(pk, seeds, points, "g", 8, base)
     assert fr.seeds == {"g": [0, 1], "m": [1]} and fr.base == pytest.approx((0.2, 0.95))
     assert [p.name for p in fr.points["g"]] == ["g@1", "g@2"]
     g = fr.points["g"][0]
@@ -233,18 +263,20 @@ def test_frontier_claim_verdicts(gaps, verdict):
 
 
 def test_a_hair_more_pass1_for_much_less_passk_is_beaten_within_noise():
-    """Point 0: pass@1 .500 (per problem .6/.4 alternating), pass@k .80 everywhere; point 1:
-    pass@1 .499 (the other phase, minus .001: differences of ±.2 per problem, so their interval
-    holds 0), pass@k .90 everywhere (a difference of +.10 in every replicate). At the point
-    estimates 0 has more pass@1 and is not beaten; within noise 1 beats it. With 1's pass@1 at
-    .30 everywhere (a difference of −.20 in every replicate) it does not."""
-    alt = np.array([[0.6, 0.4, 0.6, 0.4], [0.4, 0.6, 0.4, 0.6]])
-    x1 = np.stack([alt, alt[::-1] - 0.001])
-    xk = np.stack([np.full((2, 4), 0.8), np.full((2, 4), 0.9)])
+    """Point 0: pass@1 .500 on average (per-problem noise), pass@k .80 everywhere; point 1:
+    pass@1 .499 (its own noise: the difference's interval holds 0), pass@k .90 everywhere (a
+    difference of +.10 with no spread). At the point estimates 0 has more pass@1 and is not
+    beaten; within noise 1 beats it. With 1's pass@1 at .30 everywhere (−.20, resolved) it
+    does not."""
+    rng = np.random.default_rng(0)
+    noise = rng.normal(0, 0.1, (2, 2, 16))
+    noise -= noise.mean(axis=(1, 2), keepdims=True)
+    x1 = np.stack([0.5 + noise[0], 0.499 + noise[1]])
+    xk = np.stack([np.full((2, 16), 0.8), np.full((2, 16), 0.9)])
     assert beaten_by(x1.mean(axis=(1, 2)), xk.mean(axis=(1, 2))) == [None, None]
-    assert own_beaten(x1, xk, n_boot=400) == [(1,), None]
+    assert own_beaten(x1, xk) == [(1,), None]
     x1[1] = 0.30
-    assert own_beaten(x1, xk, n_boot=400) == [None, None]
+    assert own_beaten(x1, xk) == [None, None]
 
 
 def test_a_point_its_own_arm_beats_is_shown_but_not_judged():
@@ -279,7 +311,7 @@ def test_analyse_frontier_marks_beaten_points_and_sizes_the_family_without_them(
           "m@1": {1: c(0.4), 8: c(0.75)}, "m@2": {1: c(0.45), 8: c(0.85)}}
     seeds = {n: [0, 1] for n in pk}
     points = {"g": [(1, "g@1"), (2, "g@2")], "m": [(1, "m@1"), (2, "m@2")]}
-    fr = analyse_frontier(pk, seeds, points, "g", 8, n_boot=50)
+    fr = analyse_frontier(pk, seeds, points, "g", 8)
     assert [p.beaten_by for p in fr.points["g"]] == [None, None]
     m1, m2 = fr.points["m"]
     assert m1.beaten_by == (2,) and m2.beaten_by is None
@@ -290,36 +322,44 @@ def test_analyse_frontier_marks_beaten_points_and_sizes_the_family_without_them(
 
 def test_frontier_table_rows_and_family_level():
     """With two points inside GRPO's range, the claims' intervals are at 1 − .05/2 = 97.5%:
-    wider than the table's 95% ones (same replicates)."""
-    g1 = np.stack([_const(v) for v in G1])
-    gk = np.stack([_const(v) for v in GK])
+    wider than the table's 95% ones (the same SE and df, t(.9875) for t(.975))."""
+    g1, gk = np.stack([_const(0.3), _const(0.5)]), np.stack([_const(0.9), _const(0.7)])
     rng = np.random.default_rng(0)
-    x1 = np.stack([_const(0.340) + rng.normal(0, 0.05, (2, 3)) for _ in range(2)])
-    xk = np.stack([_const(0.9) + rng.normal(0, 0.05, (2, 3)) for _ in range(2)])
-    got = compare(x1, xk, g1, gk, n_boot=400, family=2)
+    noise = rng.normal(0, 0.05, (4, 2, 3))
+    noise -= noise.mean(axis=(1, 2), keepdims=True)
+    x1 = np.stack([_const(0.40) + noise[0], _const(0.45) + noise[1]])
+    xk = np.stack([_const(0.8) + noise[2], _const(0.75) + noise[3]])
+    got = compare(x1, xk, g1, gk, family=2)
     for row in got:
         iv, fam = row["gap_k"], row["gap_k_family"]
-        assert fam.low <= iv.low and iv.high <= fam.high and fam.estimate == iv.estimate
+        assert fam.se == iv.se and fam.df == iv.df and fam.estimate == iv.estimate
+        assert fam.high - fam.estimate == pytest.approx(t_ppf(0.9875, iv.df) * iv.se)
+        assert fam.low < iv.low and iv.high < fam.high
     fr = Frontier(64, "grpo", points={"grpo": [_pt("grpo", 1e-4)], "kl": [_pt("kl", 1e-4)]})
     lines = frontier_table(fr)
     assert lines[0].startswith("| arm | lr | pass@1 | pass@64 |") and len(lines[2:4]) == 2
     assert "below GRPO's pass@1 range" in lines[3]
 
 
-def test_a_point_at_the_edge_of_grpos_range_counts_its_left_out_replicates():
-    """The method's pass@1 equals GRPO's largest (.354): every replicate where it lands above
-    GRPO's resampled largest pass@1 is left out of the interval, and the share is reported
-    (about half, here: both vary by the same noise). A point well inside leaves none out."""
-    rng = np.random.default_rng(1)
-    g1 = np.stack([_const(v, 4, 64) + rng.normal(0, 0.05, (4, 64)) for v in G1])
-    gk = np.stack([_const(v, 4, 64) for v in GK])
-    x1 = np.stack([_const(0.354, 4, 64) + rng.normal(0, 0.05, (4, 64)), _const(0.340, 4, 64)])
-    xk = np.stack([_const(0.938, 4, 64), _const(0.9, 4, 64)])
-    edge, inner = compare(x1 - x1.mean(axis=(1, 2), keepdims=True) + np.array(
-        [0.354, 0.340])[:, None, None], xk, g1 - g1.mean(axis=(1, 2), keepdims=True) + np.array(
-        G1)[:, None, None], gk, n_boot=300)
-    assert 0.2 < edge["left_out"] < 0.8 and "replicates outside its range" in edge["gap_k"].how
-    assert inner["left_out"] == 0.0
+def test_the_hull_test_is_the_one_sided_t_confidence_of_the_margin():
+    """GRPO (.3, .9), (.5, .7). A point at (.4, .8 + d) with d per (seed, problem) has gap_k =
+    mean(d): its outside-confidence is P(T_df ≤ gap / SE), the one-sided reading of gap_k's
+    own interval. Right of GRPO's largest pass@1 (x = .5 + d) the margin is its pass@1 over GRPO's
+    largest; left of the peak (x = .2), its pass@k over the peak's."""
+    from explorl.study.stats import t_cdf
+
+    g1, gk = np.stack([_const(0.3), _const(0.5)]), np.stack([_const(0.9), _const(0.7)])
+    d = np.array([[0.01, 0.03, 0.02], [0.00, 0.02, -0.01]])
+    inner, right, left = compare(np.stack([_const(0.4), 0.5 + d, _const(0.2)]),
+                                 np.stack([0.8 + d, _const(0.5), 0.9 + d]), g1, gk)
+    iv = inner["gap_k"]
+    assert inner["outside"] == pytest.approx(t_cdf(iv.estimate / iv.se, iv.df))
+    assert 0.5 < inner["outside"] < 0.975  # undecided: its 95% interval holds 0
+    assert iv.low < 0 < iv.high
+    assert right["where_k"].startswith("above") and right["outside"] == pytest.approx(
+        inner["outside"])  # the same margin d, on pass@1
+    assert left["where_k"].startswith("below") and left["outside"] == pytest.approx(
+        inner["outside"])  # the same margin d, on pass@k over the peak's .9
 
 
 def test_the_frontier_figure_gives_each_method_its_panel_beyond_two(tmp_path):

@@ -23,7 +23,7 @@ from explorl.study.evidence import Evidence
 from explorl.study.figures import highlighted
 from explorl.study.jobs import JobResult
 from explorl.study.plan import final_evals, plan_tuning, value_text
-from explorl.study.stats import MDE_Z, passk_diff, variance_components
+from explorl.study.stats import MDE_Z, passk_diff, t_ppf, variance_components
 from explorl.study.tables import ablation_tables, passk_tables, power_table, temperature_tables
 from explorl.study.tuning import GridPoint, grid_table, pick, tuning_markdown
 
@@ -45,38 +45,46 @@ def test_variance_components_and_mde_by_hand():
     .3, .5, .25; grand mean .35. MS_seed = 3·var(.2, .5) = 3·.045 = .135; MS_problem =
     2·var(.3, .5, .25) = 2·.0175 = .035; residuals ±.05, ±.05, ±.1 → MS_resid = .03 / 2 = .015.
     σ²_seed = (.135 − .015)/3 = .04, σ²_problem = (.035 − .015)/2 = .01, σ²_resid = .015.
-    SE² = .01/3 + .04/2 + .015/6 = .0258333; MDE = 2.8016 · .160728 = .45029.
-    Seeds for MDE .3 at 3 problems: (.04 + .015/3) / ((.3/2.8016)² − .01/3) = .045/.0081334
-    = 5.53 → 6; for .1 the problem term alone (.00333 > .00127) is too much: None."""
+    The interval's SE² = MS_seed/6 + (MS_problem − MS_resid)/6 = .0225 + .003333 = .0258333;
+    Satterthwaite: df_problem = .02²/(.035²/2 + .015²/2) = .55172, df = .0258333²/(.0225²/1 +
+    .003333²/.55172) = 1.26781; MDE = (t(.975, df) + t(.80, df)) · .160728 = 1.45606. Projected
+    at S seeds: SE² = .01/3 + (.04 + .015/3)/S with df from (seed term, S − 1), (problem term,
+    2): 9 seeds are the fewest reaching .3; for .1 the problem term alone (.00333 > (.1/2.802)²
+    = .00127) is too much: None."""
     p = variance_components(np.array([[0.1, 0.3, 0.2], [0.5, 0.7, 0.3]]))
     assert (p.var_problem, p.var_seed, p.var_resid) == pytest.approx((0.01, 0.04, 0.015))
     assert p.se() == pytest.approx(0.0258333 ** 0.5, rel=1e-5)
+    assert p.dof() == pytest.approx(1.26781, abs=1e-5)
     assert MDE_Z == pytest.approx(2.8016, abs=1e-4)
-    assert p.mde() == pytest.approx(0.45029, abs=1e-4)
-    assert p.seeds_for(0.3) == 6 and p.mde(seeds=6) <= 0.3 < p.mde(seeds=5)
+    assert p.mde() == pytest.approx((t_ppf(0.975, p.dof()) + t_ppf(0.8, p.dof())) * p.se())
+    assert p.mde() == pytest.approx(1.45606, abs=1e-4)
+    assert p.seeds_for(0.3) == 9 and p.mde(seeds=9) <= 0.3 < p.mde(seeds=8)
     assert p.seeds_for(0.1) is None
     # more problems shrink the problem and residual terms only
-    assert p.mde(seeds=2, problems=300) == pytest.approx(MDE_Z * (0.01 / 300 + 0.02
-                                                                  + 0.015 / 600) ** 0.5)
+    seed, prob = (0.04 + 0.015 / 300) / 2, 0.01 / 300
+    df = (seed + prob) ** 2 / (seed ** 2 / 1 + prob ** 2 / 299)
+    assert p.mde(seeds=2, problems=300) == pytest.approx(
+        (t_ppf(0.975, df) + t_ppf(0.8, df)) * (seed + prob) ** 0.5)
 
 
 def test_one_seed_power_is_problem_variance_only():
-    d = np.array([[0.0, 1.0, 0.0, 1.0]])  # var over problems (ddof 1) = 1/3
+    d = np.array([[0.0, 1.0, 0.0, 1.0]])  # var over problems (ddof 1) = 1/3, df P − 1 = 3
     p = variance_components(d)
     assert p.var_seed is None and p.var_problem == pytest.approx(1 / 3)
-    assert p.mde() == pytest.approx(MDE_Z * (1 / 3 / 4) ** 0.5) and p.seeds_for(0.1) is None
+    assert p.mde() == pytest.approx((3.1824463 + 0.9784723) * (1 / 3 / 4) ** 0.5, rel=1e-6)
+    assert p.seeds_for(0.1) is None
 
 
 def test_passk_diff_carries_the_power_of_the_paired_difference():
     rng = np.random.default_rng(0)
     b = rng.random((3, 40))
     a = b + rng.normal(0, 0.1, (3, 40))
-    iv = passk_diff(a, b, paired_seeds=True, n_boot=200)
+    iv = passk_diff(a, b, paired_seeds=True)
     want = variance_components(a - b)
     assert iv.mde == pytest.approx(want.mde()) and iv.to_json()["power"]["mde"] == iv.mde
     # against one base evaluation: the base row is subtracted from every run
     base = rng.random((1, 40))
-    assert passk_diff(a, base, paired_seeds=False, n_boot=50).power.seeds == 3
+    assert passk_diff(a, base, paired_seeds=False).power.seeds == 3
 
 
 # ----------------------------------------------------------------------------- tuning
@@ -587,10 +595,11 @@ def test_early_fit_claim_is_judged_per_grpo_run_and_across_every_run():
     def run(seed, fit, naive):
         return {"seed": seed, "law_rmse": fit, "law_naive_rmse": naive}
 
-    per_run = {"grpo": [run(0, 0.02, 0.05), run(1, 0.03, 0.05)],
-               "eepo": [run(0, 0.07, 0.05), run(1, 0.08, 0.05)]}
+    per_run = {"grpo": [run(0, 0.02, 0.05), run(1, 0.03, 0.05), run(2, 0.025, 0.05)],
+               "eepo": [run(0, 0.075, 0.05), run(1, 0.08, 0.05), run(2, 0.07, 0.05)]}
     c = {x["id"]: x for x in S.evaluate_claims(Evidence(per_run))}["7b"]
     grpo, every = c["conditions"]
+    # GRPO: −.03, −.02, −.025: SE .00289, t(.975, 2) = 4.303 → [−.0374, −.0126]
     assert grpo["interval"]["estimate"] == pytest.approx(-0.025) and grpo["verdict"] == "shown"
     assert every["label"].endswith("(every run)")
     assert every["interval"]["estimate"] == pytest.approx(0.0) and every["verdict"] == "not shown"
@@ -721,14 +730,13 @@ def test_only_the_idle_method_of_a_family_claim_is_dropped():
     assert c["verdict"] == "shown"
 
 
-def test_rule_notes_count_the_distinct_bootstrap_means_of_the_seeds():
-    """n seeds resampled with replacement give C(2n − 1, n) distinct multisets: 3 → C(5, 3) =
-    10 (crude), 8 → C(15, 8) = 6,435."""
+def test_rule_notes_give_the_t_tails_of_the_seeds():
+    """Where the seeds dominate, df = seeds − 1: t(.975, 3) = 3.18, t(.975, 7) = 2.36."""
     from explorl.study.claims import rule_notes
 
-    assert "(3 seeds: 10 distinct resampled means, crude)" in rule_notes(3)
-    assert "(8 seeds: 6,435 distinct resampled means)" in rule_notes(8)
-    assert "(1 seed: 1 distinct resampled mean, crude)" in rule_notes(1)
+    assert "so 4 seeds give t tails of 3.18 SEs" in " ".join(rule_notes(4).split())
+    assert "so 8 seeds give t tails of 2.36 SEs" in " ".join(rule_notes(8).split())
+    assert "Monte-Carlo error is 0" in " ".join(rule_notes(4).split())
 
 
 def test_eepo_mechanism_is_judged_on_an_arm_whose_gate_opened():

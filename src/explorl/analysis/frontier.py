@@ -137,7 +137,7 @@ def draw_frontier(series: list[Series], path: Path, k: int, *, base: tuple[float
         open_marker |= _draw_series(ax, baseline, "black", True)
         if hull and len(hull) > 1:
             ax.plot(*zip(*hull), color="0.45", linestyle="--", linewidth=1.3, zorder=5,
-                    label=f"{baseline.label}'s frontier (upper hull)")
+                    label=f"{baseline.label}'s frontier")
         if base is not None:
             ax.plot([base[0]], [base[1]], marker="*", markersize=12, color="black",
                     linestyle="none", label="base (before RL)", zorder=5)

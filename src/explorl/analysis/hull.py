@@ -7,6 +7,9 @@ learning rate of a method.
 - Its **Pareto part** F(x): the most pass@k the hull reaches at a pass@1 of at least x, flat at
   the hull's highest pass@k left of the point that reaches it (the *peak*), then the hull's
   falling edge. G(y) = max{x′ : F(x′) ≥ y} is the reverse: the most pass@1 at pass@k ≥ y.
+- Its **non-dominated part** (``pareto``): the hull's vertices from the peak rightwards, the
+  points no other point or mix beats on both axes; a frontier judged against another method's
+  points starts there, so that its pass@1 range does not begin at a point its own peak beats.
 - A point is **beaten by its own method** when F of the method's points at its pass@1 exceeds
   its pass@k: another learning rate (or a mix of two) of the same method has at least its pass@1
   and more pass@k. Such a point is not part of the frontier the method reaches (``beaten_by``).
@@ -55,6 +58,13 @@ def upper_hull(xs, ys) -> Hull:
             hull.pop()
         hull.append(i)
     return Hull(tuple(float(xs[i]) for i in hull), tuple(float(ys[i]) for i in hull), tuple(hull))
+
+
+def pareto(h: Hull) -> Hull:
+    """The non-dominated part of a hull: its vertices from the peak (the most pass@k) to the
+    most pass@1. Its pass@1 range starts at the peak, so F is never flat on it."""
+    p = h.peak
+    return Hull(h.xs[p:], h.ys[p:], h.idx[p:])
 
 
 def frontier_edge(h: Hull, x: float) -> tuple[int, int, float, float] | None:

@@ -22,7 +22,8 @@ Modules, in the order a study uses them:
 - ``tuning``: each ``tune:`` grid's table and the chosen value (validation pass@k, ties to
   pass@1); the final runs train the choice on fresh seeds;
 - ``numbers``: per-run numbers and the per-recipe table over seeds;
-- ``stats``: bootstrap intervals and the power (minimum detectable effect) of a comparison;
+- ``stats``: t intervals over seeds and problems and the power (minimum detectable effect)
+  of a comparison;
 - ``evidence``: what the claims read, per evaluation temperature;
 - ``claims``: the claims, their rules and every threshold;
 - ``frontier``, ``frontier_report``: a ``frontier`` sweep's points against GRPO's pass@1–pass@k

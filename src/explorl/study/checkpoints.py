@@ -48,7 +48,7 @@ class Checkpoints:
         return float(np.mean([a.mean() for a in v.values()])) if v else None
 
     def interval(self, arm: str, kk: int, step: int) -> Interval | None:
-        """The mean with its 95% bootstrap over problems and seeds (``frontier.mean_interval``)."""
+        """The mean with its 95% t interval over seeds and problems (``frontier.mean_interval``)."""
         v = self.got.get((arm, kk, step))
         return mean_interval(np.stack([v[s] for s in sorted(v)])) if v else None
 
@@ -147,7 +147,7 @@ def checkpoint_table(cp: Checkpoints | None) -> list[str]:
     return lines + [
         "",
         f"Differences with {cp.baseline} on the seeds both finished: 95% "
-        "bootstrap over problems and seeds (paired), ± the MDE; **resolved at "
+        "t interval over seeds with the problems' part (paired), ± the MDE; **resolved at "
         "steps**: where that interval excludes 0 (2 seeds or more).",
     ]
 
@@ -185,7 +185,7 @@ def checkpoint_json(cp: Checkpoints | None) -> dict | None:
 def draw_checkpoints(cp: Checkpoints | None, out_dir: Path) -> list[tuple[str, str]]:
     """``horizon_passk.png``: test pass@1 (left) and pass@k (right) against the training step,
     one line per arm through its checkpoints from the base model at step 0, bars the 95%
-    bootstrap over problems and seeds; (title, file) or none."""
+    t interval over seeds and problems; (title, file) or none."""
     if cp is None:
         return []
     fig, axes = new_figure(1, 2, width=5.4, height=4.2, suptitle=True)
@@ -242,7 +242,7 @@ def draw_checkpoints(cp: Checkpoints | None, out_dir: Path) -> list[tuple[str, s
     axes[0][1].legend(handles.values(), [h.get_label() for h in handles.values()], fontsize="small")
     fig.suptitle(
         f"Test pass@1 and pass@{cp.k} at the evaluated checkpoints (bars: 95% "
-        "bootstrap over problems and seeds)",
+        "t intervals over seeds and problems)",
         fontsize="medium",
     )
     save_figure(fig, out_dir / "horizon_passk.png", dpi=90)
@@ -251,10 +251,11 @@ def draw_checkpoints(cp: Checkpoints | None, out_dir: Path) -> list[tuple[str, s
 
 HORIZON_RULE = """\
 The long-horizon claims are judged at the last step. **H-collapse**: the baseline's entropy
-there ÷ its start (95% bootstrap over seeds) lies below 0.30, a fall of 70% or more. **L-…**: the
-arm ends with more entropy (its ratio − the baseline's, paired by seed) and more pass@{k} (paired
-bootstrap over problems and seeds) than the baseline; the steps where each difference is resolved
-follow the numbers. A claim on one seed is **n/a**: a bootstrap over one seed has no spread."""
+there ÷ its start (95% t interval over seeds) lies below 0.30, a fall of 70% or more. **L-…**:
+the arm ends with more entropy (its ratio − the baseline's, paired by seed) and more pass@{k}
+(paired t interval over seeds with the problems' part) than the baseline; the steps where each
+difference is resolved follow the numbers. A claim on one seed is **n/a**: one seed has no
+spread."""
 
 
 def horizon_claims(h: Horizon | None, cp: Checkpoints | None) -> list[dict]:

@@ -1,4 +1,4 @@
-"""The papers' claims (``CLAIMS``), each judged by 95% bootstrap intervals (``study.stats``).
+"""The papers' claims (``CLAIMS``), each judged by 95% intervals (``study.stats``).
 
 A claim has one or more conditions; each condition is a quantity with its interval and the side
 of a null value the paper claims (``+1`` above, ``-1`` below; ``0``: within ±null of 0). A
@@ -12,7 +12,6 @@ its recipes are not in the study.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,29 +25,33 @@ LAW_R2 = 0.5  # the law "fits" when the interval of R² lies above this (a fit, 
 SAME_BUDGET = 0.01  # budgets: rollouts / step within 1% of the no-budget run's
 
 RULE_NOTES = """\
-Each claim is judged by 95% percentile bootstrap intervals (4,000 resamples, fixed seed;
-`explorl/study/stats.py`), never by a threshold on means. pass@k comparisons resample the test
-problems (the same problems for both arms) and the seeds (jointly when both arms ran the same
-seeds; the base model is one evaluation); per-run quantities (entropy ratios, tracking bias) are
-paired by seed and resampled over seeds ({seeds}). A
-condition is **shown** when its interval excludes the null on the claimed side, **opposite**
-when it excludes it on the other side; a claim is **shown** when all its conditions are,
-**partial** when some are, **opposite**/**mixed** when some interval points the other way. The
-law's R² conditions are goodness-of-fit thresholds (R² > 0.5), not effects. A pass@k condition
-also gives its minimum detectable effect (MDE: the difference it would detect with 80% power;
-see Power); with several evaluation temperatures, a large-k claim is also judged with each arm at
-its own best one."""
+Each claim is judged by 95% intervals (`explorl/study/stats.py`), never by a threshold on means.
+A pass@k comparison is a mean over seeds and test problems (the same problems for every seed);
+its interval is a t interval whose variance holds the seeds' part (the spread of the per-seed
+means) and the problems' part (two-way ANOVA), with Satterthwaite's degrees of freedom: close
+to seeds − 1 where the seeds dominate, so {seeds} give t tails of {t:.2f} SEs rather than the
+normal's 1.96. Arms that ran the same seeds are paired by seed; the base model is one
+evaluation. Per-run quantities (entropy ratios, tracking bias) are paired by seed and get the t
+interval over seeds. These intervals involve no resampling: their Monte-Carlo error is 0. The
+law's R² bootstraps runs, with resamples added until its bounds' Monte-Carlo error (printed) is
+below 0.001. A condition is **shown** when its interval excludes the null on the claimed side
+by more than that error, **opposite** when it does so on the other side; a claim is **shown**
+when all its conditions are, **partial** when some are, **opposite**/**mixed** when some
+interval points the other way. The law's R² conditions are goodness-of-fit thresholds (R² >
+0.5), not effects. A pass@k condition also gives its minimum detectable effect (MDE: the
+difference it would detect with 80% power, from the interval's own SE and degrees of freedom;
+see Power); with several evaluation temperatures, a large-k claim is also judged with each arm
+at its own best one."""
 
 
 def rule_notes(n_seeds: int) -> str:
-    """RULE_NOTES for a study of ``n_seeds`` seeds: how many distinct means a bootstrap over
-    them can draw (multisets of n from n: C(2n − 1, n)), and whether that is crude."""
-    distinct = math.comb(2 * n_seeds - 1, n_seeds) if n_seeds > 0 else 0
-    crude = ", crude" if distinct < 100 else ""
+    """RULE_NOTES for a study of ``n_seeds`` seeds: the t quantile of the seed-dominated
+    interval (df n − 1)."""
+    from explorl.study.stats import t_ppf
+
     plural = "s" if n_seeds != 1 else ""
-    means = "mean" if distinct == 1 else "means"
-    return RULE_NOTES.format(seeds=f"{n_seeds} seed{plural}: {distinct:,} distinct resampled "
-                                   f"{means}{crude}")
+    t = t_ppf(0.975, max(n_seeds - 1, 1))
+    return RULE_NOTES.format(seeds=f"{n_seeds} seed{plural}", t=t)
 
 
 @dataclass
@@ -65,8 +68,9 @@ class Cond:
         if self.iv is None:
             return "n/a"
         if self.direction == 0:
-            inside = -self.null < self.iv.low and self.iv.high < self.null
-            outside = self.iv.low > self.null or self.iv.high < -self.null
+            e = self.iv.mc_error
+            inside = -self.null + e < self.iv.low and self.iv.high < self.null - e
+            outside = self.iv.low > self.null + e or self.iv.high < -self.null - e
             return "shown" if inside else "opposite" if outside else "not shown"
         return verdict(self.iv, self.direction, self.null)
 
@@ -75,8 +79,9 @@ class Cond:
             return f"{self.label}: not measured"
         side = {1: ">", -1: "<", 0: "within ±"}[self.direction]
         mde = f"; MDE {self.iv.mde:.3f}" if self.iv.mde is not None else ""
+        mc = f"; MC error {self.iv.mc_error:.4f}" if self.iv.mc_error else ""
         return f"{self.label} = {self.iv.fmt()} ({side}{'' if self.direction == 0 else ' '}"\
-               f"{self.null:g}: {self.verdict}{mde})"
+               f"{self.null:g}: {self.verdict}{mde}{mc})"
 
 
 @dataclass

@@ -101,7 +101,8 @@ def _law_section(ev) -> list[str]:
                 "the fit failed on most resamples).", ""]
     out = [f"Fitted across every run of the study ({law['runs']} runs, {law['points']} "
            "validation points of (training-batch entropy, validation accuracy)), with 95% "
-           "intervals from a bootstrap over runs: "
+           "intervals from a bootstrap over runs (Monte-Carlo error of R²'s bounds "
+           f"{law['r2'].mc_error:.4f}): "
            f"a = {law['a'].fmt_abs()}, b = {law['b'].fmt_abs()}, R² = {law['r2'].fmt_abs()}.",
            ""]
     for size, fit in (law.get("by_size") or {}).items():

@@ -1,6 +1,6 @@
 """What the claims read (``Evidence``): per-run numbers, per-problem pass@k of every recipe and
 of the base model at each evaluation temperature, and the pooled law; comparisons come back as
-bootstrap intervals with their power (``study.stats``)."""
+t intervals with their power (``study.stats``)."""
 
 from __future__ import annotations
 

@@ -107,7 +107,7 @@ def twin_labels(ev) -> dict[str, str]:
 
 def _draw_passk(ev, out_dir: Path) -> str:
     """pass@k vs k (log₂ axis): the base model (and any other model an arm starts from,
-    dashed), GRPO with its 95% band (bootstrap over problems and seeds), the best and worst
+    dashed), GRPO with its 95% band (t interval over seeds and problems), the best and worst
     methods at the largest k in colour (``highlighted``) and every other method in grey; the
     right panel subtracts from each arm the model it starts from."""
     ks = ev.k_list

@@ -19,29 +19,29 @@ PAPERS = {  # the paper whose method an arm runs, by the recipe its name starts 
     "es_": "Entropy Scheduling §4",
 }
 
-LEFT_OUT = 0.05  # a gap whose replicates leave GRPO's range more often than this is marked
+LEFT_OUT = 0.05  # (old study.json files) a gap whose replicates left GRPO's range this often
 
 FRONTIER_NOTES = """\
 {intro}; a point is its mean test pass@1 and
-pass@{k} over seeds and problems. GRPO's frontier is the upper concave hull of its points, and
-at each pass@1 the most pass@{k} that hull reaches at that pass@1 or more (flat left of its
-highest point): a {unit} below the chord of two others does not define it. **pass@{k} −
-frontier**: the point's pass@{k} minus GRPO's frontier at the point's pass@1 (none outside GRPO's
-pass@1 range: no extrapolation); **pass@1 − frontier**: its pass@1 minus the most pass@1 GRPO
-reaches while keeping pass@{k} at the point's level. Intervals: 95% bootstrap over problems and
-seeds jointly (the same draw for every arm), GRPO's hull and the interpolation recomputed in each
-replicate; ± is the minimum detectable effect (delta method at the point estimates). **hull
-test**: the share of replicates in which the point lies outside every mix of GRPO's points
-(more pass@1 *and* more pass@{k} than any of them reach together): *outside* at ≥ 97.5%,
-*inside* at ≤ 2.5%, else *undecided*. **†**: that share of the replicates put the point's pass@1
-outside GRPO's resampled range and is left out of its interval (the point sits at the edge of
-GRPO's range: read the interval with care). Next to a steep edge of GRPO's hull (two
-{units} with almost the same pass@1) the linearised MDE is large; the interval is the judge.
-**beaten by its own**: the arm's other {unit} (or mix of two) that reaches at least the
-point's pass@1 with more pass@{k}, or (for arms other than GRPO) one with more pass@{k} (95%
-interval above 0) at a pass@1 not resolved below the point's; such a point is not part of the
-frontier the arm reaches (as GRPO's own beaten points are not part of GRPO's) and its claim does
-not judge it."""
+pass@{k} over seeds and problems. GRPO's frontier is the non-dominated part of the upper concave
+hull of its points and the model before RL (GRPO's {zero} end, when it was evaluated): from the
+most pass@{k} to the most pass@1, the most pass@{k} a mix of them reaches at each pass@1; a
+{unit} below the chord of two others, or with less of both than another, does not define it,
+and its pass@1 range is that frontier's. **pass@{k} − frontier**: the point's pass@{k} minus
+GRPO's frontier at the point's pass@1 (none outside its pass@1 range: no extrapolation);
+**pass@1 − frontier**: its pass@1 minus the most pass@1 GRPO reaches while keeping pass@{k} at
+the point's level. Intervals: each gap linearised at the point estimates (the frontier's edge
+at the point fixed), a 95% t interval over seeds whose variance holds the problems' part
+(Satterthwaite's df; no resampling); ± is the minimum detectable effect from the same SE and
+df. **hull test**: the one-sided confidence, from the same t, that the point lies outside
+every mix of GRPO's frontier points (more pass@1 *and* more pass@{k} than any of them reach
+together): *outside* at ≥ 97.5%, *inside* at ≤ 2.5%, else *undecided*. Next to a steep edge of
+GRPO's frontier (two {units} with almost the same pass@1) the linearised MDE is large; the
+interval is the judge. **beaten by its own**: the arm's other {unit} (or mix of two) that
+reaches at least the point's pass@1 with more pass@{k}, or (for arms other than GRPO) one with
+more pass@{k} (95% interval above 0) at a pass@1 not resolved below the point's; such a point is
+not part of the frontier the arm reaches (as GRPO's own beaten points are not part of GRPO's)
+and its claim does not judge it."""
 
 CLAIM_RULE = """\
 A frontier claim ({id}-…) compares the frontier the arm reaches with GRPO's: it is judged at
@@ -139,12 +139,14 @@ def _beaten_text(p: Point, knob: str = "lr") -> str:
 
 
 INTROS = {"learning rate": "Each arm trains at every learning rate of the sweep"}
+ZEROS = {"learning rate": "learning rate → 0", "checkpoint": "step 0"}
 
 
 def frontier_notes(fr: Frontier) -> str:
     """``FRONTIER_NOTES`` in the words of what the points sweep."""
     intro = INTROS.get(fr.unit, f"Each arm's points are its {fr.unit}s")
-    text = FRONTIER_NOTES.format(k=fr.k, intro=intro, unit=fr.unit, units=fr.unit + "s")
+    text = FRONTIER_NOTES.format(k=fr.k, intro=intro, unit=fr.unit, units=fr.unit + "s",
+                                 zero=ZEROS.get(fr.unit, f"{fr.knob} → 0"))
     return textwrap.fill(" ".join(text.split()), 96, break_on_hyphens=False)
 
 
@@ -224,9 +226,8 @@ def draw(fr: Frontier | None, out_dir: Path, subtitle: str = "", file: str = "fr
                                   beaten=p.beaten_by is not None)
                            for p in pts]) for arm, pts in fr.points.items()]
     hull = None
-    if fr.hull:  # F: flat at the peak's pass@k from GRPO's least pass@1, then the falling edge
-        h = fr.hull
-        hull = [(h.xs[0], h.ys[h.peak]), *list(zip(h.xs, h.ys))[h.peak:]]
+    if fr.hull:  # F: GRPO's non-dominated points (the base model its lr → 0 end), peak first
+        hull = list(zip(fr.hull.xs, fr.hull.ys))
     draw_frontier(series, out_dir / file, fr.k, base=fr.base, hull=hull, subtitle=subtitle,
                   unit=fr.unit, labels="training step" if fr.knob == "step" else "")
     return [(title or f"The pass@1–pass@{fr.k} frontier: every arm through its learning rates",

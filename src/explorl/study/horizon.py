@@ -1,13 +1,13 @@
 """Entropy over a long horizon: each arm's policy entropy at its evaluated checkpoints as a
-fraction of where it started, with 95% bootstrap intervals over seeds; whether it collapses
+fraction of where it started, with 95% t intervals over seeds; whether it collapses
 (falls by 70% or more); where its curve parts from the baseline's; and the figure of the curves.
 
 The entropy at step s is the mean of the logged ``entropy/mean`` (the training batch's mean token
 entropy at the sampling temperature) over the ``WINDOW`` steps ending at s; the start is the mean
 over the first ``WINDOW`` logged steps. A run's ratio at s is the one over the other; an arm's is
-the mean over its seeds, its interval a bootstrap over them (``stats.seed_interval``), and its
-difference with the baseline is paired by seed (the seeds both ran). With 4 seeds a bootstrap
-over seeds has 35 distinct resampled means: the intervals are crude, and say so.
+the mean over its seeds, its interval the t interval over them (``stats.seed_interval``: df
+S − 1, so 4 seeds give t tails of 3.18 SEs), and its difference with the baseline is paired by
+seed (the seeds both ran).
 """
 
 from __future__ import annotations
@@ -145,9 +145,8 @@ def horizon_lines(h: Horizon | None) -> list[str]:
                                           parted if n > 1 else "one seed"]) + " |")
     return out + ["", f"Entropy at a step: mean `{KEY}` (the training batch's mean token "
                       f"entropy) over the {h.window} steps ending there; the start: over the "
-                      f"first {h.window}. Ratios are means over seeds with 95% bootstrap "
-                      "intervals over seeds (differences paired by seed); with 4 seeds a "
-                      "bootstrap has 35 distinct means, so these intervals are crude. "
+                      f"first {h.window}. Ratios are means over seeds with 95% t intervals over "
+                      "seeds (df: seeds − 1; differences paired by seed). "
                       f"**collapses**: the interval at step {s[-1]} lies at or below "
                       f"{COLLAPSE:.2f} (entropy fell by 70% or more); **does not collapse**: "
                       "above it; else undecided."]
@@ -169,7 +168,7 @@ def horizon_json(h: Horizon | None) -> dict | None:
 def draw_horizon(groups: dict[str, list[Run]], h: Horizon | None,
                  out_dir: Path) -> list[tuple[str, str]]:
     """``horizon_entropy.png``: each arm's entropy ÷ its start against steps (a trailing mean
-    over the horizon's window, mean over seeds, the band a 95% bootstrap over seeds), the collapse
+    over the horizon's window, mean over seeds, the band a 95% t interval over seeds), the collapse
     line and the evaluated checkpoints; (title, file) or none."""
     if h is None:
         return []
@@ -194,7 +193,7 @@ def draw_horizon(groups: dict[str, list[Run]], h: Horizon | None,
         ax.plot(xs, mean, color=color, linewidth=2.0 if arm == h.baseline else 1.4,
                 label=f"{arm} ({len(h.seeds[arm])} seed{'s' if len(h.seeds[arm]) > 1 else ''})")
         if len(h.seeds[arm]) > 1:
-            band = [seed_interval(curves[x], n_boot=400) for x in xs]
+            band = [seed_interval(curves[x]) for x in xs]
             ax.fill_between(xs, [b.low for b in band], [b.high for b in band], color=color,
                             alpha=0.15, linewidth=0)
     ax.axhline(COLLAPSE, color="0.3", linestyle=":", linewidth=1.2,
@@ -202,7 +201,7 @@ def draw_horizon(groups: dict[str, list[Run]], h: Horizon | None,
     for s in h.steps:
         ax.axvline(s, color="0.8", linewidth=0.8, zorder=0)
     ax.set_ylim(bottom=0)
-    ax.set_xlabel("training step (grey lines: the evaluated checkpoints; band: 95% bootstrap "
+    ax.set_xlabel("training step (grey lines: the evaluated checkpoints; band: 95% t interval "
                   "over seeds)")
     ax.set_ylabel(f"entropy ÷ its first {window} steps'")
     ax.set_title(f"Entropy over training ({window}-step trailing mean)", fontsize="medium")

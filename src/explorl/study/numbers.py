@@ -15,7 +15,13 @@ from explorl.analysis.entropy_law import FitError, fit_entropy_law, law_points
 from explorl.analysis.runs import Run, load_run
 from explorl.control.schedules import anneal_start
 from explorl.study.plan import RunPlan
-from explorl.study.stats import Interval, problem_passk
+from explorl.study.stats import (
+    N_BOOT,
+    Interval,
+    bootstrap,
+    percentile_mc_error,
+    problem_passk,
+)
 
 WINDOW = 0.1  # "initial" / "final" = mean over the first / last 10% of steps (at least one)
 LAW_FIT_FRACTION = 0.4  # the early fit: the first 40% of validation points predict the rest
@@ -223,10 +229,12 @@ def collect_passk(done: list[RunPlan], rows: list[str], k_list: list[int], folde
     return passk, seeds
 
 
-def pooled_law(groups: dict[str, list[Run]], n_boot: int = 1000) -> dict[str, Any]:
+def pooled_law(groups: dict[str, list[Run]], n_boot: int = N_BOOT) -> dict[str, Any]:
     """The entropy–performance law fitted across every run of the study (each run's validation
     points, pooled, as the paper fits across a model family's checkpoints), with a bootstrap
-    over runs for R², a and b; per model size when the study has runs of more than one."""
+    over runs for R², a and b (``stats.bootstrap``: from ``n_boot`` resamples, doubled until
+    R²'s bounds have a Monte-Carlo error below ``MC_TARGET``, which its interval carries); per
+    model size when the study has runs of more than one."""
     import numpy as np
 
     def fit(runs: list[Run]) -> dict[str, Any]:
@@ -240,26 +248,43 @@ def pooled_law(groups: dict[str, list[Run]], n_boot: int = 1000) -> dict[str, An
             f = fit_entropy_law(H, A, 1.0)
         except FitError:
             return {}
-        rng = np.random.default_rng(0)
-        boot = []
-        for _ in range(n_boot):
-            pick = [pts[i] for i in rng.integers(0, len(pts), len(pts))]
-            try:
-                g = fit_entropy_law([x for h, _ in pick for x in h],
-                                    [x for _, a in pick for x in a], 1.0)
-            except FitError:
-                continue
-            boot.append((g.r2, g.a, g.b))
-        if len(boot) < n_boot // 2:  # the fit fails on most resamples: no interval to report
+        # per run: n, Σx, Σy, Σx², Σxy, Σy² of (x = e^H, y = accuracy): a resample's fit is
+        # the least-squares fit of its summed statistics (``fit_entropy_law``'s, in closed form)
+        sums = []
+        for h, acc in pts:
+            x, y = np.exp(np.asarray(h, float)), np.asarray(acc, float)
+            sums.append([len(x), x.sum(), y.sum(), (x * x).sum(), (x * y).sum(), (y * y).sum()])
+        sums = np.array(sums)
+        fits: list[np.ndarray] = []
+
+        def r2(counts: np.ndarray) -> np.ndarray:
+            n, sx, sy, sxx, sxy, syy = (counts @ sums).T
+            with np.errstate(divide="ignore", invalid="ignore"):
+                mx, my = sx / n, sy / n
+                vxx, vxy, vyy = sxx - n * mx * mx, sxy - n * mx * my, syy - n * my * my
+                slope = vxy / vxx
+                ok = vxx > (1e-12 * mx) ** 2 * n
+                flat = vyy <= (1e-12 * np.maximum(1.0, np.abs(my))) ** 2 * n
+                r = np.where(flat, 1.0, vxy * vxy / (vxx * vyy))
+            r, a_, b_ = (np.where(ok, v, np.nan) for v in (r, -slope, my - slope * mx))
+            fits.append(np.stack([r, a_, b_], axis=1))
+            return r
+
+        reps, lo, hi, err = bootstrap(r2, len(pts), first=n_boot)
+        if np.isnan(reps).mean() > 0.5:  # the fit fails on most resamples: no interval
             return {}
-        arr = np.array(boot)
-        how = f"{len(pts)} runs resampled"
+        arr = np.concatenate(fits)
+        how = f"{len(pts)} runs resampled, {len(reps):,} times"
 
         def iv(i: int, est: float) -> Interval:
-            lo, hi = np.percentile(arr[:, i], [2.5, 97.5])
-            return Interval(float(est), float(lo), float(hi), how)
+            col = arr[:, i]
+            col = col[~np.isnan(col)]
+            a_lo, a_hi = np.percentile(col, [2.5, 97.5])
+            return Interval(float(est), float(a_lo), float(a_hi), how,
+                            mc_error=percentile_mc_error(col))
 
-        return {"a": iv(1, f.a), "b": iv(2, f.b), "r2": iv(0, f.r2), "points": len(H),
+        return {"a": iv(1, f.a), "b": iv(2, f.b),
+                "r2": Interval(float(f.r2), lo, hi, how, mc_error=err), "points": len(H),
                 "runs": len(pts), "fit": f}
 
     every = [r for runs in groups.values() for r in runs]

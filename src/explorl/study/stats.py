@@ -1,47 +1,163 @@
-"""Confidence intervals of the study: percentile bootstraps over seeds and problems.
+"""Confidence intervals of the study: t intervals over seeds whose variance includes the
+problems' part, from the two-way (seeds × problems) layout every comparison of runs has.
 
-Every claim of the study is judged by an interval, not by a threshold on means:
+Every claim of the study is judged by an interval, not by a threshold on means. A comparison of
+runs is a mean of an array d[s, p] over S seeds and P test problems (``crossed``): the
+difference of two arms' per-problem pass@k (paired by seed and problem), an arm's own pass@k,
+or a linear combination of several arms' (a frontier gap, linearised at the point estimates).
+The problems are the same for every seed (the layout is crossed, not nested), so
 
-- ``passk_diff``: the difference of mean pass@k between two arms on the same test problems,
-  resampling problems (the same draw for both arms: paired) and, within each arm, seeds (the
-  same seed draw for both when they ran the same seeds, as a method and GRPO do; the base model
-  is one arm of one "seed").
-- ``Power`` (``variance_components``, ``paired_power``): the seed, problem and residual
-  variance of a pass@k difference and the minimum effect it could detect (MDE), with the seeds
-  that would reach a target MDE.
-- ``seed_interval``: the mean over seeds of a per-run number (an entropy ratio, a paired
-  per-seed difference); with 3 seeds it can only take 10 distinct resampled means, so it is
-  crude, and the documents say so.
+    d[s, p] = μ + seed_s + problem_p + e[s, p],
+    Var(mean d) = σ²_problem / P + σ²_seed / S + σ²_resid / (S·P),
 
-Intervals are 95% percentile intervals of ``N_BOOT`` resamples from a fixed seed: rerunning the
-analysis reproduces them. ``verdict`` reads one: **shown** when it excludes 0 on the claimed
-side, **opposite** when it excludes 0 on the other side, **not shown** otherwise.
+estimated without bias by two-way ANOVA mean squares:
+
+    SE² = MS_seed / (S·P) + max(0, MS_problem − MS_resid) / (S·P)
+        = var_s(mean_p d) / S + σ̂²_problem / P
+
+(the t interval over the seeds' means plus the problems' part, which seeds share and which
+their spread therefore never shows). Its degrees of freedom are Satterthwaite's: ≈ S − 1 where
+the seed term dominates, large where the problem term does. The 95% interval is the estimate
+± t_{0.975, df} · SE: exact t tails with few seeds, no resampling, no Monte-Carlo error.
+
+- ``passk_diff``: two arms on the same problems (paired by seed when both ran the same seeds;
+  the base model is one evaluation subtracted from every run);
+- ``crossed_interval``: the mean of any (seeds, problems) array, or of a linear combination;
+- ``seed_interval``: the mean over runs of a per-run number (an entropy ratio, a paired per-seed
+  difference): the t interval over runs (df n − 1);
+- ``Power``: the variance components and the minimum detectable effect (MDE) of the same SE
+  and df the interval uses: MDE = (t_{0.975, df} + t_{0.80, df}) · SE.
+
+The few bootstrapped quantities (a fit's R² over runs) report the Monte-Carlo error of their
+bounds (``percentile_mc_error``) and grow the number of resamples until it is below
+``MC_TARGET``. ``verdict`` reads an interval: **shown** when it excludes 0 on the claimed side
+by more than its Monte-Carlo error, **opposite** when it does so on the other side, **not
+shown** otherwise.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
 from explorl.eval.passk import pass_at_k
 
-N_BOOT = 4000
 LEVEL = 0.95
+POWER = 0.80
+MC_TARGET = 0.001  # a bootstrapped bound's Monte-Carlo error must be below this
+N_BOOT = 4000  # the first batch of a bootstrap (more follow until MC_TARGET is met)
+MAX_BOOT = 64000
 BOOT_SEED = 0
+
+
+# ----------------------------------------------------------------------------- Student's t
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularised incomplete beta function (modified Lentz)."""
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 400):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-15:
+            break
+    return h
+
+
+def betainc(a: float, b: float, x: float) -> float:
+    """The regularised incomplete beta function I_x(a, b)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    lbeta = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+    front = math.exp(lbeta + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T ≤ t) for Student's t with ``df`` (real, > 0; ∞: the normal) degrees of freedom."""
+    if math.isinf(df) or df > 1e7:
+        return 0.5 * math.erfc(-t / math.sqrt(2.0))
+    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t > 0 else tail
+
+
+@lru_cache(maxsize=4096)
+def t_ppf(q: float, df: float) -> float:
+    """The ``q`` quantile of Student's t with ``df`` degrees of freedom (bisection on
+    ``t_cdf`` to 1e-12; ∞: the normal's)."""
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"a quantile needs 0 < q < 1, got {q}")
+    if q < 0.5:
+        return -t_ppf(1.0 - q, df)
+    if q == 0.5:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < q:
+        lo, hi = hi, hi * 2.0
+        if hi > 1e12:
+            return math.inf
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if t_cdf(mid, df) < q:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-12 * max(1.0, hi):
+            break
+    return 0.5 * (lo + hi)
+
+
+def mde_factor(df: float, level: float = LEVEL, power: float = POWER) -> float:
+    """(t_{1 − α/2, df} + t_{power, df}): the MDE in SEs of a two-sided ``level`` interval."""
+    return t_ppf(1 - (1 - level) / 2, df) + t_ppf(power, df)
+
+
+Z_ALPHA = t_ppf(0.975, math.inf)  # 1.960: the 95% intervals' level, many degrees of freedom
+Z_POWER = t_ppf(POWER, math.inf)  # 0.842: 80% power
+MDE_Z = Z_ALPHA + Z_POWER  # 2.802: the MDE factor when the degrees of freedom are many
+
+
+# ----------------------------------------------------------------------------- intervals
 
 
 @dataclass(frozen=True)
 class Interval:
-    """A point estimate with its bootstrap interval."""
+    """A point estimate with its interval: ``se``, ``df`` for a t interval; ``mc_error``, the
+    Monte-Carlo error of the bounds of a bootstrapped one (0 for a t interval)."""
 
     estimate: float
     low: float
     high: float
-    how: str  # what was resampled, for the documents
+    how: str  # what the interval is over, for the documents
     power: Power | None = None  # variance components: the minimum detectable effect
+    se: float | None = None
+    df: float | None = None
+    mc_error: float = 0.0
 
     @property
     def mde(self) -> float | None:
@@ -57,15 +173,24 @@ class Interval:
 
     def to_json(self) -> dict:
         out = {"estimate": self.estimate, "low": self.low, "high": self.high, "how": self.how}
+        if self.se is not None:
+            out |= {"se": self.se, "df": _finite(self.df)}
+        out["mc_error"] = self.mc_error
         return out | ({"power": self.power.to_json()} if self.power is not None else {})
+
+
+def _finite(x: float | None) -> float | None:
+    """A number for JSON (∞ written as None)."""
+    return None if x is None or not math.isfinite(x) else float(x)
 
 
 def verdict(iv: Interval | None, direction: int, null: float = 0.0) -> str:
     """``shown`` / ``opposite`` / ``not shown`` for the claim that the quantity is above
-    (``direction`` +1) or below (−1) ``null``; ``n/a`` without an interval."""
+    (``direction`` +1) or below (−1) ``null``: an interval excludes it only when its bound
+    clears it by more than the bound's Monte-Carlo error; ``n/a`` without an interval."""
     if iv is None:
         return "n/a"
-    above, below = iv.low > null, iv.high < null
+    above, below = iv.low > null + iv.mc_error, iv.high < null - iv.mc_error
     if (above and direction > 0) or (below and direction < 0):
         return "shown"
     if above or below:
@@ -73,58 +198,213 @@ def verdict(iv: Interval | None, direction: int, null: float = 0.0) -> str:
     return "not shown"
 
 
-def _percentiles(samples: np.ndarray) -> tuple[float, float]:
-    tail = (1 - LEVEL) / 2 * 100
-    lo, hi = np.percentile(samples, [tail, 100 - tail])
-    return float(lo), float(hi)
+def t_interval(estimate: float, se: float, df: float, how: str, level: float = LEVEL,
+               power: Power | None = None) -> Interval:
+    """estimate ± t_{(1 + level)/2, df} · se."""
+    half = t_ppf(1 - (1 - level) / 2, df) * se if se > 0 else 0.0
+    return Interval(float(estimate), float(estimate - half), float(estimate + half), how,
+                    power=power, se=float(se), df=float(df))
 
 
-def seed_interval(values: list[float | None], *, n_boot: int = N_BOOT,
-                  seed: int = BOOT_SEED) -> Interval | None:
-    """Mean of per-run values with a bootstrap over runs (None when no value was measured)."""
+def satterthwaite(terms: list[tuple[float, float]]) -> float:
+    """Degrees of freedom of a sum of variance terms (value, its df): (Σ v)² / Σ v² / df;
+    ∞ when every term is 0 or has infinite df."""
+    total = sum(v for v, _ in terms)
+    den = sum(v * v / df for v, df in terms if v > 0 and math.isfinite(df))
+    if total <= 0 or den <= 0:
+        return math.inf
+    return total * total / den
+
+
+def seed_interval(values: list[float | None], level: float = LEVEL) -> Interval | None:
+    """Mean of per-run values with its t interval over runs (df n − 1; one run: the value with
+    no spread); None when no value was measured."""
     vals = np.array([float(v) for v in values if v is not None])
     if len(vals) == 0:
         return None
-    rng = np.random.default_rng(seed)
-    draws = vals[rng.integers(0, len(vals), size=(n_boot, len(vals)))].mean(axis=1)
-    return Interval(float(vals.mean()), *_percentiles(draws), how=f"{len(vals)} runs resampled")
+    n = len(vals)
+    if n == 1:
+        return Interval(float(vals[0]), float(vals[0]), float(vals[0]), "1 run: no interval")
+    se = float(vals.std(ddof=1) / np.sqrt(n))
+    return t_interval(float(vals.mean()), se, n - 1, f"t over {n} runs (df {n - 1})", level)
 
 
-def passk_diff(a: np.ndarray, b: np.ndarray, *, paired_seeds: bool, n_boot: int = N_BOOT,
-               seed: int = BOOT_SEED) -> Interval:
+# ----------------------------------------------------------------------------- the crossed layout
+
+
+@dataclass(frozen=True)
+class Power:
+    """Variance components of a mean of d[s, p] (seeds × problems) and what they detect.
+
+    A two-way crossed model without replication, d[s, p] = μ + seed_s + problem_p + e[s, p],
+    with ANOVA estimators (``variance_components``). The interval's own variance ``se_obs``² =
+    MS_seed / (S·P) + max(0, MS_problem − MS_resid) / (S·P) and its Satterthwaite ``df`` give
+    the minimum detectable effect at the measured design: MDE = (t_{0.975, df} + t_{0.80, df})
+    · SE (two-sided 5%, 80% power). At another design (S′ seeds, P′ problems) the components
+    project SE²(S′, P′) = σ²_problem / P′ + (σ²_seed + σ²_resid / P′) / S′. With one seed the
+    seed and residual terms cannot be told apart: SE² = var(d over problems) / P, σ²_seed is
+    None (the MDE then ignores seed-to-seed variation; the documents say so).
+    """
+
+    seeds: int
+    problems: int
+    var_problem: float
+    var_seed: float | None
+    var_resid: float
+    se_obs: float | None = None  # the interval's SE at the measured design
+    df: float | None = None  # and its degrees of freedom
+    extra_var: float = 0.0  # SE² from another arm's seeds (unpaired arms), not projected
+
+    def _design(self, seeds: int | None, problems: int | None) -> tuple[int, int]:
+        return seeds or self.seeds, problems or self.problems
+
+    def _terms(self, s: int, p: int) -> list[tuple[float, float]]:
+        """The projected SE² as Satterthwaite terms: (seed part, df S − 1), (problem part,
+        df P − 1)."""
+        seed = ((self.var_seed or 0.0) + self.var_resid / p) / s
+        if self.var_seed is None:  # one seed: no seed term, the residual is the problems'
+            return [(self.var_problem / p + self.var_resid / (s * p), max(p - 1, 1))]
+        return [(seed, max(s - 1, 1)), (self.var_problem / p, max(p - 1, 1))]
+
+    def _observed(self, seeds: int | None, problems: int | None) -> bool:
+        return self.se_obs is not None and self._design(seeds, problems) == (self.seeds,
+                                                                               self.problems)
+
+    def se(self, seeds: int | None = None, problems: int | None = None) -> float:
+        if self._observed(seeds, problems):
+            return float(self.se_obs)
+        s, p = self._design(seeds, problems)
+        return float(np.sqrt(sum(v for v, _ in self._terms(s, p)) + self.extra_var))
+
+    def dof(self, seeds: int | None = None, problems: int | None = None) -> float:
+        if self._observed(seeds, problems) and self.df is not None:
+            return float(self.df)
+        return satterthwaite(self._terms(*self._design(seeds, problems)))
+
+    def mde(self, seeds: int | None = None, problems: int | None = None) -> float:
+        return mde_factor(self.dof(seeds, problems)) * self.se(seeds, problems)
+
+    def seeds_for(self, target: float, problems: int | None = None,
+                  most: int = 1000) -> int | None:
+        """The fewest seeds (≥ 2) whose projected MDE ≤ ``target`` at ``problems`` problems
+        (t quantiles at the projected df); None when no number up to ``most`` gets there (the
+        problem term alone is too large) or σ²_seed is unknown."""
+        if self.var_seed is None:
+            return None
+        p = problems or self.problems
+        if MDE_Z * np.sqrt(self.var_problem / p) >= target:
+            return None
+        def reaches(s: int) -> bool:
+            terms = self._terms(s, p)
+            return mde_factor(satterthwaite(terms)) * np.sqrt(sum(v for v, _ in terms)) <= target
+
+        for s in range(2, min(most, 100) + 1):  # seed by seed where a seed counts
+            if reaches(s):
+                return s
+        if most <= 100 or not reaches(most):
+            return None
+        lo, hi = 100, most  # beyond, the MDE falls steadily: bisect
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if reaches(mid) else (mid, hi)
+        return hi
+
+    def to_json(self) -> dict:
+        return {"seeds": self.seeds, "problems": self.problems, "var_problem": self.var_problem,
+                "var_seed": self.var_seed, "var_resid": self.var_resid, "se": self.se(),
+                "df": _finite(self.dof()), "mde": self.mde()}
+
+
+def _mean_squares(d: np.ndarray) -> tuple[float, float, float]:
+    """(MS_seed, MS_problem, MS_resid) of a (seeds ≥ 2, problems ≥ 2) array."""
+    s, p = d.shape
+    rows, cols, grand = d.mean(axis=1), d.mean(axis=0), d.mean()
+    resid = d - rows[:, None] - cols[None, :] + grand
+    return (float(p * rows.var(ddof=1)), float(s * cols.var(ddof=1)),
+            float((resid ** 2).sum() / ((s - 1) * (p - 1))))
+
+
+def variance_components(d: np.ndarray, extra: tuple[float, float] | None = None) -> Power:
+    """ANOVA estimates of σ²_problem, σ²_seed, σ²_resid of a (seeds, problems) array (negative
+    estimates clipped to 0, as usual) with the interval's SE and Satterthwaite df (see the
+    module docstring); ``extra``: (variance, df) of another arm's seed means (unpaired arms)."""
+    d = np.atleast_2d(np.asarray(d, float))
+    s, p = d.shape
+    if p < 2:
+        raise ValueError("variance components need at least 2 problems")
+    ev, edf = extra if extra is not None else (0.0, math.inf)
+    if s == 1:
+        var = float(d[0].var(ddof=1))
+        terms = [(var / p, p - 1), (ev, edf)]
+        return Power(1, p, var, None, 0.0, float(np.sqrt(var / p + ev)), satterthwaite(terms),
+                     ev)
+    ms_s, ms_p, ms_r = _mean_squares(d)
+    seed_part = ms_s / (s * p)
+    prob_part = max(0.0, ms_p - ms_r) / (s * p)
+    # df of MS_problem − MS_resid (Satterthwaite for a difference of mean squares)
+    prob_df = ((ms_p - ms_r) ** 2 / (ms_p ** 2 / (p - 1) + ms_r ** 2 / ((s - 1) * (p - 1)))
+               if prob_part > 0 else math.inf)
+    terms = [(seed_part, s - 1), (prob_part, prob_df), (ev, edf)]
+    se = float(np.sqrt(seed_part + prob_part + ev))
+    return Power(s, p, max(0.0, (ms_p - ms_r) / s), max(0.0, (ms_s - ms_r) / p), ms_r, se,
+                 satterthwaite(terms), ev)
+
+
+def crossed_interval(d: np.ndarray, *, estimate: float | None = None, level: float = LEVEL,
+                     how: str = "", extra: tuple[float, float] | None = None) -> Interval:
+    """The mean of a (seeds, problems) array (or ``estimate``, whose linearisation ``d`` is)
+    with its t interval (``variance_components``); with one problem, the t interval over
+    seeds alone."""
+    d = np.atleast_2d(np.asarray(d, float))
+    s, p = d.shape
+    est = float(d.mean()) if estimate is None else float(estimate)
+    what = how or f"t over {s} seed{'s' if s != 1 else ''} × {p} problems"
+    if p < 2:
+        iv = seed_interval(list(d[:, 0]), level)
+        return Interval(est, est + iv.low - iv.estimate, est + iv.high - iv.estimate,
+                        what, se=iv.se, df=iv.df)
+    pw = variance_components(d, extra)
+    df = pw.df if pw.df is not None else math.inf
+    return t_interval(est, float(pw.se_obs), df, f"{what} (df {_df_text(df)})", level, pw)
+
+
+def _df_text(df: float) -> str:
+    return "∞" if not math.isfinite(df) else f"{df:.1f}" if df < 100 else f"{df:.0f}"
+
+
+def passk_diff(a: np.ndarray, b: np.ndarray, *, paired_seeds: bool,
+               level: float = LEVEL) -> Interval:
     """Mean pass@k of arm ``a`` minus arm ``b``: arrays (seeds, problems) over the same
-    problems (columns in the same order). Problems are resampled once per draw for both arms;
-    seeds jointly when ``paired_seeds`` (both arms ran the same seeds, rows in the same order),
-    else within each arm."""
+    problems (columns in the same order). Paired by seed row when ``paired_seeds`` (both arms
+    ran the same seeds, rows in the same order): the t interval of d = a − b; else ``b``'s
+    mean over its rows is subtracted from every run of ``a`` and ``b``'s own seed variance
+    (var of its row means / its rows) is added (none for a single evaluation such as the base
+    model, whose per-problem values then count with the problems)."""
     a, b = np.atleast_2d(np.asarray(a, float)), np.atleast_2d(np.asarray(b, float))
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"the two arms cover {a.shape[1]} and {b.shape[1]} problems")
     if paired_seeds and a.shape[0] != b.shape[0]:
         raise ValueError(f"paired seeds need as many runs per arm, got {a.shape[0]}, {b.shape[0]}")
-    rng = np.random.default_rng(seed)
     n_prob = a.shape[1]
-    out = np.empty(n_boot)
-    for i in range(n_boot):
-        cols = rng.integers(0, n_prob, n_prob)
-        ra = rng.integers(0, a.shape[0], a.shape[0])
-        rb = ra if paired_seeds else rng.integers(0, b.shape[0], b.shape[0])
-        out[i] = a[ra][:, cols].mean() - b[rb][:, cols].mean()
-    how = (f"{n_prob} problems × {a.shape[0]} seeds resampled"
-           + (" (paired)" if paired_seeds else f" vs {b.shape[0]}"))
-    power = paired_power(a, b, paired_seeds=paired_seeds) if n_prob >= 2 else None
-    return Interval(float(a.mean() - b.mean()), *_percentiles(out), how=how, power=power)
+    if paired_seeds:
+        return crossed_interval(a - b, level=level,
+                                how=f"t over {a.shape[0]} paired seeds × {n_prob} problems")
+    extra = None
+    if b.shape[0] > 1:
+        extra = (float(b.mean(axis=1).var(ddof=1) / b.shape[0]), b.shape[0] - 1)
+    return crossed_interval(a - b.mean(axis=0, keepdims=True), level=level, extra=extra,
+                            how=f"t over {a.shape[0]} seeds vs {b.shape[0]} × {n_prob} problems")
 
 
-def paired_draws(n_seeds: int, n_problems: int, *, n_boot: int = N_BOOT, seed: int = BOOT_SEED):
-    """The resamples of ``passk_diff`` with paired seeds, for a statistic of several arms: per
-    draw, (seed rows, problem columns), the same for every arm (columns drawn first, then rows,
-    from the same generator: ``passk_diff(a, b, paired_seeds=True)`` is the mean of
-    ``a[rows][:, cols] − b[rows][:, cols]`` over these draws)."""
-    rng = np.random.default_rng(seed)
-    for _ in range(n_boot):
-        cols = rng.integers(0, n_problems, n_problems)
-        rows = rng.integers(0, n_seeds, n_seeds)
-        yield rows, cols
+def paired_power(a: np.ndarray, b: np.ndarray, *, paired_seeds: bool) -> Power:
+    """``Power`` of the difference of arm ``a`` and arm ``b`` as ``passk_diff`` compares them."""
+    iv = passk_diff(a, b, paired_seeds=paired_seeds)
+    if iv.power is None:
+        raise ValueError("power needs at least 2 problems")
+    return iv.power
+
+
+# ----------------------------------------------------------------------------- bootstraps
 
 
 def percentile_interval(samples: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
@@ -138,6 +418,50 @@ def percentile_interval(samples: np.ndarray, level: float = LEVEL) -> tuple[floa
     return float(lo), float(hi)
 
 
+def percentile_mc_error(samples: np.ndarray, level: float = LEVEL) -> float:
+    """The Monte-Carlo error (one standard error) of the bounds of ``percentile_interval``, the
+    larger of the two: the q-quantile of B replicates is the order statistic of rank ≈ qB, whose
+    rank has binomial SD √(Bq(1 − q)); the error is half the distance between the order
+    statistics one SD either side (a distribution-free estimate of SE(quantile))."""
+    x = np.sort(np.asarray(samples, float)[~np.isnan(np.asarray(samples, float))])
+    n = len(x)
+    if n < 2:
+        return float("inf")
+    q = (1 - level) / 2
+    sd = math.sqrt(n * q * (1 - q))
+    out = 0.0
+    for r in (q * n, (1 - q) * n):
+        lo, hi = int(max(0, math.floor(r - sd))), int(min(n - 1, math.ceil(r + sd)))
+        out = max(out, float(x[hi] - x[lo]) / 2.0)
+    return out
+
+
+def bootstrap(stat, n_units: int, *, level: float = LEVEL, seed: int = BOOT_SEED,
+              first: int = N_BOOT, most: int = MAX_BOOT,
+              target: float = MC_TARGET) -> tuple[np.ndarray, float, float, float]:
+    """A percentile bootstrap over ``n_units`` units: ``stat(counts)`` takes a (replicates,
+    n_units) array of how often each unit was drawn and returns one value per replicate (NaN:
+    a failed replicate). The replicates double from ``first`` until the bounds' Monte-Carlo
+    error (``percentile_mc_error``) is below ``target`` or ``most`` are drawn. Returns
+    (replicates, low, high, MC error)."""
+    rng = np.random.default_rng(seed)
+    parts: list[np.ndarray] = []
+    have, want = 0, first
+    while True:
+        b = want - have
+        idx = rng.integers(0, n_units, (b, n_units))
+        counts = np.zeros((b, n_units))
+        np.add.at(counts, (np.repeat(np.arange(b), n_units), idx.ravel()), 1.0)
+        parts.append(np.asarray(stat(counts), float))
+        have = want
+        arr = np.concatenate(parts)
+        err = percentile_mc_error(arr, level)
+        if err < target or want >= most:
+            lo, hi = percentile_interval(arr, level)
+            return arr, lo, hi, err
+        want = min(most, want * 2)
+
+
 def problem_passk(problems_jsonl: str | Path, k_list: list[int]) -> dict[int, np.ndarray]:
     """Per-problem unbiased pass@k of one evaluation (``explorl eval``'s problems.jsonl), rows
     in file order (the split's order)."""
@@ -147,83 +471,3 @@ def problem_passk(problems_jsonl: str | Path, k_list: list[int]) -> dict[int, np
     for k in k_list:
         out[k] = np.array([pass_at_k(m, r["n_correct"], k) for m, r in zip(n, rows)])
     return out
-
-
-# ----------------------------------------------------------------------------- power
-
-Z_ALPHA = 1.959963984540054  # two-sided 5%: the 95% intervals' level
-Z_POWER = 0.8416212335729143  # 80% power
-MDE_Z = Z_ALPHA + Z_POWER  # 2.8016: a true effect of MDE_Z · SE is detected 80% of the time
-
-
-@dataclass(frozen=True)
-class Power:
-    """Variance components of a paired difference d[s, p] (seeds × problems) and what they
-    detect.
-
-    A two-way crossed model without replication, d[s, p] = μ + seed_s + problem_p + e[s, p],
-    with ANOVA estimators (``variance_components``). The mean over S seeds and P problems has
-
-        SE²(S, P) = σ²_problem / P + σ²_seed / S + σ²_resid / (S·P)
-
-    and the minimum detectable effect (two-sided 5%, 80% power) is MDE = (1.960 + 0.842) · SE.
-    With one seed, the seed and residual terms cannot be told apart: SE² = var(d over problems)
-    / P and σ²_seed is None (the MDE then ignores seed-to-seed variation; the documents say so).
-    """
-
-    seeds: int
-    problems: int
-    var_problem: float
-    var_seed: float | None
-    var_resid: float
-
-    def se(self, seeds: int | None = None, problems: int | None = None) -> float:
-        s, p = seeds or self.seeds, problems or self.problems
-        var = self.var_problem / p + self.var_resid / (s * p)
-        return float(np.sqrt(var + (self.var_seed or 0.0) / s))
-
-    def mde(self, seeds: int | None = None, problems: int | None = None) -> float:
-        return MDE_Z * self.se(seeds, problems)
-
-    def seeds_for(self, target: float, problems: int | None = None) -> int | None:
-        """The fewest seeds whose MDE ≤ ``target`` at ``problems`` problems; None when no
-        number of seeds gets there (the problem term alone exceeds it) or σ²_seed is unknown."""
-        if self.var_seed is None:
-            return None
-        p = problems or self.problems
-        room = (target / MDE_Z) ** 2 - self.var_problem / p
-        if room <= 0:
-            return None
-        return max(1, int(np.ceil((self.var_seed + self.var_resid / p) / room - 1e-12)))
-
-    def to_json(self) -> dict:
-        return {"seeds": self.seeds, "problems": self.problems, "var_problem": self.var_problem,
-                "var_seed": self.var_seed, "var_resid": self.var_resid, "mde": self.mde()}
-
-
-def variance_components(d: np.ndarray) -> Power:
-    """ANOVA estimates of σ²_problem, σ²_seed, σ²_resid of a (seeds, problems) array of paired
-    differences (negative estimates clipped to 0, as usual)."""
-    d = np.atleast_2d(np.asarray(d, float))
-    s, p = d.shape
-    if p < 2:
-        raise ValueError("variance components need at least 2 problems")
-    if s == 1:
-        return Power(1, p, float(d[0].var(ddof=1)), None, 0.0)
-    rows, cols, grand = d.mean(axis=1), d.mean(axis=0), d.mean()
-    ms_seed = p * rows.var(ddof=1)
-    ms_problem = s * cols.var(ddof=1)
-    resid = d - rows[:, None] - cols[None, :] + grand
-    ms_resid = float((resid ** 2).sum() / ((s - 1) * (p - 1)))
-    return Power(s, p, max(0.0, float((ms_problem - ms_resid) / s)),
-                 max(0.0, float((ms_seed - ms_resid) / p)), ms_resid)
-
-
-def paired_power(a: np.ndarray, b: np.ndarray, *, paired_seeds: bool) -> Power:
-    """``Power`` of the difference of arm ``a`` and arm ``b`` as ``passk_diff`` compares them:
-    paired by seed row when ``paired_seeds``; otherwise ``b`` (one evaluation, e.g. the base
-    model) is taken as fixed and subtracted from every run of ``a`` (unpaired arms of several
-    seeds: ``b``'s mean over seeds)."""
-    a, b = np.atleast_2d(np.asarray(a, float)), np.atleast_2d(np.asarray(b, float))
-    d = a - b if paired_seeds else a - b.mean(axis=0, keepdims=True)
-    return variance_components(d)

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from explorl.study.evidence import Evidence
 from explorl.study.spec import StudySpec
-from explorl.study.stats import MDE_Z, Interval
+from explorl.study.stats import Interval, verdict
 
 
 def cell(iv: Interval | None, mde: bool = True) -> str:
-    """``estimate [low, high]`` (bold when the interval excludes 0), with the MDE."""
+    """``estimate [low, high]`` (bold when the interval excludes 0 by more than its
+    Monte-Carlo error), with the MDE."""
     if iv is None:
         return "—"
     text = iv.fmt()
-    text = f"**{text}**" if iv.low > 0 or iv.high < 0 else text
+    text = f"**{text}**" if verdict(iv, +1) != "not shown" else text
     return text + (f" ±{iv.mde:.3f}" if mde and iv.mde is not None else "")
 
 
@@ -54,7 +55,7 @@ def passk_tables(ev: Evidence | None) -> list[str]:
         lines += ["", "**base** is the model the first recipe starts from, before RL; "
                   + "; ".join(f"**{b}** the one of {_arms_of(ev, b)}" for b in ev.bases)
                   + ". Each arm's − base columns compare it with the model it starts from."]
-    diff = ["", "Differences with 95% intervals (bootstrap over the test problems and seeds; "
+    diff = ["", "Differences with 95% intervals (t over seeds with the test problems' part; "
                 "**bold**: the interval excludes 0) and, after ±, the minimum detectable effect "
                 "of the comparison (two-sided 5%, 80% power; see Power):", "",
             f"| recipe | − base, pass@1 | − base, pass@{km} | − GRPO, pass@1 | − GRPO, pass@{km} |",
@@ -128,13 +129,14 @@ def temperature_tables(ev: Evidence | None) -> list[str]:
 
 POWER_NOTES = """\
 The minimum detectable effect (MDE) of a comparison is the true difference its 95% interval
-would exclude 0 for with 80% probability: MDE = (1.960 + 0.842) · SE, where SE² = σ²_problem / P
-+ σ²_seed / S + σ²_resid / (S·P) for S seeds and P problems, and the three variances are the
-two-way ANOVA estimates from the per-problem, per-seed differences of the two arms
-(`explorl/study/stats.py`, `variance_components`; the base model counts as fixed). With one seed
-σ²_seed cannot be estimated and the MDE leaves it out. *Seeds for the target*: the fewest seeds
-whose MDE at this P reaches the spec's `power.target_mde` (∞: the problem term alone exceeds it;
-add problems)."""
+would exclude 0 for with 80% probability, from the interval's own SE and degrees of freedom:
+MDE = (t_0.975,df + t_0.80,df) · SE, where SE² = var_s(mean_p d) / S + σ²_problem / P for S
+seeds and P problems and df is Satterthwaite's (`explorl/study/stats.py`, `variance_components`;
+the base model counts as fixed). The three variances are the two-way ANOVA estimates from the
+per-problem, per-seed differences of the two arms. With one seed σ²_seed cannot be estimated
+and the MDE leaves it out. *Seeds for the target*: the fewest seeds whose projected MDE at this P
+(SE² = σ²_problem / P + (σ²_seed + σ²_resid / P) / S, t quantiles at its df) reaches the spec's
+`power.target_mde` (∞: the problem term alone exceeds it; add problems)."""
 
 
 def power_table(spec: StudySpec, ev: Evidence | None) -> list[str]:
@@ -163,7 +165,7 @@ def power_table(spec: StudySpec, ev: Evidence | None) -> list[str]:
             need = p.seeds_for(target)
             row.append("—" if p.var_seed is None else "∞" if need is None else str(need))
         lines.append("| " + " | ".join(row) + " |")
-    return lines + ["", POWER_NOTES.replace("(1.960 + 0.842)", f"{MDE_Z:.3f}")]
+    return lines + ["", POWER_NOTES]
 
 
 def ablation_tables(spec: StudySpec, ev: Evidence | None) -> list[str]:
