@@ -14,7 +14,10 @@ from explorl.outputs.runlog import read_metrics
 from explorl.training.loop import Trainer
 
 ROOT = builtin.folder("recipe")
-RECIPES = sorted(p for p in ROOT.rglob("*.yaml") if "accelerate" not in p.parts)
+# lab/tools.yaml needs a tool task's model (its alphabet has the call markers): it trains and
+# resumes in tests/test_tools.py.
+RECIPES = sorted(p for p in ROOT.rglob("*.yaml") if "accelerate" not in p.parts
+                 and p.relative_to(ROOT).as_posix() != "lab/tools.yaml")
 
 
 def _lab_sized(recipe: Path, model_dir: Path) -> C.RunConfig:

@@ -56,6 +56,8 @@ RANGES: dict[str, str] = {
     "rollout.temperature": _TEMPERATURE,
     "rollout.max_response_len": _TOKENS,
     "rollout.batch_size": "[1, 1048576]",
+    "rollout.max_turns": "[1, 64]",
+    "rollout.tool_result_max_chars": "[1, 10000000]",
     "rollout.vllm.kv_cache_gib": "(0, 1048576]",
     "rollout.vllm.max_model_len": "[2, 1048576]",
     "rollout.vllm.sync_check_tol": "(0, inf)",

@@ -227,6 +227,21 @@ class RolloutConfig:
     """Settings of the ``vllm`` engine."""
     async_: AsyncConfig = field(default_factory=AsyncConfig)
     """Asynchronous rollouts with bounded staleness (the recipe key is ``async``)."""
+    tools: list[str] = field(default_factory=list)
+    """Tools the model may call (multi-turn rollouts, docs/tools.md): typed Python functions with
+    a docstring, as ``module:function`` or ``path/to/file.py:function``. Each call runs in the
+    reward's worker pool (``reward.timeout_s``, ``reward.num_workers``); empty: single-turn."""
+    max_turns: int = 4
+    """Model turns per response with ``rollout.tools`` (a turn ends at EOS or a tool call; so at
+    most ``max_turns - 1`` calls are answered). The response budget, ``max_response_len``,
+    counts the model's tokens and the tool results together."""
+    tool_format: Literal["auto", "lab", "chat"] = "auto"
+    """How the model writes a call and reads a result: ``lab`` (``[arg]`` → ``{result}``, the lab
+    models), ``chat`` (``<tool_call>`` JSON and the chat template's tool role); ``auto``: lab on
+    a lab model, else chat."""
+    tool_result_max_chars: int = 2000
+    """A longer tool result is an error message the model reads instead (and counts in
+    ``tools/errors``)."""
 
 
 @dataclass

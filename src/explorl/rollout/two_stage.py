@@ -115,7 +115,7 @@ def unlearn_step(
                     part.prompt_ids,
                     part.prompt_mask,
                     part.response_ids,
-                    part.response_mask,
+                    part.token_mask,
                     T,
                     chunk_size=chunk_size,
                     with_entropy=False,
