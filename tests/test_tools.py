@@ -232,8 +232,8 @@ def test_config_errors_name_the_key(multiply_model, rollout, key, message):
 # ----------------------------------------------------------------------------- the recipe
 
 
-def _tools_recipe(model_dir, **top) -> C.RunConfig:
-    d = C.to_dict(validation.load(builtin.resolve("lab/tools"), env=False))
+def _tools_recipe(model_dir, recipe: str = "lab/tools", **top) -> C.RunConfig:
+    d = C.to_dict(validation.load(builtin.resolve(recipe), env=False))
     d["model"]["path"] = str(model_dir)
     d["lab"].update(n_train=64, n_val=16, n_test=16, params=dict(TINY_PARAMS))
     d["data"]["prompts_per_step"] = 4
@@ -243,7 +243,9 @@ def _tools_recipe(model_dir, **top) -> C.RunConfig:
     d["reward"]["functions"] = [{"name": f"{USER_TOOLS}:called_tool"}]
     d["eval"].update(every=2, n_samples=2, k=[1, 2], max_problems=4)
     d["log"].update(progress=False, plots=False, checkpoint_every=0)
-    return validation.from_dict({**d, **top})
+    for k, v in top.items():
+        C._deep_update(d, {k: v}) if isinstance(v, dict) else d.__setitem__(k, v)
+    return validation.from_dict(d)
 
 
 def test_tools_recipe_trains_and_resumes_exactly(multiply_model, tmp_path):

@@ -207,6 +207,24 @@ class AsyncConfig:
 
 
 @dataclass
+class ARPOConfig:
+    enabled: bool = False
+    """ARPO's entropy-based adaptive rollout (arXiv 2507.19849; docs/methods/arpo.md): with
+    ``rollout.tools``, training responses branch after tool results where entropy rose."""
+    initial_rollouts: int = 4
+    """M: responses per prompt sampled from the prompt in turn 1 (global sampling); the rest of
+    the prompt's budget (``rollout.n_samples`` or a budget controller's) is partial sampling."""
+    beam_size: int = 2
+    """k: a response that just got a tool result may add up to k − 1 copies of itself."""
+    branch_probability: float = 0.5
+    """β: a copy is made with probability clip(β + α·ΔH, 0, 1)."""
+    entropy_weight: float = 0.2
+    """α: the weight of the entropy change ΔH in the branch probability."""
+    entropy_window: int = 20
+    """Tokens at the start of a turn whose entropies are summed into the turn's H."""
+
+
+@dataclass
 class RolloutConfig:
     n_samples: int = 8
     """Responses per prompt (G, E3's n_default)."""
@@ -242,6 +260,8 @@ class RolloutConfig:
     tool_result_max_chars: int = 2000
     """A longer tool result is an error message the model reads instead (and counts in
     ``tools/errors``)."""
+    arpo: ARPOConfig = field(default_factory=ARPOConfig)
+    """ARPO's branching rollouts (with ``rollout.tools``)."""
 
 
 @dataclass

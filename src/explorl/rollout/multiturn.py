@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from explorl.rollout.hf import left_pad
 from explorl.rollout.seeding import mix_seed, row_keys
 from explorl.rollout.types import Rollouts
 from explorl.tools.functions import ToolCallError
@@ -45,6 +46,15 @@ class _Row:
     calls: int = 0
     errors: int = 0
     finished: bool = False  # ended with EOS
+    window: list[float] = field(default_factory=list)  # Σ entropy of each turn's first tokens
+    branch_of: int = -1  # ARPO: the row it was copied from (-1: none)
+    shared: int = 0  # ARPO: response tokens shared with that row
+
+    def copy(self, key: int | None, source: int) -> _Row:
+        """A branch: this row's tokens so far, its own draws from here on."""
+        return _Row(self.prompt, key, list(self.ids), list(self.logp), list(self.ent),
+                    list(self.tool), self.turns, self.calls, self.errors, False,
+                    list(self.window), source, len(self.ids))
 
 
 class ToolEngine:
@@ -52,14 +62,18 @@ class ToolEngine:
 
     ``fmt``: a ``tools.formats`` format; ``runner``: a ``ToolRunner`` (or anything with
     ``run(calls) -> [ToolAnswer]``); ``max_turns``: model turns per response (tool calls
-    answered: at most ``max_turns - 1``).
+    answered: at most ``max_turns - 1``). Each turn's first ``window`` tokens' entropy is summed
+    into ``_Row.window`` (what ARPO's branching reads; its ``window`` when it branches).
     """
+
+    window = 20
 
     def __init__(self, engine, fmt, runner, max_turns: int, eos_ids: list[int]):
         self.engine, self.fmt, self.runner, self.max_turns = engine, fmt, runner, max_turns
         self.stop_ids = set(fmt.stop_ids)
         self.eos_ids = set(eos_ids)
         self.tokenizer = engine.tokenizer
+        self.last_rows: list[_Row] = []  # the last call's rows, in record order
 
     def __getattr__(self, name):  # pad_id, sync_weights, pop_metrics, resident_bytes, ...
         if name == "engine":
@@ -67,26 +81,35 @@ class ToolEngine:
         return getattr(self.engine, name)
 
     def generate(self, model, prompt_ids, n_samples, temperature, max_new_tokens,
-                 generator=None, seeds=None) -> Rollouts:
-        keys = row_keys(seeds, n_samples).tolist() if seeds is not None else None
+                 generator=None, seeds=None, branching=None) -> Rollouts:
+        """``branching`` (ARPO, ``rollout.arpo``): turn 1 samples ``branching.first(n)`` of each
+        prompt's n responses, and after each tool result ``branching.expand`` may add rows that
+        continue a copy of a row (or start afresh) until the prompt has its n."""
+        first_n = branching.first(n_samples) if branching is not None else list(n_samples)
+        self._window = branching.window if branching is not None else self.window
+        keys = row_keys(seeds, first_n).tolist() if seeds is not None else None
         rows = [_Row(i, None if keys is None else keys[k])
-                for k, i in enumerate(i for i, n in enumerate(n_samples) for _ in range(n))]
-        first = self.engine.generate(model, prompt_ids, n_samples, temperature, max_new_tokens,
+                for k, i in enumerate(i for i, n in enumerate(first_n) for _ in range(n))]
+        first = self.engine.generate(model, prompt_ids, first_n, temperature, max_new_tokens,
                                      generator=generator, seeds=seeds)
         live = self._take(first, rows, list(range(len(rows))), max_new_tokens)
-        for turn in range(2, self.max_turns + 1):
+        while True:
+            if branching is not None:
+                live += branching.expand(rows, live, n_samples, seeds, generator)
             if not live:
                 break
             ctx = [prompt_ids[rows[r].prompt] + rows[r].ids for r in live]
             budget = max(max_new_tokens - len(rows[r].ids) for r in live)
+            # One context each, its seed the row's key mixed with its next turn's number: the
+            # row's draws depend on (row key, turn) only (seeding: key = mix_seed(seed, 0)).
             sub_seeds = (None if keys is None
-                         else [mix_seed(rows[r].key, turn) for r in live])
-            # n_samples 1 per context with the derived seed as the "prompt" seed: the row's key
-            # for this turn is mix_seed(sub_seed, 0), a function of (row key, turn) only.
+                         else [mix_seed(rows[r].key, rows[r].turns + 1) for r in live])
             ro = self.engine.generate(model, ctx, [1] * len(live), temperature, budget,
                                       generator=generator, seeds=sub_seeds)
             live = self._take(ro, rows, live, max_new_tokens)
-        return self._record(first, rows, temperature, max_new_tokens)
+        order = sorted(range(len(rows)), key=lambda r: rows[r].prompt)  # stable: by prompt
+        self.last_rows = [rows[r] for r in order]
+        return self._record(prompt_ids, self.last_rows, temperature, first.old_logp.device)
 
     def _take(self, ro: Rollouts, rows: list[_Row], live: list[int], max_new: int) -> list[int]:
         """Append one turn's sampled tokens (``ro``'s rows are ``live``'s, in order), run the
@@ -102,6 +125,7 @@ class ToolEngine:
             row.ent.append(ro.entropy[k, :n])
             row.tool += [False] * n
             row.turns += 1
+            row.window.append(float(ro.entropy[k, : min(n, self._window)].sum()))
             whole = n == lengths[k]
             last = ids[-1] if ids else None
             row.finished = whole and last in self.eos_ids
@@ -130,35 +154,33 @@ class ToolEngine:
                 go_on.append(r)
         return go_on
 
-    def _record(self, first: Rollouts, rows: list[_Row], temperature: float,
-                max_new: int) -> Rollouts:
-        """The typed record: turn 1's prompt fields, the rows' tokens and masks (R = the
-        longest response)."""
-        device = first.response_ids.device
+    def _record(self, prompt_ids, rows: list[_Row], temperature: float, device) -> Rollouts:
+        """The typed record (rows grouped by prompt; R = the longest response)."""
         N = len(rows)
         R = max([len(r.ids) for r in rows] + [1])
         pad = self.engine.pad_id
+        p_ids, p_mask = left_pad([prompt_ids[r.prompt] for r in rows], pad, device)
         ids = torch.full((N, R), pad, dtype=torch.long, device=device)
-        mask = torch.zeros((N, R), dtype=torch.bool, device=device)
         tool = torch.zeros((N, R), dtype=torch.bool, device=device)
-        logp = torch.zeros((N, R), dtype=first.old_logp.dtype, device=device)
-        ent = torch.zeros((N, R), dtype=first.entropy.dtype, device=device)
+        logp = torch.zeros((N, R), device=device)
+        ent = torch.zeros((N, R), device=device)
         for i, r in enumerate(rows):
             n = len(r.ids)
             if not n:
                 continue
             ids[i, :n] = torch.as_tensor(r.ids, dtype=torch.long, device=device)
-            t = torch.as_tensor(r.tool, dtype=torch.bool, device=device)
-            tool[i, :n], mask[i, :n] = t, ~t
-            logp[i, :n], ent[i, :n] = torch.cat(r.logp), torch.cat(r.ent)
+            tool[i, :n] = torch.as_tensor(r.tool, dtype=torch.bool, device=device)
+            logp[i, :n], ent[i, :n] = torch.cat(r.logp).float(), torch.cat(r.ent).float()
+        lengths = torch.as_tensor([len(r.ids) for r in rows], dtype=torch.long, device=device)
+        mask = (torch.arange(R, device=device)[None, :] < lengths[:, None]) & ~tool  # (N, R)
         texts = self.tokenizer.batch_decode([r.ids for r in rows], skip_special_tokens=True)
 
         def col(values) -> torch.Tensor:
             return torch.as_tensor(values, dtype=torch.long, device=device)
 
         return Rollouts(
-            prompt_ids=first.prompt_ids, prompt_mask=first.prompt_mask, response_ids=ids,
-            response_mask=mask, old_logp=logp, entropy=ent, prompt_index=first.prompt_index,
+            prompt_ids=p_ids, prompt_mask=p_mask, response_ids=ids, response_mask=mask,
+            old_logp=logp, entropy=ent, prompt_index=col([r.prompt for r in rows]),
             texts=texts, temperature=temperature,
             truncated=torch.as_tensor([not r.finished for r in rows], dtype=torch.bool,
                                       device=device),

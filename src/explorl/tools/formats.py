@@ -17,11 +17,13 @@ tokens are never re-tokenised: only the results are encoded.
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from typing import Any
 
-from explorl.tools.functions import ToolCallError
+from explorl.tools.functions import ToolCallError, schema
+from explorl.tools.runner import ToolSpec
 
 LAB_OPEN, LAB_CLOSE, LAB_RESULT_OPEN, LAB_RESULT_CLOSE, LAB_ERROR = "[", "]", "{", "}", "?"
 TOOL_FORMATS = ("auto", "lab", "chat")
@@ -123,8 +125,6 @@ def resolve_format(kind: str, tokenizer) -> str:
 def make_format(kind: str, tokenizer, tools: dict):
     """The format ``kind`` (``rollout.tool_format``) for ``tokenizer`` and the run's ``tools``
     (name -> function)."""
-    import inspect
-
     kind = resolve_format(kind, tokenizer)
     if kind == "lab":
         if len(tools) != 1:
@@ -137,3 +137,11 @@ def make_format(kind: str, tokenizer, tools: dict):
                              f"{len(params)}")
         return LabFormat(tokenizer, name, params[0])
     return ChatFormat(tokenizer)
+
+
+def prompt_schemas(rollout, tokenizer) -> list | None:
+    """The tools' JSON schemas a chat template shows in the prompt (``rollout``: the config's
+    section); None without tools or in the lab format (a lab prompt is the bare problem)."""
+    if not rollout.tools or resolve_format(rollout.tool_format, tokenizer) != "chat":
+        return None
+    return [schema(fn) for fn in ToolSpec(tuple(rollout.tools)).load().values()]

@@ -79,6 +79,15 @@ def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
         ("rollout.tools", not (r.tools and r.async_.enabled),
          "multi-turn tool rollouts do not run in the asynchronous rollout worker yet; set "
          "rollout.async.enabled: false"),
+        ("rollout.arpo.enabled", not r.arpo.enabled or bool(r.tools),
+         "ARPO branches after tool results: it needs rollout.tools"),
+        ("rollout.arpo.enabled", not (r.arpo.enabled and e.enabled),
+         "cannot run with control.eepo.enabled: EEPO splits each prompt's budget into two stages "
+         "sampled by two models, ARPO into turn-1 rollouts and branches of them; set one false"),
+        *[(f"rollout.arpo.{f.name}", r.arpo.enabled or getattr(r.arpo, f.name) == f.default,
+           f"is a setting of ARPO, and rollout.arpo.enabled is false: nothing reads it (leave "
+           f"it at {f.default!r}, or enable ARPO)")
+          for f in dataclasses.fields(r.arpo) if f.name != "enabled"],
         ("rollout.async.enabled", not (r.async_.enabled and e.enabled),
          "cannot run with control.eepo.enabled: EEPO's stage 2 samples from a copy unlearned on "
          "stage 1 between the two halves of one batch, which a worker sampling ahead of the "
