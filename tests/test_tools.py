@@ -284,3 +284,51 @@ def test_tools_recipe_trains_and_resumes_exactly(multiply_model, tmp_path):
     assert strip(read_metrics(tmp_path / "b")) == strip(rows)
     wa, wb = dict(a.policy.named_parameters()), dict(b.policy.named_parameters())
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+QWEN_LIKE = (
+    "{% if tools %}<|im_start|>system\nTools: {{ tools | map(attribute='function.name') | "
+    "join(',') }}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}{% if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n"
+    "{{ m.content }}\n</tool_response><|im_end|>\n{% else %}<|im_start|>{{ m.role }}\n"
+    "{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _chat_tokenizer():
+    import string
+
+    from explorl.lab.tokenizer import lab_tokenizer
+
+    tok = lab_tokenizer(256, alphabet=string.printable[:-5] + "\n\u2063")
+    tok.add_special_tokens({"additional_special_tokens": [
+        "<tool_call>", "</tool_call>", "<|im_start|>", "<|im_end|>"]})
+    tok.chat_template = QWEN_LIKE
+    tok.init_kwargs.pop("explorl_alphabet")  # a chat model's tokenizer, not a lab model's
+    return tok
+
+
+def test_chat_format_reads_the_template_tool_role():
+    from explorl.models import render_prompt
+    from explorl.tools.formats import ChatFormat, prompt_schemas
+
+    tok = _chat_tokenizer()
+    fmt = make_format("auto", tok, {"calculator": calculator})
+    assert isinstance(fmt, ChatFormat)
+    assert fmt.stop_ids == tok.convert_tokens_to_ids(["</tool_call>"])
+    text = 'Let me compute.<tool_call>{"name": "calculator", "arguments": {"expression": "2*3"}}' \
+           "</tool_call>"
+    assert fmt.parse(text) == ("calculator", {"expression": "2*3"})
+    with pytest.raises(ToolCallError, match="not JSON"):
+        fmt.parse("<tool_call>{oops</tool_call>")
+    ids, failed = fmt.result_ids("6", None)
+    assert not failed and tok.decode(ids) == (
+        "<|im_end|>\n<|im_start|>user\n<tool_response>\n6\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n")
+    ids, failed = fmt.result_ids("", "timed out after 5 s")
+    assert failed and "Error: timed out after 5 s" in tok.decode(ids)
+    rollout = C.RolloutConfig(tools=[CALC])
+    schemas = prompt_schemas(rollout, tok)
+    assert [s["function"]["name"] for s in schemas] == ["calculator"]
+    prompt = tok.decode(render_prompt(tok, "2*3?", True, schemas))
+    assert prompt.startswith("<|im_start|>system\nTools: calculator<|im_end|>")
