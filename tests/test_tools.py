@@ -332,3 +332,20 @@ def test_chat_format_reads_the_template_tool_role():
     assert [s["function"]["name"] for s in schemas] == ["calculator"]
     prompt = tok.decode(render_prompt(tok, "2*3?", True, schemas))
     assert prompt.startswith("<|im_start|>system\nTools: calculator<|im_end|>")
+
+
+def test_multiply_task_traces_and_checker():
+    from explorl.lab import TASKS, make_splits
+
+    check = TASKS["multiply"].check
+    recs = make_splits("multiply", seed=0, n_train=200, n_val=10, n_test=10)["train"]
+    traces = [r for r in recs if r.extra["solution"].startswith("[")]
+    assert 0.15 < len(traces) / len(recs) < 0.45  # tool_frac 0.3
+    for r in recs:
+        a, b = map(int, r.prompt.rstrip("=").split("*"))
+        assert r.ground_truth == str(a * b) and check(r.extra["solution"], r.ground_truth) == 1.0
+    r = traces[0]
+    a, b = r.prompt.rstrip("=").split("*")
+    assert r.extra["solution"] == f"[{a}*{b}]{{{r.ground_truth}}}{r.ground_truth}"
+    assert check(f"[{a}*{b}]{{{r.ground_truth}}}1", r.ground_truth) == 0.0  # the answer counts
+    assert check(f"[{a}*{b}]{{?}}{r.ground_truth}", r.ground_truth) == 1.0

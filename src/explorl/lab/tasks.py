@@ -245,7 +245,8 @@ def _sample_multiply(rng: random.Random, *, a_digits: int, b_digits: int, tool_f
     # The warm start imitates a calculator call on a fraction of problems and a guess on the
     # rest: RL then has both behaviours to choose between.
     trace = f"[{a}*{b}]{{{answer}}}{answer}" if rng.random() < tool_frac else answer
-    return Problem((a, b), f"{a}*{b}=", answer, trace, 0)
+    # difficulty: 1 when the product has the most digits it can have (a_digits + b_digits)
+    return Problem((a, b), f"{a}*{b}=", answer, trace, int(len(answer) == a_digits + b_digits))
 
 
 def _validate_multiply(*, a_digits: int, b_digits: int, tool_frac: float) -> None:
