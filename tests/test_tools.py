@@ -53,13 +53,16 @@ def test_call_runs_a_tool_and_names_the_closest_one():
 
 def test_failing_tools_become_counted_error_messages_not_a_stalled_run():
     refs = tuple(f"{USER_TOOLS}:{f}" for f in ("crash", "hang", "huge", "boom"))
-    runner = ToolRunner(ToolSpec(refs + (CALC,), max_chars=100), num_workers=1, timeout_s=1.0)
+    # Each call's own 1 s limit; the turn's budget (step_timeout_s) is wide: a loaded machine
+    # restarts workers slowly, and the budget is not what this test checks.
+    runner = ToolRunner(ToolSpec(refs + (CALC,), max_chars=100), num_workers=1, timeout_s=1.0,
+                        step_timeout_s=120.0)
     try:
         t0 = time.monotonic()
         out = runner.run([("calculator", {"expression": "6*7"}), ("crash", {"x": ""}),
                           ("hang", {"x": ""}), ("huge", {"x": ""}), ("boom", {"x": ""}),
                           ("nope", {"x": ""}), ("calculator", {"expression": "2+2"})])
-        assert time.monotonic() - t0 < 30
+        assert time.monotonic() - t0 < 60
     finally:
         runner.close()
     assert [a.text for a in out][::6] == ["42", "4"]

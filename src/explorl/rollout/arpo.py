@@ -90,8 +90,8 @@ class ARPOBranching:
                 for c in range(per):
                     key = None if src.key is None else mix_seed(src.key, BRANCH_STREAM,
                                                                 src.turns, c)
-                    u = (uniform(key) if key is not None
-                         else float(torch.rand((), generator=generator)))
+                    u = (uniform(key) if key is not None  # host: one draw for Python
+                         else float(torch.rand((), generator=generator)))  # host
                     if not copies(u, self.delta_h(src), self.beta, self.alpha):
                         continue
                     rows.append(src.copy(None if key is None else mix_seed(key, 1), s))

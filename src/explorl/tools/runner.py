@@ -72,10 +72,11 @@ class ToolRunner:
     """Runs a batch of tool calls through a worker pool of its own (started on first use)."""
 
     def __init__(self, spec: ToolSpec, *, num_workers: int, timeout_s: float,
-                 memory_limit_mb: int | None = 4096):
+                 step_timeout_s: float | None = None, memory_limit_mb: int | None = 4096):
         self.spec = spec
         self.num_workers, self.timeout_s, self.memory_limit_mb = (num_workers, timeout_s,
                                                                   memory_limit_mb)
+        self.step_timeout_s = step_timeout_s  # one turn's calls together (the pool's default)
         self._pool: VerifierPool | None = None
 
     @classmethod
@@ -84,7 +85,8 @@ class ToolRunner:
         r = cfg.reward
         spec = ToolSpec(tuple(cfg.rollout.tools), cfg.rollout.tool_result_max_chars,
                         search_dirs())
-        return cls(spec, num_workers=r.num_workers, timeout_s=r.timeout_s)
+        return cls(spec, num_workers=r.num_workers, timeout_s=r.timeout_s,
+                   step_timeout_s=r.step_timeout_s)
 
     def run(self, calls: list[tuple[str, dict]]) -> list[ToolAnswer]:
         """Answer each ``(name, arguments)`` call, in order."""
@@ -92,6 +94,7 @@ class ToolRunner:
             return []
         if self._pool is None:
             self._pool = VerifierPool(self.num_workers, self.timeout_s,
+                                      step_timeout_s=self.step_timeout_s,
                                       memory_limit_mb=self.memory_limit_mb)
         jobs = [json.dumps({"name": n, "arguments": a}) for n, a in calls]
         res = self._pool.score(self.spec, jobs, [""] * len(jobs))
