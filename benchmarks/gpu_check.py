@@ -62,6 +62,10 @@ TINY_LAB = {"n_train": 30, "n_val": 10, "n_test": 10, "params": {"max_digits": 1
 TINY_BUILD = dict(size="tiny", max_digits=1, n_train=30, n_val=10, n_test=10, max_steps=100,
                   check_every=1000, hidden_size=64, num_layers=2, intermediate_size=128,
                   num_heads=2)
+# The tool recipes' smoke model: the multiply task's own alphabet has the tool-call markers.
+TOOL_RECIPES = ("lab/tools", "lab/arpo")
+TINY_TOOL_LAB = {"n_train": 64, "n_val": 16, "n_test": 16,
+                 "params": {"a_digits": 2, "b_digits": 1, "tool_frac": 0.5}}
 
 
 class Report:
@@ -95,7 +99,7 @@ def lab_recipes() -> list[str]:
     return ["quickstart"] + [n for n in builtin.names("recipe") if n.startswith("lab/")]
 
 
-def run_overrides(device: str, smoke: bool, steps: int) -> dict:
+def run_overrides(device: str, smoke: bool, steps: int, name: str = "") -> dict:
     """What the check sets on every recipe: the device, a few steps, a small validation pass,
     no checkpoints or plots (the methods, batch sizes and lengths stay the recipe's)."""
     o = {"model.device": device, "max_steps": steps, "log.checkpoint_every": 0,
@@ -108,6 +112,11 @@ def run_overrides(device: str, smoke: bool, steps: int) -> dict:
                   "lab": dict(TINY_LAB), "data.prompts_per_step": 2, "rollout.n_samples": 4,
                   "rollout.max_response_len": 6, "eval.max_problems": 4, "eval.every": 0,
                   "data.max_train_prompts": None, "reward.num_workers": 1})
+        if name in TOOL_RECIPES:
+            o.update({"model.path": str(lab_model_path(
+                "multiply", size="tiny", **TINY_TOOL_LAB["params"],
+                **{k: v for k, v in TINY_TOOL_LAB.items() if k != "params"})),
+                "lab": dict(TINY_TOOL_LAB), "rollout.max_response_len": 24})
     return o
 
 
@@ -136,7 +145,7 @@ def check_recipes(rep: Report, work: Path, device: str, smoke: bool, deadline: f
         try:
             with contextlib.redirect_stdout(io.StringIO()):
                 summary = explorl.train(name, out=work / name.replace("/", "_"),
-                                        overrides=run_overrides(device, smoke, steps),
+                                        overrides=run_overrides(device, smoke, steps, name),
                                         force=True)
             ok = summary.get("steps") == steps
             status = "pass" if ok else f"FAIL: ran {summary.get('steps')} of {steps} steps"

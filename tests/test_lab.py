@@ -22,6 +22,8 @@ def canonical(task: str, prompt: str) -> tuple:
     """A problem's identity up to operand order, read back from the prompt text."""
     if task == "addition":
         return tuple(sorted(int(x) for x in prompt.rstrip("=").split("+")))
+    if task == "multiply":  # a_digits × b_digits: operand order is part of the problem
+        return tuple(int(x) for x in prompt.rstrip("=").split("*"))
     nums, target = prompt.rstrip(":").split(">")
     return tuple(sorted(int(x) for x in nums.split())), int(target)
 

@@ -38,7 +38,9 @@ def test_response_stats_columns_by_hand():
     rows = response_stats(ro, torch.tensor([1.0, 0.0, 0.0, 1.0]),
                           torch.tensor([1.0, -0.5, 0.0, 1.0]), rank=3, stage2_own=False)
     cols = rows.columns()
-    assert list(cols) == [*COLUMNS, "kl_sum"] and cols["kl_sum"] is None  # set by reward_kl only
+    optional = ["kl_sum", "turns", "tool_calls", "tool_errors", "tool_tokens"]
+    assert list(cols) == [*COLUMNS, *optional]  # kl_sum: reward_kl's; the rest: tool turns'
+    assert all(cols[k] is None for k in optional)
     for name, dtype in COLUMNS.items():
         assert cols[name].shape == (4,) and cols[name].dtype == dtype, name
     assert len(rows) == 4
@@ -103,3 +105,19 @@ def test_kl_in_reward_without_kl_sum_is_a_clear_error():
         estimator_rewards(a, rows, kl_coef=0.1)
     rows.kl_sum = torch.tensor([0.0, 1.0, 2.0, 3.0], dtype=torch.float64)
     assert estimator_rewards(a, rows, 0.5).tolist() == [1.0, 0.5, 0.0, -0.5]
+
+
+def test_tool_columns_by_hand():
+    """A multi-turn record: the tool result tokens count in ``tool_tokens``, never in
+    ``length`` or the entropy and log-prob sums."""
+    ro = tiny_rollouts()
+    tool = torch.tensor([[0, 0, 0], [0, 1, 1], [0, 0, 1], [0, 0, 0]], dtype=torch.bool)
+    ro = dataclasses.replace(ro, tool_mask=tool, turns=torch.tensor([1, 2, 2, 1]),
+                             tool_calls=torch.tensor([0, 1, 1, 0]),
+                             tool_errors=torch.tensor([0, 0, 1, 0]))
+    rows = response_stats(ro, torch.zeros(4), torch.zeros(4), rank=0)
+    assert rows.tool_tokens.tolist() == [0, 2, 1, 0]
+    assert rows.turns.tolist() == [1, 2, 2, 1] and rows.tool_errors.tolist() == [0, 0, 1, 0]
+    assert rows.length.tolist() == [3, 1, 2, 0]  # the policy's tokens only
+    assert rows.entropy_sum.tolist() == [3.0, 2.0, 0.5, 0.0]
+    assert len(StepRows.cat([rows, rows]).tool_calls) == 8

@@ -137,12 +137,14 @@ def enable_checkpointing(model: torch.nn.Module, path) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-def render_prompt(tokenizer, prompt, use_chat_template: bool) -> list[int]:
-    """Token ids of a prompt: chat messages through the chat template when the tokenizer has one.
+def render_prompt(tokenizer, prompt, use_chat_template: bool, tools: list | None = None
+                  ) -> list[int]:
+    """Token ids of a prompt: chat messages through the chat template when the tokenizer has one
+    (``tools``: the JSON schemas of the run's tools, which the template shows the model).
 
     A lab tokenizer rejects a prompt with characters outside its task's alphabet (they would
     become ``<unk>``)."""
-    ids = _render(tokenizer, prompt, use_chat_template)
+    ids = _render(tokenizer, prompt, use_chat_template, tools)
     unk = getattr(tokenizer, "unk_token_id", None)
     if unk is not None and unk in ids:
         alphabet = tokenizer_alphabet(tokenizer)
@@ -154,18 +156,20 @@ def render_prompt(tokenizer, prompt, use_chat_template: bool) -> list[int]:
     return ids
 
 
-def _render(tokenizer, prompt, use_chat_template: bool) -> list[int]:
+def _render(tokenizer, prompt, use_chat_template: bool, tools: list | None = None) -> list[int]:
     has_template = use_chat_template and getattr(tokenizer, "chat_template", None)
+    kw = {"tools": tools} if tools else {}
     if isinstance(prompt, list):
         if has_template:
-            ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+            ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
+                                                **kw)
             if isinstance(ids, dict) or hasattr(ids, "input_ids"):
                 ids = ids["input_ids"]
             return list(ids)
         prompt = "\n".join(m["content"] for m in prompt)
     elif has_template:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                            add_generation_prompt=True, tokenize=True)
+                                            add_generation_prompt=True, tokenize=True, **kw)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return list(ids)
@@ -176,16 +180,18 @@ class PromptTokens:
     """Token ids of dataset prompts, rendered once (chat template when the tokenizer has one) and
     checked against ``data.max_prompt_len``."""
 
-    def __init__(self, tokenizer, use_chat_template: bool, max_prompt_len: int) -> None:
+    def __init__(self, tokenizer, use_chat_template: bool, max_prompt_len: int,
+                 tools: list | None = None) -> None:
         self.tokenizer, self.use_chat_template, self.max_len = (
             tokenizer,
             use_chat_template,
             max_prompt_len,
         )
+        self.tools = tools  # the tools' schemas, for chat templates that show them
         self._cache: dict[tuple[str, int], list[int]] = {}
 
     def _render(self, prompt) -> list[int]:
-        return render_prompt(self.tokenizer, prompt, self.use_chat_template)
+        return render_prompt(self.tokenizer, prompt, self.use_chat_template, self.tools)
 
     def check(self, **splits: list) -> None:
         """Render every prompt of each split (``train=records, val=…``) now, at setup: a prompt

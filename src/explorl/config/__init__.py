@@ -39,6 +39,7 @@ from explorl.config.recipes import (
 from explorl.config.reference import field_docs, reference
 from explorl.config.sections import (
     SPLIT_SIZES,
+    ARPOConfig,
     AsyncConfig,
     DataConfig,
     DistConfig,
@@ -59,7 +60,8 @@ from explorl.config.watch_sections import WatchConfig
 from explorl.errors import ConfigError
 
 __all__ = [
-    "ADAPTIVE_KNOB_FIELDS", "HISTORY_KEY", "RANGES", "SPLIT_SIZES", "AdaptiveControlConfig",
+    "ADAPTIVE_KNOB_FIELDS", "ARPOConfig", "HISTORY_KEY", "RANGES", "SPLIT_SIZES",
+    "AdaptiveControlConfig",
     "AlgorithmConfig", "AsyncConfig", "BudgetControlConfig", "ConfigError", "ControlConfig",
     "CurriculumControlConfig", "DataConfig",
     "DistConfig", "EEPOControlConfig", "EntroPICControlConfig", "EntropyCoefControlConfig",

@@ -135,6 +135,9 @@ def _anchor_refs(data: dict, base: Path) -> None:
         for f in reward.get("functions") or []:
             if isinstance(f, dict) and "name" in f:
                 f["name"] = fix(f["name"])
+    rollout = data.get("rollout")
+    if isinstance(rollout, dict) and isinstance(rollout.get("tools"), list):
+        rollout["tools"] = [fix(t) for t in rollout["tools"]]
     if isinstance(model, dict) and isinstance(model.get("path"), str) \
             and model["path"].startswith("lab:"):
         model["path"] = fix(model["path"])

@@ -210,6 +210,24 @@ class AsyncConfig:
 
 
 @dataclass
+class ARPOConfig:
+    enabled: bool = False
+    """ARPO's entropy-based adaptive rollout (arXiv 2507.19849; docs/methods/arpo.md): with
+    ``rollout.tools``, training responses branch after tool results where entropy rose."""
+    initial_rollouts: int = 4
+    """M: responses per prompt sampled from the prompt in turn 1 (global sampling); the rest of
+    the prompt's budget (``rollout.n_samples`` or a budget controller's) is partial sampling."""
+    beam_size: int = 2
+    """k: a response that just got a tool result may add up to k − 1 copies of itself."""
+    branch_probability: float = 0.5
+    """β: a copy is made with probability clip(β + α·ΔH, 0, 1)."""
+    entropy_weight: float = 0.2
+    """α: the weight of the entropy change ΔH in the branch probability."""
+    entropy_window: int = 20
+    """Tokens at the start of a turn whose entropies are summed into the turn's H."""
+
+
+@dataclass
 class RolloutConfig:
     n_samples: int = 8
     """Responses per prompt (G, E3's n_default)."""
@@ -230,6 +248,23 @@ class RolloutConfig:
     """Settings of the ``vllm`` engine."""
     async_: AsyncConfig = field(default_factory=AsyncConfig)
     """Asynchronous rollouts with bounded staleness (the recipe key is ``async``)."""
+    tools: list[str] = field(default_factory=list)
+    """Tools the model may call (multi-turn rollouts, docs/tools.md): typed Python functions with
+    a docstring, as ``module:function`` or ``path/to/file.py:function``. Each call runs in the
+    reward's worker pool (``reward.timeout_s``, ``reward.num_workers``); empty: single-turn."""
+    max_turns: int = 4
+    """Model turns per response with ``rollout.tools`` (a turn ends at EOS or a tool call; so at
+    most ``max_turns - 1`` calls are answered). The response budget, ``max_response_len``,
+    counts the model's tokens and the tool results together."""
+    tool_format: Literal["auto", "lab", "chat"] = "auto"
+    """How the model writes a call and reads a result: ``lab`` (``[arg]`` → ``{result}``, the lab
+    models), ``chat`` (``<tool_call>`` JSON and the chat template's tool role); ``auto``: lab on
+    a lab model, else chat."""
+    tool_result_max_chars: int = 2000
+    """A longer tool result is an error message the model reads instead (and counts in
+    ``tools/errors``)."""
+    arpo: ARPOConfig = field(default_factory=ARPOConfig)
+    """ARPO's branching rollouts (with ``rollout.tools``)."""
 
 
 @dataclass

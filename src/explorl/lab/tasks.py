@@ -32,6 +32,13 @@ Built-in tasks. Prompts are plain text for the lab's character tokenizer (no cha
   Difficulty 0–3 from the number of distinct answers (≥ 6, 3–5, 2, 1); ``extra["n_answers"]``
   holds it.
 
+- ``multiply``: ``"347*29="`` → ``"10063"``, an ``a_digits`` × ``b_digits`` product: beyond
+  what the lab model computes in its head, so it needs the calculator tool
+  (``explorl.tools.calculator:calculator``, ``rollout.tools``; docs/tools.md). A response
+  ``[347*29]{10063}10063`` calls it (``[...]``), reads the result (``{...}``, inserted by
+  explorl) and answers; the checker reads the answer after the last result. The warm start
+  imitates that trace on ``tool_frac`` of the problems and the bare answer on the rest.
+
 Every record carries ``extra = {"difficulty": int, "solution": str}`` plus the problem's own
 ``extra``; ``solution`` is the reference answer the lab model is warm-started on (for addition
 it equals the ground truth).
@@ -50,6 +57,7 @@ from explorl.rewards.verifiers import (
     addition_verifier,
     boxed_integer,
     countdown_verifier,
+    in_process,
     subset_sum_verifier,
 )
 
@@ -223,6 +231,42 @@ def _validate_subset_sum(*, n_numbers: int, max_number: int, min_terms: int, max
         raise ValueError(f"subset_sum needs 2 <= max_number <= 99, got {max_number}")
 
 
+# ----------------------------------------------------------------------------- multiply
+
+TOOL_ALPHABET = CHARS + "[]{}?"
+"""The tool task's characters: the built-in ones and the lab tool format's markers
+(``explorl.tools.formats.LabFormat``: ``[call]``, ``{result}``, ``{?}`` for an error)."""
+
+
+def _sample_multiply(rng: random.Random, *, a_digits: int, b_digits: int, tool_frac: float
+                     ) -> Problem:
+    a = rng.randint(10 ** (a_digits - 1), 10**a_digits - 1)
+    b = rng.randint(10 ** (b_digits - 1), 10**b_digits - 1)
+    answer = str(a * b)
+    # The warm start imitates a calculator call on a fraction of problems and a guess on the
+    # rest: RL then has both behaviours to choose between.
+    trace = f"[{a}*{b}]{{{answer}}}{answer}" if rng.random() < tool_frac else answer
+    # difficulty: 1 when the product has the most digits it can have (a_digits + b_digits)
+    return Problem((a, b), f"{a}*{b}=", answer, trace, int(len(answer) == a_digits + b_digits))
+
+
+def _validate_multiply(*, a_digits: int, b_digits: int, tool_frac: float) -> None:
+    if not (1 <= b_digits <= a_digits <= 4):
+        raise ValueError(f"multiply needs 1 <= b_digits <= a_digits <= 4, got {a_digits}, "
+                         f"{b_digits}")
+    if not 0.0 <= tool_frac <= 1.0:
+        raise ValueError(f"multiply needs 0 <= tool_frac <= 1, got {tool_frac}")
+
+
+@in_process
+def multiply_verifier(response: str, ground_truth: str) -> float:
+    """1.0 iff the final answer (the text after the last tool result ``{...}``, or the whole
+    response without one) is the ground-truth integer."""
+    answer = response[response.rindex("}") + 1:] if "}" in response else response
+    answer = answer.strip()
+    return 1.0 if answer.isdigit() and len(answer) < 12 and answer == ground_truth.strip() else 0.0
+
+
 # ----------------------------------------------------------------------------- registry
 
 TASKS: dict[str, LabTask] = {
@@ -253,6 +297,18 @@ TASKS: dict[str, LabTask] = {
         params={"n_numbers": 6, "max_number": 9, "min_terms": 3, "max_terms": 4},
         validate=_validate_subset_sum,
         max_response_len=16,  # warm-start answers are 5–7 characters + EOS
+    ),
+    "multiply": LabTask(
+        name="multiply",
+        sample=_sample_multiply,
+        check=multiply_verifier,
+        params={"a_digits": 3, "b_digits": 2, "tool_frac": 0.3},
+        validate=_validate_multiply,
+        alphabet=TOOL_ALPHABET,
+        max_response_len=24,  # [347*29]{10063}10063 and EOS: 21 tokens
+        # Sampled without the tool, the lab model guesses (a 1M model cannot multiply in its
+        # head): the accuracy target is never met, so the build runs its step cap.
+        build={"max_steps": 400, "target_accuracy": 1.0},
     ),
 }
 """The built-in lab tasks."""

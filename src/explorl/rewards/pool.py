@@ -72,6 +72,17 @@ def _bounded(spec) -> bool:
     return not isinstance(spec, RewardSpec) or spec.bounded
 
 
+def _resolve(spec, warm: bool = False):
+    """A reward spec's scorer, or a job spec's own ``resolve`` (``explorl.tools.ToolSpec``)."""
+    own = getattr(spec, "resolve", None)
+    return own(warm=warm) if own is not None else resolve_scorer(spec, warm=warm)
+
+
+def _checked(spec, value):  # a checked score, or the job spec's own check
+    own = getattr(spec, "check", None)
+    return own(value) if own is not None else check_score(value, _bounded(spec))
+
+
 def call_budget(timeout_s: float, n: int, num_workers: int) -> float:
     """Default wall-clock budget of one ``score`` call of ``n`` responses
     (``reward.step_timeout_s: null``): room for four full per-response time limits plus a
@@ -90,12 +101,15 @@ class ScoreResult:
     """Verifications that raised or killed their worker (crash, segfault, memory limit)."""
     problem: str | None = None
     """The first failure, in user terms: the function as the user named it and why."""
+    failures: dict[int, str] = field(default_factory=dict)
+    """Why each failed item failed (index -> reason; a tool call's error message)."""
 
 
 def describe(spec) -> str:
     """A verifier or reward spec as the user wrote it (``my_rewards.py:f``, ``lab:addition``,
     ``a.py:f + b.py:g``), not its repr; files under the working directory are shown relative."""
-    refs = [spec] if isinstance(spec, str) else [t.ref for t in spec.terms]
+    refs = ([spec] if isinstance(spec, str) else list(spec.refs) if hasattr(spec, "refs")
+            else [t.ref for t in spec.terms])
     shown = []
     for ref in refs:
         target, sep, attr = ref.rpartition(":")
@@ -113,14 +127,16 @@ def report_failures(spec, n: int, errors: int, timeouts: int, problem: str | Non
     if not (errors or timeouts):
         return None
     name = describe(spec)
-    kind = "reward function" if isinstance(spec, RewardSpec) and not spec.bounded else "verifier"
+    kind = getattr(spec, "kind", None) or (
+        "reward function" if isinstance(spec, RewardSpec) and not spec.bounded else "verifier")
     parts = []
     if errors:
         parts.append(f"{errors} of {n} responses failed, e.g. {problem}")
     if timeouts:
         parts.append(f"{timeouts} of {n} responses timed out after "
                      f"reward.timeout_s={timeout_s:g} s")
-    log.warning("%s %s: %s (scored 0)", kind, name, "; ".join(parts))
+    if kind != "tool":  # a tool's failures are the model's mistakes, counted in tools/errors
+        log.warning("%s %s: %s (scored 0)", kind, name, "; ".join(parts))
     problem = problem or f"timed out after reward.timeout_s={timeout_s:g} s"
     return f"{kind} {name}: {problem}"
 
@@ -170,15 +186,16 @@ def _worker_main(conn: Connection, memory_limit_mb: int | None,
         spec, items = msg
         if spec not in verifiers:
             try:
-                verifiers[spec], problem = resolve_scorer(spec, warm=True), None
+                verifiers[spec], problem = _resolve(spec, warm=True), None
             except BaseException as e:  # every item of this spec then counts as an error
                 verifiers[spec], problem = None, f"{type(e).__name__}: {e}"
             conn.send(("ready", problem))
         fn = verifiers[spec]
-        bounded = _bounded(spec)
         for i, response, ground_truth, ctx in items:
             try:
-                score, problem = check_score(fn(response, ground_truth, ctx), bounded), None
+                if fn is None:
+                    raise RuntimeError(f"{describe(spec)} failed to load")
+                score, problem = _checked(spec, fn(response, ground_truth, ctx)), None
             except BaseException as e:  # includes SystemExit and MemoryError from the verifier
                 score, problem = 0.0, f"{type(e).__name__}: {e}"[:200]
             conn.send((i, score, problem))
@@ -291,17 +308,19 @@ class VerifierPool:
             raise ValueError(f"{len(responses)} responses but {len(contexts)} contexts")
         # Unknown names fail here, in the caller. Resolving imports the reward modules but runs
         # none of them on a response.
-        fn = resolve_scorer(verifier_name)
+        fn = _resolve(verifier_name)
         if self.num_workers == 0 or self._in_process(verifier_name):
-            res = _score_inline(fn, responses, ground_truths, contexts, _bounded(verifier_name))
+            res = _score_inline(fn, responses, ground_truths, contexts, verifier_name)
             problem = report_failures(verifier_name, len(responses), res.errors, 0, res.problem,
                                       None)
-            return ScoreResult(res.scores, 0, res.errors, problem)
+            return ScoreResult(res.scores, 0, res.errors, problem, res.failures)
         return self._score_workers(verifier_name, responses, ground_truths, contexts)
 
     def _in_process(self, spec: str | RewardSpec) -> bool:
         """Whether every function ``spec`` names is marked ``verifiers.in_process`` (bounded,
         pure): then the workers' isolation buys nothing and their round trips cost time."""
+        if spec not in self._inline and hasattr(spec, "resolve"):
+            self._inline[spec] = False  # user code: in the workers
         if spec not in self._inline:
             refs = [(spec, None)] if isinstance(spec, str) else [
                 (t.ref, spec.dirs or None) for t in spec.terms]
@@ -331,6 +350,7 @@ class VerifierPool:
         warm = any(spec in w.specs for w in self._workers)
         call_deadline = time.monotonic() + budget if warm else math.inf
         problem = None  # the first failed response's reason, for the log
+        failures: dict[int, str] = {}
 
         while left:
             # 1. Hand a chunk to every idle worker. Only idle workers: a busy one is not reading
@@ -376,6 +396,8 @@ class VerifierPool:
                             w.items.popleft()
                             scores[i], errors, left = s, errors + (why is not None), left - 1
                             problem = problem or why
+                            if why is not None:
+                                failures[i] = why
                         # The worker starts its next item the moment it answers this one.
                         w.deadline = time.monotonic() + self.timeout_s
                 except (EOFError, OSError):
@@ -395,7 +417,10 @@ class VerifierPool:
                     )
                     pending.appendleft(list(w.items))
                 else:
-                    w.items.popleft()  # the response it was working on
+                    lost = w.items.popleft()  # the response it was working on
+                    failures[lost] = ("the worker died (crash or memory limit)" if dead else
+                                      f"timed out after {self.timeout_s:g} s")
+                    problem = problem or failures[lost]
                     left -= 1
                     timeouts, errors = timeouts + (not dead), errors + dead
                     if w.items:
@@ -413,8 +438,10 @@ class VerifierPool:
                 )
                 for w in list(self._workers):
                     if w.items:
+                        failures.update({i: "the call's time budget ran out" for i in w.items})
                         w.items.clear()
                         self._replace(w)
+                failures.update({i: "the call's time budget ran out" for c in pending for i in c})
                 pending.clear()
                 timeouts, left = timeouts + cut, 0
 
@@ -429,7 +456,7 @@ class VerifierPool:
                 )
 
         problem = report_failures(spec, n, errors, timeouts, problem, self.timeout_s)
-        return ScoreResult(scores, timeouts, errors, problem)
+        return ScoreResult(scores, timeouts, errors, problem, failures)
 
     def close(self) -> None:
         """Stop the workers (idempotent)."""
@@ -458,15 +485,16 @@ class VerifierPool:
 
 
 def _score_inline(fn, responses: list[str], gts: list[str], ctxs: list,
-                  bounded: bool = True) -> ScoreResult:
+                  spec=None) -> ScoreResult:
     """In-process scoring with the pool's failure accounting but no time limit."""
-    scores, errors, problem = [], 0, None
-    for response, gt, ctx in zip(responses, gts, ctxs):
+    scores, errors, problem, failures = [], 0, None, {}
+    for i, (response, gt, ctx) in enumerate(zip(responses, gts, ctxs)):
         try:
-            scores.append(check_score(fn(response, gt, ctx), bounded))
+            scores.append(_checked(spec, fn(response, gt, ctx)))
         except Exception as e:
             log.debug("verifier raised", exc_info=True)
             scores.append(0.0)
             errors += 1
-            problem = problem or f"{type(e).__name__}: {e}"[:200]
-    return ScoreResult(scores, 0, errors, problem)
+            failures[i] = f"{type(e).__name__}: {e}"[:200]
+            problem = problem or failures[i]
+    return ScoreResult(scores, 0, errors, problem, failures)

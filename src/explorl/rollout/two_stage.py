@@ -21,6 +21,7 @@ import torch
 
 from explorl.adapters import refresh_copy_, rollout_copy
 from explorl.config import EEPOControlConfig
+from explorl.rollout.arpo import ARPOSampler
 from explorl.rollout.base import RolloutEngine
 from explorl.rollout.seeding import mix_seed
 from explorl.rollout.types import Rollouts
@@ -115,7 +116,7 @@ def unlearn_step(
                     part.prompt_ids,
                     part.prompt_mask,
                     part.response_ids,
-                    part.response_mask,
+                    part.token_mask,
                     T,
                     chunk_size=chunk_size,
                     with_entropy=False,
@@ -263,6 +264,12 @@ class TwoStage(OneStage):
         return out, metrics
 
 
-def make_sampler(engine: RolloutEngine, eepo: EEPOControlConfig, **kw) -> OneStage:
-    """The step's sampling strategy: ``TwoStage`` when EEPO is enabled, else ``OneStage``."""
-    return TwoStage(engine, eepo, **kw) if eepo.enabled else OneStage(engine)
+def make_sampler(engine: RolloutEngine, cfg, *, pad_id: int = 0, vocab_size: int = 0):
+    """The step's sampling strategy for a ``RunConfig``: ``TwoStage`` when EEPO is enabled,
+    ``ARPOSampler`` with ``rollout.arpo``, else ``OneStage``."""
+    if cfg.rollout.arpo.enabled:
+        return ARPOSampler(engine, cfg.rollout.arpo, vocab_size)
+    if cfg.control.eepo.enabled:
+        return TwoStage(engine, cfg.control.eepo, micro_batch_size=cfg.optim.micro_batch_size,
+                        chunk_size=cfg.algorithm.logprob_chunk, pad_id=pad_id)
+    return OneStage(engine)

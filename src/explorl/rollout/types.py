@@ -39,6 +39,14 @@ class Rollouts:
     # (N,) long, the policy version (trainer steps done) whose weights sampled each response;
     # set by the asynchronous rollout worker (``rollout.async``), None otherwise.
     version: torch.Tensor | None = None
+    # Multi-turn rollouts (``rollout.tools``): (N, R) bool, True on the tool results explorl
+    # inserted between the model's turns. They are part of the sequence (the forward attends to
+    # them: ``token_mask``) but not the policy's: ``response_mask`` is False there, so the loss,
+    # entropy and covariance statistics, controllers and KL never see them. None: no tools.
+    tool_mask: torch.Tensor | None = None
+    turns: torch.Tensor | None = None  # (N,) long, model turns (generation calls) per response
+    tool_calls: torch.Tensor | None = None  # (N,) long, tool calls answered
+    tool_errors: torch.Tensor | None = None  # (N,) long, of those, answered by an error message
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
@@ -49,7 +57,14 @@ class Rollouts:
 
     @property
     def lengths(self) -> torch.Tensor:  # (N,)
+        """The policy's own tokens per response (tool results excluded)."""
         return self.response_mask.sum(-1)
+
+    @property
+    def token_mask(self) -> torch.Tensor:  # (N, R) bool
+        """Every real response token, the model's and the tools' (what the forward attends to
+        and scores); ``response_mask`` where there are no tools."""
+        return self.response_mask if self.tool_mask is None else self.response_mask | self.tool_mask
 
     def select(self, idx: torch.Tensor | list[int]) -> "Rollouts":
         """Rows ``idx`` of every per-response field (a sub-batch)."""
@@ -101,6 +116,16 @@ class Rollouts:
         version = None
         if all(p.version is not None for p in parts):
             version = torch.cat([p.version for p in parts])
+        tool = {}  # the multi-turn fields: zeros for a part without tools
+        if any(p.tool_mask is not None for p in parts):
+            tool["tool_mask"] = torch.cat([
+                rpad(p.tool_mask if p.tool_mask is not None
+                     else torch.zeros_like(p.response_mask), R, False) for p in parts])
+            for name in ("turns", "tool_calls", "tool_errors"):
+                tool[name] = torch.cat([
+                    getattr(p, name) if getattr(p, name) is not None
+                    else torch.ones(len(p), dtype=torch.long, device=p.device) * (name == "turns")
+                    for p in parts])
         engine_logp = None  # a part without the engine's values: its own (weight 1)
         if any(p.engine_logp is not None for p in parts):
             engine_logp = torch.cat([rpad(p.old_logp if p.engine_logp is None else p.engine_logp,
@@ -119,4 +144,5 @@ class Rollouts:
             truncated=trunc,
             engine_logp=engine_logp,
             version=version,
+            **tool,
         )

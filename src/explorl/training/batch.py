@@ -47,6 +47,12 @@ class StepRows:
     # (N,) float64: Σ_t kl_t to the reference; set on the global rows by
     # ``reward_kl.reference_kl_sums`` with ``algorithm.kl_in_reward``, None otherwise
     kl_sum: torch.Tensor | None = None
+    # Multi-turn rollouts (``rollout.tools``); None without tools. (N,) int64 each: model turns,
+    # tool calls answered, calls answered by an error message, tool-result tokens.
+    turns: torch.Tensor | None = None
+    tool_calls: torch.Tensor | None = None
+    tool_errors: torch.Tensor | None = None
+    tool_tokens: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.group)
@@ -97,6 +103,10 @@ def response_stats(ro: Rollouts, scores: torch.Tensor, rewards: torch.Tensor, ra
     n = len(ro)
     stage = (ro.stage.cpu().long() if ro.stage is not None
              else torch.zeros(n, dtype=torch.long))  # host
+    tools = {} if ro.tool_mask is None else {
+        "turns": ro.turns.cpu().long(), "tool_calls": ro.tool_calls.cpu().long(),
+        "tool_errors": ro.tool_errors.cpu().long(),
+        "tool_tokens": ro.tool_mask.cpu().sum(-1).long()}
     return StepRows(
         group=ro.prompt_index.cpu().long(),
         reward=rewards.double(),
@@ -111,6 +121,7 @@ def response_stats(ro: Rollouts, scores: torch.Tensor, rewards: torch.Tensor, ra
         stage=stage,
         own=(stage != 2) | stage2_own,
         rank=torch.full((n,), rank, dtype=torch.long),  # host
+        **tools,
     )
 
 

@@ -79,7 +79,7 @@ class BeforeUpdate:
                 p.prompt_ids,
                 p.prompt_mask,
                 p.response_ids,
-                p.response_mask,
+                p.token_mask,
                 lcfg.temperature,
                 chunk_size=a.logprob_chunk,
                 with_entropy=False,
@@ -125,7 +125,7 @@ class BeforeUpdate:
                     sub.prompt_ids,
                     sub.prompt_mask,
                     sub.response_ids,
-                    sub.response_mask,
+                    sub.token_mask,
                     temperature,
                     chunk_size=a.logprob_chunk,
                     with_entropy=True,
@@ -150,6 +150,9 @@ class BeforeUpdate:
             new_logp, new_ent = new_logp[back], new_ent[back]
         new_logp = torch.where(own[:, None], new_logp.to(ro.old_logp.dtype), ro.old_logp)
         new_ent = torch.where(own[:, None], new_ent.to(ro.entropy.dtype), ro.entropy)
+        # The forward scores tool results too (it reads the whole sequence); they are not the
+        # policy's tokens, so they keep the sampler's zeros.
+        new_logp, new_ent = new_logp.masked_fill(~mask, 0.0), new_ent.masked_fill(~mask, 0.0)
         diff = ((new_logp - ro.old_logp).abs() * mask)[own]
         out = dataclasses.replace(ro, old_logp=new_logp, entropy=new_ent)
         m = mask.float()

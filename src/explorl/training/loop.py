@@ -31,6 +31,7 @@ from explorl.rewards.pool import VerifierPool
 from explorl.rewards.rewarder import Rewarder
 from explorl.rollout.base import build_engine, pop_metrics
 from explorl.rollout.two_stage import make_sampler
+from explorl.tools.formats import prompt_schemas
 from explorl.training import async_rollouts, sampling
 from explorl.training import plan as device_plan
 from explorl.training import state as run_state
@@ -107,9 +108,9 @@ class Trainer:
     def _setup_model(self, ckpt: Path | None) -> None:
         cfg = self.cfg
         self.base_path = base_path = models.resolve_model_path(cfg.model.path, cfg.lab)
-        self.tokenizer = models.load_tokenizer(base_path, cfg.model)
-        self.prompts = models.PromptTokens(self.tokenizer, cfg.model.use_chat_template,
-                                    cfg.data.max_prompt_len)
+        self.tokenizer = tok = models.load_tokenizer(base_path, cfg.model)
+        self.prompts = models.PromptTokens(self.tokenizer, cfg.model.use_chat_template,  # + tools
+                                    cfg.data.max_prompt_len, prompt_schemas(cfg.rollout, tok))
         self.prompts.check(train=self.train_data, val=self.val_data[: cfg.eval.max_problems],
                            anneal=self.anneal_data or [])  # every prompt fits, before the model
         self.policy = adapters.load_policy(base_path, ckpt, cfg.model, self.device)  # model.lora
@@ -144,10 +145,8 @@ class Trainer:
         self.plan = device_plan.plan_for(cfg, self.device, self.policy, self.dist, engine,
                                          prompt_len=self.prompts.longest)
         self.cfg = cfg = device_plan.apply(cfg, self.plan)
-        pad = getattr(engine, "pad_id", 0)
-        self.sampler = make_sampler(engine, cfg.control.eepo, pad_id=pad,
-                                    micro_batch_size=cfg.optim.micro_batch_size,
-                                    chunk_size=cfg.algorithm.logprob_chunk)
+        pad = getattr(engine, "pad_id", 0)  # sampling strategy: EEPO, ARPO or one stage
+        self.sampler = make_sampler(engine, cfg, pad_id=pad, vocab_size=self.vocab_size)
         self.update = PolicyUpdate(cfg, self.scorer, self.optimizer, self.scheduler, self.ref,
                                    self.dist, self.generators["loss"], self.generators["shuffle"],
                                    pad, amp=self.amp,

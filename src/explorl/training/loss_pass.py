@@ -44,7 +44,7 @@ class LossPass:
                 with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The policy's log-probs (n, T) of ``sub``'s responses at ``temperature``, with
         gradients, and their entropy when asked: the loss's forward."""
-        return self.scorer(sub.prompt_ids, sub.prompt_mask, sub.response_ids, sub.response_mask,
+        return self.scorer(sub.prompt_ids, sub.prompt_mask, sub.response_ids, sub.token_mask,
                            temperature, chunk_size=self.cfg.algorithm.logprob_chunk,
                            with_entropy=with_entropy)
 
@@ -98,7 +98,7 @@ class LossPass:
                     sub.prompt_ids,
                     sub.prompt_mask,
                     sub.response_ids,
-                    mask,
+                    sub.token_mask,
                     lcfg.temperature,
                     chunk_size=a.logprob_chunk,
                     with_entropy=False,

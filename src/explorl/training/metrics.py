@@ -38,7 +38,24 @@ def batch_metrics(step: int, sb: StepBatch, used: Knobs) -> dict[str, float]:
         "rollout/n_trained": float(n),
     }
     out.update({f"control/{k}": float(getattr(used, k)) for k in KNOB_METRICS})
+    out.update(tool_metrics(rows))
     return out
+
+
+def tool_metrics(rows) -> dict[str, float]:
+    """``tools/*`` and ``tokens/*`` of a multi-turn batch (``StepRows`` with the tool columns);
+    none without tools. Per response: means; ``tools/errors``: the batch's count."""
+    if rows.turns is None or not len(rows.turns):
+        return {}
+    calls = rows.tool_calls.double()
+    return {
+        "tools/calls_mean": float(calls.mean()),
+        "tools/call_frac": float((calls > 0).double().mean()),
+        "tools/errors": float(rows.tool_errors.sum()),
+        "tools/turns": float(rows.turns.double().mean()),
+        "tokens/model_mean": float(rows.length.double().mean()),
+        "tokens/tool_mean": float(rows.tool_tokens.double().mean()),
+    }
 
 
 def ordered(metrics: dict) -> dict:

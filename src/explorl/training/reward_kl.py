@@ -29,7 +29,7 @@ def reference_kl_sums(ref: torch.nn.Module, ro: Rollouts, sb: StepBatch, dist, *
         sub = ro.select(idx)
         with amp():
             ref_logp, _ = response_logprobs(ref, sub.prompt_ids, sub.prompt_mask,
-                                            sub.response_ids, sub.response_mask, temperature,
+                                            sub.response_ids, sub.token_mask, temperature,
                                             chunk_size=chunk_size, with_entropy=False)
         kl = kl_estimate(sub.old_logp.float(), ref_logp.float(), kind)  # (n_mb, T)
         sums.append(torch.where(mask[idx], kl, torch.zeros_like(kl)).sum(-1).cpu().double())

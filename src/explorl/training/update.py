@@ -152,7 +152,7 @@ class PolicyUpdate:
         if not a.kl_in_reward:
             return
         o = self.cfg.optim
-        tokens = (ro.response_mask.sum(-1) + ro.prompt_mask.sum(-1)).tolist()
+        tokens = (ro.token_mask.sum(-1) + ro.prompt_mask.sum(-1)).tolist()
         reference_kl_sums(self.ref, ro, sb, self.dist, kind=a.kl_estimator,
                           temperature=temperature, chunk_size=a.logprob_chunk, amp=self.amp,
                           sizes=micro_batch_sizes(tokens, o.micro_batch_size,
@@ -216,6 +216,8 @@ class PolicyUpdate:
         if a.mask_truncated:  # overlong filtering: out of the loss and its denominators
             keep = ~rows.truncated[sb.local].to(ro.response_mask.device)  # (n,)
             ro = dataclasses.replace(ro, response_mask=ro.response_mask & keep[:, None])
+            if ro.tool_mask is not None:  # the whole row leaves the forward too
+                ro = dataclasses.replace(ro, tool_mask=ro.tool_mask & keep[:, None])
             lengths = lengths * ~rows.truncated
         max_len = a.agg_max_len or cfg.rollout.max_response_len
         n_mb = min(o.mini_batches, N)

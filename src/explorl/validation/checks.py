@@ -15,7 +15,7 @@ from explorl.algorithms.losses import AGG_WHY, FOLDS_CORRECTION, REQUIRED_AGG
 from explorl.config.coerce import _fail, build, to_dict
 from explorl.config.ranges import _check_ranges
 from explorl.config.recipes import HISTORY_KEY, _if_dir, read_recipe
-from explorl.config.sections import RunConfig
+from explorl.config.sections import RolloutConfig, RunConfig
 from explorl.control.contract import check_knob_contract
 from explorl.control.registry import CONTROLLER_SPECS, check_control_config
 from explorl.control.spec import check_choice
@@ -71,6 +71,25 @@ def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
         ("rollout.hf.static", r.engine == "hf" or r.hf.static == "auto",
          f"is a setting of the hf engine, and rollout.engine is {r.engine!r}: nothing reads it "
          "(leave it at auto, or use rollout.engine: hf)"),
+        *[(f"rollout.{k}", bool(r.tools) or getattr(r, k) == getattr(RolloutConfig, k),
+           "is a setting of multi-turn tool rollouts, and rollout.tools is empty: nothing reads "
+           f"it (leave it at {getattr(RolloutConfig, k)!r}, or name tools in rollout.tools)")
+          for k in ("max_turns", "tool_format", "tool_result_max_chars")],
+        ("rollout.tools", not (r.tools and r.engine != "hf"),
+         f"multi-turn tool rollouts run on the hf engine, and rollout.engine is {r.engine!r}; "
+         "set rollout.engine: hf"),
+        ("rollout.tools", not (r.tools and r.async_.enabled),
+         "multi-turn tool rollouts do not run in the asynchronous rollout worker yet; set "
+         "rollout.async.enabled: false"),
+        ("rollout.arpo.enabled", not r.arpo.enabled or bool(r.tools),
+         "ARPO branches after tool results: it needs rollout.tools"),
+        ("rollout.arpo.enabled", not (r.arpo.enabled and e.enabled),
+         "cannot run with control.eepo.enabled: EEPO splits each prompt's budget into two stages "
+         "sampled by two models, ARPO into turn-1 rollouts and branches of them; set one false"),
+        *[(f"rollout.arpo.{f.name}", r.arpo.enabled or getattr(r.arpo, f.name) == f.default,
+           f"is a setting of ARPO, and rollout.arpo.enabled is false: nothing reads it (leave "
+           f"it at {f.default!r}, or enable ARPO)")
+          for f in dataclasses.fields(r.arpo) if f.name != "enabled"],
         ("rollout.async.enabled", not (r.async_.enabled and e.enabled),
          "cannot run with control.eepo.enabled: EEPO's stage 2 samples from a copy unlearned on "
          "stage 1 between the two halves of one batch, which a worker sampling ahead of the "

@@ -19,6 +19,7 @@ from explorl.lab.tasks import TASKS
 from explorl.refs import is_ref
 from explorl.rewards.functions import check_reward
 from explorl.rewards.verifiers import VERIFIERS
+from explorl.tools.functions import load_tool
 
 DEFAULT_RESPONSE_LEN = 256
 """``rollout.max_response_len`` of a run whose model is not a lab model."""
@@ -112,6 +113,7 @@ def check_references(cfg, env: bool = True) -> None:
     if r.functions and r.convention == "signed":
         fail("reward.convention", "'signed' maps a {0, 1} verifier score; with reward.functions "
                                   "the reward is their weighted sum (set its range there)")
+    check_tools(cfg, env, fail)
     for key in ("prompt_key", "answer_key"):
         if getattr(cfg.data, key) == "":
             fail(f"data.{key}", "must be a column name or null")
@@ -120,3 +122,35 @@ def check_references(cfg, env: bool = True) -> None:
 def _task_specs(specs: list[tuple[str, str]]) -> set[str]:
     """The distinct task specs among ``(key, spec)`` pairs (``lab:`` / ``rg:`` ones)."""
     return {s.removeprefix("lab:") for _, s in specs if s.startswith(("lab:", "rg:"))}
+
+
+def check_tools(cfg, env: bool, fail) -> None:
+    """``rollout.tools``: each a typed, documented function that loads (with ``env``), no name
+    twice; the lab format's one tool with one parameter."""
+    import inspect
+
+    tools = cfg.rollout.tools
+    names: dict[str, int] = {}
+    path = cfg.model.path
+    lab = cfg.rollout.tool_format == "lab" or cfg.rollout.tool_format == "auto" and (
+        path.startswith("lab:") or (Path(path).expanduser() / "lab.json").is_file())
+    for i, ref in enumerate(tools):
+        key = f"rollout.tools[{i}]"
+        if not isinstance(ref, str) or not is_ref(ref):
+            fail(key, f"{ref!r} is not a tool reference: expected 'module:function' or "
+                       "'path/to/file.py:function'")
+        if not env:
+            continue
+        try:
+            fn = load_tool(ref)
+        except (ValueError, ImportError) as e:
+            fail(key, e)
+        if fn.__name__ in names:
+            fail(key, f"a second tool named {fn.__name__!r} (rollout.tools[{names[fn.__name__]}])"
+                       "; the model calls tools by name")
+        names[fn.__name__] = i
+        if lab and len(inspect.signature(fn).parameters) != 1:
+            fail(key, "the lab tool format passes one argument ([arg]); this tool takes "
+                       f"{len(inspect.signature(fn).parameters)}")
+    if len(tools) > 1 and lab:
+        fail("rollout.tools", f"the lab tool format calls one tool, and {len(tools)} are named")

@@ -1,0 +1,188 @@
+"""Multi-turn rollouts with tools: a sampling strategy around any token-in, token-out engine.
+
+Turn 1 samples every response as a single-turn engine call would (the same draws), except
+that a tool call's end (``ToolFormat.stop_ids``) stops a row as EOS does. Each row that
+stopped at a call gets the call run (``ToolRunner``: the worker pool, its limits; a failure
+is an error message), the result's tokens appended, and takes its next turn from the whole
+context so far: prompt, its own sampled tokens, the results. Up to ``max_turns`` turns and
+``max_new_tokens`` response tokens (the model's and the tools' together) per response.
+
+**Token in, token out.** The next turn's context is the ids the model sampled, never its text
+re-encoded, and only a result is encoded; the record's model tokens are exactly the sampled
+ones, with the engine's own log-probs and entropy. The result tokens are in the sequence
+(``Rollouts.tool_mask``) but not the policy's (``response_mask`` False there, log-prob and
+entropy 0), so no loss, statistic, controller or KL sees them.
+
+Each turn re-encodes its context in one batched prefill (the engine shares no KV cache between
+calls); the decode steps, where the time goes, are the engine's own, static path included.
+Seeded draws: turn 1 uses the caller's seeds exactly; turn k > 1 of response j of prompt i
+draws from ``mix_seed(row key, k)``, so a response depends only on (seed, j), not the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from explorl.rollout.hf import left_pad
+from explorl.rollout.seeding import mix_seed, row_keys
+from explorl.rollout.types import Rollouts
+from explorl.tools.functions import ToolCallError
+from explorl.tools.runner import ToolAnswer
+
+
+@dataclass
+class _Row:
+    """One response being built: its prompt, its segments and its counters."""
+
+    prompt: int  # index of its prompt in the call
+    key: int | None  # its counter-based sampling key (None: the generator draws)
+    ids: list[int] = field(default_factory=list)
+    logp: list[torch.Tensor] = field(default_factory=list)
+    ent: list[torch.Tensor] = field(default_factory=list)
+    tool: list[bool] = field(default_factory=list)  # per token: inserted by a tool
+    turns: int = 0
+    calls: int = 0
+    errors: int = 0
+    finished: bool = False  # ended with EOS
+    window: list[float] = field(default_factory=list)  # Σ entropy of each turn's first tokens
+    branch_of: int = -1  # ARPO: the row it was copied from (-1: none)
+    shared: int = 0  # ARPO: response tokens shared with that row
+
+    def copy(self, key: int | None, source: int) -> _Row:
+        """A branch: this row's tokens so far, its own draws from here on."""
+        return _Row(self.prompt, key, list(self.ids), list(self.logp), list(self.ent),
+                    list(self.tool), self.turns, self.calls, self.errors, False,
+                    list(self.window), source, len(self.ids))
+
+
+class ToolEngine:
+    """Wraps an engine whose stop tokens include the format's (``HFEngine(eos_ids=...)``).
+
+    ``fmt``: a ``tools.formats`` format; ``runner``: a ``ToolRunner`` (or anything with
+    ``run(calls) -> [ToolAnswer]``); ``max_turns``: model turns per response (tool calls
+    answered: at most ``max_turns - 1``). Each turn's first ``window`` tokens' entropy is summed
+    into ``_Row.window`` (what ARPO's branching reads; its ``window`` when it branches).
+    """
+
+    window = 20
+
+    def __init__(self, engine, fmt, runner, max_turns: int, eos_ids: list[int]):
+        self.engine, self.fmt, self.runner, self.max_turns = engine, fmt, runner, max_turns
+        self.stop_ids = set(fmt.stop_ids)
+        self.eos_ids = set(eos_ids)
+        self.tokenizer = engine.tokenizer
+        self.last_rows: list[_Row] = []  # the last call's rows, in record order
+
+    def __getattr__(self, name):  # pad_id, sync_weights, pop_metrics, resident_bytes, ...
+        if name == "engine":
+            raise AttributeError(name)
+        return getattr(self.engine, name)
+
+    def generate(self, model, prompt_ids, n_samples, temperature, max_new_tokens,
+                 generator=None, seeds=None, branching=None) -> Rollouts:
+        """``branching`` (ARPO, ``rollout.arpo``): turn 1 samples ``branching.first(n)`` of each
+        prompt's n responses, and after each tool result ``branching.expand`` may add rows that
+        continue a copy of a row (or start afresh) until the prompt has its n."""
+        first_n = branching.first(n_samples) if branching is not None else list(n_samples)
+        self._window = branching.window if branching is not None else self.window
+        keys = row_keys(seeds, first_n).tolist() if seeds is not None else None
+        rows = [_Row(i, None if keys is None else keys[k])
+                for k, i in enumerate(i for i, n in enumerate(first_n) for _ in range(n))]
+        first = self.engine.generate(model, prompt_ids, first_n, temperature, max_new_tokens,
+                                     generator=generator, seeds=seeds)
+        live = self._take(first, rows, list(range(len(rows))), max_new_tokens)
+        while True:
+            if branching is not None:
+                live += branching.expand(rows, live, n_samples, seeds, generator)
+            if not live:
+                break
+            ctx = [prompt_ids[rows[r].prompt] + rows[r].ids for r in live]
+            budget = max(max_new_tokens - len(rows[r].ids) for r in live)
+            # One context each, its seed the row's key mixed with its next turn's number: the
+            # row's draws depend on (row key, turn) only (seeding: key = mix_seed(seed, 0)).
+            sub_seeds = (None if keys is None
+                         else [mix_seed(rows[r].key, rows[r].turns + 1) for r in live])
+            ro = self.engine.generate(model, ctx, [1] * len(live), temperature, budget,
+                                      generator=generator, seeds=sub_seeds)
+            live = self._take(ro, rows, live, max_new_tokens)
+        order = sorted(range(len(rows)), key=lambda r: rows[r].prompt)  # stable: by prompt
+        self.last_rows = [rows[r] for r in order]
+        return self._record(prompt_ids, self.last_rows, temperature, first.old_logp.device)
+
+    def _take(self, ro: Rollouts, rows: list[_Row], live: list[int], max_new: int) -> list[int]:
+        """Append one turn's sampled tokens (``ro``'s rows are ``live``'s, in order), run the
+        calls it ended with, append their results; return the rows that continue."""
+        lengths = ro.response_mask.sum(-1).tolist()
+        calls, callers = [], []
+        for k, r in enumerate(live):
+            row = rows[r]
+            n = min(int(lengths[k]), max_new - len(row.ids))  # the row's own budget
+            ids = ro.response_ids[k, :n].tolist()
+            row.ids += ids
+            row.logp.append(ro.old_logp[k, :n])
+            row.ent.append(ro.entropy[k, :n])
+            row.tool += [False] * n
+            row.turns += 1
+            row.window.append(float(ro.entropy[k, : min(n, self._window)].sum()))
+            whole = n == lengths[k]
+            last = ids[-1] if ids else None
+            row.finished = whole and last in self.eos_ids
+            if (whole and last in self.stop_ids and row.turns < self.max_turns
+                    and len(row.ids) < max_new):
+                text = self.tokenizer.decode(ids, skip_special_tokens=False)
+                try:
+                    calls.append(self.fmt.parse(text))
+                except ToolCallError as e:
+                    calls.append(e)
+                callers.append(r)
+        good = [c for c in calls if not isinstance(c, Exception)]
+        answers = iter(self.runner.run(good))
+        go_on = []
+        for r, c in zip(callers, calls):
+            row = rows[r]
+            ans = ToolAnswer("", str(c)) if isinstance(c, Exception) else next(answers)
+            ids, failed = self.fmt.result_ids(ans.text, ans.error)
+            ids = ids[: max_new - len(row.ids)]  # a result cut by the budget ends the response
+            row.ids += ids
+            row.logp.append(ro.old_logp.new_zeros(len(ids)))
+            row.ent.append(ro.entropy.new_zeros(len(ids)))
+            row.tool += [True] * len(ids)
+            row.calls, row.errors = row.calls + 1, row.errors + failed
+            if len(row.ids) < max_new:
+                go_on.append(r)
+        return go_on
+
+    def _record(self, prompt_ids, rows: list[_Row], temperature: float, device) -> Rollouts:
+        """The typed record (rows grouped by prompt; R = the longest response)."""
+        N = len(rows)
+        R = max([len(r.ids) for r in rows] + [1])
+        pad = self.engine.pad_id
+        p_ids, p_mask = left_pad([prompt_ids[r.prompt] for r in rows], pad, device)
+        ids = torch.full((N, R), pad, dtype=torch.long, device=device)
+        tool = torch.zeros((N, R), dtype=torch.bool, device=device)
+        logp = torch.zeros((N, R), device=device)
+        ent = torch.zeros((N, R), device=device)
+        for i, r in enumerate(rows):
+            n = len(r.ids)
+            if not n:
+                continue
+            ids[i, :n] = torch.as_tensor(r.ids, dtype=torch.long, device=device)
+            tool[i, :n] = torch.as_tensor(r.tool, dtype=torch.bool, device=device)
+            logp[i, :n], ent[i, :n] = torch.cat(r.logp).float(), torch.cat(r.ent).float()
+        lengths = torch.as_tensor([len(r.ids) for r in rows], dtype=torch.long, device=device)
+        mask = (torch.arange(R, device=device)[None, :] < lengths[:, None]) & ~tool  # (N, R)
+        texts = self.tokenizer.batch_decode([r.ids for r in rows], skip_special_tokens=True)
+
+        def col(values) -> torch.Tensor:
+            return torch.as_tensor(values, dtype=torch.long, device=device)
+
+        return Rollouts(
+            prompt_ids=p_ids, prompt_mask=p_mask, response_ids=ids, response_mask=mask,
+            old_logp=logp, entropy=ent, prompt_index=col([r.prompt for r in rows]),
+            texts=texts, temperature=temperature,
+            truncated=torch.as_tensor([not r.finished for r in rows], dtype=torch.bool,
+                                      device=device),
+            tool_mask=tool, turns=col([r.turns for r in rows]),
+            tool_calls=col([r.calls for r in rows]), tool_errors=col([r.errors for r in rows]))

@@ -1,0 +1,107 @@
+"""Tool calls run in the reward's sandboxed worker pool: a crash, a hang or a huge result is an
+error message the model reads, counted, never a stalled run.
+
+``ToolSpec`` is the job the pool's workers resolve (the pool runs any picklable spec with its own
+``resolve`` and ``check``): the tool references, and the longest result the model may read.
+The workers import the user's tools, so user code never runs in the trainer; each call has the
+pool's limits (``reward.timeout_s`` per call, the workers' memory cap, ``reward.num_workers``
+workers; 0 runs them in-process with no limit, for trusted debugging).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from explorl.refs import search_dirs
+from explorl.rewards.pool import VerifierPool
+from explorl.tools.functions import call, load_tool
+
+
+class ToolResultTooLong(ValueError):
+    """A tool returned more text than ``rollout.tool_result_max_chars``."""
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """The tools a run names, as a worker-pool job (picklable, hashable)."""
+
+    refs: tuple[str, ...]
+    """``module:function`` / ``path/file.py:function`` references, in the recipe's order."""
+    max_chars: int = 2000
+    """A longer result is an error (checked in the worker: a huge one never crosses the pipe)."""
+    dirs: tuple[str, ...] = ()
+    """Directories searched for module references (the working directory at config time)."""
+
+    kind = "tool"  # how the pool's log lines name it
+
+    def load(self) -> dict[str, Callable]:
+        """The tools by function name."""
+        fns = [load_tool(r, self.dirs or None) for r in self.refs]
+        return {fn.__name__: fn for fn in fns}
+
+    def resolve(self, warm: bool = False) -> Callable:
+        """``run(call_json, _, _) -> str``: the worker's job for one call, whose JSON is
+        ``{"name": ..., "arguments": {...}}``."""
+        tools = self.load()
+
+        def run(call_json: str, _gt=None, _ctx=None) -> str:
+            c = json.loads(call_json)
+            return call(tools, c["name"], c["arguments"])
+        return run
+
+    def check(self, value) -> str:
+        if not isinstance(value, str):
+            raise TypeError(f"tool result is a {type(value).__name__}, not text")
+        if len(value) > self.max_chars:
+            raise ToolResultTooLong(f"tool result too long ({len(value)} characters > "
+                                    f"rollout.tool_result_max_chars={self.max_chars})")
+        return value
+
+
+@dataclass(frozen=True)
+class ToolAnswer:
+    """What one call gave: its text, or why it failed (the model then reads the error)."""
+
+    text: str
+    error: str | None = None
+
+
+class ToolRunner:
+    """Runs a batch of tool calls through a worker pool of its own (started on first use)."""
+
+    def __init__(self, spec: ToolSpec, *, num_workers: int, timeout_s: float,
+                 step_timeout_s: float | None = None, memory_limit_mb: int | None = 4096):
+        self.spec = spec
+        self.num_workers, self.timeout_s, self.memory_limit_mb = (num_workers, timeout_s,
+                                                                  memory_limit_mb)
+        self.step_timeout_s = step_timeout_s  # one turn's calls together (the pool's default)
+        self._pool: VerifierPool | None = None
+
+    @classmethod
+    def from_config(cls, cfg) -> ToolRunner:
+        """The runner of a ``RunConfig``: ``rollout.tools`` with the reward's pool limits."""
+        r = cfg.reward
+        spec = ToolSpec(tuple(cfg.rollout.tools), cfg.rollout.tool_result_max_chars,
+                        search_dirs())
+        return cls(spec, num_workers=r.num_workers, timeout_s=r.timeout_s,
+                   step_timeout_s=r.step_timeout_s)
+
+    def run(self, calls: list[tuple[str, dict]]) -> list[ToolAnswer]:
+        """Answer each ``(name, arguments)`` call, in order."""
+        if not calls:
+            return []
+        if self._pool is None:
+            self._pool = VerifierPool(self.num_workers, self.timeout_s,
+                                      step_timeout_s=self.step_timeout_s,
+                                      memory_limit_mb=self.memory_limit_mb)
+        jobs = [json.dumps({"name": n, "arguments": a}) for n, a in calls]
+        res = self._pool.score(self.spec, jobs, [""] * len(jobs))
+        return [ToolAnswer("", res.failures[i]) if i in res.failures
+                else ToolAnswer(res.scores[i]) for i in range(len(jobs))]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
