@@ -37,8 +37,8 @@ from explorl.outputs.tables import print_tables, stacked
 from explorl.rewards.functions import check_reward
 from explorl.rewards.pool import VerifierPool
 from explorl.rewards.rewarder import Rewarder
-from explorl.rollout import progress as sampler_progress
 from explorl.rollout.base import build_engine
+from explorl.rollout.progress import DecodeRate, listening
 from explorl.rollout.seeding import mix_seed
 from explorl.training.checkpoint import latest_checkpoint
 from explorl.validation.references import DEFAULT_RESPONSE_LEN
@@ -132,7 +132,7 @@ def run_eval(
     t0 = time.perf_counter()
     columns = (TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("eta"), TimeRemainingColumn(), TextColumn("[dim]{task.fields[decode]}"))
-    rate = sampler_progress.DecodeRate(time.perf_counter)
+    rate = DecodeRate(time.perf_counter)
 
     def on_decode(t: int, total: int, rows: int) -> None:  # moves the line between batches
         rate(t, total, rows)
@@ -140,7 +140,7 @@ def run_eval(
 
     with VerifierPool.from_config(cfg.reward) as pool, \
             Progress(*columns, disable=not progress) as bar, \
-            sampler_progress.listening(on_decode):
+            listening(on_decode):
         task = bar.add_task("eval", total=len(records), decode="")
         for start in range(0, len(records), batch_problems):
             chunk = records[start: start + batch_problems]

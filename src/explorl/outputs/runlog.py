@@ -20,7 +20,7 @@ from rich.progress import (
 )
 
 from explorl.errors import CheckpointError
-from explorl.rollout import progress
+from explorl.rollout.progress import DecodeRate, listening
 
 
 def _clean(v):
@@ -112,8 +112,8 @@ class ProgressBar:
                                            reward="-", entropy="-", extra="", decode="")
         # The sampler's decode steps move the line between steps (a real model's step on a
         # CPU takes minutes); the rate restarts with each step.
-        self._rate = progress.DecodeRate(time.perf_counter)
-        self._listening = progress.listening(self._on_decode)
+        self._rate = DecodeRate(time.perf_counter)
+        self._listening = listening(self._on_decode)
         self._listening.__enter__()
         self.progress.start()
 
@@ -138,7 +138,7 @@ class ProgressBar:
             extra=extra,
             decode="",
         )
-        self._rate = progress.DecodeRate(time.perf_counter)
+        self._rate = DecodeRate(time.perf_counter)
 
     def log(self, text: str) -> None:
         (self.progress.console if self.enabled else self.console).print(text)

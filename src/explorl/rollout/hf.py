@@ -45,8 +45,8 @@ except ImportError:  # older: the plain DynamicCache
 from explorl.adapters import for_sampling
 from explorl.config.sections import HFConfig
 from explorl.hf_compat import cache_kwarg
-from explorl.rollout import progress
 from explorl.rollout.lean import lean_logits, lean_sampling_supported
+from explorl.rollout.progress import step as report_decode_step
 from explorl.rollout.seeding import NoiseStream, row_keys
 from explorl.rollout.static import (
     StaticDecoder,
@@ -357,7 +357,7 @@ class HFEngine:
             out_ent[idx, t] = ent * alive
             out_mask[idx, t] = alive
             n_steps = t + 1
-            progress.step(n_steps, max_new_tokens, len(idx))
+            report_decode_step(n_steps, max_new_tokens, len(idx))
             done = alive & ((tok == eos_id) if single_eos else torch.isin(tok, eos))
             finished[idx] |= done
             alive = alive & ~done

@@ -39,7 +39,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from explorl.rollout import progress
 from explorl.rollout.lean import (
     _GLOBAL_HOOKS,
     _hooked,
@@ -48,6 +47,7 @@ from explorl.rollout.lean import (
     additive_mask,
     lean_sampling_supported,
 )
+from explorl.rollout.progress import step as report_decode_step
 from explorl.rollout.seeding import MT_VOCAB_MAX, NoiseStream, inverse_cdf_sample, row_uniforms
 
 _COLS = 128  # cache columns are allocated in multiples of this (aligned masks; fewer rebuilds)
@@ -376,7 +376,7 @@ class StaticDecoder:
                                (self.out_ent, 0), (self.out_mask, False)):
                 buf[: N + 1].fill_(value)
             self._draw(N, logits, mode, noise, 0, N)
-            progress.step(1, R, N)
+            report_decode_step(1, R, N)
             b, n = top, N
             for t in range(1, R):
                 if t % check_every == 0:
@@ -386,7 +386,7 @@ class StaticDecoder:
                     if bucket(n_alive, self.smallest) < b:
                         b, n = self._compact(b, n_alive, noise), n_alive
                 self._run(b, mode, noise, t, n)
-                progress.step(t + 1, R, n)
+                report_decode_step(t + 1, R, n)
             mask = self.out_mask[:N, :R]
             width = int(mask.sum(-1).max()) if N else 0
             return tuple(buf[:N, :width].clone()

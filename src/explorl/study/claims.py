@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from explorl.study.evidence import Evidence
-from explorl.study.stats import Interval, verdict
+from explorl.study.stats import Interval, t_ppf, verdict
 
 EEPO_ACTIVE = 0.10  # EEPO's claim needs the gate open on at least this fraction of steps
 NEAR_H0 = 0.15  # E3 TS: H final / H0 − 1 within ±this
@@ -47,7 +47,6 @@ at its own best one."""
 def rule_notes(n_seeds: int) -> str:
     """RULE_NOTES for a study of ``n_seeds`` seeds: the t quantile of the seed-dominated
     interval (df n − 1)."""
-    from explorl.study.stats import t_ppf
 
     plural = "s" if n_seeds != 1 else ""
     t = t_ppf(0.975, max(n_seeds - 1, 1))
