@@ -12,11 +12,12 @@ of 8 prompts × 8 responses hands the update: prompts of 40–100 tokens (left-p
 8–128 tokens (right-padded), drawn with a fixed seed. An update is the trainer's loss pass
 (``forward.response_logprobs`` on the whole batch, one micro-batch as on a CPU by default:
 ``plan.CPU_MICRO_BATCH_ROWS`` = 64 rows), a GRPO token-mean loss with an entropy bonus, its
-backward, and a fused AdamW step; ``--updates`` of them per process (the first allocates AdamW's
-state: the peak is that of the second), each variant in a fresh process.
+backward, and a fused AdamW step; ``--updates`` of them per process (AdamW's state allocated
+before the first, as it is from a run's second step on), each variant in a fresh process.
 
-Figures: peak RSS of the process (``ru_maxrss``), its RSS before the first update (weights and
-inputs), and the median CPU time (user + system) of the updates after the first. Every worker
+Figures: peak RSS of the process (``ru_maxrss``), its RSS before the first update (weights,
+AdamW's state and inputs), and the median CPU time (user + system) of the updates after the
+first (of the first when there is one). Every worker
 runs under an ``RLIMIT_DATA`` cap (``--mem-limit-gb``): a variant over it fails its own row.
 """
 
@@ -96,6 +97,12 @@ def worker(spec: dict) -> dict:
     # micro-batches as the trainer cuts them: ≤ 64 rows, ≤ micro_batch_tokens (prompt + response)
     rows_tokens = (pmask.sum(-1) + rmask.sum(-1)).tolist()
     sizes = micro_batch_sizes(rows_tokens, 64, spec.get("micro_batch_tokens"))
+    # AdamW's state exists from a run's first step on: allocate it before measuring (a step on
+    # zero gradients), so one update's peak is a steady step's.
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
     before = _rss_mb()
     cpu = []
     n = rmask.sum()
@@ -136,7 +143,7 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--max-response", type=int, default=128)
-    p.add_argument("--updates", type=int, default=2)
+    p.add_argument("--updates", type=int, default=1)
     p.add_argument("--chunk", type=int, default=512, help="algorithm.logprob_chunk")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--micro-batch-tokens", type=int, help="optim.micro_batch_tokens (None: rows)")
