@@ -148,6 +148,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--micro-batch-tokens", type=int, help="optim.micro_batch_tokens (None: rows)")
     p.add_argument("--checkpointing", action="store_true", help="model.gradient_checkpointing")
+    p.add_argument("--layers", type=int, help="decoder layers (default SmolLM2's 30): a cheaper "
+                   "run for the layouts' relative cost; the head's memory does not depend on it")
     p.add_argument("--mem-limit-gb", type=float, default=14.0)
     p.add_argument("--json", help="also write the rows to this file")
     p.add_argument("--smoke", action="store_true", help="tiny shapes, one update: it runs")
@@ -160,6 +162,8 @@ def main() -> None:
                 min_response=8, max_response=args.max_response, updates=args.updates,
                 chunk=args.chunk, threads=args.threads, mem_limit_gb=args.mem_limit_gb,
                 micro_batch_tokens=args.micro_batch_tokens, checkpointing=args.checkpointing)
+    if args.layers:
+        spec["model"] = dict(SMOLLM2, num_hidden_layers=args.layers)
     if args.smoke:
         spec.update(model=TINY, prompts=2, samples=2, prompt_len=(4, 8), max_response=16,
                     updates=1, chunk=16)
