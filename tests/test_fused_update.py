@@ -195,6 +195,19 @@ def test_varlen_layout_is_chosen_where_attention_reads_positions_only():
     assert not takes_varlen(with_attention("flash_attention_2", sliding_window=8))
 
 
+def test_the_varlen_layout_is_one_row_of_whole_sequences():
+    """Each response after its own prompt copy, positions restarting at 0, no mask, one row
+    (transformers' flash path reads packed positions in a batch of one only)."""
+    from explorl.training.forward import _pack_plan
+
+    pids, pmask, rids, rmask = _batch(61)
+    plan = _pack_plan(pids, pmask, rmask, 1 << 62, share=False)
+    lengths = (pmask.sum(-1) + rmask.sum(-1) - 1).tolist()  # the last response token: no input
+    assert plan["allowed"] is None and plan["position_ids"].shape == (1, sum(lengths))
+    expected = torch.cat([torch.arange(n) for n in lengths])
+    assert torch.equal(plan["position_ids"][0], expected)
+
+
 def test_packed_and_fused_entropy_by_hand():
     """Zero weights: uniform logits over V, so H = ln V and logp = −ln V at any temperature."""
     model = _llama()

@@ -141,7 +141,9 @@ def takes_varlen(model: torch.nn.Module) -> bool:
     """Whether ``model`` reads packed sequences from restarting ``position_ids`` alone (no mask):
     transformers' own models with flash or flex attention and full causal attention, which
     then attend within each sequence (flash: varlen kernels from cu_seqlens; sdpa and eager do
-    it with a block mask built from the positions, as tests/test_fused_update.py uses)."""
+    it with a block mask built from the positions, as tests/test_fused_update.py uses).
+    transformers' flash path reads packed positions in a batch of one row only, so the varlen
+    layout is one row holding every sequence: no padding at all."""
     cfg = getattr(model, "config", None)
     if cfg is None or not type(model).__module__.startswith("transformers."):
         return False
@@ -179,7 +181,8 @@ def response_logprobs(
     Uses the same temperature as the sampler (E3: the PPO ratio must compare like with like).
     ``pack``: None picks a packed layout when the model supports it and it saves tokens;
     False forces the padded layout (True asks for packing where possible). ``pack_tokens``:
-    length of a packed row (default ``pack_length(model)``). ``fused``: the log-probs from the
+    length of a packed row (default ``pack_length(model)``; the varlen layout takes one row).
+    ``fused``: the log-probs from the
     last hidden states in chunks of ``chunk_size`` tokens (``logprobs_from_hidden``), so the
     full-vocabulary logits never exist, where ``fused_head`` knows the head; else (or False)
     from the model's logits. ``varlen``: the packed layout without prompt sharing, sequences
@@ -194,8 +197,8 @@ def response_logprobs(
         varlen = not shared and takes_varlen(model)
     plan = None
     if pack is not False and (shared or varlen) and len(response_ids):
-        plan = _pack_plan(prompt_ids, prompt_mask, response_mask,
-                          pack_tokens or pack_length(model), share=not varlen)
+        row = (1 << 62) if varlen else pack_tokens or pack_length(model)  # varlen: one row
+        plan = _pack_plan(prompt_ids, prompt_mask, response_mask, row, share=not varlen)
         if plan is not None and pack is None and plan["tokens"] > 0.9 * plan["padded_tokens"]:
             plan = None  # nothing shared, little padding: the plain layout is as cheap
     if plan is not None:
