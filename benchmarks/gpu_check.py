@@ -20,7 +20,11 @@ finishes, so a run cut off by a time limit still shows what it measured:
 4. **sampling**: ``gpu_sampling.py --check --profile``: the static decode path against the eager
    loop (same tokens on small models with EOS; tokens/s beside the decode floor at 16 and 64 ×
    8 × 256; the profiler's top ops per path), with up to 40% of what is left.
-5. **acceptance**: ``gpu_acceptance.py`` (bf16 master weights, explorl vs TRL per cell, the
+5. **update**: ``gpu_update.py --profile``: one update at the Qwen2.5-0.5B shape, 16 and 64 × 8
+   × 256, with and without the fused log-probs and the packed layouts (varlen where flash-attn
+   imports): time, peak memory, MFU (the formula in that script) and the profiler's device time
+   per kernel family, with up to 35% of what is left.
+6. **acceptance**: ``gpu_acceptance.py`` (bf16 master weights, explorl vs TRL per cell, the
    sampler, a LoRA step's memory) with what is left of ``--budget-s``.
 
 On a machine without internet, two things travel with the checkout: the lab models (build them
@@ -52,11 +56,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-SECTIONS = ("recipes", "resume", "lora", "sampling", "acceptance")
+SECTIONS = ("recipes", "resume", "lora", "sampling", "update", "acceptance")
 RESUME_RECIPE = "lab/combined"
 LORA_RECIPE = "lab/grpo_lora"
 # what a section needs at least, in seconds on an H100, to be started (else skipped, saying so)
-MIN_S = {"recipes": 60, "resume": 40, "lora": 40, "sampling": 60, "acceptance": 60}
+MIN_S = {"recipes": 60, "resume": 40, "lora": 40, "sampling": 60, "update": 60,
+         "acceptance": 60}
 # The smoke run's lab model: 1-digit addition, trained for seconds (the tests' tiny model).
 TINY_LAB = {"n_train": 30, "n_val": 10, "n_test": 10, "params": {"max_digits": 1}}
 TINY_BUILD = dict(size="tiny", max_digits=1, n_train=30, n_val=10, n_test=10, max_steps=100,
@@ -300,6 +305,22 @@ def check_sampling(rep: Report, out: Path, smoke: bool, end: float) -> None:
         rep.line("sampling", "gpu_sampling.py stopped at the end of its share", ok=False)
 
 
+def check_update(rep: Report, out: Path, smoke: bool, end: float) -> None:
+    left = end - time.monotonic()
+    args = [sys.executable, str(HERE / "gpu_update.py"), "--out", str(out / "gpu_update.jsonl"),
+            "--profile", str(out / "gpu_update_profile.txt")]
+    args += ["--smoke"] if smoke else ["--budget-s", f"{max(30.0, left - 30):.0f}"]
+    rep.line("update", f"gpu_update.py with {left:.0f} s; its rows follow")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    try:
+        proc = subprocess.run(args, env=env, cwd=ROOT, check=False,
+                              timeout=None if smoke else left + 10)
+        rep.line("update", f"gpu_update.py exit {proc.returncode}", ok=proc.returncode == 0)
+    except subprocess.TimeoutExpired:
+        rep.line("update", "gpu_update.py stopped at the end of its share", ok=False)
+
+
 def build_models(smoke: bool) -> None:
     """Every lab model the check trains, built (once) into the lab cache."""
     from explorl import validation
@@ -360,7 +381,7 @@ def main() -> None:
                 rep.line(name, f"skipped: {left:.0f} s left of --budget-s, it needs "
                          f"~{MIN_S[name]} s", skipped=True)
                 continue
-            share = {"recipes": 0.45, "lora": 0.5, "sampling": 0.4}.get(name, 1.0)
+            share = {"recipes": 0.45, "lora": 0.5, "sampling": 0.4, "update": 0.35}.get(name, 1.0)
             end = time.monotonic() + left * share
             if name == "recipes":
                 check_recipes(rep, work, device, args.smoke, end)
@@ -370,6 +391,8 @@ def main() -> None:
                 check_lora(rep, work, device, args.smoke, end)
             elif name == "sampling":
                 check_sampling(rep, out, args.smoke, end)
+            elif name == "update":
+                check_update(rep, out, args.smoke, end)
             else:
                 check_acceptance(rep, out, args.smoke, deadline, args.cells)
     rep.line("done", f"results in {rep.path}")

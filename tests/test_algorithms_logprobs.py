@@ -82,6 +82,42 @@ def test_hidden_path_values_and_gradients(chunk, temperature, with_bias):
         torch.testing.assert_close(a, r)
 
 
+@pytest.mark.parametrize("chunk", [1, 4, 64])
+@pytest.mark.parametrize(("scale", "softcap"), [(0.25, None), (1.0, 2.0), (3.0, 1.5)])
+def test_hidden_path_with_scaled_or_capped_head(chunk, scale, softcap):
+    """A head that scales (Cohere, Granite) or soft-caps (Gemma 2/3) its logits: the fused
+    path equals the full logits softcap(scale · hWᵀ) at T = 0.8, values and gradients."""
+    d = data(5)
+    h = d["hidden"].clone().requires_grad_(True)
+    w = d["weight"].clone().requires_grad_(True)
+    logp, ent = logprobs_from_hidden(h, w, d["labels"], 0.8, chunk_size=chunk,
+                                     logit_scale=scale, softcap=softcap)
+    g = torch.autograd.grad((logp * d["w_logp"]).sum() + (ent * d["w_ent"]).sum(), [h, w])
+    u = F.linear(h, w) * scale
+    full = u if softcap is None else softcap * torch.tanh(u / softcap)
+    ref_lp, ref_ent = naive_logprobs(full, d["labels"], 0.8)
+    g_ref = torch.autograd.grad((ref_lp * d["w_logp"]).sum() + (ref_ent * d["w_ent"]).sum(),
+                                [h, w])
+    torch.testing.assert_close(logp, ref_lp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent, ref_ent, rtol=1e-5, atol=1e-5)
+    for a, r in zip(g, g_ref, strict=True):
+        torch.testing.assert_close(a, r, rtol=1e-5, atol=1e-5)
+
+
+def test_softcap_by_hand():
+    # logits [0, 10] capped at c = 1: [0, tanh 10] ≈ [0, 1]; p(1) = e^t / (1 + e^t).
+    w = torch.tensor([[0.0], [10.0]])
+    logp, _ = logprobs_from_hidden(torch.ones(1, 1, 1), w, torch.tensor([[1]]), softcap=1.0)
+    t = math.tanh(10.0)
+    assert logp.item() == pytest.approx(t - math.log(1 + math.exp(t)), rel=1e-6)
+    # a scale of 1/2 on logits [0, ln 9] gives [0, ln 3]: p(1) = 3/4
+    w = torch.tensor([[0.0], [math.log(9)]])
+    logp, _ = logprobs_from_hidden(torch.ones(1, 1, 1), w, torch.tensor([[1]]), logit_scale=0.5)
+    assert logp.item() == pytest.approx(math.log(0.75), rel=1e-6)
+    with pytest.raises(ValueError, match="softcap"):
+        logprobs_from_hidden(torch.ones(1, 1, 1), w, torch.tensor([[1]]), softcap=0.0)
+
+
 def test_entropy_only_gradient_matches():
     # The entropy bonus differentiates H alone.
     d = data(2)

@@ -16,13 +16,13 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 SCRIPTS = sorted(p.name for p in BENCH.glob("*.py") if not p.name.startswith("_"))
-# gpu_check.py --smoke runs these two (--smoke) and fails where either exits non-zero
-RUN_BY_GPU_CHECK = ("gpu_acceptance.py", "gpu_sampling.py")
+# gpu_check.py --smoke runs these (--smoke) and fails where either exits non-zero
+RUN_BY_GPU_CHECK = ("gpu_acceptance.py", "gpu_sampling.py", "gpu_update.py")
 
 
 def test_every_benchmark_is_listed_and_takes_smoke():
     assert "gpu_acceptance.py" in SCRIPTS and "vs_trl.py" in SCRIPTS
-    assert "gpu_sampling.py" in SCRIPTS
+    assert "gpu_sampling.py" in SCRIPTS and "gpu_update.py" in SCRIPTS
     for name in SCRIPTS:
         assert '"--smoke"' in (BENCH / name).read_text(), f"{name} has no --smoke"
 
@@ -52,6 +52,6 @@ def test_benchmark_smoke_runs(name, tmp_path):
         ran = {x["recipe"]: x["ok"] for x in lines if "recipe" in x}
         lab = {n for n in builtin.names("recipe") if n.startswith("lab/")}
         assert lab | {"quickstart"} == set(ran) and all(ran.values()), ran
-        for section in ("resume", "lora", "sampling", "acceptance"):
+        for section in ("resume", "lora", "sampling", "update", "acceptance"):
             assert all(x.get("ok", True) for x in lines if x["section"] == section), lines
             assert any(x["section"] == section for x in lines), section

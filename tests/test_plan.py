@@ -48,6 +48,32 @@ def test_vocabulary_costs_a_fixed_workspace_not_per_token_bytes():
     assert big.fixed - small.fixed == 512 * (151936 - 1000) * 10
 
 
+def test_without_the_fused_path_the_logits_count_per_token():
+    # The full logits (bf16), their gradient at the response positions and at every position:
+    # 3·2·151,936 = 911,616 B more per token: 1,593,856 + 911,616 = 2,505,472 B;
+    # 64,783,660,800 // 2,505,472 = 25,856 tokens (101 × 256), against 40,448 fused.
+    b = P.token_budget(75 * GIB, P.ModelShape(**{**QWEN05.__dict__, "fused": False}),
+                       checkpointing=False, **BF16)
+    assert (b.per_token, b.tokens) == (2_505_472, 25_856)
+
+
+def test_logprob_path_says_which_path_and_why():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    m = LlamaForCausalLM(LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                     num_attention_heads=2, vocab_size=50))
+    fused, why = P.logprob_path(_cfg(), m)
+    assert fused and "llama head" in why and "never exist" in why
+    off = validation.from_dict({"algorithm": {"fused_logprobs": False}}, env=False)
+    assert P.logprob_path(off, m) == (
+        False, "from the full logits, 512 tokens at a time (algorithm.fused_logprobs: false)")
+    fused, why = P.logprob_path(_cfg(), torch.nn.Linear(1, 1))
+    assert not fused and "not a transformers class" in why
+    plan = P.make_plan(_cfg(), CUDA, shape=QWEN05, free=75 * GIB, engine_exact=False,
+                       logprobs_why=why)
+    assert plan.lines()[-1] == f"  log-probs {why}"
+
+
 def test_a_model_that_barely_fits_gets_one_quantum_and_a_note():
     # 8 GiB free: reserve 1 GiB (10% is less), fixed 7.69e9 B: nothing left for activations
     b = P.token_budget(8 * GIB, QWEN05, checkpointing=False, **BF16)
@@ -121,7 +147,7 @@ def test_plan_for_asks_the_engine_what_it_keeps(monkeypatch):
             return [x]
 
     monkeypatch.setattr(P, "free_bytes", lambda device: 75 * GIB)
-    monkeypatch.setattr(P.ModelShape, "of", classmethod(lambda cls, m, pack=0: QWEN05))
+    monkeypatch.setattr(P.ModelShape, "of", classmethod(lambda cls, m, pack=0, fused=True: QWEN05))
     monkeypatch.setattr(P, "takes_custom_mask", lambda m: False)
     cfg = validation.from_dict({"model": {"dtype": "bfloat16"}, "rollout": {
         "max_response_len": 256}, "control": {"eepo": {"enabled": True}}}, env=False)

@@ -143,16 +143,32 @@ def logprobs_from_logits(
     return out if with_entropy else (out, None)
 
 
+def _head_chunk(h, weight, bias, scale: float, softcap: float | None, temperature: float):
+    """z = softcap(scale · (h Wᵀ + b)) / T (M, V) float32, and tanh's output (M, V) when capped.
+
+    The projection runs in the model's dtype (as its lm_head would), the rest in float32.
+    softcap(u) = c·tanh(u / c) (Gemma 2/3's ``final_logit_softcapping``).
+    """
+    u = torch.nn.functional.linear(h, weight, bias).float()  # (M, V)
+    if scale != 1.0:
+        u.mul_(scale)
+    if softcap is None:
+        return u.div_(temperature), None
+    t = u.div_(softcap).tanh_()  # (M, V) in u's buffer
+    return t.mul(softcap / temperature), t
+
+
 class _LogprobsFromHidden(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, temperature, chunk_size, with_entropy):
+    def forward(ctx, hidden, weight, bias, labels, temperature, chunk_size, with_entropy,
+                scale=1.0, softcap=None):
         M = hidden.shape[0]
         logp = hidden.new_empty(M, dtype=torch.float32)
         entropy = hidden.new_empty(M, dtype=torch.float32) if with_entropy else None
         for s in range(0, M, chunk_size):
             e = min(s + chunk_size, M)
-            # Logits in the model's dtype (as its lm_head would give), then float32.
-            z = torch.nn.functional.linear(hidden[s:e], weight, bias).float().div_(temperature)
+            z, t = _head_chunk(hidden[s:e], weight, bias, scale, softcap, temperature)
+            del t
             lp, h = _forward_chunk(z, labels[s:e], with_entropy)
             logp[s:e] = lp
             if with_entropy:
@@ -160,6 +176,7 @@ class _LogprobsFromHidden(torch.autograd.Function):
             del z  # else it lives on while the next chunk is allocated: 2 chunks, not 1
         ctx.save_for_backward(hidden, weight, bias, labels)
         ctx.temperature, ctx.chunk_size, ctx.with_entropy = temperature, chunk_size, with_entropy
+        ctx.scale, ctx.softcap = scale, softcap
         return (logp, entropy) if with_entropy else logp
 
     @staticmethod
@@ -174,10 +191,15 @@ class _LogprobsFromHidden(torch.autograd.Function):
         for s in range(0, M, ctx.chunk_size):
             e = min(s + ctx.chunk_size, M)
             h = hidden[s:e]  # (M_c, D)
-            z = torch.nn.functional.linear(h, weight, bias).float().div_(ctx.temperature)
+            z, t = _head_chunk(h, weight, bias, ctx.scale, ctx.softcap, ctx.temperature)
             g_e = g_ent[s:e].float() if g_ent is not None else None
             g = _grad_chunk(z, labels[s:e], g_logp[s:e].float(), g_e, ctx.temperature)
-            del z  # g now owns z's buffer  # (M_c, V) float32
+            del z  # g now owns z's buffer  # (M_c, V) float32: ∂/∂(capped, scaled logits)
+            if t is not None:  # d softcap(u)/du = 1 − tanh²(u / c)
+                g.mul_(t.square_().neg_().add_(1.0))
+                del t
+            if ctx.scale != 1.0:
+                g.mul_(ctx.scale)
             if need_h:
                 # cast to the logits' dtype first, as autograd would through the lm_head
                 grad_h[s:e] = g.to(hidden.dtype) @ weight
@@ -188,7 +210,7 @@ class _LogprobsFromHidden(torch.autograd.Function):
             del g  # free this chunk before the next one is allocated
         grad_w = grad_w.to(weight.dtype) if need_w else None
         grad_b = grad_b.to(bias.dtype) if need_b else None
-        return grad_h, grad_w, grad_b, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None, None
 
 
 def logprobs_from_hidden(
@@ -199,16 +221,23 @@ def logprobs_from_hidden(
     chunk_size: int = DEFAULT_CHUNK,
     with_entropy: bool = True,
     lm_head_bias: torch.Tensor | None = None,
+    logit_scale: float = 1.0,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked logp and entropy from final hidden states; full logits are never built.
 
     hidden (N, T, D), lm_head_weight (V, D), optional lm_head_bias (V,), labels (N, T).
-    Per chunk: logits = hidden @ Wᵀ + b, then as ``logprobs_from_logits``. The backward
-    recomputes each chunk's logits, so memory stays at one chunk; gradients flow to
-    hidden, weight and bias (and through the entropy, for the entropy bonus).
+    Per chunk: logits = softcap(logit_scale · (hidden @ Wᵀ + b)), then as
+    ``logprobs_from_logits``; ``logit_scale`` is a head's constant factor (Cohere's
+    ``logit_scale``, 1 / Granite's ``logits_scaling``), ``softcap`` c a head's
+    c·tanh(logits / c) (Gemma 2/3), None for none. The backward recomputes each chunk's
+    logits, so memory stays at one chunk (two with ``softcap``); gradients flow to hidden,
+    weight and bias (and through the entropy, for the entropy bonus).
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be ≥ 1, got {chunk_size}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap must be > 0 or None, got {softcap}")
     N, T, D = hidden.shape
     flat_h = hidden.reshape(N * T, D)  # (M, D) small: a copy here costs D, not V, per token
     out = _LogprobsFromHidden.apply(
@@ -219,6 +248,8 @@ def logprobs_from_hidden(
         float(temperature),
         chunk_size,
         with_entropy,
+        float(logit_scale),
+        None if softcap is None else float(softcap),
     )
     if with_entropy:
         logp, entropy = out

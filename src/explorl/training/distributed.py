@@ -39,9 +39,10 @@ class LogProbModule(torch.nn.Module):
     ``response_logprobs`` on the bare policy, which keeps the chunked-vocabulary path.
     """
 
-    def __init__(self, policy: torch.nn.Module, amp=None, compiled=None):
+    def __init__(self, policy: torch.nn.Module, amp=None, compiled=None, fused: bool = True):
         super().__init__()
         self.policy = policy
+        self.fused = fused  # algorithm.fused_logprobs
         self._amp = amp or contextlib.nullcontext  # autocast to the compute dtype (models.autocast)
         # model.compile: the decoder layers' compiled calls, on for this module's passes only.
         self._compiled = compiled or contextlib.nullcontext
@@ -69,6 +70,7 @@ class LogProbModule(torch.nn.Module):
                 temperature,
                 chunk_size=chunk_size,
                 with_entropy=with_entropy,
+                fused=self.fused,
             )
 
 

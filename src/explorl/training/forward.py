@@ -15,6 +15,7 @@ Two layouts, the same numbers (tests/test_rollout_hf.py):
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -76,20 +77,88 @@ def _pack_length(model: torch.nn.Module) -> int:
     return int(min(4096, max(128, per_layer / (16 * d))))
 
 
-def _backbone_and_head(model):
-    """The transformer body and the output projection, when the model exposes them plainly.
+PLAIN_HEADS = frozenset({
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next",
+    "phi", "phi3", "gemma", "olmo", "olmo2", "olmo3", "smollm3", "starcoder2", "stablelm",
+    "gpt_neox", "deepseek_v3", "glm", "glm4", "ernie4_5", "seed_oss", "exaone4", "apertus",
+    "arcee", "helium",
+})
+"""``config.model_type``s whose causal-LM logits are the output projection of the last hidden
+state and nothing more (tests/test_fused_head.py reads each one's transformers source)."""
+SCALED_HEADS = {"cohere": "logit_scale", "cohere2": "logit_scale",
+                "granite": "1/logits_scaling", "granitemoe": "1/logits_scaling",
+                "granitemoeshared": "1/logits_scaling"}
+"""Heads that multiply their logits by a config constant (``1/x``: divide by it)."""
+CAPPED_HEADS = frozenset({"gemma2", "gemma3_text"})
+"""Heads that soft-cap their logits, c·tanh(logits / c), c = ``final_logit_softcapping``."""
 
-    Going through hidden states lets the log-prob pass chunk the vocabulary projection; models
-    that post-process logits (soft-capping, scaling) fall back to full logits.
+
+@dataclass(frozen=True)
+class Head:
+    """What the fused log-prob pass needs to reproduce a model's logits from its hidden states:
+    logits = softcap(scale · (hidden @ weightᵀ + bias)) (``logprobs_from_hidden``)."""
+
+    body: torch.nn.Module  # the transformer body: ids -> last hidden states
+    head: torch.nn.Linear  # the output projection (its weight may be the tied embedding)
+    scale: float = 1.0
+    softcap: float | None = None
+
+
+def fused_head(model: torch.nn.Module) -> tuple[Head | None, str]:
+    """The model's head as the fused pass computes it, or None and why it cannot.
+
+    Only architectures whose head is known exactly qualify (``PLAIN_HEADS``, ``SCALED_HEADS``,
+    ``CAPPED_HEADS``), as transformers' own classes: remote code and unknown heads (mup
+    multipliers, masked vocabularies) take the full logits. A head carrying LoRA adapters (or
+    any wrapper) is not a plain ``Linear`` and takes the full logits too; LoRA on the body is
+    part of the body's forward and changes nothing here. Tied embeddings need nothing: the
+    head's weight is the embedding's tensor and its gradient adds up there.
     """
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    body = getattr(model, getattr(model, "base_model_prefix", ""), None)
     cfg = getattr(model, "config", None)
-    plain = (getattr(cfg, "final_logit_softcapping", None) is None
-             and getattr(cfg, "logit_scale", None) in (None, 1.0))
-    if isinstance(head, torch.nn.Linear) and isinstance(body, torch.nn.Module) and plain:
-        return body, head
-    return None, None
+    kind = getattr(cfg, "model_type", None)
+    if not type(model).__module__.startswith("transformers.models."):
+        return None, f"{type(model).__name__} is not a transformers class (its head is unknown)"
+    if kind not in PLAIN_HEADS and kind not in SCALED_HEADS and kind not in CAPPED_HEADS:
+        return None, f"model_type {kind!r}: its logits are not known to be a plain projection"
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if type(head) is not torch.nn.Linear:
+        return None, (f"the output layer is a {type(head).__name__}, not a plain Linear "
+                      "(LoRA or another wrapper on the head)")
+    body = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    if not isinstance(body, torch.nn.Module):
+        return None, "no transformer body under base_model_prefix"
+    scale, softcap = 1.0, None
+    if kind in SCALED_HEADS:
+        key = SCALED_HEADS[kind]
+        value = float(getattr(cfg, key.removeprefix("1/")))
+        scale = 1.0 / value if key.startswith("1/") else value
+    if kind in CAPPED_HEADS:
+        softcap = getattr(cfg, "final_logit_softcapping", None)
+    return Head(body, head, scale, softcap), f"{kind} head"
+
+
+def takes_varlen(model: torch.nn.Module) -> bool:
+    """Whether ``model`` reads packed sequences from restarting ``position_ids`` alone (no mask):
+    transformers' own models with flash or flex attention and full causal attention, which
+    then attend within each sequence (flash: varlen kernels from cu_seqlens; sdpa and eager do
+    it with a block mask built from the positions, as tests/test_fused_update.py uses).
+    transformers' flash path reads packed positions in a batch of one row only, so the varlen
+    layout is one row holding every sequence: no padding at all."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or not type(model).__module__.startswith("transformers."):
+        return False
+    if getattr(cfg, "_attn_implementation", None) not in VARLEN_ATTENTION or not getattr(
+        cfg, "is_causal", True
+    ):
+        return False
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types is not None:
+        return all(t == "full_attention" for t in layer_types)
+    return getattr(cfg, "sliding_window", None) is None
+
+
+VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention")
+"""Attention implementations that take the varlen layout by default (``takes_varlen``)."""
 
 
 def response_logprobs(
@@ -104,43 +173,58 @@ def response_logprobs(
     with_entropy: bool = True,
     pack: bool | None = None,
     pack_tokens: int | None = None,
+    fused: bool = True,
+    varlen: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob (N, R) of each response token at ``temperature`` and its entropy (N, R).
 
     Uses the same temperature as the sampler (E3: the PPO ratio must compare like with like).
-    ``pack``: None picks the packed layout when the model supports it and it saves tokens;
+    ``pack``: None picks a packed layout when the model supports it and it saves tokens;
     False forces the padded layout (True asks for packing where possible). ``pack_tokens``:
-    length of a packed row (default ``pack_length(model)``).
+    length of a packed row (default ``pack_length(model)``; the varlen layout takes one row).
+    ``fused``: the log-probs from the
+    last hidden states in chunks of ``chunk_size`` tokens (``logprobs_from_hidden``), so the
+    full-vocabulary logits never exist, where ``fused_head`` knows the head; else (or False)
+    from the model's logits. ``varlen``: the packed layout without prompt sharing, sequences
+    told apart by their positions alone (None: where ``takes_varlen`` and not
+    ``takes_custom_mask``).
     """
     T = 1.0 if temperature == 0 else temperature
     model = plain(model)  # LoRA: the transformers model, its adapted layers in place
-    body, head = _backbone_and_head(model)
+    head = fused_head(model)[0] if fused else None
+    shared = takes_custom_mask(model)
+    if varlen is None:
+        varlen = not shared and takes_varlen(model)
     plan = None
-    if pack is not False and body is not None and takes_custom_mask(model) and len(response_ids):
-        plan = _pack_plan(prompt_ids, prompt_mask, response_mask, pack_tokens or pack_length(model))
+    if pack is not False and (shared or varlen) and len(response_ids):
+        row = (1 << 62) if varlen else pack_tokens or pack_length(model)  # varlen: one row
+        plan = _pack_plan(prompt_ids, prompt_mask, response_mask, row, share=not varlen)
         if plan is not None and pack is None and plan["tokens"] > 0.9 * plan["padded_tokens"]:
             plan = None  # nothing shared, little padding: the plain layout is as cheap
     if plan is not None:
         ids = _gather_tokens(plan, prompt_ids, response_ids)
-        mask = additive_mask(plan["allowed"], getattr(model, "dtype", torch.float32))
-        if lean_training_supported(model):  # the same ops, bit for bit, less machinery
-            hidden = lean_hidden(model, ids, mask, plan["position_ids"])
-        else:
-            hidden = body(input_ids=ids, attention_mask=mask, position_ids=plan["position_ids"],
-                          use_cache=False).last_hidden_state  # (B, L, D)
-        hidden = hidden.reshape(-1, hidden.shape[-1])[
-            plan["source"]
-        ]  # (M, D): states predicting the tokens
         labels = response_ids[response_mask]  # (M,)
-        lp, h = logprobs_from_hidden(
-            hidden[None],
-            head.weight,
-            labels[None],
-            temperature=T,
-            chunk_size=chunk_size,
-            with_entropy=with_entropy,
-            lm_head_bias=head.bias,
-        )
+        if varlen:  # no mask: the positions restart at each sequence
+            inputs = {"input_ids": ids, "attention_mask": None}
+        else:
+            inputs = {"input_ids": ids,
+                      "attention_mask": additive_mask(plan["allowed"],
+                                                      getattr(model, "dtype", torch.float32))}
+        inputs.update(position_ids=plan["position_ids"], use_cache=False)
+        if head is None:
+            logits = model(**inputs).logits  # (B, L, V)
+            logits = logits.reshape(-1, logits.shape[-1])[plan["source"]]  # (M, V)
+            lp, h = logprobs_from_logits(logits[None], labels[None], temperature=T,
+                                         chunk_size=chunk_size, with_entropy=with_entropy)
+        else:
+            if not varlen and lean_training_supported(model):  # the same ops, bit for bit
+                hidden = lean_hidden(model, ids, inputs["attention_mask"], plan["position_ids"])
+            else:
+                hidden = head.body(**inputs).last_hidden_state  # (B, L, D)
+            hidden = hidden.reshape(-1, hidden.shape[-1])[
+                plan["source"]
+            ]  # (M, D): states predicting the tokens
+            lp, h = _from_hidden(head, hidden[None], labels[None], T, chunk_size, with_entropy)
         logp = _unflatten(lp[0], response_mask)
         ent = _unflatten(h[0], response_mask) if with_entropy else None
         return logp, ent
@@ -155,12 +239,10 @@ def response_logprobs(
         "position_ids": position_ids(mask),
         "use_cache": False,
     }
-    if body is not None:
-        hidden = body(**inputs).last_hidden_state
+    if head is not None:
+        hidden = head.body(**inputs).last_hidden_state
         hidden = hidden[:, P - 1:]  # (N, R, D): states that predict the response tokens
-        logp, ent = logprobs_from_hidden(hidden, head.weight, response_ids, temperature=T,
-                                         chunk_size=chunk_size, with_entropy=with_entropy,
-                                         lm_head_bias=head.bias)
+        logp, ent = _from_hidden(head, hidden, response_ids, T, chunk_size, with_entropy)
     else:
         logits = model(**inputs).logits[:, P - 1:]
         logp, ent = logprobs_from_logits(logits, response_ids, temperature=T, chunk_size=chunk_size,
@@ -169,6 +251,13 @@ def response_logprobs(
     if ent is not None:
         ent = ent * response_mask
     return logp, ent
+
+
+def _from_hidden(head: Head, hidden, labels, temperature, chunk_size, with_entropy):
+    return logprobs_from_hidden(hidden, head.head.weight, labels, temperature=temperature,
+                                chunk_size=chunk_size, with_entropy=with_entropy,
+                                lm_head_bias=head.head.bias, logit_scale=head.scale,
+                                softcap=head.softcap)
 
 
 def _unflatten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -185,8 +274,13 @@ def _gather_tokens(
     return table[plan["token_src"]]
 
 
-def _pack_plan(prompt_ids, prompt_mask, response_mask, pack_tokens: int) -> dict | None:
+def _pack_plan(prompt_ids, prompt_mask, response_mask, pack_tokens: int,
+               share: bool = True) -> dict | None:
     """Index tensors for the packed layout, or None when the masks are not plain left/right padding.
+
+    ``share``: responses to one prompt share its encoding, under a block mask (``allowed``);
+    False: every response follows its own copy of its prompt, one sequence each, the positions
+    restarting at each (the varlen layout: no mask, ``allowed`` is None).
 
     Segments are laid out in order: a prompt, then the responses that share it, then the next
     prompt (or the same one again when a row fills up). Built on the host from per-row lengths
@@ -208,7 +302,9 @@ def _pack_plan(prompt_ids, prompt_mask, response_mask, pack_tokens: int) -> dict
     # grouped on the host; large ones (long prompts, many rows) by torch.unique where they are,
     # rather than copying every token id to Python. The numbering is the same either way.
     key = prompt_ids.masked_fill(~prompt_mask, -1)
-    if key.numel() <= _HOST_GROUPING_MAX:
+    if not share:
+        group_l = list(range(N))
+    elif key.numel() <= _HOST_GROUPING_MAX:
         group_l = _prompt_groups(key.tolist())
     else:
         group_l = torch.unique(key, dim=0, return_inverse=True)[1].tolist()
@@ -257,15 +353,19 @@ def _pack_plan(prompt_ids, prompt_mask, response_mask, pack_tokens: int) -> dict
     def t(x: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(x).to(device)
 
-    seg_of_t, owner_of_t = t(seg_of).view(B, L), t(owner_of).view(B, L)
-    causal = torch.ones(L, L, dtype=torch.bool, device=device).tril_()
-    q_seg, k_seg = seg_of_t[:, :, None], seg_of_t[:, None, :]
-    allowed = (k_seg == q_seg) | (k_seg == owner_of_t[:, :, None])  # own segment or own prompt
-    allowed &= causal  # padding (segment −1) attends to padding: no row is empty
+    allowed = None
+    if share:
+        seg_of_t, owner_of_t = t(seg_of).view(B, L), t(owner_of).view(B, L)
+        causal = torch.ones(L, L, dtype=torch.bool, device=device).tril_()
+        q_seg, k_seg = seg_of_t[:, :, None], seg_of_t[:, None, :]
+        allowed = (k_seg == q_seg) | (k_seg == owner_of_t[:, :, None])  # own segment or prompt
+        allowed &= causal  # padding (segment −1) attends to padding: no row is empty
+        allowed = allowed[:, None]
+    # Varlen: padding sits at position 0, each padding token a sequence of its own.
     return {
         "token_src": t(token_src).view(B, L),
         "position_ids": t(position).view(B, L),
-        "allowed": allowed[:, None],
+        "allowed": allowed,
         "source": t(source),
         "tokens": B * L,
         "padded_tokens": N * (P + R - 1),

@@ -119,7 +119,8 @@ class Trainer:
         # The loss's forward as a module, wrapped by DDP/FSDP under a launcher (itself at N = 1).
         self.amp = lambda: models.autocast(cfg.model, self.device)  # forwards in the compute dtype
         self.compiled = models.regional_compile(self.policy, cfg.model, self.dist.strategy)
-        self.scorer = self.dist.wrap(LogProbModule(self.policy, self.amp, self.compiled))
+        self.scorer = self.dist.wrap(LogProbModule(self.policy, self.amp, self.compiled,
+                                                 cfg.algorithm.fused_logprobs))
         models.warm_up(self.compiled, self.scorer, self.vocab_size, self.device)
         # The reference (a full copy of the weights; LoRA: the policy with adapters off) if needed.
         needs_ref = cfg.algorithm.kl_coef > 0 or any(

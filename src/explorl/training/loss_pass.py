@@ -102,6 +102,7 @@ class LossPass:
                     lcfg.temperature,
                     chunk_size=a.logprob_chunk,
                     with_entropy=False,
+                    fused=a.fused_logprobs,
                 )
             kl = kl_estimate(logp, ref_logp, lcfg.kl_estimator) * mask
             loss = loss + lcfg.kl_coef * aggregate(kl, mask, lcfg.agg, **agg)

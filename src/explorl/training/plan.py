@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
+from explorl.adapters import plain
 from explorl.config import RunConfig
 from explorl.models import resolve_dtype
-from explorl.training.forward import pack_length, takes_custom_mask
+from explorl.training.forward import fused_head, pack_length, takes_custom_mask
 
 CPU_MICRO_BATCH_ROWS = 64
 """``optim.micro_batch_size: null`` off CUDA: responses per forward/backward (the CPU lab's)."""
@@ -47,9 +48,10 @@ class ModelShape:
     params: int  # every parameter (P)
     trainable: int  # parameters with a gradient and AdamW state
     pack_len: int = 0  # packed-row length of the loss pass (forward.pack_length); 0: padded
+    fused: bool = True  # log-probs from the hidden states (forward.fused_head): no full logits
 
     @classmethod
-    def of(cls, model: torch.nn.Module, pack_len: int = 0) -> ModelShape:
+    def of(cls, model: torch.nn.Module, pack_len: int = 0, fused: bool = True) -> ModelShape:
         c = model.config
         H, heads = c.hidden_size, c.num_attention_heads
         head_dim = getattr(c, "head_dim", None) or H // heads
@@ -60,7 +62,7 @@ class ModelShape:
                    kv_dim=kv * head_dim,
                    params=sum(p.numel() for p in model.parameters()),
                    trainable=sum(p.numel() for p in model.parameters() if p.requires_grad),
-                   pack_len=pack_len)
+                   pack_len=pack_len, fused=fused)
 
 
 @dataclass(frozen=True)
@@ -86,9 +88,12 @@ def token_budget(free: int, shape: ModelShape, *, compute_bytes: int, master_byt
     ``(L + 1)·layer`` (the +1: one layer's gradients in flight in the backward), the embedding
     output, final norm and head input and its gradient ``4H·m``, and the packed layout's mask
     row ``pack_len·(m + 1)``. Gradient checkpointing keeps only each layer's input (``L·H·m``)
-    and recomputes one layer at a time: ``2·layer`` instead of ``(L + 1)·layer``. The vocabulary
-    never scales with tokens: the log-probs are taken ``logprob_chunk`` tokens at a time with two
-    float32 chunk × V buffers and the head's chunk of logits (``chunk·V·(8 + b)``, fixed).
+    and recomputes one layer at a time: ``2·layer`` instead of ``(L + 1)·layer``. With the fused
+    log-probs (``shape.fused``) the vocabulary never scales with tokens: they are taken
+    ``logprob_chunk`` tokens at a time from the hidden states, with two float32 chunk × V
+    buffers and the head's chunk of logits (``chunk·V·(8 + b)``, fixed). Without them the model
+    writes the full logits, kept for the backward, and the backward their gradient at the
+    response positions and at every position: ``3·b·V`` more per token.
 
     Fixed: gradients and AdamW's two moments of the trainable weights (``3·m`` per parameter,
     over ``shards`` FSDP shards; they appear at the first step), the autocast copies of the
@@ -100,6 +105,8 @@ def token_budget(free: int, shape: ModelShape, *, compute_bytes: int, master_byt
     layer = b * (5 * H + 3 * shape.kv_dim + 4 * shape.intermediate) + 4 * H * m
     outside = 4 * H * m + shape.pack_len * (m + 1)
     per_token = (L * H * m + 2 * layer if checkpointing else (L + 1) * layer) + outside
+    if not shape.fused:
+        per_token += 3 * b * shape.vocab
     state = 3 * m * shape.trainable // shards
     casts = b * shape.params if b < m else 0
     workspace = logprob_chunk * shape.vocab * (8 + b)
@@ -169,6 +176,7 @@ class Plan:
     sizes_why: str
     old_logp_why: str
     budget: Budget | None = None
+    logprobs_why: str = ""  # how the loss's log-probs are taken (``logprob_path``)
 
     @property
     def passes(self) -> int:
@@ -187,24 +195,41 @@ class Plan:
         fold = (" (the first mini-batch's rows from its own forward, with gradients, which the "
                 "update reuses, when that mini-batch is one micro-batch)"
                 if self.old_logp == "recompute" else "")
-        return [f"device plan ({self.device}): micro-batches of {rows}: {self.sizes_why}",
-                f"  old log-probs from {src}{fold} ({self.old_logp_why}); "
-                f"{'up to ' if fold else ''}{self.passes} pass"
-                f"{'es' if self.passes > 1 else ''} of the policy over the batch per step"]
+        out = [f"device plan ({self.device}): micro-batches of {rows}: {self.sizes_why}",
+               f"  old log-probs from {src}{fold} ({self.old_logp_why}); "
+               f"{'up to ' if fold else ''}{self.passes} pass"
+               f"{'es' if self.passes > 1 else ''} of the policy over the batch per step"]
+        return out + ([f"  log-probs {self.logprobs_why}"] if self.logprobs_why else [])
+
+
+def logprob_path(cfg: RunConfig, model: torch.nn.Module) -> tuple[bool, str]:
+    """Whether the loss's log-probs come from the hidden states (``algorithm.fused_logprobs``
+    and a head ``forward.fused_head`` knows), and the plan's words for it."""
+    chunk = cfg.algorithm.logprob_chunk
+    if not cfg.algorithm.fused_logprobs:
+        return False, (f"from the full logits, {chunk} tokens at a time "
+                       "(algorithm.fused_logprobs: false)")
+    head, why = fused_head(model)
+    if head is None:
+        return False, f"from the full logits, {chunk} tokens at a time ({why})"
+    return True, (f"from the hidden states through the {why}, {chunk} tokens at a time: the "
+                  "full-vocabulary logits never exist")
 
 
 def make_plan(cfg: RunConfig, device: torch.device, *, shape: ModelShape | None,
-              free: int | None, engine_exact: bool, shards: int = 1, resident: int = 0) -> Plan:
+              free: int | None, engine_exact: bool, shards: int = 1, resident: int = 0,
+              logprobs_why: str = "") -> Plan:
     """The plan for ``cfg`` on ``device``. ``free``: bytes free on the device with the weights
     loaded (CUDA; None elsewhere). ``resident``: bytes the sampler will keep allocated between
     calls once it has run (the static decode path's buffers), taken out of ``free`` before the
-    budget. Sizes set in the config are kept as written."""
+    budget. ``logprobs_why``: ``logprob_path``'s words. Sizes set in the config are kept as
+    written."""
     o, src = cfg.optim, old_logp_source(cfg, engine_exact)
     rows, tokens, budget = o.micro_batch_size, o.micro_batch_tokens, None
     if device.type != "cuda" or free is None or shape is None:
         why = "as set" if rows is not None else "the default off CUDA"
         rows = CPU_MICRO_BATCH_ROWS if rows is None else rows
-        return Plan(device.type, rows, tokens, src[0], why, src[1])
+        return Plan(device.type, rows, tokens, src[0], why, src[1], logprobs_why=logprobs_why)
     if tokens is None:
         c = resolve_dtype(cfg.model.dtype, device).itemsize
         budget = token_budget(free - resident, shape, compute_bytes=c,
@@ -217,14 +242,15 @@ def make_plan(cfg: RunConfig, device: torch.device, *, shape: ModelShape | None,
         why = (f"{free / GIB:.1f} GiB free{kept}, {budget.fixed / GIB:.1f} GiB fixed, "
                f"{budget.per_token / 2**20:.2f} MiB of activations per token "
                f"({shape.layers} layers × hidden {shape.hidden}"
-               f"{', checkpointed' if cfg.model.gradient_checkpointing else ''})")
+               f"{', checkpointed' if cfg.model.gradient_checkpointing else ''}"
+               f"{'' if shape.fused else f', full logits of {shape.vocab:,} words'})")
         if budget.note:
             why += f"; {budget.note}"
     else:
         why = "optim.micro_batch_tokens as set"
     # A micro-batch of T tokens never holds more than T responses: no separate row limit.
     rows = min(tokens, MAX_TOKENS) if rows is None else rows
-    return Plan(device.type, rows, tokens, src[0], why, src[1], budget)
+    return Plan(device.type, rows, tokens, src[0], why, src[1], budget, logprobs_why)
 
 
 def free_bytes(device: torch.device) -> int | None:
@@ -272,7 +298,8 @@ def plan_for(cfg: RunConfig, device: torch.device, policy: torch.nn.Module, dist
                                              prompt_len, cfg.rollout.max_response_len or 0,
                                              sampling_models(cfg))
     pack = pack_length(policy) if takes_custom_mask(policy) else 0
-    shape = ModelShape.of(policy, pack) if free is not None else None
+    fused, logprobs_why = logprob_path(cfg, plain(policy))
+    shape = ModelShape.of(policy, pack, fused) if free is not None else None
     shards = dist.world_size if dist.strategy == "fsdp" else 1
     return make_plan(cfg, device, shape=shape, free=free, shards=shards, resident=resident,
-                     engine_exact=engine_exact(cfg, engine, device))
+                     engine_exact=engine_exact(cfg, engine, device), logprobs_why=logprobs_why)

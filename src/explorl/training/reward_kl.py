@@ -20,7 +20,8 @@ from explorl.training.forward import response_logprobs
 
 @torch.no_grad()
 def reference_kl_sums(ref: torch.nn.Module, ro: Rollouts, sb: StepBatch, dist, *, kind: str,
-                      temperature: float, sizes: list[int], chunk_size: int, amp) -> None:
+                      temperature: float, sizes: list[int], chunk_size: int, amp,
+                      fused: bool = True) -> None:
     """Fill ``sb.rows.kl_sum`` (N,) with Σ_t kl_t of every response of the global batch;
     ``sizes``: this rank's micro-batches (``optim.micro_batch_size`` / ``_tokens``)."""
     mask = ro.response_mask
@@ -30,7 +31,8 @@ def reference_kl_sums(ref: torch.nn.Module, ro: Rollouts, sb: StepBatch, dist, *
         with amp():
             ref_logp, _ = response_logprobs(ref, sub.prompt_ids, sub.prompt_mask,
                                             sub.response_ids, sub.token_mask, temperature,
-                                            chunk_size=chunk_size, with_entropy=False)
+                                            chunk_size=chunk_size, with_entropy=False,
+                                            fused=fused)
         kl = kl_estimate(sub.old_logp.float(), ref_logp.float(), kind)  # (n_mb, T)
         sums.append(torch.where(mask[idx], kl, torch.zeros_like(kl)).sum(-1).cpu().double())
     local = torch.cat(sums) if sums else torch.zeros(0, dtype=torch.float64)  # host

@@ -155,6 +155,7 @@ class PolicyUpdate:
         tokens = (ro.token_mask.sum(-1) + ro.prompt_mask.sum(-1)).tolist()
         reference_kl_sums(self.ref, ro, sb, self.dist, kind=a.kl_estimator,
                           temperature=temperature, chunk_size=a.logprob_chunk, amp=self.amp,
+                          fused=a.fused_logprobs,
                           sizes=micro_batch_sizes(tokens, o.micro_batch_size,
                                                   o.micro_batch_tokens))
 
