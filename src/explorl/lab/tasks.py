@@ -39,6 +39,13 @@ Built-in tasks. Prompts are plain text for the lab's character tokenizer (no cha
   explorl) and answers; the checker reads the answer after the last result. The warm start
   imitates that trace on ``tool_frac`` of the problems and the bare answer on the rest.
 
+A task for pretrained chat models (no lab model is built for it; the run names a real model):
+
+- ``chat_addition``: ``"What is 37 + 65? Put your final answer in \\boxed{}."`` →
+  ``"102"``, asked through the model's chat template; ``n_terms`` operands of
+  ``min_digits``–``max_digits`` digits; checked by ``boxed_integer`` (the sum as a number in the
+  last box); difficulty = carries of the column sum.
+
 Every record carries ``extra = {"difficulty": int, "solution": str}`` plus the problem's own
 ``extra``; ``solution`` is the reference answer the lab model is warm-started on (for addition
 it equals the ground truth).
