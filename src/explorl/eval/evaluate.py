@@ -140,5 +140,6 @@ def plot_passk_compare(curves: Sequence[tuple[str, dict]], path: str | Path,
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(title)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize="small", loc="lower right")
+    # "best": clear of every curve (a base model near 0 sat under a lower-right legend)
+    ax.legend(fontsize="small", loc="best")
     return save_figure(fig, path)
