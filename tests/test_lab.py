@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from explorl import lab
-from explorl.lab import TASKS, make_splits, parse_lab_spec
+from explorl.lab import TASKS, get_task, make_splits, parse_lab_spec
 from explorl.lab import build as lab_build
 from explorl.rewards import VERIFIERS
 
@@ -22,6 +22,8 @@ def canonical(task: str, prompt: str) -> tuple:
     """A problem's identity up to operand order, read back from the prompt text."""
     if task == "addition":
         return tuple(sorted(int(x) for x in prompt.rstrip("=").split("+")))
+    if task == "chat_addition":  # "What is 37 + 65? Put your final answer in \boxed{}."
+        return tuple(sorted(int(x) for x in prompt[len("What is "):prompt.index("?")].split("+")))
     if task == "multiply":  # a_digits × b_digits: operand order is part of the problem
         return tuple(int(x) for x in prompt.rstrip("=").split("*"))
     nums, target = prompt.rstrip(":").split(">")
@@ -57,7 +59,7 @@ def test_splits_are_deterministic_disjoint_and_mixed(task):
         recs = a[split]
         assert len(recs) == n
         assert [r.index for r in recs] == list(range(n))
-        assert {r.data_source for r in recs} == {f"lab/{task}"}
+        assert {r.data_source for r in recs} == {get_task(task).source}
         assert all(isinstance(r.prompt, str) for r in recs)
         keys[split] = {canonical(task, r.prompt) for r in recs}
         assert len(keys[split]) == n  # no duplicates inside a split either

@@ -16,7 +16,8 @@ from explorl.rewards.verifiers import (
 
 
 def test_registry_names_and_unknown_name():
-    assert set(VERIFIERS) == {"math", "exact", "countdown", "subset_sum", "addition"}
+    assert set(VERIFIERS) == {"math", "exact", "countdown", "subset_sum", "addition",
+                              "boxed_integer", "boxed_format"}
     with pytest.raises(ValueError, match="valid: math, exact, countdown, subset_sum, addition"):
         resolve_verifier("maths")
 
