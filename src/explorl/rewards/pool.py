@@ -420,8 +420,7 @@ class VerifierPool:
                     lost = w.items.popleft()  # the response it was working on
                     failures[lost] = ("the worker died (crash or memory limit)" if dead else
                                       f"timed out after {self.timeout_s:g} s")
-                    if dead:  # a timeout's message names the setting (summarize_failures)
-                        problem = problem or failures[lost]
+                    problem = problem or (failures[lost] if dead else None)  # timeouts: below
                     left -= 1
                     timeouts, errors = timeouts + (not dead), errors + dead
                     if w.items:
