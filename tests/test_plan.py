@@ -97,6 +97,11 @@ def _cfg(**optim) -> C.RunConfig:
     return validation.from_dict({"model": {"dtype": "bfloat16"}, "optim": optim}, env=False)
 
 
+def _cpu_cfg(max_response_len: int, **optim) -> C.RunConfig:
+    return validation.from_dict({"model": {"dtype": "float32"}, "optim": optim,
+                                 "rollout": {"max_response_len": max_response_len}}, env=False)
+
+
 def test_plan_on_cuda_sizes_by_tokens_with_no_separate_row_limit():
     plan = P.make_plan(_cfg(), CUDA, shape=QWEN05, free=75 * GIB, engine_exact=False)
     assert (plan.micro_batch_tokens, plan.micro_batch_size) == (40_448, 40_448)
@@ -166,16 +171,64 @@ def test_sizes_set_in_the_config_are_kept():
     assert (plan.micro_batch_size, plan.micro_batch_tokens) == (32, 40_448)
 
 
-def test_off_cuda_the_cpu_defaults_stay():
-    cpu = torch.device("cpu")
-    plan = P.make_plan(_cfg(), cpu, shape=QWEN05, free=75 * GIB, engine_exact=True)
+# SmolLM2-135M: hidden 576, 30 layers, 9 heads of 64 (3 key/value heads: kv width 192), MLP
+# 1536, vocabulary 49,152, 134,515,008 parameters (tied embeddings); padded rows.
+SMOLLM2 = P.ModelShape(hidden=576, layers=30, vocab=49152, intermediate=1536, kv_dim=192,
+                       params=134_515_008, trainable=134_515_008)
+CPU = torch.device("cpu")
+
+
+def test_off_cuda_the_lab_keeps_64_rows_and_no_token_limit():
+    # A lab-sized model: 64 rows of 40 + 64 tokens fit many times over in a quarter of 16 GiB.
+    lab = P.ModelShape(hidden=128, layers=4, vocab=40, intermediate=512, kv_dim=128,
+                       params=900_000, trainable=900_000)
+    cfg = _cpu_cfg(64)
+    plan = P.make_plan(cfg, CPU, shape=lab, free=16 * GIB, engine_exact=True, prompt_len=40)
     assert (plan.micro_batch_size, plan.micro_batch_tokens) == (64, None)
     assert plan.old_logp == "sampler" and plan.budget is None
     assert plan.lines()[0] == ("device plan (cpu): micro-batches of ≤ 64 responses: "
                                "the default off CUDA")
-    plan = P.make_plan(_cfg(micro_batch_tokens=24), cpu, shape=None, free=None,
+    plan = P.make_plan(_cfg(micro_batch_tokens=24), CPU, shape=None, free=None,
                        engine_exact=True)
     assert (plan.micro_batch_size, plan.micro_batch_tokens) == (64, 24)
+    unknown = P.make_plan(_cfg(), CPU, shape=None, free=None, engine_exact=True)
+    assert (unknown.micro_batch_size, unknown.micro_batch_tokens) == (64, None)
+
+
+def test_off_cuda_a_real_model_gets_a_token_budget_from_a_quarter_of_the_memory():
+    # SmolLM2-135M in float32 (b = m = 4): layer = 4·(5·576 + 3·192 + 4·1536) + 4·576·4
+    #   = 38,400 + 9,216 = 47,616 B; per token = 31·47,616 + 4·576·4 = 1,485,312 B
+    # fixed = 3·4·134,515,008 (grads + AdamW) + 0 (no casts in float32) + 512·49,152·12
+    #   = 1,614,180,096 + 301,989,888 = 1,916,169,984 B
+    # 20 GiB available: a quarter is 5,368,709,120 B; reserve 1 GiB; usable 2,378,797,312 B
+    # 2,378,797,312 // 1,485,312 = 1,601 tokens -> 1,536 (6 × 256), while 64 rows of
+    # 52 + 48 tokens would take 6,400.
+    cfg = _cpu_cfg(48)
+    plan = P.make_plan(cfg, CPU, shape=SMOLLM2, free=20 * GIB, engine_exact=True, prompt_len=52)
+    b = plan.budget
+    assert (b.per_token, b.fixed, b.usable) == (1_485_312, 1_916_169_984, 2_378_797_312)
+    assert (plan.micro_batch_size, plan.micro_batch_tokens) == (64, 1536)
+    assert plan.lines()[0] == (
+        "device plan (cpu): micro-batches of ≤ 64 responses and ≤ 1,536 tokens: 25% of 20.0 GiB "
+        "available, 1.8 GiB fixed, 1.42 MiB of activations per token (30 layers × hidden 576); "
+        "64 rows of up to 100 tokens would not fit")
+    # With 160 GiB the 6,400 tokens fit: no limit, as on the lab.
+    roomy = P.make_plan(cfg, CPU, shape=SMOLLM2, free=160 * GIB, engine_exact=True,
+                        prompt_len=52)
+    assert roomy.micro_batch_tokens is None
+    # A size written in the config is kept, and nothing is planned.
+    kept = P.make_plan(_cpu_cfg(48, micro_batch_size=16), CPU, shape=SMOLLM2,
+                       free=20 * GIB, engine_exact=True, prompt_len=52)
+    assert (kept.micro_batch_size, kept.micro_batch_tokens, kept.sizes_why) == (16, None, "as set")
+
+
+def test_the_cpu_plan_reads_the_hosts_available_memory(monkeypatch):
+    class Mem:
+        available = 12 * GIB
+
+    monkeypatch.setattr(P.psutil, "virtual_memory", lambda: Mem)
+    assert P.free_bytes(CPU) == 12 * GIB
+    assert P.free_bytes(torch.device("meta")) is None
 
 
 @pytest.mark.parametrize(("sets", "source", "why"), [

@@ -7,7 +7,9 @@ without a GPU: ``token_budget`` (free bytes, shape, precision -> tokens per micr
 them and ``apply`` writes the chosen sizes into the config the run saves (``config.yaml``), so
 a resume reuses them whatever the memory free then.
 
-On a CPU nothing changes: 64-row micro-batches (``CPU_MICRO_BATCH_ROWS``), no token budget.
+On a CPU: 64-row micro-batches (``CPU_MICRO_BATCH_ROWS``), and a token budget from a share of
+the memory available (``CPU_MEMORY_FRACTION``) only where 64 of the run's longest rows would not
+fit in it (a pretrained model's update; never the lab's).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import psutil
 import torch
 
 from explorl.adapters import plain
@@ -24,6 +27,10 @@ from explorl.training.forward import fused_head, pack_length, takes_custom_mask
 
 CPU_MICRO_BATCH_ROWS = 64
 """``optim.micro_batch_size: null`` off CUDA: responses per forward/backward (the CPU lab's)."""
+CPU_MEMORY_FRACTION = 0.25
+"""Off CUDA, the share of the memory available at the start (``psutil``'s ``available``, with the
+weights loaded) a micro-batch's forward and backward may plan on: the rest is the sampler's, the
+reward workers', the evaluation's and everyone else's on the machine."""
 PLANNED_FIELDS = ("micro_batch_size", "micro_batch_tokens")
 """``optim`` fields the plan fills in where the config leaves them None (``apply``)."""
 GIB = 2**30
@@ -218,17 +225,20 @@ def logprob_path(cfg: RunConfig, model: torch.nn.Module) -> tuple[bool, str]:
 
 def make_plan(cfg: RunConfig, device: torch.device, *, shape: ModelShape | None,
               free: int | None, engine_exact: bool, shards: int = 1, resident: int = 0,
-              logprobs_why: str = "") -> Plan:
+              logprobs_why: str = "", prompt_len: int = 0) -> Plan:
     """The plan for ``cfg`` on ``device``. ``free``: bytes free on the device with the weights
-    loaded (CUDA; None elsewhere). ``resident``: bytes the sampler will keep allocated between
-    calls once it has run (the static decode path's buffers), taken out of ``free`` before the
-    budget. ``logprobs_why``: ``logprob_path``'s words. Sizes set in the config are kept as
+    loaded (CUDA), or available in the host's memory (CPU; ``_cpu_plan``); None: unknown.
+    ``prompt_len``: the longest prompt's tokens (the CPU plan's row length). ``resident``:
+    bytes the sampler will keep allocated between calls once it has run (the static decode
+    path's buffers, CUDA), taken out of ``free`` before the budget. ``logprobs_why``: ``logprob_path``'s words. Sizes set in the config are kept as
     written."""
     o, src = cfg.optim, old_logp_source(cfg, engine_exact)
     rows, tokens, budget = o.micro_batch_size, o.micro_batch_tokens, None
-    if device.type != "cuda" or free is None or shape is None:
-        why = "as set" if rows is not None else "the default off CUDA"
+    if device.type != "cuda":
+        return _cpu_plan(cfg, device, shape, free, src, prompt_len, logprobs_why)
+    if free is None or shape is None:
         rows = CPU_MICRO_BATCH_ROWS if rows is None else rows
+        why = "as set" if o.micro_batch_size is not None else "the default off CUDA"
         return Plan(device.type, rows, tokens, src[0], why, src[1], logprobs_why=logprobs_why)
     if tokens is None:
         c = resolve_dtype(cfg.model.dtype, device).itemsize
@@ -253,9 +263,42 @@ def make_plan(cfg: RunConfig, device: torch.device, *, shape: ModelShape | None,
     return Plan(device.type, rows, tokens, src[0], why, src[1], budget, logprobs_why)
 
 
+def _cpu_plan(cfg: RunConfig, device: torch.device, shape: ModelShape | None, free: int | None,
+              src: tuple[str, str], prompt_len: int, logprobs_why: str) -> Plan:
+    """Off CUDA: ``CPU_MICRO_BATCH_ROWS`` responses per pass, and a token budget only where
+    that many of the run's longest rows (``prompt_len`` + ``rollout.max_response_len``) would
+    not fit in ``CPU_MEMORY_FRACTION`` of the available memory (``token_budget`` on that share,
+    float32). A size set in the config is kept as written."""
+    o = cfg.optim
+    rows, tokens = o.micro_batch_size, o.micro_batch_tokens
+    why = "as set" if rows is not None or tokens is not None else "the default off CUDA"
+    rows = CPU_MICRO_BATCH_ROWS if rows is None else rows
+    if o.micro_batch_size is not None or tokens is not None or free is None or shape is None:
+        return Plan(device.type, rows, tokens, src[0], why, src[1], logprobs_why=logprobs_why)
+    c = resolve_dtype(cfg.model.dtype, device).itemsize
+    share = int(CPU_MEMORY_FRACTION * free)
+    budget = token_budget(share, shape, compute_bytes=c,
+                          master_bytes=c if cfg.model.pure_low_precision else 4,
+                          checkpointing=cfg.model.gradient_checkpointing,
+                          logprob_chunk=cfg.algorithm.logprob_chunk)
+    longest = rows * (prompt_len + (cfg.rollout.max_response_len or 0))
+    if budget.tokens >= longest > 0:
+        return Plan(device.type, rows, None, src[0], why, src[1], logprobs_why=logprobs_why)
+    why = (f"{CPU_MEMORY_FRACTION:.0%} of {free / GIB:.1f} GiB available, "
+           f"{budget.fixed / GIB:.1f} GiB fixed, {budget.per_token / 2**20:.2f} MiB of "
+           f"activations per token ({shape.layers} layers × hidden {shape.hidden}"
+           f"{', checkpointed' if cfg.model.gradient_checkpointing else ''}); "
+           f"{rows} rows of up to {longest // rows:,} tokens would not fit")
+    if budget.note:
+        why += f"; {budget.note}"
+    return Plan(device.type, rows, budget.tokens, src[0], why, src[1], budget, logprobs_why)
+
+
 def free_bytes(device: torch.device) -> int | None:
-    """Bytes a new allocation can get on a CUDA ``device`` (free plus the allocator's cached
-    blocks); None elsewhere."""
+    """Bytes a new allocation can get: on a CUDA ``device`` free plus the allocator's cached
+    blocks; on a CPU the host's available memory (``psutil``)."""
+    if device.type == "cpu":
+        return int(psutil.virtual_memory().available)
     if device.type != "cuda":
         return None
     free, _ = torch.cuda.mem_get_info(device)
@@ -285,15 +328,15 @@ def sampling_models(cfg: RunConfig) -> int:
 
 def plan_for(cfg: RunConfig, device: torch.device, policy: torch.nn.Module, dist,
              engine, prompt_len: int = 0) -> Plan:
-    """The plan of a run set up this far: on CUDA a token budget from the least free memory of
-    any rank (every rank joins the gather), measured with the weights and the engine in place,
+    """The plan of a run set up this far: a token budget from the least free memory of any rank
+    (every rank joins the gather), measured with the weights and the engine in place; on CUDA
     less what the engine's static decode path will keep for prompts of up to ``prompt_len``
-    tokens (it allocates on its first call, after the plan)."""
+    tokens (it allocates on its first call, after the plan); on a CPU ``_cpu_plan``'s."""
     free = free_bytes(device)
     resident = 0
     if free is not None:
         free = min(p["free"] for p in dist.gather({"free": free}))
-        if hasattr(engine, "resident_bytes"):
+        if device.type == "cuda" and hasattr(engine, "resident_bytes"):
             resident = engine.resident_bytes(policy, device, resolve_dtype(cfg.model.dtype, device),
                                              prompt_len, cfg.rollout.max_response_len or 0,
                                              sampling_models(cfg))
@@ -302,4 +345,5 @@ def plan_for(cfg: RunConfig, device: torch.device, policy: torch.nn.Module, dist
     shape = ModelShape.of(policy, pack, fused) if free is not None else None
     shards = dist.world_size if dist.strategy == "fsdp" else 1
     return make_plan(cfg, device, shape=shape, free=free, shards=shards, resident=resident,
-                     engine_exact=engine_exact(cfg, engine, device), logprobs_why=logprobs_why)
+                     engine_exact=engine_exact(cfg, engine, device), logprobs_why=logprobs_why,
+                     prompt_len=prompt_len)
