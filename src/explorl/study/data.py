@@ -154,7 +154,7 @@ def _unit(rel: Path) -> Path:
     return rel
 
 
-def _complete(folder: Path) -> bool:
+def complete(folder: Path) -> bool:
     """Whether a local run or evaluation folder already holds a finished result."""
     if (folder / "config.yaml").exists():
         s = folder / "summary.json"
@@ -184,7 +184,7 @@ def unpack(archive: Path, out: Path) -> list[str]:
         units = {u: g for u, g in units.items() if u.parts[0] != "lab"}
         for unit, group in sorted(units.items()):
             target = out / unit
-            if target.exists() and (target.is_file() or _complete(target)):
+            if target.exists() and (target.is_file() or complete(target)):
                 continue
             if target.is_dir():
                 shutil.rmtree(target)

@@ -22,7 +22,7 @@ from explorl.models import resolve_model_path
 from explorl.study.checkpoints import analyse_long
 from explorl.study.claims import evaluate_claims
 from explorl.study.cost import Rates, plan_text
-from explorl.study.data import lab_models, pack, packable, unpack
+from explorl.study.data import complete, lab_models, pack, packable, unpack
 from explorl.study.documents import publish, write_documents
 from explorl.study.evidence import Evidence
 from explorl.study.figures import draw_figures
@@ -373,7 +373,8 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
     wall = Wall(out, spec.jobs)
     deadline = Deadline.after(time_limit) if time_limit else None
     if spec.tune:
-        _build_models([p for p in plan_tuning(spec, spec_path, out) if run_state(p) != "done"])
+        # a tuning run's folder holds the lr its recipe shares once the tuning has chosen it
+        _build_models([p for p in plan_tuning(spec, spec_path, out) if not complete(p.out)])
         got = run_tuning(spec, spec_path, out, log, deadline, on_done=wall.tick)
         if isinstance(got, int):
             wall.close()
