@@ -4,12 +4,14 @@ spec's checks, and a tiny tuned study end to end."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import json
 import math
 import os
 import tarfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -19,6 +21,7 @@ from conftest import TINY_LAB_CONFIG
 from explorl import config as C
 from explorl import study as S
 from explorl.cli import main
+from explorl.study import data as data_mod
 from explorl.study.evidence import Evidence
 from explorl.study.figures import highlighted
 from explorl.study.jobs import JobResult
@@ -899,3 +902,40 @@ def test_study_header_says_which_every_run_overrides_the_tuning_replaces(tmp_pat
     spec = S.load_spec(_tuned_spec(tmp_path, set=["optim.lr=1.0e-4", "eval.every=10"]))
     assert _tuned_note(spec) == " (the tuned settings replace `optim.lr`: see Tuning)"
     assert _tuned_note(S.load_spec(_tuned_spec(tmp_path, set=["eval.every=10"]))) == ""
+
+
+def test_a_build_too_large_to_pack_is_republished_without_being_built(tmp_path, monkeypatch):
+    """An archive holds only lab.json and the digest of a large lab model: unpacking keeps the
+    two in ``<study>/lab``, ``lab_models`` builds nothing and re-packs them, so re-analysing and
+    republishing such a study never waits on the model's SFT."""
+    from explorl.study.data import lab_models, pack, unpack
+
+    build = tmp_path / "built" / "subset_sum-big"
+    build.mkdir(parents=True)
+    (build / "model.safetensors").write_bytes(b"weights")
+    (build / "lab.json").write_text('{"size": "large"}')
+    digest = hashlib.sha256(b"weights").hexdigest() + "\n"
+    lab = {"lab/subset_sum-big/lab.json": build / "lab.json",
+           "lab/subset_sum-big/model.sha256": build / "model.safetensors"}
+    archive = tmp_path / "d.tar.xz"
+    (tmp_path / "src").mkdir()
+    pack(tmp_path / "src", [], archive, lab)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("EXPLORL_LAB_CACHE", str(cache))
+    dst = tmp_path / "dst"
+    assert unpack(archive, dst) == []  # nothing installed: the weights are not in the archive
+    assert not (cache / "subset_sum-big").exists()
+    assert (dst / "lab" / "subset_sum-big" / "model.sha256").read_text() == digest
+
+    class Plan:  # what lab_models reads of a run plan
+        cfg = SimpleNamespace(model=SimpleNamespace(path="lab:subset_sum"), lab=None)
+
+    monkeypatch.setattr(data_mod, "resolve_model_path",
+                        lambda path, lab, build=True: cache / "subset_sum-big")
+    got = lab_models([Plan()], dst / "lab")
+    assert sorted(got) == ["lab/subset_sum-big/lab.json", "lab/subset_sum-big/model.sha256"]
+    again = tmp_path / "again.tar.xz"
+    pack(dst, [], again, got)
+    with tarfile.open(again, mode="r:xz") as tar:
+        assert tar.extractfile("lab/subset_sum-big/model.sha256").read().decode() == digest
+    assert lab_models([Plan()]) == {}  # no record kept: left out, not built

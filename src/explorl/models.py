@@ -53,22 +53,23 @@ def autocast(cfg: ModelConfig, device: torch.device):
     return torch.autocast(device.type, dtype=compute)
 
 
-def resolve_model_path(path: str, lab=None) -> Path:
+def resolve_model_path(path: str, lab=None, *, build: bool = True) -> Path:
     """The model folder ``model.path`` stands for: ``lab:<task>`` → the built (and cached) lab
     model; a registered name (``smollm2-135m``) → its fetched folder; a ``.gguf`` file (or a
     folder holding exactly one) → its conversion in the model cache (made on first use);
     else a local Hugging Face model folder.
 
     ``lab`` (a ``LabConfig``) makes the lab model's SFT split the same as the one RL uses, so
-    validation problems are never in the model's supervised training data.
+    validation problems are never in the model's supervised training data. ``build=False``: a
+    lab model's cache folder, built or not.
     """
     ref = parse_lab_spec(path) if path.startswith("lab:") else None
     if ref is not None:
         if lab is None:
-            return lab_model_path(ref)
+            return lab_model_path(ref, build=build)
         return lab_model_path(ref, size=lab.model_size, split_seed=lab.split_seed,
                               n_train=lab.n_train, n_val=lab.n_val, n_test=lab.n_test,
-                              **params_for(get_task(ref), lab.params))
+                              build=build, **params_for(get_task(ref), lab.params))
     converted = model_store.resolve(path)
     if converted is not None:
         return converted

@@ -178,6 +178,7 @@ def lab_model_path(
     cache_dir: str | os.PathLike | None = None,
     size: str = "default",
     num_threads: int | None = 1,
+    build: bool = True,
     **overrides: Any,
 ) -> Path:
     """Directory of the lab model for ``task``, building it first when it is not cached.
@@ -188,7 +189,8 @@ def lab_model_path(
     temporary directory and renames it into place, so no one ever sees a half-written model.
 
     ``num_threads``: torch threads while building (the caller's setting is restored after);
-    None keeps the caller's. One thread is the default: the model is too small to gain from
+    None keeps the caller's. ``build=False``: the folder, built or not (nothing is built). One
+    thread is the default: the model is too small to gain from
     more, on a busy machine two threads ran 10x slower than one (OpenMP threads wait on each
     other when cores are oversubscribed), and a fixed count makes the weights independent of
     the caller's setting (float sums may round differently with more threads).
@@ -198,7 +200,7 @@ def lab_model_path(
     root = cache_root(cache_dir)
     name = build_key(task, params, cfg)
     final = root / name
-    if (final / "lab.json").exists():  # lab.json is written last: its presence = complete
+    if not build or (final / "lab.json").exists():  # lab.json is written last: complete
         return final
     root.mkdir(parents=True, exist_ok=True)
     with open(root / f"{name}.lock", "w") as lock:

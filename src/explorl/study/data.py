@@ -49,13 +49,20 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def lab_models(plans: list[RunPlan]) -> dict[str, Path]:
+def lab_models(plans: list[RunPlan], kept: Path | None = None) -> dict[str, Path]:
     """The archive entries of the lab models ``plans`` start from: ``lab/<build>/<file>`` →
     the cached file (every file of a build up to ``LAB_PACK_MAX`` bytes, else its ``lab.json``),
-    plus ``lab/<build>/model.sha256`` (the weights' digest, written by ``pack``)."""
+    plus ``lab/<build>/model.sha256`` (the weights' digest, written by ``pack``). Nothing is
+    built: a model absent from the cache is taken from ``kept`` (``<study>/lab``: what
+    ``unpack`` kept of an archive's build too large to pack) or left out."""
     out: dict[str, Path] = {}
-    for d in sorted({resolve_model_path(p.cfg.model.path, p.cfg.lab) for p in plans
+    for d in sorted({resolve_model_path(p.cfg.model.path, p.cfg.lab, build=False) for p in plans
                      if p.cfg.model.path.startswith("lab:")}):
+        if not (d / WEIGHTS).exists():
+            record = kept / d.name if kept is not None else None
+            if record is not None and (record / "model.sha256").exists():
+                out |= {f"lab/{d.name}/{f.name}": f for f in sorted(record.iterdir())}
+            continue
         files = sorted(f for f in d.iterdir() if f.is_file())
         small = sum(f.stat().st_size for f in files) <= LAB_PACK_MAX
         for f in files if small else [d / "lab.json"]:
@@ -121,8 +128,9 @@ def pack(out: Path, files: list[Path], archive: Path, lab: dict[str, Path] | Non
     with tarfile.open(fileobj=buf, mode="w:xz", preset=9) as tar:
         for name in sorted(entries):
             src = entries[name]
-            if name.endswith("/model.sha256"):
-                data = (sha256(src) + "\n").encode()
+            if name.endswith("/model.sha256"):  # a digest kept by ``unpack``, or the weights
+                data = src.read_bytes() if src.name == "model.sha256" else (
+                    sha256(src) + "\n").encode()
             else:
                 data = src.read_bytes()
             if name.endswith("/problems.jsonl"):
@@ -146,7 +154,7 @@ def _unit(rel: Path) -> Path:
     return rel
 
 
-def _complete(folder: Path) -> bool:
+def complete(folder: Path) -> bool:
     """Whether a local run or evaluation folder already holds a finished result."""
     if (folder / "config.yaml").exists():
         s = folder / "summary.json"
@@ -171,12 +179,12 @@ def unpack(archive: Path, out: Path) -> list[str]:
             if rel.is_absolute() or ".." in rel.parts:
                 raise ValueError(f"{archive}: member {m.name!r} points outside the study folder")
             units.setdefault(_unit(rel), []).append(m)
-        restored = [u.as_posix() for u in _install_lab(tar, {u: g for u, g in units.items()
-                                                            if u.parts[0] == "lab"})]
+        restored = [u.as_posix() for u in _install_lab(
+            tar, {u: g for u, g in units.items() if u.parts[0] == "lab"}, out / "lab")]
         units = {u: g for u, g in units.items() if u.parts[0] != "lab"}
         for unit, group in sorted(units.items()):
             target = out / unit
-            if target.exists() and (target.is_file() or _complete(target)):
+            if target.exists() and (target.is_file() or complete(target)):
                 continue
             if target.is_dir():
                 shutil.rmtree(target)
@@ -194,9 +202,12 @@ def unpack(archive: Path, out: Path) -> list[str]:
     return restored
 
 
-def _install_lab(tar: tarfile.TarFile, units: dict[Path, list[tarfile.TarInfo]]) -> list[Path]:
+def _install_lab(tar: tarfile.TarFile, units: dict[Path, list[tarfile.TarInfo]],
+                 kept: Path) -> list[Path]:
     """Put each packed lab model into the lab cache where it is missing; a cached build whose
-    weights differ from the packed runs' is an error (the study would mix base models)."""
+    weights differ from the packed runs' is an error (the study would mix base models). Of a
+    build too large to pack (its ``lab.json`` and digest only) that the cache lacks, the two
+    files are kept in ``kept/<build>/``: a re-analysis republishes them without building it."""
     installed = []
     for unit, group in sorted(units.items()):
         files = {Path(m.name).name: m for m in group}
@@ -211,8 +222,12 @@ def _install_lab(tar: tarfile.TarFile, units: dict[Path, list[tarfile.TarInfo]])
                     + ("move it away so the packed build is installed"
                        if WEIGHTS in files else "the packed runs cannot be continued here"))
             continue
-        if WEIGHTS not in files:
-            continue  # too large to pack: built here, its digest checked when it exists
+        if WEIGHTS not in files:  # too large to pack: built here when a run needs it, its
+            record = kept / unit.name  # digest checked then
+            record.mkdir(parents=True, exist_ok=True)
+            for name, m in files.items():
+                write_bytes_atomic(record / name, tar.extractfile(m).read())
+            continue
         tmp = target.with_name(f".{target.name}.restore")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)

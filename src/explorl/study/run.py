@@ -22,7 +22,7 @@ from explorl.models import resolve_model_path
 from explorl.study.checkpoints import analyse_long
 from explorl.study.claims import evaluate_claims
 from explorl.study.cost import Rates, plan_text
-from explorl.study.data import lab_models, pack, packable, unpack
+from explorl.study.data import complete, lab_models, pack, packable, unpack
 from explorl.study.documents import publish, write_documents
 from explorl.study.evidence import Evidence
 from explorl.study.figures import draw_figures
@@ -373,7 +373,8 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
     wall = Wall(out, spec.jobs)
     deadline = Deadline.after(time_limit) if time_limit else None
     if spec.tune:
-        _build_models(plan_tuning(spec, spec_path, out))
+        # a tuning run's folder holds the lr its recipe shares once the tuning has chosen it
+        _build_models([p for p in plan_tuning(spec, spec_path, out) if not complete(p.out)])
         got = run_tuning(spec, spec_path, out, log, deadline, on_done=wall.tick)
         if isinstance(got, int):
             wall.close()
@@ -386,7 +387,7 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
         f"{len(plans) - todo} finished), {spec.max_steps} steps each, {spec.jobs} at a time "
         f"→ {out}")
 
-    _build_models(plans)
+    _build_models([p for p in plans if states[p.key] != "done"])  # a re-analysis builds none
     if spec.base_eval:
         for folder, p in base_folders(plans).items():
             whose = "" if folder == "base" else f" of {p.name}"
@@ -411,7 +412,8 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
     if spec.publish:
         dest = Path(spec.publish)  # relative to the working directory (the repository's root)
         publish(out, dest)
-        n = pack(out, packable(out, spec, plans), dest / "data.tar.xz", lab_models(plans))
+        n = pack(out, packable(out, spec, plans), dest / "data.tar.xz",
+                 lab_models(plans, out / "lab"))
         log(f"published to {dest} (with data.tar.xz: {n} files of the finished runs)")
     log(f"wrote {out / 'study.md'}, {out / 'claims.md'}, {out / 'study.json'} and "
         f"{out / 'report'}/")
@@ -463,7 +465,7 @@ def pack_study(spec_path: str | Path, archive: str | Path, *, quick: bool = Fals
     files = packable(out, spec, plans)
     tuning = plan_tuning(spec, spec_path, out) if spec.tune else []
     trained = [p for p in tuning + plans if (p.out / "summary.json").exists()]  # built models
-    pack(out, files, Path(archive), lab_models(trained))
+    pack(out, files, Path(archive), lab_models(trained, out / "lab"))
     runs = len({f.parent for f in files if f.name == "summary.json"})
     log(f"packed {runs} finished runs ({len(files)} files, "
         f"{Path(archive).stat().st_size / 1e6:.1f} MB) into {archive}; continue elsewhere with "
