@@ -58,13 +58,17 @@ def entropy_aware_advantages(
     per-token advantages (N, T), A outside the mask. A token of average entropy keeps A; one a
     standard deviation above gets A·(1 + w). The sign of A flips where (H − μ)/σ < −1/w.
 
-    Metric (0-dim, over valid tokens): ``adv/aepo_scale_mean``, the mean of 1 + w·(H − μ)/σ.
+    Metrics (0-dim, over valid tokens): ``adv/aepo_scale_dev_mean``, the mean of |scale − 1|
+    = w·|H − μ|/σ (how far the advantages move; the scale's own mean is 1 by construction), and
+    ``adv/aepo_flip_frac``, the fraction whose scale is < 0 (the advantage's sign reversed).
     """
     mask = mask.bool()
     adv = per_token_advantages(advantages.detach(), entropy)  # (N, T)
     z = (entropy.detach() - mean) / (std if std > 0 else 1.0)  # (N, T)
     scale = torch.where(mask, 1.0 + weight * z, torch.ones_like(z))  # (N, T)
-    return adv * scale, {"adv/aepo_scale_mean": masked_mean(scale, mask)}
+    metrics = {"adv/aepo_scale_dev_mean": masked_mean((scale - 1.0).abs(), mask),
+               "adv/aepo_flip_frac": masked_mean((scale < 0).float(), mask)}
+    return adv * scale, metrics
 
 
 def entropy_moments(entropy: torch.Tensor, mask: torch.Tensor) -> tuple[float, float, float]:

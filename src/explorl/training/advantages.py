@@ -69,6 +69,7 @@ def step_advantages(a: AlgorithmConfig, sb: StepBatch, ro: Rollouts, dist,
         mean, std = mean_std(total["n"], total["s"], total["s2"])
         adv, sm = entropy_aware_advantages(adv.to(ro.entropy.device), ro.entropy, mask,
                                            a.aepo_adv_weight, mean, std)
-        total = dist.sum_dict({"n": n, "scale": float(sm["adv/aepo_scale_mean"]) * n})
-        metrics["adv/aepo_scale_mean"] = total["scale"] / total["n"] if total["n"] else 1.0
+        total = dist.sum_dict({"n": n, **{k: float(v) * n for k, v in sm.items()}})
+        n_all = total.pop("n")  # token means over every rank's valid tokens
+        metrics.update({k: v / n_all if n_all else 0.0 for k, v in total.items()})
     return adv, metrics
