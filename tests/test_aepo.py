@@ -4,10 +4,12 @@ pre-monitoring, the entropy-balanced clip's gradients and the entropy-aware adva
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
 from test_tools import TINY_MULTIPLY, _lab, _Scripted, _tool_engine, _tools_recipe
+from test_trainer import _documented_metric_patterns
 
 from explorl import config as C
 from explorl import validation
@@ -178,7 +180,11 @@ def test_aepo_recipe_trains(tmp_path):
     cfg = _tools_recipe(path, recipe="lab/aepo", max_steps=2)
     assert (cfg.rollout.arpo.mode, cfg.algorithm.loss) == ("aepo", "aepo")
     Trainer(cfg, tmp_path / "run").train()
-    last = read_metrics(tmp_path / "run")[-1]
+    rows = read_metrics(tmp_path / "run")
+    patterns = [re.compile(p + "$") for p in _documented_metric_patterns()]
+    logged = {k for row in rows for k in row}
+    assert not [k for k in logged if not any(p.match(k) for p in patterns)]  # docs/metrics.md
+    last = rows[-1]
     assert {"arpo/branches", "aepo/penalised_draws", "aepo/initial_mean", "loss/aepo_kept_frac",
             "adv/aepo_scale_dev_mean", "adv/aepo_flip_frac"} <= set(last)
     assert last["rollout/n_samples"] == 4 * 4  # every prompt got its budget
