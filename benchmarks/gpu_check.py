@@ -68,7 +68,7 @@ TINY_BUILD = dict(size="tiny", max_digits=1, n_train=30, n_val=10, n_test=10, ma
                   check_every=1000, hidden_size=64, num_layers=2, intermediate_size=128,
                   num_heads=2)
 # The tool recipes' smoke model: the multiply task's own alphabet has the tool-call markers.
-TOOL_RECIPES = ("lab/tools", "lab/arpo")
+TOOL_RECIPES = ("lab/tools", "lab/arpo", "lab/aepo")
 TINY_TOOL_LAB = {"n_train": 64, "n_val": 16, "n_test": 16,
                  "params": {"a_digits": 2, "b_digits": 1, "tool_frac": 0.5}}
 

@@ -14,6 +14,7 @@ def test_public_names():
         "LOSSES",
         "LossParams",
         "TokenMask",
+        "aepo_loss",
         "aggregate",
         "cispo_loss",
         "clip_cov_loss",
@@ -22,6 +23,7 @@ def test_public_names():
         "dr_grpo_advantages",
         "entropic_confident_term",
         "entropy_advantage_shaping",
+        "entropy_aware_advantages",
         "forking_token_mask",
         "grpo_advantages",
         "gspo_loss",
@@ -52,7 +54,7 @@ def test_registries():
         "pkpo_loo_minus_one", "grpo_passk",
     }
     assert set(A.LOSSES) == {"ppo", "clip_cov", "kl_cov", "gspo", "cispo", "sapo",
-                             "luspo", "vespo"}
+                             "luspo", "vespo", "aepo"}
     assert A.AGG_MODES == ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                            "seq-mean-token-sum-norm")
 

@@ -309,7 +309,14 @@ def test_kl_cov_k_is_at_least_one():
 
 
 def test_losses_dict():
-    from explorl.algorithms.losses import cispo_loss, gspo_loss, luspo_loss, sapo_loss, vespo_loss
+    from explorl.algorithms.losses import (
+        aepo_loss,
+        cispo_loss,
+        gspo_loss,
+        luspo_loss,
+        sapo_loss,
+        vespo_loss,
+    )
 
     assert LOSSES == {
         "ppo": ppo_loss,
@@ -320,6 +327,7 @@ def test_losses_dict():
         "sapo": sapo_loss,
         "luspo": luspo_loss,
         "vespo": vespo_loss,
+        "aepo": aepo_loss,
     }
 
 

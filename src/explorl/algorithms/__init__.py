@@ -1,5 +1,5 @@
 """Pure tensor math for RLVR: advantages (incl. pass@k), policy losses (incl. GSPO, CISPO, SAPO,
-LUSPO, VESPO) and
+LUSPO, VESPO, AEPO) and
 the parameters they read (``LossParams``),
 aggregation, log-probs, entropy, covariance, KL estimators, DAPO filters, the forking-token
 mask, entropy advantage shaping and Knapsack RL budgets. Imports torch only (see STYLE.md)."""
@@ -24,6 +24,7 @@ from explorl.algorithms.logprobs import (
 )
 from explorl.algorithms.losses import (
     LOSSES,
+    aepo_loss,
     cispo_loss,
     clip_cov_loss,
     gspo_loss,
@@ -34,7 +35,7 @@ from explorl.algorithms.losses import (
     vespo_loss,
 )
 from explorl.algorithms.regularisers import KL_ESTIMATORS, entropic_confident_term, kl_estimate
-from explorl.algorithms.shaping import entropy_advantage_shaping
+from explorl.algorithms.shaping import entropy_advantage_shaping, entropy_aware_advantages
 from explorl.algorithms.token_masks import TokenMask, forking_token_mask
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "LOSSES",
     "LossParams",
     "TokenMask",
+    "aepo_loss",
     "aggregate",
     "cispo_loss",
     "clip_cov_loss",
@@ -52,6 +54,7 @@ __all__ = [
     "dr_grpo_advantages",
     "entropic_confident_term",
     "entropy_advantage_shaping",
+    "entropy_aware_advantages",
     "forking_token_mask",
     "grpo_advantages",
     "gspo_loss",

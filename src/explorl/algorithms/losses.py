@@ -1,5 +1,5 @@
 """Per-token policy losses: PPO-clip, Clip-Cov, KL-Cov, GSPO, CISPO (ALGORITHMS.md §0, §2, §6a-b),
-SAPO, LUSPO, VESPO (TRL 1.16's ``loss_type`` names).
+SAPO, LUSPO, VESPO (TRL 1.16's ``loss_type`` names), AEPO's entropy-balanced clip.
 
 One signature, as in verl's ``core_algos``::
 
@@ -22,7 +22,7 @@ Metrics (0-dim tensors, means over the valid tokens):
       always 0. GSPO and LUSPO: the same test on the sequence ratio s_i (a clipped sequence is
       counted per token).
       CISPO: the fraction of valid tokens whose weight hit the cap, ratio > w_max (they still
-      train, with weight w_max).
+      train, with weight w_max). AEPO: the PPO test; its upper-clipped tokens count and train.
   ``loss/dual_clip_frac``: fraction of valid tokens where the dual clip −A·clip_c (A < 0)
       is strictly below the PPO term and so replaces it. 0 when ``clip_c`` is None.
   ``loss/cov_selected_frac``: tokens selected by Clip-Cov/KL-Cov / valid tokens (0 for PPO).
@@ -36,6 +36,8 @@ Metrics (0-dim tensors, means over the valid tokens):
   ``loss/vespo_phi_mean`` (VESPO only): mean over valid tokens of φ(W) of their response (1 on
       policy; each response counts by its number of tokens).
   ``loss/cispo_masked_frac`` (CISPO only): fraction of valid tokens dropped by the Eq. 6 mask.
+  ``loss/aepo_kept_frac`` (AEPO only): fraction of valid tokens with A > 0 and ratio >
+      1 + eps_high, clipped above, whose gradient AEPO keeps (PPO would give them none).
   ``cov/mean``: mean of ``token_covariance`` (the batch covariance of logp and A).
   ``cov/selected_mean``: mean covariance of the selected tokens (0 if none / PPO).
 
@@ -112,6 +114,39 @@ def ppo_loss(logp, old_logp, advantages, mask, cfg, generator=None, selection=No
     loss = torch.where(mask, loss, torch.zeros_like(loss))
     selected = torch.zeros_like(mask)
     return loss, _metrics(ratio, mask, clip_active, dual_active, cov, selected)
+
+
+def aepo_loss(logp, old_logp, advantages, mask, cfg, generator=None, selection=None):
+    """AEPO's entropy-balanced clipping (Dong et al. 2025, arXiv 2510.14545 §4.2; the authors'
+    ``compute_policy_loss_entropy_balanced_clipping``): PPO-clip whose upper bound carries a
+    stop-gradient, so a token clipped above keeps a gradient, rescaled to the bound.
+
+    The upper bound is (1 + eps_high)·ratio/sg(ratio): its value is 1 + eps_high, its gradient
+    (1 + eps_high)·∇logp. loss = max(−A·ratio, −A·clip(ratio, 1 − eps_low, that bound)), plus
+    the dual clip as ``ppo_loss``. Only A > 0 ∧ ratio > 1 + eps_high changes: PPO's gradient 0
+    becomes −A·(1 + eps_high)·∇logp, where high-entropy tokens, whose ratios move most, are
+    clipped. The lower bound stays constant, as in the authors' code.
+    """
+    mask = mask.bool()
+    adv = per_token_advantages(advantages.detach(), logp)  # (N, T)
+    ratio = torch.exp(_log_ratio(logp, old_logp, mask))  # (N, T)
+    high = (1.0 + cfg.eps_high) * ratio / ratio.detach()  # value 1 + eps_high, with a gradient
+    clipped = torch.where(ratio > 1.0 + cfg.eps_high, high,
+                          ratio.clamp(min=1.0 - cfg.eps_low))  # (N, T)
+    pg1, pg2 = -adv * ratio, -adv * clipped
+    loss = torch.maximum(pg1, pg2)
+    clip_active = (pg2 > pg1) & mask
+    dual_active = torch.zeros_like(clip_active)
+    if cfg.clip_c is not None:
+        pg3 = -adv * cfg.clip_c
+        dual_active = (adv < 0) & (pg3 < loss) & mask
+        loss = torch.where(adv < 0, torch.minimum(loss, pg3), loss)
+    loss = torch.where(mask, loss, torch.zeros_like(loss))
+    cov = token_covariance(logp, adv, mask)  # (N, T)
+    metrics = _metrics(ratio, mask, clip_active, dual_active, cov, torch.zeros_like(mask))
+    kept = (adv > 0) & (ratio.detach() > 1.0 + cfg.eps_high) & mask
+    metrics["loss/aepo_kept_frac"] = masked_mean(kept.float(), mask)
+    return loss, metrics
 
 
 def clip_cov_select(logp, old_logp, advantages, mask, cfg, generator=None):
@@ -389,6 +424,7 @@ LOSSES = {
     "sapo": sapo_loss,
     "luspo": luspo_loss,
     "vespo": vespo_loss,
+    "aepo": aepo_loss,
 }
 
 READS = {
@@ -401,6 +437,7 @@ READS = {
     "sapo": frozenset({"sapo_tau_pos", "sapo_tau_neg"}),
     "luspo": frozenset({"eps_low", "eps_high", "agg"}),
     "vespo": frozenset({"vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"}),
+    "aepo": frozenset({"eps_low", "eps_high", "clip_c"}),
 }
 """The ``cfg`` fields each loss (and its selector) reads (ALGORITHMS §7d; a test records every
 attribute each one touches). KL-Cov has no clip, CISPO caps with ``cispo_w_max``, SAPO's gate

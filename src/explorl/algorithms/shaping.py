@@ -1,6 +1,7 @@
 """Entropy-based advantage shaping (Cheng et al. 2025, "Reasoning with Exploration: An Entropy
-Perspective", arXiv 2506.14758; ALGORITHMS.md §6e). Runs after the advantage estimator and
-before the surrogate, on per-token advantages."""
+Perspective", arXiv 2506.14758; ALGORITHMS.md §6e) and AEPO's entropy-aware advantage (Dong et
+al. 2025, arXiv 2510.14545). Runs after the advantage estimator and before the surrogate, on
+per-token advantages."""
 
 from __future__ import annotations
 
@@ -38,3 +39,48 @@ def entropy_advantage_shaping(
         "adv/entropy_shaping_capped_frac": masked_mean((cap < bonus).float(), mask),
     }
     return adv + psi, metrics
+
+
+def entropy_aware_advantages(
+    advantages: torch.Tensor,
+    entropy: torch.Tensor,
+    mask: torch.Tensor,
+    weight: float,
+    mean: float,
+    std: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """AEPO's entropy-aware advantage (Dong et al. 2025, arXiv 2510.14545 §4.2; the authors'
+    ``compute_policy_loss_entropy_balanced_clipping``): Ã_t = A·(1 + w·(H_t − μ)/σ).
+
+    ``advantages`` (N,) or (N, T); ``entropy`` (N, T), detached; μ, σ: the mean and (unbiased)
+    standard deviation of H over the batch's valid tokens, passed in so that a batch split over
+    ranks shares them (``entropy_moments``); σ = 0 counts as 1. Authors' w = 0.2. Returns
+    per-token advantages (N, T), A outside the mask. A token of average entropy keeps A; one a
+    standard deviation above gets A·(1 + w). The sign of A flips where (H − μ)/σ < −1/w.
+
+    Metrics (0-dim, over valid tokens): ``adv/aepo_scale_dev_mean``, the mean of |scale − 1|
+    = w·|H − μ|/σ (how far the advantages move; the scale's own mean is 1 by construction), and
+    ``adv/aepo_flip_frac``, the fraction whose scale is < 0 (the advantage's sign reversed).
+    """
+    mask = mask.bool()
+    adv = per_token_advantages(advantages.detach(), entropy)  # (N, T)
+    z = (entropy.detach() - mean) / (std if std > 0 else 1.0)  # (N, T)
+    scale = torch.where(mask, 1.0 + weight * z, torch.ones_like(z))  # (N, T)
+    metrics = {"adv/aepo_scale_dev_mean": masked_mean((scale - 1.0).abs(), mask),
+               "adv/aepo_flip_frac": masked_mean((scale < 0).float(), mask)}
+    return adv * scale, metrics
+
+
+def entropy_moments(entropy: torch.Tensor, mask: torch.Tensor) -> tuple[float, float, float]:
+    """(n, ΣH, ΣH²) over the valid tokens: add them over ranks, then ``mean_std``."""
+    h = entropy.detach().double()[mask.bool()]
+    return float(h.numel()), float(h.sum()), float((h * h).sum())
+
+
+def mean_std(n: float, s: float, s2: float) -> tuple[float, float]:
+    """Mean and unbiased standard deviation (torch.std's) from (n, ΣH, ΣH²)."""
+    if n < 1:
+        return 0.0, 1.0
+    mean = s / n
+    var = max(0.0, (s2 - n * mean * mean) / (n - 1)) if n > 1 else 0.0
+    return mean, var ** 0.5

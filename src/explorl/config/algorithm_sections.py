@@ -50,7 +50,8 @@ class AlgorithmConfig:
     """Policy loss: ``ppo``, ``clip_cov`` (Clip-Cov), ``kl_cov`` (KL-Cov), ``gspo`` (GSPO; needs
     ``agg: seq-mean-token-mean``), ``cispo`` (CISPO), ``sapo`` (SAPO's soft gate), ``luspo``
     (LUSPO: GSPO scaled by length; needs ``agg: seq-mean-token-sum``), ``vespo`` (VESPO's
-    Gamma-shaped sequence weight)."""
+    Gamma-shaped sequence weight), ``aepo`` (PPO whose upper clip keeps a rescaled gradient,
+    AEPO's entropy-balanced clipping)."""
     eps_low: float = 0.2
     """PPO lower clip: ratio ≥ 1 − eps_low."""
     eps_high: float = 0.2
@@ -108,6 +109,10 @@ class AlgorithmConfig:
     estimator; quoted α = 0.4 with GRPO (0.1 with PPO). 0 = off."""
     entropy_shaping_kappa: float = 2.0
     """Entropy advantage shaping: κ, the cap |A_t|/κ (κ ≥ 1 keeps the sign of A)."""
+    aepo_adv_weight: float = 0.0
+    """AEPO's entropy-aware advantage (docs/methods/aepo.md): A_t ← A·(1 + w·(H_t − μ)/σ), μ and
+    σ over the step's valid tokens, H the policy's entropy at the sampling temperature from the
+    pass that gave old_logp; the authors' w = 0.2. 0 = off."""
     agg: str = "token-mean"
     """Loss aggregation over tokens and sequences: ``token-mean``, ``seq-mean-token-mean``,
     ``seq-mean-token-sum`` (verl: each response's token sum, mean over responses) or

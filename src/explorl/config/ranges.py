@@ -62,6 +62,8 @@ RANGES: dict[str, str] = {
     "rollout.arpo.branch_probability": "[0, 1]",
     "rollout.arpo.entropy_weight": "[0, 100]",
     "rollout.arpo.entropy_window": "[1, 4096]",
+    "rollout.arpo.branch_penalty": "[0, 1]",
+    "rollout.arpo.budget_sharpness": "[0, 100]",
     "rollout.tool_result_max_chars": "[1, 10000000]",
     "rollout.vllm.kv_cache_gib": "(0, 1048576]",
     "rollout.vllm.max_model_len": "[2, 1048576]",
@@ -103,6 +105,7 @@ RANGES: dict[str, str] = {
     "algorithm.entropy_mask_ratio": "[0, 1]",  # 0 = off
     "algorithm.entropy_shaping_alpha": "[0, inf)",  # 0 = off
     "algorithm.entropy_shaping_kappa": "[1, inf)",  # κ ≥ 1 keeps the sign of A
+    "algorithm.aepo_adv_weight": "[0, inf)",  # 0 = off
     "model.cpu_threads": "[1, 4096]",
     "rollout.async.max_staleness": "[0, 64]",
     "model.lora.rank": "[1, 65536]",

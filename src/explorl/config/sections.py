@@ -225,6 +225,18 @@ class ARPOConfig:
     """α: the weight of the entropy change ΔH in the branch probability."""
     entropy_window: int = 20
     """Tokens at the start of a turn whose entropies are summed into the turn's H."""
+    mode: Literal["arpo", "aepo"] = "arpo"
+    """``aepo``: AEPO's dynamic entropy-balanced rollout (arXiv 2510.14545; docs/methods/aepo.md):
+    copy iff clip((u + α·ΔH)·max(0, 1 − λ·c), 0, 1) ≥ β, c the prompt's consecutive rounds that
+    added responses, and optionally M by entropy pre-monitoring (``dynamic_initial``)."""
+    branch_penalty: float = 0.05
+    """AEPO: λ, the branch penalty per consecutive branching round of a prompt."""
+    dynamic_initial: bool = False
+    """AEPO: entropy pre-monitoring. One probe response per prompt (not trained on) sets its
+    M = min(N, ⌊N·σ(s·(H_root − H̄_tool))⌋ + 1) in place of ``initial_rollouts``. Off in the
+    authors' scripts."""
+    budget_sharpness: float = 0.5
+    """AEPO: s, the sigmoid's slope in entropy pre-monitoring's M."""
 
 
 @dataclass

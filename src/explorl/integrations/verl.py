@@ -82,7 +82,7 @@ def explorl_loss_config(config, loss: str) -> AlgorithmConfig:
     base = AlgorithmConfig()
     fields = dict(
         loss=loss, eps_low=low, eps_high=high,
-        clip_c=_get(config, "clip_ratio_c", None) if loss == "ppo" else None,
+        clip_c=_get(config, "clip_ratio_c", None) if loss in ("ppo", "aepo") else None,
         clip_cov_ratio=_get(pl, "clip_cov_ratio", base.clip_cov_ratio),
         clip_cov_lb=_get(pl, "clip_cov_lb", base.clip_cov_lb),
         clip_cov_ub=_get(pl, "clip_cov_ub", base.clip_cov_ub),

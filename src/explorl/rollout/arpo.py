@@ -70,6 +70,10 @@ class ARPOBranching:
         """ΔH of the row's last turn: (H_last − H_init) / log|V| (0 after one turn)."""
         return (row.window[-1] - row.window[0]) / self.log_v
 
+    def copies(self, u: float, src: _Row) -> bool:
+        """Whether draw ``u`` copies ``src`` (ARPO's rule; AEPO's overrides it)."""
+        return copies(u, self.delta_h(src), self.beta, self.alpha)
+
     def expand(self, rows: list[_Row], live: list[int], budgets: list[int],
                seeds: list[int] | None, generator: torch.Generator | None) -> list[int]:
         """Add the round's branches and new rows to ``rows``; return their indices."""
@@ -92,7 +96,7 @@ class ARPOBranching:
                                                                 src.turns, c)
                     u = (uniform(key) if key is not None  # host: one draw for Python
                          else float(torch.rand((), generator=generator)))  # host
-                    if not copies(u, self.delta_h(src), self.beta, self.alpha):
+                    if not self.copies(u, src):
                         continue
                     rows.append(src.copy(None if key is None else mix_seed(key, 1), s))
                     added.append(len(rows) - 1)

@@ -21,6 +21,7 @@ import torch
 
 from explorl.adapters import refresh_copy_, rollout_copy
 from explorl.config import EEPOControlConfig
+from explorl.rollout.aepo import AEPOSampler
 from explorl.rollout.arpo import ARPOSampler
 from explorl.rollout.base import RolloutEngine
 from explorl.rollout.seeding import mix_seed
@@ -266,9 +267,11 @@ class TwoStage(OneStage):
 
 def make_sampler(engine: RolloutEngine, cfg, *, pad_id: int = 0, vocab_size: int = 0):
     """The step's sampling strategy for a ``RunConfig``: ``TwoStage`` when EEPO is enabled,
-    ``ARPOSampler`` with ``rollout.arpo``, else ``OneStage``."""
+    ``ARPOSampler`` with ``rollout.arpo`` (``AEPOSampler`` in its mode ``aepo``), else
+    ``OneStage``."""
     if cfg.rollout.arpo.enabled:
-        return ARPOSampler(engine, cfg.rollout.arpo, vocab_size)
+        sampler = AEPOSampler if cfg.rollout.arpo.mode == "aepo" else ARPOSampler
+        return sampler(engine, cfg.rollout.arpo, vocab_size)
     if cfg.control.eepo.enabled:
         return TwoStage(engine, cfg.control.eepo, micro_batch_size=cfg.optim.micro_batch_size,
                         chunk_size=cfg.algorithm.logprob_chunk, pad_id=pad_id)

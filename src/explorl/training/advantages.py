@@ -5,7 +5,9 @@ The estimator sees whole groups (a prompt's responses never split across ranks, 
 holds ``StepBatch.rows``), so pass@k estimators and group statistics are those of one process.
 Shaping (Cheng et al. 2025, ALGORITHMS §6e) turns this rank's (n,) advantages into per-token
 (n, T) ones, A_t + min(α·H_t, |A_t|/κ), with H_t the rollouts' entropy (the policy's at the
-sampling temperature from the pass that gave old_logp). Every loss takes (n,) or (n, T).
+sampling temperature from the pass that gave old_logp). AEPO's entropy-aware advantage
+(``algorithm.aepo_adv_weight``) scales them instead, A·(1 + w·(H_t − μ)/σ), with μ and σ over
+the step's valid tokens on every rank. Every loss takes (n,) or (n, T).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from explorl.algorithms import compute_advantages, entropy_advantage_shaping
+from explorl.algorithms.shaping import entropy_aware_advantages, entropy_moments, mean_std
 from explorl.config import AlgorithmConfig
 from explorl.rollout.types import Rollouts
 from explorl.training.batch import StepBatch, StepRows, covariance_metrics
@@ -58,5 +61,15 @@ def step_advantages(a: AlgorithmConfig, sb: StepBatch, ro: Rollouts, dist,
         n = float(mask.sum())  # the shaping means are over this rank's valid tokens: weight and add
         total = dist.sum_dict({"n": n, **{k: float(v) * n for k, v in sm.items()}})
         n_all = total.pop("n")
+        metrics.update({k: v / n_all if n_all else 0.0 for k, v in total.items()})
+    if a.aepo_adv_weight > 0:
+        mask = ro.response_mask
+        n, s, s2 = entropy_moments(ro.entropy, mask)
+        total = dist.sum_dict({"n": n, "s": s, "s2": s2})  # μ, σ of the whole step
+        mean, std = mean_std(total["n"], total["s"], total["s2"])
+        adv, sm = entropy_aware_advantages(adv.to(ro.entropy.device), ro.entropy, mask,
+                                           a.aepo_adv_weight, mean, std)
+        total = dist.sum_dict({"n": n, **{k: float(v) * n for k, v in sm.items()}})
+        n_all = total.pop("n")  # token means over every rank's valid tokens
         metrics.update({k: v / n_all if n_all else 0.0 for k, v in total.items()})
     return adv, metrics

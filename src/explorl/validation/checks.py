@@ -41,11 +41,16 @@ def _smallest_group(c: RunConfig) -> int:
     return min(sizes)
 
 
+AEPO_ONLY = ("branch_penalty", "dynamic_initial", "budget_sharpness")
+"""``rollout.arpo`` fields only AEPO's rollout (``mode: aepo``) reads."""
+
+
 # (path, predicate, message) checks of relations between fields, run after the ranges.
 def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
     a, r, e = c.algorithm, c.rollout, c.control.eepo
     stale = r.async_.enabled and r.async_.max_staleness > 0
     pk, n_group = a.passk_k, _smallest_group(c)
+    arpo_defaults = {f.name: f.default for f in dataclasses.fields(r.arpo)}
     return [
         ("name", bool(c.name.strip()) and "/" not in c.name and "\\" not in c.name,
          f"must be a non-empty name without '/' (it names the run directory), got {c.name!r}"),
@@ -90,6 +95,18 @@ def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
            f"is a setting of ARPO, and rollout.arpo.enabled is false: nothing reads it (leave "
            f"it at {f.default!r}, or enable ARPO)")
           for f in dataclasses.fields(r.arpo) if f.name != "enabled"],
+        *[(f"rollout.arpo.{k}", r.arpo.mode == "aepo" or getattr(r.arpo, k) == d,
+           f"is a setting of AEPO's rollout, and rollout.arpo.mode is 'arpo': nothing reads it "
+           f"(leave it at {d!r}, or set rollout.arpo.mode: aepo)")
+          for k, d in arpo_defaults.items() if k in AEPO_ONLY],
+        ("rollout.arpo.budget_sharpness",
+         r.arpo.dynamic_initial or r.arpo.budget_sharpness == arpo_defaults["budget_sharpness"],
+         "is the slope of entropy pre-monitoring, and rollout.arpo.dynamic_initial is false: "
+         f"nothing reads it (leave it at {arpo_defaults['budget_sharpness']!r}, or set "
+         "dynamic_initial: true)"),
+        ("algorithm.aepo_adv_weight", not (a.aepo_adv_weight and a.entropy_shaping_alpha),
+         "cannot run with algorithm.entropy_shaping_alpha: both reshape each token's advantage "
+         "from its entropy (AEPO scales it, Cheng et al. add to it); set one to 0"),
         ("rollout.async.enabled", not (r.async_.enabled and e.enabled),
          "cannot run with control.eepo.enabled: EEPO's stage 2 samples from a copy unlearned on "
          "stage 1 between the two halves of one batch, which a worker sampling ahead of the "
