@@ -324,13 +324,10 @@ def wall_jobs(out: Path) -> list[int]:
 def _build_models(plans: list[RunPlan]) -> None:
     """Each lab model (task, parameters, size) is built once, under a file lock, before the jobs
     start, not by all of them at once; resolved with the run's lab section, as the runs do."""
-    built = set()
-    for p in plans:
-        if p.cfg.model.path.startswith("lab:"):
-            key = (p.cfg.model.path, repr(p.cfg.lab))
-            if key not in built:
-                built.add(key)
-                resolve_model_path(p.cfg.model.path, p.cfg.lab)
+    built = {(p.cfg.model.path, repr(p.cfg.lab)): p for p in plans
+             if p.cfg.model.path.startswith("lab:")}
+    for p in built.values():
+        resolve_model_path(p.cfg.model.path, p.cfg.lab)
 
 
 def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | None = None,
@@ -373,7 +370,6 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
     wall = Wall(out, spec.jobs)
     deadline = Deadline.after(time_limit) if time_limit else None
     if spec.tune:
-        # a tuning run's folder holds the lr its recipe shares once the tuning has chosen it
         _build_models([p for p in plan_tuning(spec, spec_path, out) if not complete(p.out)])
         got = run_tuning(spec, spec_path, out, log, deadline, on_done=wall.tick)
         if isinstance(got, int):
@@ -412,8 +408,8 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
     if spec.publish:
         dest = Path(spec.publish)  # relative to the working directory (the repository's root)
         publish(out, dest)
-        n = pack(out, packable(out, spec, plans), dest / "data.tar.xz",
-                 lab_models(plans, out / "lab"))
+        files, lab = packable(out, spec, plans), lab_models(plans, out / "lab")
+        n = pack(out, files, dest / "data.tar.xz", lab)
         log(f"published to {dest} (with data.tar.xz: {n} files of the finished runs)")
     log(f"wrote {out / 'study.md'}, {out / 'claims.md'}, {out / 'study.json'} and "
         f"{out / 'report'}/")
