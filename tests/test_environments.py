@@ -72,7 +72,7 @@ def test_calls_change_the_state_and_a_failed_call_leaves_it_as_it_was():
 def test_a_reset_that_fails_stops_the_run():
     runner = _runner("BadReset")
     try:
-        with pytest.raises(RuntimeError, match="failed to reset for 1 of 1 responses, e.g. KeyError"):
+        with pytest.raises(RuntimeError, match="failed to reset for 1 of 1 responses, e.g. Key"):
             runner.reset([PromptRecord("1*2=", "2")])
     finally:
         runner.close()

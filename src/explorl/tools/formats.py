@@ -22,8 +22,8 @@ import json
 import re
 from typing import Any
 
-from explorl.tools.functions import ToolCallError, schema
 from explorl.tools.environments import spec_of
+from explorl.tools.functions import ToolCallError, schema
 
 LAB_OPEN, LAB_CLOSE, LAB_RESULT_OPEN, LAB_RESULT_CLOSE, LAB_ERROR = "[", "]", "{", "}", "?"
 TOOL_FORMATS = ("auto", "lab", "chat")
@@ -141,7 +141,8 @@ def make_format(kind: str, tokenizer, tools: dict):
 
 def prompt_schemas(rollout, tokenizer) -> list | None:
     """The tools' JSON schemas a chat template shows in the prompt (``rollout``: the config's
-    section; an environment's methods included); None without tools or in the lab format (a lab prompt is the bare problem)."""
+    section; an environment's methods included); None without tools or in the lab format (a
+    lab prompt is the bare problem)."""
     if not (rollout.tools or rollout.environment) or resolve_format(rollout.tool_format,
                                                                     tokenizer) != "chat":
         return None
