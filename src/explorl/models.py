@@ -177,6 +177,22 @@ def _render(tokenizer, prompt, use_chat_template: bool, tools: list | None = Non
     return tokenizer(prompt, add_special_tokens=True)["input_ids"]
 
 
+class Prompt(list):
+    """A prompt's token ids (a ``list``) that also carries its record and how it was rendered,
+    for an environment's ``reset`` (``rollout.environment``): ``with_observation`` renders it
+    again with ``reset``'s text appended (to the last message's content, as TRL does)."""
+
+    def __init__(self, ids: list[int], record, render) -> None:
+        super().__init__(ids)
+        self.record, self._render = record, render
+
+    def with_observation(self, text: str) -> list[int]:
+        p = self.record.prompt
+        p = p + text if isinstance(p, str) else [*p[:-1], {**p[-1],
+                                                           "content": p[-1]["content"] + text}]
+        return self._render(p)
+
+
 class PromptTokens:
     """Token ids of dataset prompts, rendered once (chat template when the tokenizer has one) and
     checked against ``data.max_prompt_len``."""
@@ -207,13 +223,14 @@ class PromptTokens:
         return max(map(len, self._cache.values()), default=0)
 
     def ids_of(self, data: list, tag: str):
-        """A function: row index of ``data`` -> its prompt's token ids (``tag`` names the split)."""
-        def ids(idx: int) -> list[int]:
+        """A function: row index of ``data`` -> its prompt's token ids, a ``Prompt`` (``tag``
+        names the split)."""
+        def ids(idx: int) -> Prompt:
             if (tag, idx) not in self._cache:
                 (self._cache[(tag, idx)],) = tokenize_prompts(
                     [data[idx]], self._render, self.max_len, f"data.{tag}"
                 )
-            return self._cache[(tag, idx)]
+            return Prompt(self._cache[(tag, idx)], data[idx], self._render)
         return ids
 
 

@@ -121,7 +121,8 @@ def load_yaml(text: str, what: str = "YAML") -> Any:
 
 
 def _anchor_refs(data: dict, base: Path) -> None:
-    """Make the code references a recipe file writes (reward functions, lab tasks) point at
+    """Make the code references a recipe file writes (reward functions, lab tasks, tools and
+    environments) point at
     files next to it, so a recipe's ``rewards.py:f`` works from any working directory."""
     def fix(spec: Any) -> Any:
         if isinstance(spec, str) and spec.startswith("lab:") and not spec.startswith("lab:rg:"):
@@ -138,6 +139,8 @@ def _anchor_refs(data: dict, base: Path) -> None:
     rollout = data.get("rollout")
     if isinstance(rollout, dict) and isinstance(rollout.get("tools"), list):
         rollout["tools"] = [fix(t) for t in rollout["tools"]]
+    if isinstance(rollout, dict) and isinstance(rollout.get("environment"), str):
+        rollout["environment"] = fix(rollout["environment"])
     if isinstance(model, dict) and isinstance(model.get("path"), str) \
             and model["path"].startswith("lab:"):
         model["path"] = fix(model["path"])

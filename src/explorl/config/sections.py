@@ -264,6 +264,11 @@ class RolloutConfig:
     """Tools the model may call (multi-turn rollouts, docs/tools.md): typed Python functions with
     a docstring, as ``module:function`` or ``path/to/file.py:function``. Each call runs in the
     reward's worker pool (``reward.timeout_s``, ``reward.num_workers``); empty: single-turn."""
+    environment: Optional[str] = None
+    """A class whose instances are stateful tools (TRL's ``environment_factory``,
+    docs/tools.md "Environments"), as ``module:Class`` or ``path/to/file.py:Class``: one
+    instance per response, ``reset(**row)`` with its dataset row, its public methods the tools
+    the model calls; each reset and call runs in the reward's worker pool. null: none."""
     max_turns: int = 4
     """Model turns per response with ``rollout.tools`` (a turn ends at EOS or a tool call; so at
     most ``max_turns - 1`` calls are answered). The response budget, ``max_response_len``,

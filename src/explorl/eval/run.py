@@ -26,6 +26,7 @@ from explorl.eval.evaluate import plot_passk, summarize, write_eval_json
 from explorl.eval.validate import EVAL_STREAM, answer
 from explorl.files import write_text_atomic
 from explorl.models import (
+    Prompt,
     load_tokenizer,
     render_prompt,
     resolve_device,
@@ -138,13 +139,16 @@ def run_eval(
         rate(t, total, rows)
         bar.update(task, decode=rate.text())
 
+    def render(prompt) -> list[int]:
+        return render_prompt(tokenizer, prompt, cfg.model.use_chat_template)
+
     with VerifierPool.from_config(cfg.reward) as pool, \
             Progress(*columns, disable=not progress) as bar, \
             listening(on_decode):
         task = bar.add_task("eval", total=len(records), decode="")
         for start in range(0, len(records), batch_problems):
             chunk = records[start: start + batch_problems]
-            ids = [render_prompt(tokenizer, r.prompt, cfg.model.use_chat_template) for r in chunk]
+            ids = [Prompt(render(r.prompt), r, render) for r in chunk]  # records: for envs
             seeds = [mix_seed(seed, EVAL_STREAM, start + i) for i in range(len(chunk))]
             got = answer(engine=engine, policy=policy, pool=pool, rewarder=rewarder,
                          records=chunk, ids=ids, n=n, temperature=temperature,

@@ -37,12 +37,13 @@ def answer(*, engine, policy, pool, rewarder, records: list, ids: list[list[int]
     per problem drawn with per-problem ``seeds`` (so they do not depend on batching or ranks),
     judged by ``rewarder``; with ``greedy``, one greedy answer per problem too."""
     ro = engine.generate(policy, ids, [n] * len(ids), temperature, max_new_tokens, seeds=seeds)
-    correct = rewarder.score(pool, ro.texts, [records[i] for i in ro.prompt_index.tolist()]).correct
+    correct = rewarder.score(pool, ro.texts, [records[i] for i in ro.prompt_index.tolist()],
+                             ro.environments).correct
     out = Answered(ro, list(correct))
     if greedy:
         g = engine.generate(policy, ids, [1] * len(ids), 0.0, max_new_tokens)
         out.greedy_texts = list(g.texts)
-        out.greedy_correct = list(rewarder.score(pool, g.texts, records).correct)
+        out.greedy_correct = list(rewarder.score(pool, g.texts, records, g.environments).correct)
     return out
 
 

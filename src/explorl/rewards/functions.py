@@ -9,7 +9,9 @@ Three signatures are accepted (``signature_of``):
   batch of one (so each response keeps its own time limit in the pool); ``None`` counts as 0.
 
 ``as_scorer`` wraps any of them into ``score(response, ground_truth, ctx) -> float`` where
-``ctx = (prompt, data_source, extra)`` comes from the response's ``PromptRecord``. A
+``ctx = (prompt, data_source, extra)`` comes from the response's ``PromptRecord``, with a fourth
+item in runs with ``rollout.environment``: the response's environment, which a TRL-style
+function taking ``environments`` receives as TRL passes it (``[instance]``). A
 ``RewardSpec`` names several of them with weights and data-source filters; the verifier pool
 sends it to its workers, which resolve it there (``resolve_scorer``), so user code runs only
 in the workers.
@@ -28,8 +30,9 @@ from typing import Any, Literal
 from explorl.refs import RefError, is_ref, load_ref
 from explorl.rewards.verifiers import VERIFIERS, warm_up
 
-Context = tuple[Any, str, dict]
-"""``(prompt, data_source, extra)`` of the record a response answers."""
+Context = tuple
+"""``(prompt, data_source, extra)`` of the record a response answers, and with
+``rollout.environment`` its environment (an object whose ``load()`` gives the instance)."""
 Scorer = Callable[[str, str, "Context | None"], float]
 
 SIGNATURES = ("explorl", "verl", "trl")
@@ -121,6 +124,12 @@ def extra_info(extra: dict) -> dict:
     return inner if isinstance(inner, dict) else extra
 
 
+def trl_columns(gt: str, source: str, extra: dict) -> dict:
+    """A record's columns as TRL-style functions (and an environment's ``reset``) receive them:
+    the ground truth under its usual names, the row's other columns, its data source."""
+    return {"ground_truth": gt, "answer": gt, "solution": gt, **extra, "data_source": source}
+
+
 def as_scorer(fn: Callable) -> Scorer:
     """``score(response, ground_truth, ctx) -> float`` calling ``fn`` in its own signature."""
     kind = signature_of(fn)
@@ -133,19 +142,19 @@ def as_scorer(fn: Callable) -> Scorer:
 
     if kind == "verl":
         def verl(response: str, gt: str, ctx: Context | None = None) -> float:
-            _, source, extra = ctx or (None, "unknown", {})
+            _, source, extra = (ctx or (None, "unknown", {}))[:3]
             return _number(fn(**pick({"data_source": source, "solution_str": response,
                                       "ground_truth": gt, "extra_info": extra_info(extra)})))
         return verl
 
     def trl(response: str, gt: str, ctx: Context | None = None) -> float:
-        prompt, source, extra = ctx or (response, "unknown", {})
+        prompt, source, extra = (ctx or (response, "unknown", {}))[:3]
         # Conversational data gets conversational completions, as in TRL.
         completion = ([{"role": "assistant", "content": response}] if isinstance(prompt, list)
                       else response)
-        columns = {"ground_truth": gt, "answer": gt, "solution": gt, **extra,
-                   "data_source": source}
-        kwargs = {k: [v] for k, v in columns.items()}
+        kwargs = {k: [v] for k, v in trl_columns(gt, source, extra).items()}
+        if ctx is not None and len(ctx) > 3 and ctx[3] is not None:
+            kwargs["environments"] = [ctx[3].load()]
         out = fn(**pick({**kwargs, "prompts": [prompt], "completions": [completion]}))
         value = out[0] if isinstance(out, (list, tuple)) else out
         return 0.0 if value is None else _number(value)

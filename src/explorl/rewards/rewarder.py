@@ -75,10 +75,15 @@ class Rewarder:
         self.problem: str | None = None
         """The latest failure seen by ``score`` (what a run that stops for failures reports)."""
 
-    def score(self, pool: VerifierPool, texts: list[str], records: list[PromptRecord]) -> Scored:
-        """Reward and correctness of ``texts[i]`` as an answer to ``records[i]``."""
+    def score(self, pool: VerifierPool, texts: list[str], records: list[PromptRecord],
+              environments: list | None = None) -> Scored:
+        """Reward and correctness of ``texts[i]`` as an answer to ``records[i]``;
+        ``environments[i]``: its environment (``Rollouts.environments``), which TRL-style
+        functions receive."""
         gts = [r.ground_truth for r in records]
         ctxs = [(r.prompt, r.data_source, r.extra) for r in records]
+        if environments is not None:
+            ctxs = [(*c, e) for c, e in zip(ctxs, environments)]
         verified = None
         passes = []  # each pass's ScoreResult: the verifier's, the reward functions'
         if self.verifier is not None:

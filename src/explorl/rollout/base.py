@@ -11,8 +11,8 @@ from explorl.rollout.hf import HFEngine
 from explorl.rollout.multiturn import ToolEngine
 from explorl.rollout.types import Rollouts
 from explorl.rollout.vllm import VLLMEngine
+from explorl.tools.environments import runner_of
 from explorl.tools.formats import make_format
-from explorl.tools.runner import ToolRunner
 
 
 class RolloutEngine(Protocol):
@@ -76,15 +76,16 @@ def build_engine(cfg, tokenizer, model_path: str | Path, dtype: torch.dtype, dev
     make = ENGINES.get(cfg.rollout.engine)
     if make is None:
         raise ValueError(f"unknown rollout.engine {cfg.rollout.engine!r}; valid: {list(ENGINES)}")
-    if cfg.rollout.tools:
+    if cfg.rollout.tools or cfg.rollout.environment:
         return tool_engine(cfg, tokenizer)
     return make(cfg, tokenizer, model_path, dtype, device)
 
 
 def tool_engine(cfg, tokenizer) -> ToolEngine:
-    """Multi-turn sampling with ``rollout.tools`` (``rollout.multiturn``): the ``hf`` engine,
-    stopping at EOS and at a tool call's end, wrapped by ``ToolEngine``."""
-    runner = ToolRunner.from_config(cfg)
+    """Multi-turn sampling with ``rollout.tools`` or ``rollout.environment``
+    (``rollout.multiturn``): the ``hf`` engine, stopping at EOS and at a tool call's end, wrapped
+    by ``ToolEngine``."""
+    runner = runner_of(cfg)
     fmt = make_format(cfg.rollout.tool_format, tokenizer, runner.spec.load())
     eos = [tokenizer.eos_token_id]
     engine = HFEngine(tokenizer, batch_size=cfg.rollout.batch_size, static=cfg.rollout.hf.static,

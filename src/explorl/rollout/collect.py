@@ -55,7 +55,7 @@ def score_rollouts(pool, rewarder, cfg: RunConfig, ro: Rollouts, records: list,
                    max_response_len: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Correctness and shaped rewards (N,) of the responses to ``records``, with the pool's
     timeout/error counts."""
-    res = rewarder.score(pool, ro.texts, records)
+    res = rewarder.score(pool, ro.texts, records, ro.environments)
     scores = torch.tensor(res.correct, dtype=torch.float32)  # host: StepRows' columns
     rc = cfg.reward
     rewards = torch.tensor(res.rewards, dtype=torch.float32)  # host

@@ -17,6 +17,14 @@ Each turn re-encodes its context in one batched prefill (the engine shares no KV
 calls); the decode steps, where the time goes, are the engine's own, static path included.
 Seeded draws: turn 1 uses the caller's seeds exactly; turn k > 1 of response j of prompt i
 draws from ``mix_seed(row key, k)``, so a response depends only on (seed, j), not the batch.
+
+**Environments** (``rollout.environment``, ``tools.environments``): with an ``EnvRunner`` each
+response gets its own instance, reset with its prompt's record (``prompt_ids[i].record``, which
+``models.PromptTokens.ids_of`` gives), and its calls run on that instance's state (``_Row.env``,
+the instance's bytes). A text ``reset`` returns extends that response's prompt
+(``prompt_ids[i].with_observation``); then turn 1 samples each response from its own prompt,
+drawing from ``mix_seed(row key, 1)`` as any later turn. An ARPO branch copies its source's
+bytes; a new response from the prompt gets a new instance.
 """
 
 from __future__ import annotations
@@ -49,12 +57,14 @@ class _Row:
     window: list[float] = field(default_factory=list)  # Σ entropy of each turn's first tokens
     branch_of: int = -1  # ARPO: the row it was copied from (-1: none)
     shared: int = 0  # ARPO: response tokens shared with that row
+    env: bytes | None = None  # its environment's instance, pickled (rollout.environment)
+    head: list[int] | None = None  # its own prompt ids (reset's observation), else its prompt's
 
     def copy(self, key: int | None, source: int) -> _Row:
-        """A branch: this row's tokens so far, its own draws from here on."""
+        """A branch: this row's tokens and environment so far, its own draws from here on."""
         return _Row(self.prompt, key, list(self.ids), list(self.logp), list(self.ent),
                     list(self.tool), self.turns, self.calls, self.errors, False,
-                    list(self.window), source, len(self.ids))
+                    list(self.window), source, len(self.ids), self.env, self.head)
 
 
 class ToolEngine:
@@ -74,6 +84,7 @@ class ToolEngine:
         self.eos_ids = set(eos_ids)
         self.tokenizer = engine.tokenizer
         self.last_rows: list[_Row] = []  # the last call's rows, in record order
+        self.envs = hasattr(runner, "reset")  # an EnvRunner: one environment per response
 
     def __getattr__(self, name):  # pad_id, sync_weights, pop_metrics, resident_bytes, ...
         if name == "engine":
@@ -90,15 +101,23 @@ class ToolEngine:
         keys = row_keys(seeds, first_n).tolist() if seeds is not None else None
         rows = [_Row(i, None if keys is None else keys[k])
                 for k, i in enumerate(i for i, n in enumerate(first_n) for _ in range(n))]
-        first = self.engine.generate(model, prompt_ids, first_n, temperature, max_new_tokens,
-                                     generator=generator, seeds=seeds)
+        self._reset(prompt_ids, rows)
+        if any(r.head is not None for r in rows):  # observations: a prompt per response
+            first = self.engine.generate(
+                model, [self._context(prompt_ids, r) for r in rows], [1] * len(rows),
+                temperature, max_new_tokens, generator=generator,
+                seeds=None if keys is None else [mix_seed(k, 1) for k in keys])
+        else:
+            first = self.engine.generate(model, prompt_ids, first_n, temperature,
+                                         max_new_tokens, generator=generator, seeds=seeds)
         live = self._take(first, rows, list(range(len(rows))), max_new_tokens)
         while True:
             if branching is not None:
                 live += branching.expand(rows, live, n_samples, seeds, generator)
+                self._reset(prompt_ids, rows)  # its new responses (not the branches)
             if not live:
                 break
-            ctx = [prompt_ids[rows[r].prompt] + rows[r].ids for r in live]
+            ctx = [self._context(prompt_ids, rows[r]) for r in live]
             budget = max(max_new_tokens - len(rows[r].ids) for r in live)
             # One context each, its seed the row's key mixed with its next turn's number: the
             # row's draws depend on (row key, turn) only (seeding: key = mix_seed(seed, 0)).
@@ -110,6 +129,25 @@ class ToolEngine:
         order = sorted(range(len(rows)), key=lambda r: rows[r].prompt)  # stable: by prompt
         self.last_rows = [rows[r] for r in order]
         return self._record(prompt_ids, self.last_rows, temperature, first.old_logp.device)
+
+    @staticmethod
+    def _context(prompt_ids, row: _Row) -> list[int]:
+        """The row's context so far: its prompt (with its observation), then its tokens."""
+        return (row.head if row.head is not None else prompt_ids[row.prompt]) + row.ids
+
+    def _reset(self, prompt_ids, rows: list[_Row]) -> None:
+        """A new environment for each row without one; an observation becomes its prompt."""
+        new = [r for r in rows if self.envs and r.env is None]
+        if not new:
+            return
+        records = [getattr(prompt_ids[r.prompt], "record", None) for r in new]
+        if any(rec is None for rec in records):
+            raise ValueError("rollout.environment: resetting an environment needs each prompt's "
+                             "record (prompt ids from models.PromptTokens.ids_of)")
+        for r, (obs, blob) in zip(new, self.runner.reset(records)):
+            r.env = blob
+            if obs:
+                r.head = prompt_ids[r.prompt].with_observation(obs)
 
     def _take(self, ro: Rollouts, rows: list[_Row], live: list[int], max_new: int) -> list[int]:
         """Append one turn's sampled tokens (``ro``'s rows are ``live``'s, in order), run the
@@ -138,11 +176,17 @@ class ToolEngine:
                     calls.append(e)
                 callers.append(r)
         good = [c for c in calls if not isinstance(c, Exception)]
-        answers = iter(self.runner.run(good))
+        if self.envs:  # each call on its own response's instance
+            states = [rows[r].env for r, c in zip(callers, calls) if not isinstance(c, Exception)]
+            answers = iter(self.runner.run(good, states))
+        else:
+            answers = iter(self.runner.run(good))
         go_on = []
         for r, c in zip(callers, calls):
             row = rows[r]
             ans = ToolAnswer("", str(c)) if isinstance(c, Exception) else next(answers)
+            if ans.state is not None:  # a failed call leaves the state as it was
+                row.env = ans.state
             ids, failed = self.fmt.result_ids(ans.text, ans.error)
             ids = ids[: max_new - len(row.ids)]  # a result cut by the budget ends the response
             row.ids += ids
@@ -159,7 +203,8 @@ class ToolEngine:
         N = len(rows)
         R = max([len(r.ids) for r in rows] + [1])
         pad = self.engine.pad_id
-        p_ids, p_mask = left_pad([prompt_ids[r.prompt] for r in rows], pad, device)
+        p_ids, p_mask = left_pad([r.head if r.head is not None else prompt_ids[r.prompt]
+                                  for r in rows], pad, device)
         ids = torch.full((N, R), pad, dtype=torch.long, device=device)
         tool = torch.zeros((N, R), dtype=torch.bool, device=device)
         logp = torch.zeros((N, R), device=device)
@@ -185,4 +230,5 @@ class ToolEngine:
             truncated=torch.as_tensor([not r.finished for r in rows], dtype=torch.bool,
                                       device=device),
             tool_mask=tool, turns=col([r.turns for r in rows]),
-            tool_calls=col([r.calls for r in rows]), tool_errors=col([r.errors for r in rows]))
+            tool_calls=col([r.calls for r in rows]), tool_errors=col([r.errors for r in rows]),
+            environments=[self.runner.state_of(r.env) for r in rows] if self.envs else None)

@@ -47,6 +47,9 @@ class Rollouts:
     turns: torch.Tensor | None = None  # (N,) long, model turns (generation calls) per response
     tool_calls: torch.Tensor | None = None  # (N,) long, tool calls answered
     tool_errors: torch.Tensor | None = None  # (N,) long, of those, answered by an error message
+    # (N,) with ``rollout.environment``: each response's environment after its last call
+    # (``tools.environments.EnvState``), for the reward functions; None: no environment.
+    environments: list | None = None
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
@@ -130,6 +133,8 @@ class Rollouts:
         if any(p.engine_logp is not None for p in parts):
             engine_logp = torch.cat([rpad(p.old_logp if p.engine_logp is None else p.engine_logp,
                                           R, 0.0) for p in parts])
+        if all(p.environments is not None for p in parts):
+            tool["environments"] = [e for p in parts for e in p.environments]
         return Rollouts(
             prompt_ids=torch.cat([lpad(p.prompt_ids, P, pad_id) for p in parts]),
             prompt_mask=torch.cat([lpad(p.prompt_mask, P, False) for p in parts]),

@@ -22,8 +22,8 @@ import json
 import re
 from typing import Any
 
+from explorl.tools.environments import spec_of
 from explorl.tools.functions import ToolCallError, schema
-from explorl.tools.runner import ToolSpec
 
 LAB_OPEN, LAB_CLOSE, LAB_RESULT_OPEN, LAB_RESULT_CLOSE, LAB_ERROR = "[", "]", "{", "}", "?"
 TOOL_FORMATS = ("auto", "lab", "chat")
@@ -128,8 +128,8 @@ def make_format(kind: str, tokenizer, tools: dict):
     kind = resolve_format(kind, tokenizer)
     if kind == "lab":
         if len(tools) != 1:
-            raise ValueError(f"the lab tool format calls one tool, and rollout.tools names "
-                             f"{len(tools)}")
+            raise ValueError(f"the lab tool format calls one tool, and the run has "
+                             f"{len(tools)} ({', '.join(tools)})")
         (name, fn), = tools.items()
         params = list(inspect.signature(fn).parameters)
         if len(params) != 1:
@@ -141,7 +141,9 @@ def make_format(kind: str, tokenizer, tools: dict):
 
 def prompt_schemas(rollout, tokenizer) -> list | None:
     """The tools' JSON schemas a chat template shows in the prompt (``rollout``: the config's
-    section); None without tools or in the lab format (a lab prompt is the bare problem)."""
-    if not rollout.tools or resolve_format(rollout.tool_format, tokenizer) != "chat":
+    section; an environment's methods included); None without tools or in the lab format (a
+    lab prompt is the bare problem)."""
+    if not (rollout.tools or rollout.environment) or resolve_format(rollout.tool_format,
+                                                                    tokenizer) != "chat":
         return None
-    return [schema(fn) for fn in ToolSpec(tuple(rollout.tools)).load().values()]
+    return [schema(fn) for fn in spec_of(rollout).load().values()]

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from explorl.refs import search_dirs
-from explorl.rewards.pool import VerifierPool
+from explorl.rewards.pool import ScoreResult, VerifierPool
 from explorl.tools.functions import call, load_tool
 
 
@@ -52,12 +52,17 @@ class ToolSpec:
         return run
 
     def check(self, value) -> str:
-        if not isinstance(value, str):
-            raise TypeError(f"tool result is a {type(value).__name__}, not text")
-        if len(value) > self.max_chars:
-            raise ToolResultTooLong(f"tool result too long ({len(value)} characters > "
-                                    f"rollout.tool_result_max_chars={self.max_chars})")
-        return value
+        return check_text(value, self.max_chars)
+
+
+def check_text(value, max_chars: int) -> str:
+    """``value`` when it is a tool result the model may read: text of at most ``max_chars``."""
+    if not isinstance(value, str):
+        raise TypeError(f"tool result is a {type(value).__name__}, not text")
+    if len(value) > max_chars:
+        raise ToolResultTooLong(f"tool result too long ({len(value)} characters > "
+                                f"rollout.tool_result_max_chars={max_chars})")
+    return value
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,8 @@ class ToolAnswer:
 
     text: str
     error: str | None = None
+    state: bytes | None = None
+    """An environment's instance after the call (``tools.environments``); None otherwise."""
 
 
 class ToolRunner:
@@ -92,14 +99,18 @@ class ToolRunner:
         """Answer each ``(name, arguments)`` call, in order."""
         if not calls:
             return []
+        jobs = [json.dumps({"name": n, "arguments": a}) for n, a in calls]
+        res = self._score(jobs, None)
+        return [ToolAnswer("", res.failures[i]) if i in res.failures
+                else ToolAnswer(res.scores[i]) for i in range(len(jobs))]
+
+    def _score(self, jobs: list, contexts: list | None) -> ScoreResult:
+        """Run ``jobs`` (each with its context) through the pool, started on first use."""
         if self._pool is None:
             self._pool = VerifierPool(self.num_workers, self.timeout_s,
                                       step_timeout_s=self.step_timeout_s,
                                       memory_limit_mb=self.memory_limit_mb)
-        jobs = [json.dumps({"name": n, "arguments": a}) for n, a in calls]
-        res = self._pool.score(self.spec, jobs, [""] * len(jobs))
-        return [ToolAnswer("", res.failures[i]) if i in res.failures
-                else ToolAnswer(res.scores[i]) for i in range(len(jobs))]
+        return self._pool.score(self.spec, jobs, [""] * len(jobs), contexts)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -51,6 +51,8 @@ def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
     stale = r.async_.enabled and r.async_.max_staleness > 0
     pk, n_group = a.passk_k, _smallest_group(c)
     arpo_defaults = {f.name: f.default for f in dataclasses.fields(r.arpo)}
+    tools = bool(r.tools or r.environment)  # multi-turn tool rollouts
+    tools_key = "rollout.tools" if r.tools else "rollout.environment"
     return [
         ("name", bool(c.name.strip()) and "/" not in c.name and "\\" not in c.name,
          f"must be a non-empty name without '/' (it names the run directory), got {c.name!r}"),
@@ -76,18 +78,19 @@ def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
         ("rollout.hf.static", r.engine == "hf" or r.hf.static == "auto",
          f"is a setting of the hf engine, and rollout.engine is {r.engine!r}: nothing reads it "
          "(leave it at auto, or use rollout.engine: hf)"),
-        *[(f"rollout.{k}", bool(r.tools) or getattr(r, k) == getattr(RolloutConfig, k),
-           "is a setting of multi-turn tool rollouts, and rollout.tools is empty: nothing reads "
-           f"it (leave it at {getattr(RolloutConfig, k)!r}, or name tools in rollout.tools)")
+        *[(f"rollout.{k}", tools or getattr(r, k) == getattr(RolloutConfig, k),
+           "is a setting of multi-turn tool rollouts, and rollout.tools is empty (no "
+           f"rollout.environment): nothing reads it (leave it at {getattr(RolloutConfig, k)!r}, "
+           "or name tools in rollout.tools)")
           for k in ("max_turns", "tool_format", "tool_result_max_chars")],
-        ("rollout.tools", not (r.tools and r.engine != "hf"),
+        (tools_key, not (tools and r.engine != "hf"),
          f"multi-turn tool rollouts run on the hf engine, and rollout.engine is {r.engine!r}; "
          "set rollout.engine: hf"),
-        ("rollout.tools", not (r.tools and r.async_.enabled),
+        (tools_key, not (tools and r.async_.enabled),
          "multi-turn tool rollouts do not run in the asynchronous rollout worker yet; set "
          "rollout.async.enabled: false"),
-        ("rollout.arpo.enabled", not r.arpo.enabled or bool(r.tools),
-         "ARPO branches after tool results: it needs rollout.tools"),
+        ("rollout.arpo.enabled", not r.arpo.enabled or tools,
+         "ARPO branches after tool results: it needs rollout.tools or rollout.environment"),
         ("rollout.arpo.enabled", not (r.arpo.enabled and e.enabled),
          "cannot run with control.eepo.enabled: EEPO splits each prompt's budget into two stages "
          "sampled by two models, ARPO into turn-1 rollouts and branches of them; set one false"),

@@ -19,6 +19,7 @@ from explorl.lab.tasks import TASKS
 from explorl.refs import is_ref
 from explorl.rewards.functions import check_reward
 from explorl.rewards.verifiers import VERIFIERS
+from explorl.tools.environments import GET_REWARD, load_environment, tools_of
 from explorl.tools.functions import load_tool
 
 DEFAULT_RESPONSE_LEN = 256
@@ -124,16 +125,47 @@ def _task_specs(specs: list[tuple[str, str]]) -> set[str]:
     return {s.removeprefix("lab:") for _, s in specs if s.startswith(("lab:", "rg:"))}
 
 
+def check_environment(cfg, env: bool, fail) -> dict:
+    """``rollout.environment``: a class with ``reset`` and typed, documented tool methods (with
+    ``env``); ``get_reward`` read by a reward function when the class has one, and that reward
+    function only with an environment. Returns its tool methods by name (none without ``env``)."""
+    ref, fns = cfg.rollout.environment, [f.name for f in cfg.reward.functions]
+    if ref is None:
+        if GET_REWARD in fns:
+            fail(f"reward.functions[{fns.index(GET_REWARD)}].name",
+                 "reads each response's environment, and rollout.environment is null")
+        return {}
+    if not isinstance(ref, str) or not is_ref(ref):
+        fail("rollout.environment", f"{ref!r} is not an environment reference: expected "
+                                    "'module:Class' or 'path/to/file.py:Class'")
+    if not env:
+        return {}
+    try:
+        cls = load_environment(ref)
+    except (ValueError, ImportError) as e:
+        fail("rollout.environment", e)
+    if callable(getattr(cls, "get_reward", None)) and GET_REWARD not in fns:
+        fail("rollout.environment", f"{cls.__name__} defines get_reward, and no reward function "
+                                    f"reads it: add {{name: {GET_REWARD}}} to reward.functions "
+                                    "(TRL adds it with weight 1), or remove the method")
+    return tools_of(cls)
+
+
 def check_tools(cfg, env: bool, fail) -> None:
     """``rollout.tools``: each a typed, documented function that loads (with ``env``), no name
-    twice; the lab format's one tool with one parameter."""
+    twice (an environment's methods included); the lab format's one tool with one parameter."""
     import inspect
 
     tools = cfg.rollout.tools
+    methods = check_environment(cfg, env, fail)
     names: dict[str, int] = {}
     path = cfg.model.path
     lab = cfg.rollout.tool_format == "lab" or cfg.rollout.tool_format == "auto" and (
         path.startswith("lab:") or (Path(path).expanduser() / "lab.json").is_file())
+    for name, fn in methods.items():
+        if lab and len(inspect.signature(fn).parameters) != 1:
+            fail("rollout.environment", f"the lab tool format passes one argument ([arg]); "
+                                        f"{name} takes {len(inspect.signature(fn).parameters)}")
     for i, ref in enumerate(tools):
         key = f"rollout.tools[{i}]"
         if not isinstance(ref, str) or not is_ref(ref):
@@ -148,9 +180,16 @@ def check_tools(cfg, env: bool, fail) -> None:
         if fn.__name__ in names:
             fail(key, f"a second tool named {fn.__name__!r} (rollout.tools[{names[fn.__name__]}])"
                        "; the model calls tools by name")
+        if fn.__name__ in methods:
+            fail(key, f"a tool named {fn.__name__!r}, as a method of rollout.environment; the "
+                       "model calls tools by name")
         names[fn.__name__] = i
         if lab and len(inspect.signature(fn).parameters) != 1:
             fail(key, "the lab tool format passes one argument ([arg]); this tool takes "
                        f"{len(inspect.signature(fn).parameters)}")
     if len(tools) > 1 and lab:
         fail("rollout.tools", f"the lab tool format calls one tool, and {len(tools)} are named")
+    if methods and len(tools) + len(methods) > 1 and lab:
+        fail("rollout.environment", "the lab tool format calls one tool, and the run has "
+                                    f"{len(tools) + len(methods)}: {', '.join(methods)}"
+                                    + (" and rollout.tools" if tools else ""))
