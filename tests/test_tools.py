@@ -220,7 +220,10 @@ def _cfg(model_dir, **rollout):
 
 @pytest.mark.parametrize("rollout, key, message", [
     ({"max_turns": 3}, "rollout.max_turns", "rollout.tools is empty"),
-    ({"tools": [CALC], "engine": "vllm"}, "rollout.tools", "rollout.engine: hf"),
+    ({"tools": [CALC], "engine": "vllm", "async": {"enabled": True}}, "rollout.tools",
+     "asynchronous rollout worker"),
+    ({"tools": [CALC], "engine": "vllm", "vllm": {"recompute": False}, "arpo": {"enabled": True}},
+     "rollout.vllm.recompute", "no ARPO"),
     ({"tools": ["explorl.tools.calculator:calculater"]}, "rollout.tools[0]",
      "did you mean 'explorl.tools.calculator:calculator'"),
     ({"tools": [f"{HERE}:tool_metrics"]}, "rollout.tools[0]", "no type hint|docstring"),
@@ -230,6 +233,14 @@ def test_config_errors_name_the_key(multiply_model, rollout, key, message):
     with pytest.raises(C.ConfigError, match=key.replace("[", r"\[").replace("]", r"\]")) as e:
         validation.from_dict(_cfg(multiply_model, **rollout))
     assert pytest.importorskip("re").search(message, str(e.value))
+
+
+def test_vllm_serves_tool_turns_with_and_without_arpo(multiply_model):
+    """The vllm engine takes tool turns (tests/test_vllm_tools.py samples them), ARPO included;
+    with recompute off only ARPO is refused (above): the trainer recomputes the entropy."""
+    for extra in ({}, {"arpo": {"enabled": True}}, {"vllm": {"recompute": False}}):
+        cfg = validation.from_dict(_cfg(multiply_model, tools=[CALC], engine="vllm", **extra))
+        assert cfg.rollout.engine == "vllm" and cfg.rollout.tools == [CALC]
 
 
 # ----------------------------------------------------------------------------- the recipe
