@@ -182,6 +182,23 @@ def test_no_call_is_the_single_turn_engine(multiply_model):
     assert int(ro.tool_calls.sum()) == 0 and (ro.turns == 1).all()
 
 
+def test_a_context_that_fills_the_engine_ends_its_response(multiply_model):
+    """An engine with a context limit (vllm's max_model_len, prompt included) is never asked to
+    continue a context that reached it: such a response ends there, truncated."""
+    tok, model = _lab(multiply_model)
+    engine, inner = _tool_engine(tok, _Scripted(), max_turns=3)
+    prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in ("347*29=", "12*34=")]
+    free = engine.generate(model, prompts, [12, 12], 1.0, 24, seeds=[5, 6])
+    longest = int((free.prompt_mask.sum(-1) + free.token_mask.sum(-1)).max())
+    inner.calls.clear()
+    inner.max_len = limit = longest - 4
+    ro = engine.generate(model, prompts, [12, 12], 1.0, 24, seeds=[5, 6])
+    assert all(len(c) < limit for ctx, _ in inner.calls[1:] for c in ctx)
+    total = ro.prompt_mask.sum(-1) + ro.token_mask.sum(-1)
+    ended = (total >= limit) & (ro.turns < free.turns)
+    assert ended.any() and ro.truncated[ended].all()
+
+
 def test_tool_metrics_by_hand():
     rows = StepRows(group=torch.tensor([0, 0, 1]), reward=torch.zeros(3, dtype=torch.float64),
                     score=torch.zeros(3, dtype=torch.float64), length=torch.tensor([5, 3, 4]),
