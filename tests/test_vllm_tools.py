@@ -203,36 +203,6 @@ def test_an_erroring_tool_is_an_error_message_and_the_rollout_goes_on(engine, la
             assert int(ro.turns[r]) == int(ro.tool_calls[r]) + 1
 
 
-def test_tools_and_arpo_recipes_train_on_vllm(lab, tmp_path):
-    """The lab tools recipe on ``rollout.engine: vllm``: tool metrics, vLLM's own log-probs
-    carried across turns into the rollout correction, weights pushed; then ARPO's branching."""
-    from explorl.training.loop import Trainer
-
-    path = lab[0]
-    vllm = {"engine": "vllm", "vllm": {"kv_cache_gib": 0.25}}
-    cfg = _tools_recipe(path, max_steps=2, rollout=vllm)
-    t = Trainer(cfg, tmp_path / "tools")
-    assert isinstance(t.engine, ToolEngine) and isinstance(t.engine.engine, V.VLLMEngine)
-    before = {k: v.clone() for k, v in t.policy.named_parameters()}
-    t.train()
-    t.engine.close()
-    rows = read_metrics(tmp_path / "tools")
-    last = rows[-1]
-    assert any(r.get("tools/calls_mean", 0) > 0 for r in rows)
-    assert last["tokens/model_mean"] == last["response/length_mean"]
-    assert "rollout_corr/weight_mean" in last and last["rollout/vllm_logp_diff_max"] <= 1e-4
-    assert last["rollout/weight_pushes"] >= 1
-    assert any(not torch.equal(before[k], v) for k, v in t.policy.named_parameters())
-
-    cfg = _tools_recipe(path, recipe="lab/arpo", max_steps=1, rollout=vllm)
-    t = Trainer(cfg, tmp_path / "arpo")
-    t.train()
-    t.engine.close()
-    last = read_metrics(tmp_path / "arpo")[-1]
-    assert {"arpo/branches", "arpo/fresh", "arpo/branch_frac", "tools/calls_mean"} <= set(last)
-    assert last["rollout/n_samples"] == 4 * 4  # every prompt got its budget
-
-
 def _cached_per_turn(eng, tools, model, prompts, monkeypatch):
     """Per turn, (context tokens, of those served from vLLM's prefix cache), probe left out."""
     seen, real = [], eng.llm.generate
@@ -267,3 +237,35 @@ def test_the_prefix_cache_reuses_full_blocks_only(engine, lab, monkeypatch):
         small.close()
     assert len(turns) >= 2 and all(hit % 32 == 0 for _, hit in turns)
     assert turns[0][1] > 0 and turns[1][1] > 0  # siblings' prompt blocks, then the contexts'
+
+
+# Last: closing an in-process engine tears down vLLM's process-wide state, which the module's
+# engine shares (each test above that builds a second engine uses the module's one first).
+def test_tools_and_arpo_recipes_train_on_vllm(lab, tmp_path):
+    """The lab tools recipe on ``rollout.engine: vllm``: tool metrics, vLLM's own log-probs
+    carried across turns into the rollout correction, weights pushed; then ARPO's branching."""
+    from explorl.training.loop import Trainer
+
+    path = lab[0]
+    vllm = {"engine": "vllm", "vllm": {"kv_cache_gib": 0.25}}
+    cfg = _tools_recipe(path, max_steps=2, rollout=vllm)
+    t = Trainer(cfg, tmp_path / "tools")
+    assert isinstance(t.engine, ToolEngine) and isinstance(t.engine.engine, V.VLLMEngine)
+    before = {k: v.clone() for k, v in t.policy.named_parameters()}
+    t.train()
+    t.engine.close()
+    rows = read_metrics(tmp_path / "tools")
+    last = rows[-1]
+    assert any(r.get("tools/calls_mean", 0) > 0 for r in rows)
+    assert last["tokens/model_mean"] == last["response/length_mean"]
+    assert "rollout_corr/weight_mean" in last and last["rollout/vllm_logp_diff_max"] <= 1e-4
+    assert last["rollout/weight_pushes"] >= 1
+    assert any(not torch.equal(before[k], v) for k, v in t.policy.named_parameters())
+
+    cfg = _tools_recipe(path, recipe="lab/arpo", max_steps=1, rollout=vllm)
+    t = Trainer(cfg, tmp_path / "arpo")
+    t.train()
+    t.engine.close()
+    last = read_metrics(tmp_path / "arpo")[-1]
+    assert {"arpo/branches", "arpo/fresh", "arpo/branch_frac", "tools/calls_mean"} <= set(last)
+    assert last["rollout/n_samples"] == 4 * 4  # every prompt got its budget
