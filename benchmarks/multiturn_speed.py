@@ -1,9 +1,12 @@
 """Multi-turn sampling speed per generated token vs single-turn, on the static decode path.
 
     .venv/bin/python benchmarks/multiturn_speed.py [--reps 5] [--calls 10] [--threads 1]
+    .venv-vllm/bin/python benchmarks/multiturn_speed.py --engine vllm   # make setup-vllm
 
 Both sample P prompts × G responses of the lab multiply task's model (float32, T = 1, seeded
-draws, ≤ 24 response tokens) on the ``hf`` engine's static path (``rollout.hf.static: true``).
+draws, ≤ 24 response tokens) on the ``hf`` engine's static path (``rollout.hf.static: true``),
+or with ``--engine vllm`` on the ``vllm`` engine (its defaults: recompute on, prefix cache on;
+0.25 GiB of KV cache).
 ``single``: one engine call per batch, stopping at EOS. ``multi``: the tool turns
 (``rollout.multiturn.ToolEngine``, up to 3 turns) with the calculator answered in-process; the
 tool's own time is measured and left out. Generated tokens are the model's own (tool results
@@ -40,7 +43,10 @@ def worker(spec: dict) -> dict:
     from explorl.tools.formats import make_format
     from explorl.tools.runner import ToolAnswer
 
-    path = lab_model_path("multiply", **({"size": "tiny"} if spec["smoke"] else {}))
+    # the tiny size's 16-dimension heads are below what vLLM's CPU attention takes (32)
+    tiny = {"size": "tiny", **({"hidden_size": 64, "intermediate_size": 128}
+                               if spec["engine"] == "vllm" else {})}
+    path = lab_model_path("multiply", **(tiny if spec["smoke"] else {}))
     tok = load_tokenizer(path, ModelConfig())
     model = load_model(path, ModelConfig(dtype="float32"), torch.device("cpu")).eval()
     train = make_splits("multiply", seed=0, n_train=512, n_val=16, n_test=16)["train"]
@@ -61,11 +67,16 @@ def worker(spec: dict) -> dict:
             return out
 
     eos = [tok.eos_token_id]
-    if spec["variant"] == "single":
-        engine = HFEngine(tok, batch_size=P * G, static=True)
+    stops = eos if spec["variant"] == "single" else eos + fmt.stop_ids
+    if spec["engine"] == "vllm":
+        from explorl.rollout.vllm import VLLMEngine
+
+        engine = VLLMEngine(path, tok, dtype="float32", kv_cache_gib=0.25, eos_ids=stops,
+                            score_batch_size=P * G)
     else:
-        inner = HFEngine(tok, batch_size=P * G, static=True, eos_ids=eos + fmt.stop_ids)
-        engine = ToolEngine(inner, fmt, InProcess(), 3, eos_ids=eos)
+        engine = HFEngine(tok, batch_size=P * G, static=True, eos_ids=stops)
+    if spec["variant"] == "multi":
+        engine = ToolEngine(engine, fmt, InProcess(), 3, eos_ids=eos)
 
     def call(i: int) -> tuple[int, int]:
         prompts = [tok(train[(i * P + j) % len(train)].prompt, add_special_tokens=False)
@@ -110,6 +121,7 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=10, help="timed generate calls per measurement")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--sizes", nargs="+", default=["8x8", "32x8"], help="PROMPTSxSAMPLES per call")
+    p.add_argument("--engine", choices=["hf", "vllm"], default="hf")
     p.add_argument("--smoke", action="store_true", help="tiny model and shapes, one repetition")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -125,14 +137,16 @@ def main() -> None:
 
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"load average {os.getloadavg()[0]:.1f} at start; torch {torch.__version__}; "
-          f"{args.threads} torch thread(s); lab multiply model, static path, T=1, ≤24 tokens")
+          f"{args.threads} torch thread(s); lab multiply model, engine {args.engine}"
+          f"{' (static path)' if args.engine == 'hf' else ''}, T=1, ≤24 tokens")
     for size in args.sizes:
         P, G = (int(x) for x in size.split("x"))
         runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
         for _ in range(args.reps):
             for v in VARIANTS:
                 runs[v].append(measure(dict(variant=v, prompts=P, samples=G, calls=args.calls,
-                                            threads=args.threads, smoke=args.smoke)))
+                                            threads=args.threads, smoke=args.smoke,
+                                            engine=args.engine)))
         print(f"{size} ({P * G} rows per call, median ± half-range over {args.reps} "
               "alternating reps):")
         for v in VARIANTS:

@@ -182,6 +182,23 @@ def test_no_call_is_the_single_turn_engine(multiply_model):
     assert int(ro.tool_calls.sum()) == 0 and (ro.turns == 1).all()
 
 
+def test_a_context_that_fills_the_engine_ends_its_response(multiply_model):
+    """An engine with a context limit (vllm's max_model_len, prompt included) is never asked to
+    continue a context that reached it: such a response ends there, truncated."""
+    tok, model = _lab(multiply_model)
+    engine, inner = _tool_engine(tok, _Scripted(), max_turns=3)
+    prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in ("347*29=", "12*34=")]
+    free = engine.generate(model, prompts, [12, 12], 1.0, 24, seeds=[5, 6])
+    longest = int((free.prompt_mask.sum(-1) + free.token_mask.sum(-1)).max())
+    inner.calls.clear()
+    inner.max_len = limit = longest - 4
+    ro = engine.generate(model, prompts, [12, 12], 1.0, 24, seeds=[5, 6])
+    assert all(len(c) < limit for ctx, _ in inner.calls[1:] for c in ctx)
+    total = ro.prompt_mask.sum(-1) + ro.token_mask.sum(-1)
+    ended = (total >= limit) & (ro.turns < free.turns)
+    assert ended.any() and ro.truncated[ended].all()
+
+
 def test_tool_metrics_by_hand():
     rows = StepRows(group=torch.tensor([0, 0, 1]), reward=torch.zeros(3, dtype=torch.float64),
                     score=torch.zeros(3, dtype=torch.float64), length=torch.tensor([5, 3, 4]),
@@ -220,7 +237,10 @@ def _cfg(model_dir, **rollout):
 
 @pytest.mark.parametrize("rollout, key, message", [
     ({"max_turns": 3}, "rollout.max_turns", "rollout.tools is empty"),
-    ({"tools": [CALC], "engine": "vllm"}, "rollout.tools", "rollout.engine: hf"),
+    ({"tools": [CALC], "engine": "vllm", "async": {"enabled": True}}, "rollout.tools",
+     "asynchronous rollout worker"),
+    ({"tools": [CALC], "engine": "vllm", "vllm": {"recompute": False}, "arpo": {"enabled": True}},
+     "rollout.vllm.recompute", "no ARPO"),
     ({"tools": ["explorl.tools.calculator:calculater"]}, "rollout.tools[0]",
      "did you mean 'explorl.tools.calculator:calculator'"),
     ({"tools": [f"{HERE}:tool_metrics"]}, "rollout.tools[0]", "no type hint|docstring"),
@@ -230,6 +250,14 @@ def test_config_errors_name_the_key(multiply_model, rollout, key, message):
     with pytest.raises(C.ConfigError, match=key.replace("[", r"\[").replace("]", r"\]")) as e:
         validation.from_dict(_cfg(multiply_model, **rollout))
     assert pytest.importorskip("re").search(message, str(e.value))
+
+
+def test_vllm_serves_tool_turns_with_and_without_arpo(multiply_model):
+    """The vllm engine takes tool turns (tests/test_vllm_tools.py samples them), ARPO included;
+    with recompute off only ARPO is refused (above): the trainer recomputes the entropy."""
+    for extra in ({}, {"arpo": {"enabled": True}}, {"vllm": {"recompute": False}}):
+        cfg = validation.from_dict(_cfg(multiply_model, tools=[CALC], engine="vllm", **extra))
+        assert cfg.rollout.engine == "vllm" and cfg.rollout.tools == [CALC]
 
 
 # ----------------------------------------------------------------------------- the recipe

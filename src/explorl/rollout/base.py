@@ -76,18 +76,13 @@ def build_engine(cfg, tokenizer, model_path: str | Path, dtype: torch.dtype, dev
     make = ENGINES.get(cfg.rollout.engine)
     if make is None:
         raise ValueError(f"unknown rollout.engine {cfg.rollout.engine!r}; valid: {list(ENGINES)}")
-    if cfg.rollout.tools or cfg.rollout.environment:
-        return tool_engine(cfg, tokenizer)
-    return make(cfg, tokenizer, model_path, dtype, device)
-
-
-def tool_engine(cfg, tokenizer) -> ToolEngine:
-    """Multi-turn sampling with ``rollout.tools`` or ``rollout.environment``
-    (``rollout.multiturn``): the ``hf`` engine, stopping at EOS and at a tool call's end, wrapped
-    by ``ToolEngine``."""
+    if not (cfg.rollout.tools or cfg.rollout.environment):
+        return make(cfg, tokenizer, model_path, dtype, device)
+    # Multi-turn sampling (``rollout.multiturn``) with ``rollout.tools`` or
+    # ``rollout.environment``: the engine stops at EOS and at a tool call's end (both kept in the
+    # response), and ``ToolEngine`` runs the calls between its turns.
     runner = runner_of(cfg)
     fmt = make_format(cfg.rollout.tool_format, tokenizer, runner.spec.load())
     eos = [tokenizer.eos_token_id]
-    engine = HFEngine(tokenizer, batch_size=cfg.rollout.batch_size, static=cfg.rollout.hf.static,
-                      eos_ids=eos + list(fmt.stop_ids))
+    engine = make(cfg, tokenizer, model_path, dtype, device, eos_ids=eos + list(fmt.stop_ids))
     return ToolEngine(engine, fmt, runner, cfg.rollout.max_turns, eos_ids=eos)

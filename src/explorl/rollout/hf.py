@@ -147,9 +147,12 @@ class HFEngine:
     logprobs_match_trainer = True
 
     @classmethod
-    def from_config(cls, cfg, tokenizer, model_path, dtype: torch.dtype, device=None) -> HFEngine:
-        """The engine ``rollout.engine: hf`` builds (``rollout.base.ENGINES``)."""
-        return cls(tokenizer, batch_size=cfg.rollout.batch_size, static=cfg.rollout.hf.static)
+    def from_config(cls, cfg, tokenizer, model_path, dtype: torch.dtype, device=None,
+                    eos_ids: list[int] | None = None) -> HFEngine:
+        """The engine ``rollout.engine: hf`` builds (``rollout.base.ENGINES``); ``eos_ids``: its
+        stop tokens (None: the tokenizer's EOS)."""
+        return cls(tokenizer, batch_size=cfg.rollout.batch_size, static=cfg.rollout.hf.static,
+                   eos_ids=eos_ids)
 
     def __init__(self, tokenizer, *, batch_size: int = 256, eos_ids: list[int] | None = None,
                  compact_ratio: float = 0.5, sync_every: int = 4, lean: bool = True,

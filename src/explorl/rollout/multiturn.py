@@ -13,8 +13,11 @@ ones, with the engine's own log-probs and entropy. The result tokens are in the 
 (``Rollouts.tool_mask``) but not the policy's (``response_mask`` False there, log-prob and
 entropy 0), so no loss, statistic, controller or KL sees them.
 
-Each turn re-encodes its context in one batched prefill (the engine shares no KV cache between
-calls); the decode steps, where the time goes, are the engine's own, static path included.
+Each turn re-encodes its context in one batched prefill (the ``hf`` engine shares no KV cache
+between calls; ``vllm``'s prefix cache, on by default, reuses the context's blocks that are
+already cached); the decode steps, where the time goes, are the engine's own, static path
+included. An engine that records its own log-probs beside old_logp (``vllm``: ``engine_logp``,
+for the rollout correction) has them carried turn by turn, 0 on the results.
 Seeded draws: turn 1 uses the caller's seeds exactly; turn k > 1 of response j of prompt i
 draws from ``mix_seed(row key, k)``, so a response depends only on (seed, j), not the batch.
 
@@ -49,6 +52,7 @@ class _Row:
     ids: list[int] = field(default_factory=list)
     logp: list[torch.Tensor] = field(default_factory=list)
     ent: list[torch.Tensor] = field(default_factory=list)
+    elogp: list[torch.Tensor] = field(default_factory=list)  # the engine's own (vllm), if any
     tool: list[bool] = field(default_factory=list)  # per token: inserted by a tool
     turns: int = 0
     calls: int = 0
@@ -63,12 +67,13 @@ class _Row:
     def copy(self, key: int | None, source: int) -> _Row:
         """A branch: this row's tokens and environment so far, its own draws from here on."""
         return _Row(self.prompt, key, list(self.ids), list(self.logp), list(self.ent),
-                    list(self.tool), self.turns, self.calls, self.errors, False,
+                    list(self.elogp), list(self.tool), self.turns, self.calls, self.errors, False,
                     list(self.window), source, len(self.ids), self.env, self.head)
 
 
 class ToolEngine:
-    """Wraps an engine whose stop tokens include the format's (``HFEngine(eos_ids=...)``).
+    """Wraps an engine whose stop tokens include the format's and that keeps the stop token in
+    the response as it keeps EOS (``HFEngine(eos_ids=...)``, ``VLLMEngine(eos_ids=...)``).
 
     ``fmt``: a ``tools.formats`` format; ``runner``: a ``ToolRunner`` (or anything with
     ``run(calls) -> [ToolAnswer]``); ``max_turns``: model turns per response (tool calls
@@ -111,10 +116,13 @@ class ToolEngine:
             first = self.engine.generate(model, prompt_ids, first_n, temperature,
                                          max_new_tokens, generator=generator, seeds=seeds)
         live = self._take(first, rows, list(range(len(rows))), max_new_tokens)
+        limit = getattr(self.engine, "max_len", None)  # vllm: max_model_len, prompt included
         while True:
             if branching is not None:
                 live += branching.expand(rows, live, n_samples, seeds, generator)
                 self._reset(prompt_ids, rows)  # its new responses (not the branches)
+            if limit is not None:  # a context that fills the engine ends its response there
+                live = [r for r in live if len(self._context(prompt_ids, rows[r])) < limit]
             if not live:
                 break
             ctx = [self._context(prompt_ids, rows[r]) for r in live]
@@ -161,6 +169,8 @@ class ToolEngine:
             row.ids += ids
             row.logp.append(ro.old_logp[k, :n])
             row.ent.append(ro.entropy[k, :n])
+            if ro.engine_logp is not None:
+                row.elogp.append(ro.engine_logp[k, :n])
             row.tool += [False] * n
             row.turns += 1
             row.window.append(float(ro.entropy[k, : min(n, self._window)].sum()))
@@ -192,6 +202,8 @@ class ToolEngine:
             row.ids += ids
             row.logp.append(ro.old_logp.new_zeros(len(ids)))
             row.ent.append(ro.entropy.new_zeros(len(ids)))
+            if ro.engine_logp is not None:
+                row.elogp.append(ro.engine_logp.new_zeros(len(ids)))
             row.tool += [True] * len(ids)
             row.calls, row.errors = row.calls + 1, row.errors + failed
             if len(row.ids) < max_new:
@@ -209,6 +221,7 @@ class ToolEngine:
         tool = torch.zeros((N, R), dtype=torch.bool, device=device)
         logp = torch.zeros((N, R), device=device)
         ent = torch.zeros((N, R), device=device)
+        elogp = torch.zeros((N, R), device=device) if any(r.elogp for r in rows) else None
         for i, r in enumerate(rows):
             n = len(r.ids)
             if not n:
@@ -216,6 +229,8 @@ class ToolEngine:
             ids[i, :n] = torch.as_tensor(r.ids, dtype=torch.long, device=device)
             tool[i, :n] = torch.as_tensor(r.tool, dtype=torch.bool, device=device)
             logp[i, :n], ent[i, :n] = torch.cat(r.logp).float(), torch.cat(r.ent).float()
+            if elogp is not None:
+                elogp[i, :n] = torch.cat(r.elogp).float()
         lengths = torch.as_tensor([len(r.ids) for r in rows], dtype=torch.long, device=device)
         mask = (torch.arange(R, device=device)[None, :] < lengths[:, None]) & ~tool  # (N, R)
         texts = self.tokenizer.batch_decode([r.ids for r in rows], skip_special_tokens=True)
@@ -229,6 +244,6 @@ class ToolEngine:
             texts=texts, temperature=temperature,
             truncated=torch.as_tensor([not r.finished for r in rows], dtype=torch.bool,
                                       device=device),
-            tool_mask=tool, turns=col([r.turns for r in rows]),
+            engine_logp=elogp, tool_mask=tool, turns=col([r.turns for r in rows]),
             tool_calls=col([r.calls for r in rows]), tool_errors=col([r.errors for r in rows]),
             environments=[self.runner.state_of(r.env) for r in rows] if self.envs else None)

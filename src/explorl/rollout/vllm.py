@@ -30,7 +30,9 @@ What a response gets, compared with the ``hf`` engine (tests/test_rollout_vllm.p
   own log-probs is reported by ``pop_metrics``. Without ``recompute`` ``entropy`` is NaN and
   the trainer must recompute both (``algorithm.old_logp: auto``/``recompute``; the config
   refuses ``sampler`` and EEPO, whose stage-2 rows keep the engine's values).
-- Responses stop at EOS (included, as in the ``hf`` engine) or at ``max_new_tokens``.
+- Responses stop at EOS or another of ``eos_ids`` (vLLM ``stop_token_ids``: a tool call's end
+  with ``rollout.tools``), the stop token included as in the ``hf`` engine, or at
+  ``max_new_tokens``.
 
 ``vllm.LLM``'s arguments come from ``rollout.vllm_settings.engine_kwargs`` (by device; docs/
 gpu-vllm.md). With ``sleep_level`` (CUDA) the engine sleeps after sampling and wakes before the
@@ -162,10 +164,11 @@ class VLLMEngine:
 
     @classmethod
     def from_config(cls, cfg, tokenizer, model_path, dtype: torch.dtype,
-                    device: torch.device | None = None) -> VLLMEngine:
+                    device: torch.device | None = None,
+                    eos_ids: list[int] | None = None) -> VLLMEngine:
         """The engine ``rollout.engine: vllm`` builds (``rollout.base.ENGINES``): ``rollout.vllm``
         on the trainer's ``device``, one engine per training process; ``dtype``: the training
-        model's, for ``rollout.vllm.dtype: auto``."""
+        model's, for ``rollout.vllm.dtype: auto``; ``eos_ids``: its stop tokens (None: EOS)."""
         if importlib.util.find_spec("vllm") is None:
             raise ImportError(
                 "rollout.engine=vllm needs vLLM: `make setup-vllm` (CPU, its own venv) or "
@@ -173,7 +176,7 @@ class VLLMEngine:
         v = cfg.rollout.vllm
         name = str(dtype).removeprefix("torch.") if v.dtype == "auto" else v.dtype
         dist = torch.distributed.is_available() and torch.distributed.is_initialized()
-        return cls(model_path, tokenizer, dtype=name, settings=v, seed=cfg.seed,
+        return cls(model_path, tokenizer, dtype=name, settings=v, seed=cfg.seed, eos_ids=eos_ids,
                    score_batch_size=cfg.rollout.batch_size,
                    device_type=None if device is None else torch.device(device).type,
                    world_size=torch.distributed.get_world_size() if dist else 1)
@@ -440,18 +443,10 @@ class VLLMEngine:
             )
         texts = self.tokenizer.batch_decode([t for t in toks], skip_special_tokens=True)
         return Rollouts(
-            prompt_ids=p_ids,
-            prompt_mask=p_mask,
-            response_ids=r_ids,
-            response_mask=r_mask,
-            old_logp=logp,
-            entropy=ent,
-            prompt_index=torch.as_tensor(rows, dtype=torch.long, device=device),
-            texts=texts,
-            temperature=temperature,
-            truncated=truncated,
-            engine_logp=v_logp,
-        )
+            prompt_ids=p_ids, prompt_mask=p_mask, response_ids=r_ids, response_mask=r_mask,
+            old_logp=logp, entropy=ent,
+            prompt_index=torch.as_tensor(rows, dtype=torch.long, device=device), texts=texts,
+            temperature=temperature, truncated=truncated, engine_logp=v_logp)
 
     def _score(self, model, p_ids, p_mask, r_ids, r_mask, temperature):
         """old_logp and entropy (N, R) from ``model``'s forward, ``score_batch_size`` rows at a

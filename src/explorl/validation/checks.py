@@ -66,9 +66,10 @@ def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
          c.reward.step_timeout_s is None or c.reward.step_timeout_s >= c.reward.timeout_s,
          "must be ≥ reward.timeout_s (one response's limit)"),
         ("rollout.vllm.recompute", r.engine != "vllm" or r.vllm.recompute
-         or (a.old_logp != "sampler" and not e.enabled),
+         or (a.old_logp != "sampler" and not e.enabled and not r.arpo.enabled),
          "false leaves entropy unknown (vLLM reports none): it needs algorithm.old_logp auto or "
-         "recompute, and no EEPO (its stage-2 rows keep the engine's values)"),
+         "recompute, no EEPO (its stage-2 rows keep the engine's values) and no ARPO (it "
+         "branches on each turn's entropy while sampling)"),
         ("algorithm.rollout_correction.mode",
          r.engine != "hf" or a.rollout_correction.mode in ("auto", "off") or stale,
          f"{a.rollout_correction.mode!r} corrects for the engine's own log-probs, but "
@@ -83,9 +84,9 @@ def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
            f"rollout.environment): nothing reads it (leave it at {getattr(RolloutConfig, k)!r}, "
            "or name tools in rollout.tools)")
           for k in ("max_turns", "tool_format", "tool_result_max_chars")],
-        (tools_key, not (tools and r.engine != "hf"),
-         f"multi-turn tool rollouts run on the hf engine, and rollout.engine is {r.engine!r}; "
-         "set rollout.engine: hf"),
+        ("rollout.environment", not (r.environment and r.engine != "hf"),
+         f"environments run on the hf engine, and rollout.engine is {r.engine!r}; set "
+         "rollout.engine: hf (rollout.tools alone also run on vllm)"),
         (tools_key, not (tools and r.async_.enabled),
          "multi-turn tool rollouts do not run in the asynchronous rollout worker yet; set "
          "rollout.async.enabled: false"),
