@@ -68,3 +68,39 @@ def test_boxed_format_rewards_any_boxed_answer_and_nothing_else():
     assert fmt("The answer is 12", "12") == 0.0  # right but not boxed
     assert fmt("\\boxed{12", "12") == 0.0  # an unclosed box is no answer
     assert fmt("\\boxed{} 7 + 5 = \\boxed{ }", "12") == 0.0  # nor is an empty one
+
+
+def test_chat_multiply_prompt_is_the_worked_example_then_the_question():
+    from explorl.lab.tasks import CHAT_MULTIPLY_EXAMPLE
+
+    task = get_task("chat_multiply")
+    p = task.sample(random.Random(3), **task.params)
+    assert p.prompt[:-1] == CHAT_MULTIPLY_EXAMPLE
+    assert [m["role"] for m in p.prompt] == ["system", "user", "assistant", "user"]
+    a, b = (int(x) for x in re.match(r"What is (\d+) \* (\d+)\? ", p.prompt[-1]["content"]).groups())
+    assert 100 <= a <= 999 and 10 <= b <= 99 and p.ground_truth == str(a * b)
+    # the example's call ends in the lone "]" the lab tool format stops at, as the trace does
+    assert "[12*34] {408}" in CHAT_MULTIPLY_EXAMPLE[-1]["content"]
+    assert p.solution == f"[{a}*{b}]{{{a * b}}} So {a} * {b} = \\boxed{{{a * b}}}"
+    assert p.difficulty == int(a * b >= 10_000)
+    assert task.source == "chat/multiply" and task.check is VERIFIERS_BOXED_INTEGER
+
+
+def test_chat_multiply_checker_reads_the_models_box_not_the_tool_result():
+    check = get_task("chat_multiply").check
+    assert check("[347*29]{10063} So 347 * 29 = \\boxed{10063}", "10063") == 1.0
+    assert check("[347*29]{10063}", "10063") == 0.0  # the tool's result alone is no answer
+    assert check("[347*29]{10063} So 347 * 29 = \\boxed{10036}", "10063") == 0.0
+    assert check("347 * 29 = \\boxed{10063}", "10063") == 1.0  # right without the tool counts
+
+
+def test_chat_multiply_params_and_splits():
+    assert task_params("chat_multiply", a_digits=4)["a_digits"] == 4
+    with pytest.raises(ValueError, match="b_digits <= a_digits"):
+        task_params("chat_multiply", a_digits=2, b_digits=3)
+    with pytest.raises(ValueError, match="did you mean 'a_digits'"):
+        task_params("chat_multiply", a_digit=3)
+    s = make_splits("chat_multiply", seed=0, n_train=64, n_val=8, n_test=32)
+    keys = [{r.prompt[-1]["content"] for r in s[k]} for k in ("train", "val", "test")]
+    assert len(keys[2]) == 32 and not (keys[0] & keys[2]) and not (keys[1] & keys[2])
+    assert all(r.data_source == "chat/multiply" for r in s["train"])

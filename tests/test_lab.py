@@ -26,6 +26,9 @@ def canonical(task: str, prompt: str) -> tuple:
         return tuple(sorted(int(x) for x in prompt[len("What is "):prompt.index("?")].split("+")))
     if task == "multiply":  # a_digits × b_digits: operand order is part of the problem
         return tuple(int(x) for x in prompt.rstrip("=").split("*"))
+    if task == "chat_multiply":  # the example's messages, then "What is 347 * 29? ..."
+        q = prompt[-1]["content"]
+        return tuple(int(x) for x in q[len("What is "):q.index("?")].split("*"))
     nums, target = prompt.rstrip(":").split(">")
     return tuple(sorted(int(x) for x in nums.split())), int(target)
 
@@ -60,7 +63,8 @@ def test_splits_are_deterministic_disjoint_and_mixed(task):
         assert len(recs) == n
         assert [r.index for r in recs] == list(range(n))
         assert {r.data_source for r in recs} == {get_task(task).source}
-        assert all(isinstance(r.prompt, str) for r in recs)
+        # text, or chat messages (chat_multiply: a worked example, then the question)
+        assert all(isinstance(r.prompt, list if task == "chat_multiply" else str) for r in recs)
         keys[split] = {canonical(task, r.prompt) for r in recs}
         assert len(keys[split]) == n  # no duplicates inside a split either
         assert len({r.extra["difficulty"] for r in recs}) >= 2, f"{split}: one difficulty only"

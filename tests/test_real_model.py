@@ -83,3 +83,23 @@ def test_two_steps_then_an_interrupted_run_resumes_exactly(tmp_path):
     assert _strip(read_metrics(tmp_path / "b")) == _strip(reference)
     wc = _weights(c.policy)
     assert all(torch.equal(wa[k], wc[k]) for k in wa)
+
+
+def test_real_tools_recipe_calls_the_calculator(tmp_path):
+    """real/tools at a small shape: SmolLM2 calls the calculator in the lab tool format from the
+    prompt's worked example (~36% of replies), so 16 replies hold calls and their results."""
+    from explorl import config as C
+    from explorl.config import builtin
+
+    d = C.to_dict(validation.load(builtin.resolve("real/tools"), env=False))
+    d.update(max_steps=1)
+    d["model"]["cpu_threads"] = 1
+    d["lab"].update(n_train=16, n_val=4, n_test=4)
+    d["data"]["prompts_per_step"] = 2
+    d["reward"]["num_workers"] = 1
+    d["eval"].update(every=0, before_training=False)
+    d["log"].update(progress=False, plots=False, checkpoint_every=0)
+    Trainer(validation.from_dict(d), tmp_path / "run").train()
+    (row,) = read_metrics(tmp_path / "run")
+    assert row["tools/calls_mean"] > 0 and row["tokens/tool_mean"] > 0
+    assert row["tools/errors"] < row["tools/calls_mean"] * 16

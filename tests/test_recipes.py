@@ -14,9 +14,10 @@ from explorl.outputs.runlog import read_metrics
 from explorl.training.loop import Trainer
 
 ROOT = builtin.folder("recipe")
-# lab/tools.yaml, lab/arpo.yaml and lab/aepo.yaml need a tool task's model (its alphabet has the
-# call markers): they train in tests/test_tools.py, tests/test_arpo.py and tests/test_aepo.py.
-TOOL_RECIPES = ("lab/tools.yaml", "lab/arpo.yaml", "lab/aepo.yaml")
+# lab/tools.yaml, lab/arpo.yaml, lab/aepo.yaml and real/tools.yaml need a tool task's model (its
+# alphabet has the call markers): they train in tests/test_tools.py, tests/test_arpo.py and
+# tests/test_aepo.py.
+TOOL_RECIPES = ("lab/tools.yaml", "lab/arpo.yaml", "lab/aepo.yaml", "real/tools.yaml")
 RECIPES = sorted(p for p in ROOT.rglob("*.yaml") if "accelerate" not in p.parts
                  and p.relative_to(ROOT).as_posix() not in TOOL_RECIPES)
 

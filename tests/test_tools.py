@@ -317,6 +317,21 @@ def test_tools_recipe_trains_and_resumes_exactly(multiply_model, tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def test_real_tools_recipe_trains_on_the_lab_tool_model(multiply_model, tmp_path):
+    """real/tools with the lab's multiply model and task swapped in (as tests/test_recipes.py
+    trains real/grpo on the lab's addition model): its tool settings run as written."""
+    from explorl.training.loop import Trainer
+
+    cfg = _tools_recipe(multiply_model, "real/tools", max_steps=2,
+                        data={"train": ["lab:multiply"]})
+    assert (cfg.rollout.tool_format, cfg.rollout.max_turns) == ("lab", 2)
+    Trainer(cfg, tmp_path / "run").train()
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert "val/accuracy" in rows[-1] and "tools/call_frac" in rows[-1]
+    assert any(r.get("tools/calls_mean", 0) > 0 for r in rows)
+
+
 QWEN_LIKE = (
     "{% if tools %}<|im_start|>system\nTools: {{ tools | map(attribute='function.name') | "
     "join(',') }}<|im_end|>\n{% endif %}"

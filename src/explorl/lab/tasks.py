@@ -45,6 +45,10 @@ A task for pretrained chat models (no lab model is built for it; the run names a
   ``"102"``, asked through the model's chat template; ``n_terms`` operands of
   ``min_digits``–``max_digits`` digits; checked by ``boxed_integer`` (the sum as a number in the
   last box); difficulty = carries of the column sum.
+- ``chat_multiply``: ``"What is 347 * 29? …"``, an ``a_digits`` × ``b_digits`` product asked
+  after a worked example of the calculator tool in the lab tool format (``rollout.tool_format:
+  lab``: ``[347*29]`` calls it, ``{10063}`` is its result); checked by ``boxed_integer``;
+  difficulty as ``multiply``. Its prompt is a list of chat messages (``CHAT_MULTIPLY_EXAMPLE``).
 
 Every record carries ``extra = {"difficulty": int, "solution": str}`` plus the problem's own
 ``extra``; ``solution`` is the reference answer the lab model is warm-started on (for addition
@@ -71,7 +75,7 @@ from explorl.rewards.verifiers import (
 
 class Problem(NamedTuple):
     key: tuple  # canonical identity: two problems with one key never go to different splits
-    prompt: str
+    prompt: str | list[dict[str, str]]  # text, or chat messages (the chat tasks)
     ground_truth: str
     solution: str  # one correct response (the SFT target)
     difficulty: int
@@ -366,6 +370,39 @@ def _validate_chat_addition(*, min_digits: int, max_digits: int, n_terms: int) -
         raise ValueError(f"chat_addition needs 2 <= n_terms <= 6, got {n_terms}")
 
 
+CHAT_TOOL_SYSTEM = (
+    "You are a helpful assistant with a calculator. To compute a product, write the expression "
+    "in square brackets, e.g. [12*34]; the calculator's result then appears in curly brackets, "
+    "e.g. {408}, and you answer with it.")
+CHAT_MULTIPLY_EXAMPLE = [
+    {"role": "system", "content": CHAT_TOOL_SYSTEM},
+    {"role": "user", "content": "What is 12 * 34? " + ANSWER_FORMAT},
+    {"role": "assistant", "content": "[12*34] {408} So 12 * 34 = \\boxed{408}"},
+]
+"""The messages every ``chat_multiply`` prompt opens with: the calculator in the lab tool format
+and one worked exchange. SmolLM2-135M-Instruct (T = 0.7, 128 replies to 3-digit × 2-digit
+products) calls the tool in 36% of its replies after it and answers 15% right, against 4% calls
+with the example inside the question's own message and none in the Hermes ``<tool_call>`` JSON
+format (docs/tools.md). The space after ``]`` matters: ``]{`` is one token of its tokenizer, and
+with ``[12*34]{408}`` in the example the model wrote that token, never the lone ``]`` that ends a
+call, and made up the result."""
+
+
+def _sample_chat_multiply(rng: random.Random, *, a_digits: int, b_digits: int) -> Problem:
+    a = rng.randint(10 ** (a_digits - 1), 10**a_digits - 1)
+    b = rng.randint(10 ** (b_digits - 1), 10**b_digits - 1)
+    q = f"What is {a} * {b}? " + ANSWER_FORMAT
+    prompt = [*CHAT_MULTIPLY_EXAMPLE, {"role": "user", "content": q}]
+    return Problem((a, b), prompt, str(a * b), f"[{a}*{b}]{{{a * b}}} So {a} * {b} = "
+                   f"\\boxed{{{a * b}}}", int(len(str(a * b)) == a_digits + b_digits))
+
+
+def _validate_chat_multiply(*, a_digits: int, b_digits: int) -> None:
+    if not (1 <= b_digits <= a_digits <= 6):
+        raise ValueError(f"chat_multiply needs 1 <= b_digits <= a_digits <= 6, got {a_digits}, "
+                         f"{b_digits}")
+
+
 TASKS.update({
     "chat_addition": LabTask(
         name="chat_addition",
@@ -379,5 +416,16 @@ TASKS.update({
         max_response_len=64,
         version="1",
         data_source="chat/addition",
+    ),
+    "chat_multiply": LabTask(
+        name="chat_multiply",
+        sample=_sample_chat_multiply,
+        check=boxed_integer,  # the model's own box: a tool result is never boxed
+        params={"a_digits": 3, "b_digits": 2},
+        validate=_validate_chat_multiply,
+        alphabet=None,
+        max_response_len=64,
+        version="1",
+        data_source="chat/multiply",
     ),
 })
