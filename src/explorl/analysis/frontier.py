@@ -175,10 +175,12 @@ def draw_frontier(series: list[Series], path: Path, k: int, *, base: tuple[float
                      f"{labels or unit}; "
                      "bars: 95% intervals over seeds and problems)", fontsize="medium")
         spare = [ax for ax in axes.flat[len(panels):]]
-        if spare:  # the legend in the first empty cell, else at the top right
+        if spare:  # the legend in the first empty cell, else in a row below the panels
             spare[0].legend(*zip(*keep), loc="center", fontsize="small", frameon=False)
         else:
-            fig.legend(*zip(*keep), loc="upper right", fontsize="x-small")
+            fig.subplots_adjust(bottom=0.55 / (3.4 * nrows) + 0.12 / nrows)
+            fig.legend(*zip(*keep), loc="lower center", ncol=len(keep), fontsize="x-small",
+                       frameon=False)
     save_figure(fig, path, dpi=90)
     return path
 
