@@ -144,3 +144,12 @@ def test_no_tool_arms_no_tool_section():
     ev = S.Evidence({"grpo": [{"seed": 0, "train_calls": None}]})
     assert tool_tables(ev, [], Path("/nonexistent")) == []
     assert "A1" not in {c["id"] for c in S.evaluate_claims(ev)}
+
+
+def test_the_archive_keeps_each_responses_tool_calls():
+    from explorl.study.data import counts_only
+
+    row = {"index": 0, "n_correct": 1, "responses": ["[3*4]{12}12", "9"], "scores": [1.0, 0.0],
+           "tool_calls": [1, 0]}
+    assert json.loads(counts_only((json.dumps(row) + "\n").encode())) == {
+        "index": 0, "n_correct": 1, "n_samples": 2, "tool_calls": [1, 0]}
