@@ -38,7 +38,8 @@ def test_slots_fresh_rows_and_budget():
     the second the last one; a prompt with nothing going gets one new row per round."""
     b = ARPOBranching(2, 3, 1.0, 0.0, vocab_size=10)
     assert b.first([5, 3, 1]) == [2, 2, 1]
-    rows = [_Row(0, 11, ids=[1, 2], window=[1.0, 1.0]), _Row(0, 12, ids=[3], window=[1.0, 2.0]),
+    rows = [_Row(0, 11, ids=[1, 2], window=[1.0, 1.0], calls=1),
+            _Row(0, 12, ids=[3], window=[1.0, 2.0], calls=2),
             _Row(1, 13, ids=[4]), _Row(1, 14, ids=[5]), _Row(2, 15, ids=[6])]
     added = b.expand(rows, [0, 1], [5, 3, 1], seeds=[7, 8, 9], generator=None)
     assert added == [5, 6, 7, 8]
@@ -46,7 +47,9 @@ def test_slots_fresh_rows_and_budget():
         (0, 0, 2, [1, 2]), (0, 0, 2, [1, 2]), (0, 1, 1, [3])]
     assert (rows[8].prompt, rows[8].ids, rows[8].branch_of) == (1, [], -1)  # prompt 1: a fresh row
     assert len({r.key for r in rows}) == len(rows)  # every row draws on its own
-    assert b.pop() == {"arpo/branches": 3.0, "arpo/fresh": 1.0}
+    # the copies carry their sources' calls (1, 1 and 2), which ran once
+    assert [r.calls for r in rows[5:8]] == [1, 1, 2]
+    assert b.pop() == {"arpo/branches": 3.0, "arpo/fresh": 1.0, "arpo/shared_calls": 4.0}
     never = ARPOBranching(2, 3, 0.0, 0.0, vocab_size=10)  # β = 0, α = 0: u ≤ 0 never holds
     rows = [_Row(0, 11, ids=[1], window=[1.0, 1.0])]
     assert never.expand(rows, [0], [4], seeds=[7], generator=None) == []
@@ -57,6 +60,8 @@ def test_arpo_sampler_fills_each_budget_with_branches_that_share_their_source(tm
 
     tok, model = _lab(lab_model_path("multiply", size="tiny", **TINY_MULTIPLY))
     engine, _ = _tool_engine(tok, _Scripted(), max_turns=3)
+    parsed, parse = [], engine.fmt.parse
+    engine.fmt.parse = lambda text: parsed.append(text) or parse(text)
     cfg = C.ARPOConfig(enabled=True, initial_rollouts=2, beam_size=3, branch_probability=1.0,
                        entropy_weight=0.0)
     sampler = ARPOSampler(engine, cfg, vocab_size=model.config.vocab_size)
@@ -66,6 +71,10 @@ def test_arpo_sampler_fills_each_budget_with_branches_that_share_their_source(tm
     rows = engine.last_rows
     assert m["arpo/branches"] == sum(r.branch_of >= 0 for r in rows) > 0
     assert m["arpo/branches"] + m["arpo/fresh"] == 12 - 4
+    # the calls the rows count, less those the branches share, are the calls answered: each
+    # call's text is read once (``fmt.parse``), whether it then runs or is answered by an error
+    assert m["arpo/shared_calls"] > 0
+    assert int(ro.tool_calls.sum()) - m["arpo/shared_calls"] == len(parsed)
     for r in rows:
         if r.branch_of >= 0:  # the shared prefix ends right after a tool result
             assert r.tool[r.shared - 1]
@@ -116,5 +125,7 @@ def test_arpo_recipe_trains(tmp_path):
     cfg = _tools_recipe(path, recipe="lab/arpo", max_steps=2)
     Trainer(cfg, tmp_path / "run").train()
     last = read_metrics(tmp_path / "run")[-1]
-    assert {"arpo/branches", "arpo/fresh", "arpo/branch_frac", "tools/calls_mean"} <= set(last)
+    assert {"arpo/branches", "arpo/fresh", "arpo/branch_frac", "arpo/shared_calls",
+            "tools/calls_mean"} <= set(last)
+    assert 0 <= last["arpo/shared_calls"] <= last["tools/calls_mean"] * last["rollout/n_trained"]
     assert last["rollout/n_samples"] == 4 * 4  # every prompt got its budget

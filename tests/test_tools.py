@@ -395,3 +395,53 @@ def test_multiply_task_traces_and_checker():
     assert r.extra["solution"] == f"[{a}*{b}]{{{r.ground_truth}}}{r.ground_truth}"
     assert check(f"[{a}*{b}]{{{r.ground_truth}}}1", r.ground_truth) == 0.0  # the answer counts
     assert check(f"[{a}*{b}]{{?}}{r.ground_truth}", r.ground_truth) == 1.0
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def test_tool_summary_by_hand():
+    from explorl.eval.evaluate import tool_summary
+
+    # problem 0: calls 1, 1, 0 (right, right, wrong); problem 1: calls 2, 0 (right, wrong)
+    got = tool_summary([[1, 1, 0], [2, 0]], [[True, True, False], [True, False]])
+    assert got == {"calls_per_response": 4 / 5, "call_frac": 3 / 5, "calls_per_correct": 4 / 3,
+                   "calls_per_correct_response": 4 / 3, "n_calls": 4, "n_responses": 5,
+                   "n_correct": 3}
+    none_right = tool_summary([[1, 0]], [[False, False]])
+    assert none_right["calls_per_correct"] is None and none_right["call_frac"] == 0.5
+    with pytest.raises(ValueError):
+        tool_summary([[1, 0]], [[True]])
+
+
+def test_eval_records_the_tool_calls_of_each_response(multiply_model, tmp_path):
+    """``explorl eval`` with tools: problems.jsonl has each response's calls beside its score,
+    eval.json's ``tools`` sums them; without tools neither appears."""
+    import json
+
+    from explorl.eval.run import run_eval
+
+    sets = [f"lab.{k}={v}" for k, v in TINY_MULTIPLY.items() if k in ("n_train", "n_val", "n_test")]
+    sets += [f"lab.params.{k}={v}" for k, v in TINY_PARAMS.items()] + ["data.train=[lab:multiply]"]
+    tools = sets + [f"rollout.tools=[{CALC}]", "rollout.max_turns=2", "reward.num_workers=0"]
+    got = run_eval(model=str(multiply_model), data=["lab:multiply"], out_dir=tmp_path / "t", n=4,
+                   k_list=[1, 4], max_problems=6, overrides=tools, progress=False,
+                   max_new_tokens=24)
+    rows = [json.loads(x) for x in (tmp_path / "t" / "problems.jsonl").read_text().splitlines()]
+    calls = [c for r in rows for c in r["tool_calls"]]
+    scores = [s for r in rows for s in r["scores"]]
+    assert all(len(r["tool_calls"]) == len(r["scores"]) == 4 for r in rows)
+    for r in rows:  # a call answered shows its result, {…}, in the response
+        assert all("{" in t for c, t in zip(r["tool_calls"], r["responses"]) if c > 0)
+    right = [c for c, s in zip(calls, scores) if s > 0]
+    assert got["tools"]["calls_per_response"] == sum(calls) / 24 > 0
+    assert got["tools"]["call_frac"] == sum(c > 0 for c in calls) / 24
+    assert got["tools"]["n_correct"] == len(right)
+    assert json.loads((tmp_path / "t" / "eval.json").read_text())["tools"] == got["tools"]
+
+    plain = run_eval(model=str(multiply_model), data=["lab:multiply"], out_dir=tmp_path / "p",
+                     n=2, k_list=[1], max_problems=2, overrides=sets, progress=False,
+                     max_new_tokens=24)
+    assert "tools" not in plain
+    row = json.loads((tmp_path / "p" / "problems.jsonl").read_text().splitlines()[0])
+    assert "tool_calls" not in row

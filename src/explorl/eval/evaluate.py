@@ -61,6 +61,26 @@ def summarize(
     }
 
 
+def tool_summary(calls: Sequence[Sequence[int]], correct: Sequence[Sequence[bool]]) -> dict:
+    """Tool use at evaluation: ``calls[i][j]`` tool calls answered in sample j of problem i,
+    ``correct[i][j]`` its verdict. Returns ``calls_per_response`` (mean over every sample),
+    ``call_frac`` (share of samples with at least one call), ``calls_per_correct`` (all the
+    calls ÷ the correct samples: what a correct answer costs in calls; None with none correct)
+    and ``calls_per_correct_response`` (mean calls of the correct samples alone; None likewise).
+    """
+    flat = [(int(c), bool(ok)) for cs, oks in zip(calls, correct) for c, ok in zip(cs, oks)]
+    if len(flat) != sum(len(cs) for cs in calls) or len(calls) != len(correct):
+        raise ValueError("calls and correct must have the same shape")
+    n = len(flat)
+    total = sum(c for c, _ in flat)
+    right = [c for c, ok in flat if ok]
+    return {"calls_per_response": total / n if n else 0.0,
+            "call_frac": sum(c > 0 for c, _ in flat) / n if n else 0.0,
+            "calls_per_correct": total / len(right) if right else None,
+            "calls_per_correct_response": sum(right) / len(right) if right else None,
+            "n_calls": total, "n_responses": n, "n_correct": len(right)}
+
+
 def write_eval_json(summary: dict, path: str | Path) -> Path:
     """Write a ``summarize`` result as indented JSON; returns the path."""
     return write_text_atomic(path, json.dumps(summary, indent=2) + "\n")

@@ -22,7 +22,7 @@ from explorl import validation
 from explorl.adapters import adapter_base, is_adapter_checkpoint, load_for_inference
 from explorl.data.sources import load_split
 from explorl.errors import ModelPathError
-from explorl.eval.evaluate import plot_passk, summarize, write_eval_json
+from explorl.eval.evaluate import plot_passk, summarize, tool_summary, write_eval_json
 from explorl.eval.validate import EVAL_STREAM, answer
 from explorl.files import write_text_atomic
 from explorl.models import (
@@ -96,8 +96,9 @@ def run_eval(
     batch_problems: int = 64,
     progress: bool = True,
 ) -> dict:
-    """Evaluate ``model`` on ``data``; write ``eval.json`` (the totals), ``problems.jsonl`` (each
-    problem's responses and scores, docs/completions.md) and ``passk.png`` into ``out_dir``."""
+    """Evaluate ``model`` on ``data``; write ``eval.json`` (the totals; with tools, ``tools``:
+    the calls per response), ``problems.jsonl`` (each problem's responses, scores and, with
+    tools, tool calls: docs/completions.md) and ``passk.png`` into ``out_dir``."""
     counts = [("--n", n), ("--max-problems", max_problems), ("--max-new-tokens", max_new_tokens),
               *(("--k", k) for k in k_list)]
     for flag, value in counts:
@@ -128,6 +129,7 @@ def run_eval(
         cfg, tokenizer, engine_path, resolve_dtype(cfg.model.dtype, device)
     )  # rollout.engine
     correct: list[list[bool]] = []
+    calls: list[list[int]] = []  # per problem, per response: tool calls answered (with tools)
     greedy: list[bool] = []
     problems: list[dict] = []  # one row of problems.jsonl per problem
     t0 = time.perf_counter()
@@ -155,13 +157,20 @@ def run_eval(
                          max_new_tokens=max_new, seeds=seeds, greedy=True)
             pidx, scores = got.ro.prompt_index.tolist(), got.correct
             g_texts, g_scores = got.greedy_texts, got.greedy_correct
+            used = got.ro.tool_calls.tolist() if got.ro.tool_calls is not None else None
             for i, rec in enumerate(chunk):
                 mine = [(t, sc) for t, sc, p in zip(got.ro.texts, scores, pidx) if p == i]
                 correct.append([sc > 0 for _, sc in mine])
-                problems.append(problem_row(start + i, rec, mine, g_texts[i], g_scores[i]))
+                row = problem_row(start + i, rec, mine, g_texts[i], g_scores[i])
+                if used is not None:
+                    calls.append([c for c, p in zip(used, pidx) if p == i])
+                    row["tool_calls"] = calls[-1]
+                problems.append(row)
             greedy += [s > 0 for s in g_scores]
             bar.update(task, advance=len(chunk))
     summary = summarize(correct, [r.data_source for r in records], k_list)
+    if calls:  # a run without tools writes no `tools` section
+        summary["tools"] = tool_summary(calls, correct)
     summary["overall"]["greedy_accuracy"] = sum(greedy) / max(1, len(greedy))
     for src in summary["by_source"]:
         flags = [g for g, r in zip(greedy, records) if r.data_source == src]

@@ -61,6 +61,7 @@ class ARPOBranching:
         self.beta, self.alpha = branch_probability, entropy_weight
         self.log_v = math.log(vocab_size)
         self.branches = self.fresh = 0  # counted since the last ``pop``
+        self.shared_calls = 0  # tool calls the branches copied with their source's tokens
 
     def first(self, n_samples: list[int]) -> list[int]:
         """Global sampling: min(M, N) responses per prompt in turn 1."""
@@ -101,6 +102,7 @@ class ARPOBranching:
                     rows.append(src.copy(None if key is None else mix_seed(key, 1), s))
                     added.append(len(rows) - 1)
                     made += 1
+                    self.shared_calls += src.calls  # run once, counted in both rows
                 if made >= slots:
                     break
             self.branches += made
@@ -113,8 +115,9 @@ class ARPOBranching:
         return added
 
     def pop(self) -> dict[str, float]:
-        out = {"arpo/branches": float(self.branches), "arpo/fresh": float(self.fresh)}
-        self.branches = self.fresh = 0
+        out = {"arpo/branches": float(self.branches), "arpo/fresh": float(self.fresh),
+               "arpo/shared_calls": float(self.shared_calls)}
+        self.branches = self.fresh = self.shared_calls = 0
         return out
 
 

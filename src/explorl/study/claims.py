@@ -279,6 +279,14 @@ def _pass1(*names):
     return check
 
 
+def _c_arpo(ev):
+    """ARPO against trajectory-level GRPO with the same tool (the lab's ``tools`` recipe): more
+    test pass@1, and fewer tool calls run in training (paired by seed; ``train_calls``)."""
+    return [Cond("arpo − tools, test pass@1", ev.pk("arpo", "tools", 1), +1),
+            Cond("tool calls run in training, arpo − tools",
+                 ev.pair("arpo", "tools", _key("train_calls")), -1)]
+
+
 EM, E3, EEPO, ES = "Entropy Mechanism", "E3", "EEPO", "Entropy Scheduling"
 CLAIMS = [
     Claim("N1", "GRPO raises pass@1 over the base model", f"{E3} §1; Yue et al. 2025",
@@ -325,6 +333,11 @@ CLAIMS = [
     Claim("9d", "Clip-Cov and KL-Cov raise pass@1 over GRPO", f"{EM} §4.4 (Table 2)",
           ("grpo", "clip_cov", "kl_cov"), _pass1("clip_cov", "kl_cov")),
 ]
+TOOL_CLAIMS = [  # judged only by a study that runs their recipes (the lab's tool task)
+    Claim("A1", "ARPO reaches higher accuracy than trajectory-level GRPO with fewer tool calls "
+          "in training", "ARPO (Dong et al. 2025) abstract, §4 (about half the tool calls)",
+          ("tools", "arpo"), _c_arpo),
+]
 
 
 def combine(verdicts: list[str]) -> str:
@@ -342,9 +355,12 @@ def combine(verdicts: list[str]) -> str:
 
 
 def evaluate_claims(ev: Evidence) -> list[dict]:
-    """Every claim's conditions, intervals and verdict."""
+    """Every claim's conditions, intervals and verdict. The tool claims (``TOOL_CLAIMS``) join
+    where the study runs their recipes, and then the exploration claims it does not run are left
+    out (a tool study runs none of them)."""
+    tools = [c for c in TOOL_CLAIMS if all(ev.per_run.get(n) for n in c.needs)]
     out = []
-    for c in CLAIMS:
+    for c in CLAIMS + tools:
         row = {"id": c.id, "claim": c.claim, "paper": c.paper, "needs": list(c.needs)}
         missing = [n for n in c.needs if not ev.per_run.get(n)]
         if missing:
@@ -363,4 +379,4 @@ def evaluate_claims(ev: Evidence) -> list[dict]:
                                 "verdict": x.verdict} for x in conds],
                    verdict=combine([x.verdict for x in conds]))
         out.append(row)
-    return out
+    return [r for r in out if r["verdict"] != "not run"] if tools else out

@@ -40,7 +40,8 @@ from explorl.study.spec import StudySpec
 
 RUN_FILES = ("config.yaml", "summary.json", "metrics.jsonl")
 EVAL_FILES = ("eval.json", "problems.jsonl")
-PROBLEM_FIELDS = ("index", "data_source", "prompt", "ground_truth", "n_correct", "n_samples")
+PROBLEM_FIELDS = ("index", "data_source", "prompt", "ground_truth", "n_correct", "n_samples",
+                  "tool_calls")  # with tools: the calls of each response (a few bytes a row)
 LAB_PACK_MAX = 8_000_000  # bytes: the ~0.9M-parameter lab model (3.4 MB) goes in, 9.6M does not
 WEIGHTS = "model.safetensors"
 
@@ -72,7 +73,8 @@ def lab_models(plans: list[RunPlan], kept: Path | None = None) -> dict[str, Path
 
 
 def counts_only(problems_jsonl: bytes) -> bytes:
-    """``problems.jsonl`` with each row's responses replaced by their number (``n_samples``)."""
+    """``problems.jsonl`` with each row's responses replaced by their number (``n_samples``); a
+    tool run's per-response ``tool_calls`` stay."""
     rows = []
     for line in problems_jsonl.decode().splitlines():
         if line.strip():

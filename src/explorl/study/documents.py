@@ -26,6 +26,7 @@ from explorl.study.tables import (
     power_table,
     temperature_tables,
 )
+from explorl.study.tools_report import tool_json, tool_tables
 from explorl.study.tuning import tuning_markdown
 
 
@@ -175,6 +176,9 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
     if passk_md:
         md += [f"## pass@k on the {spec.eval.split} split ({spec.eval.n} samples per problem, "
                f"T = {spec.eval.temperature})", "", *passk_md, ""]
+    tools = tool_tables(ev, claims, out)
+    if tools:
+        md += ["## Tool use", "", *tools, ""]
     temps = temperature_tables(ev)
     if temps:
         md += ["## Evaluation temperature", "", *temps, ""]
@@ -226,6 +230,7 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
         **({"horizon": horizon_json(horizon)} if horizon is not None else {}),
         **({"checkpoints": checkpoint_json(checkpoints)} if checkpoints is not None else {}),
         **({"frontier_along_training": frontier_json(along)} if along is not None else {}),
+        **({"tools": tool_json(ev, out)} if tools else {}),
         "fingerprint": fp,
         "timing": {"wall_s": wall_s, "model_params": a_run.get("n_params")},
     }

@@ -8,6 +8,7 @@ from explorl.analysis.curves import Group
 from explorl.analysis.entropy_law import FitError, fit_entropy_law, law_points
 from explorl.analysis.runs import Run, new_figure, save_figure, step_axes
 from explorl.study.numbers import LAW_FIT_FRACTION, fmt_value
+from explorl.study.tools_report import draw_tool_calls
 
 FIGURES = [
     # (file, title, ylabel, recipes, [(key, style, suffix)])
@@ -59,6 +60,7 @@ def draw_figures(groups: dict[str, list[Run]], out_dir: Path, ev=None) -> list[t
         ax.legend(fontsize="small")
         save_figure(fig, out_dir / f"{file}.png", dpi=80)
         made.append((title, f"{file}.png"))
+    made += draw_tool_calls(groups, out_dir)
     law = [r for r in groups.get("grpo", []) if len(_law_points(r)[1]) >= 3]
     if law:
         made.append(("Claims 7a/7b: entropy–performance law on GRPO runs", _draw_law(law, out_dir)))

@@ -263,7 +263,7 @@ def base_eval_args(plan: RunPlan, spec: StudySpec, out: Path,
                    e: StudyEvalSpec | None = None, model: str | None = None) -> list[str]:
     """``explorl eval`` of the task's lab model before RL (or of ``model``, a checkpoint of
     ``plan``'s run), with the runs' evaluation protocol (``e``, default the spec's main one),
-    lab section and response-length limit (taken from ``plan``, any run of the study)."""
+    lab section, response-length limit and tools (taken from ``plan``, any run of the study)."""
     e, cfg = e or spec.eval, plan.cfg
     ref = lab_ref(spec.task)
     length = cfg.rollout.max_response_len or get_task(ref[len("lab:"):]).max_response_len
@@ -274,6 +274,11 @@ def base_eval_args(plan: RunPlan, spec: StudySpec, out: Path,
     for s in plan.sets:
         if s.startswith("lab."):
             args += ["--set", s]
+    r = cfg.rollout
+    if r.tools:  # the model before RL samples with the runs' tools, as their evaluations do
+        args += ["--set", f"rollout.tools=[{', '.join(r.tools)}]", "--set",
+                 f"rollout.max_turns={r.max_turns}", "--set", f"rollout.tool_format={r.tool_format}",
+                 "--set", f"rollout.tool_result_max_chars={r.tool_result_max_chars}"]
     return args
 
 

@@ -100,6 +100,8 @@ def run_numbers(run: Run, cfg: dict, eval_summary: dict | None,
     out["eepo_active_frac"] = len(on) / len(active) if active else None
     out["eepo_dH"] = _mean([float(r["entropy/stage2"]) - float(r["entropy/stage1"]) for r in on])
 
+    out.update(tool_numbers(recs, eval_summary))
+
     # Seconds per training step, validation excluded (it runs every eval.every steps): the
     # median, which a suspended process or a slow checkpoint write does not move.
     walls = [float(r["time/step_s"]) - float(r.get("time/val_s", 0.0))
@@ -130,6 +132,34 @@ def run_numbers(run: Run, cfg: dict, eval_summary: dict | None,
     except FitError:
         pass
     return out
+
+
+def step_tool_calls(r: dict) -> tuple[int, int] | None:
+    """(tool calls in the step's trained responses, calls its ARPO branches copied with their
+    source's tokens) of a metrics row: ``tools/calls_mean`` × ``rollout/n_trained`` and
+    ``arpo/shared_calls``; the step ran the first less the second. None without tools."""
+    if "tools/calls_mean" not in r:
+        return None
+    n = float(r.get("rollout/n_trained", r.get("rollout/n_samples", 0.0)))
+    return round(float(r["tools/calls_mean"]) * n), round(float(r.get("arpo/shared_calls", 0.0)))
+
+
+def tool_numbers(recs: list[dict], eval_summary: dict | None) -> dict[str, Any]:
+    """A tool run's calls (None without tools): ``train_calls``, the tool calls its sampler ran
+    in training (``step_tool_calls``: a call an ARPO branch copied ran once);
+    ``train_calls_counted``, the calls in the trained responses; ``train_responses``; and the
+    final evaluation's ``tools`` (calls per response, the share of responses that call, calls
+    per correct answer; ``explorl eval``)."""
+    calls = [c for c in map(step_tool_calls, recs) if c is not None]
+    t = (eval_summary or {}).get("tools") or {}
+    return {"train_calls": sum(a - b for a, b in calls) if calls else None,
+            "train_calls_counted": sum(a for a, _ in calls) if calls else None,
+            "train_responses": (sum(float(r.get("rollout/n_trained", r.get("rollout/n_samples",
+                                                                           0.0)))
+                                    for r in recs if "tools/calls_mean" in r) if calls else None),
+            "eval_calls_per_response": t.get("calls_per_response"),
+            "eval_call_frac": t.get("call_frac"),
+            "eval_calls_per_correct": t.get("calls_per_correct")}
 
 
 def collect(done: list[RunPlan], rows: list[str],
