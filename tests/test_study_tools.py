@@ -43,7 +43,7 @@ def test_the_model_before_rl_is_evaluated_with_the_runs_tools():
     sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
     assert "rollout.tools=[explorl.tools.calculator:calculator]" in sets
     assert "rollout.max_turns=2" in sets  # the first recipe's (lab/tools)
-    assert {p.name: p.cfg.rollout.max_turns for p in plans} == {"tools": 2, "arpo": 3}
+    assert {p.name: p.cfg.rollout.max_turns for p in plans} == {"tools": 2, "arpo": 3, "aepo": 3}
     # every override reads back as a value of the run config
     data = {"model": {"path": "lab:multiply"}, "data": {"train": ["lab:multiply"]}}
     for text in sets:
@@ -138,6 +138,33 @@ def test_fake_tool_study_reports_calls_and_judges_arpos_claim(tmp_path):
     assert "**-96 [-111, -81]** | **0.500 [0.422, 0.578]** |" in md
     assert (out / "report" / "tool_calls.png").is_file()
     assert calls_run(load_run(plans[1].out)) == ([1, 2, 3], [32.0, 64.0, 96.0])
+
+
+def test_aepos_claim_is_judged_against_arpo(tmp_path):
+    """With an aepo arm (faked as GRPO's runs: pass@1 0.5 on every problem) beside arpo (0.75 on
+    average), claim A2 reads aepo − arpo: pass@1 −0.25, resolved the other way: opposite."""
+    import explorl.study.run as R
+
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "tools_fake", "task": "multiply", "recipe_dir": str(builtin.folder("recipe") /
+                                                                  "lab"),
+        "recipes": ["tools", "arpo", "aepo"], "seeds": SEEDS, "max_steps": 3,
+        "eval": {"n": N, "k": [1, 4], "split": "test"}}))
+    spec = S.load_spec(path)
+    out = tmp_path / "study"
+    plans = S.plan_runs(spec, path, out)
+    for p in plans:
+        _fake_run(p, spec)
+    _eval(out / "base" / "eval", spec, [0] * 6 + [1, 1],
+          {"calls_per_response": 0.2, "call_frac": 0.2, "calls_per_correct": 0.25})
+    payload = R.analyse(out, spec, path, False, plans, [], 60.0)
+    claims = {c["id"]: c for c in payload["claims"]}
+    assert sorted(claims) == ["A1", "A2"]
+    p1, pk = claims["A2"]["conditions"]
+    assert p1["label"] == "aepo − arpo, test pass@1" and pk["label"] == "aepo − arpo, test pass@4"
+    assert p1["interval"]["estimate"] == pytest.approx(0.5 - 24 / 32)
+    assert p1["verdict"] == "opposite" and claims["A2"]["verdict"] == "opposite"
 
 
 def test_no_tool_arms_no_tool_section():

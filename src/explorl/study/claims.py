@@ -287,6 +287,14 @@ def _c_arpo(ev):
                  ev.pair("arpo", "tools", _key("train_calls")), -1)]
 
 
+def _c_aepo(ev):
+    """AEPO against ARPO on the same tool task: more test pass@1 and more pass@k at the largest
+    k (the paper's accuracy, and its more diverse rollouts), paired by seed."""
+    k = ev.k_max
+    return [Cond("aepo − arpo, test pass@1", ev.pk("aepo", "arpo", 1), +1),
+            Cond(f"aepo − arpo, test pass@{k}", ev.pk("aepo", "arpo", k), +1)]
+
+
 EM, E3, EEPO, ES = "Entropy Mechanism", "E3", "EEPO", "Entropy Scheduling"
 CLAIMS = [
     Claim("N1", "GRPO raises pass@1 over the base model", f"{E3} §1; Yue et al. 2025",
@@ -337,6 +345,8 @@ TOOL_CLAIMS = [  # judged only by a study that runs their recipes (the lab's too
     Claim("A1", "ARPO reaches higher accuracy than trajectory-level GRPO with fewer tool calls "
           "in training", "ARPO (Dong et al. 2025) abstract, §4 (about half the tool calls)",
           ("tools", "arpo"), _c_arpo),
+    Claim("A2", "AEPO reaches higher accuracy and pass@k than ARPO",
+          "AEPO (Dong et al. 2025, arXiv 2510.14545) abstract, §4", ("arpo", "aepo"), _c_aepo),
 ]
 
 
