@@ -77,7 +77,8 @@ def test_chat_multiply_prompt_is_the_worked_example_then_the_question():
     p = task.sample(random.Random(3), **task.params)
     assert p.prompt[:-1] == CHAT_MULTIPLY_EXAMPLE
     assert [m["role"] for m in p.prompt] == ["system", "user", "assistant", "user"]
-    a, b = (int(x) for x in re.match(r"What is (\d+) \* (\d+)\? ", p.prompt[-1]["content"]).groups())
+    question = p.prompt[-1]["content"]
+    a, b = (int(x) for x in re.match(r"What is (\d+) \* (\d+)\? ", question).groups())
     assert 100 <= a <= 999 and 10 <= b <= 99 and p.ground_truth == str(a * b)
     # the example's call ends in the lone "]" the lab tool format stops at, as the trace does
     assert "[12*34] {408}" in CHAT_MULTIPLY_EXAMPLE[-1]["content"]

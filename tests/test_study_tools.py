@@ -15,8 +15,8 @@ from explorl import study as S
 from explorl.analysis.runs import load_run
 from explorl.config import builtin
 from explorl.study.jobs import base_eval_args
-from explorl.study.plan import base_folders
 from explorl.study.numbers import tool_numbers
+from explorl.study.plan import base_folders
 from explorl.study.tools_report import calls_run, tool_tables
 
 SPEC = builtin.folder("study") / "tools_arpo.yaml"

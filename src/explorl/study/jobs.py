@@ -276,8 +276,9 @@ def base_eval_args(plan: RunPlan, spec: StudySpec, out: Path,
             args += ["--set", s]
     r = cfg.rollout
     if r.tools:  # the model before RL samples with the runs' tools, as their evaluations do
-        args += ["--set", f"rollout.tools=[{', '.join(r.tools)}]", "--set",
-                 f"rollout.max_turns={r.max_turns}", "--set", f"rollout.tool_format={r.tool_format}",
+        args += ["--set", f"rollout.tools=[{', '.join(r.tools)}]",
+                 "--set", f"rollout.max_turns={r.max_turns}",
+                 "--set", f"rollout.tool_format={r.tool_format}",
                  "--set", f"rollout.tool_result_max_chars={r.tool_result_max_chars}"]
     return args
 

@@ -230,8 +230,8 @@ def make_plan(cfg: RunConfig, device: torch.device, *, shape: ModelShape | None,
     loaded (CUDA), or available in the host's memory (CPU; ``_cpu_plan``); None: unknown.
     ``prompt_len``: the longest prompt's tokens (the CPU plan's row length). ``resident``:
     bytes the sampler will keep allocated between calls once it has run (the static decode
-    path's buffers, CUDA), taken out of ``free`` before the budget. ``logprobs_why``: ``logprob_path``'s words. Sizes set in the config are kept as
-    written."""
+    path's buffers, CUDA), taken out of ``free`` before the budget. ``logprobs_why``:
+    ``logprob_path``'s words. Sizes set in the config are kept as written."""
     o, src = cfg.optim, old_logp_source(cfg, engine_exact)
     rows, tokens, budget = o.micro_batch_size, o.micro_batch_tokens, None
     if device.type != "cuda":
