@@ -281,19 +281,24 @@ def test_config_keys_refusals_and_the_clip_note(make_config):
     assert clip_note(make_config(_async({}, 0)), "sampler") is None
 
 
+HANDOVER_S = 0.005
+
+
 @pytest.mark.parametrize("worker", ["thread", "process"])
 def test_idle_times_at_staleness_zero(make_config, tmp_path, worker):
     """Without overlap each side waits for the other: the trainer waits at least the step's
     sampling (time/trainer_idle_s ≥ time/generate_s), the worker at least the previous step's
-    update (time/sampler_idle_s ≥ the previous row's time/train_s)."""
+    update (time/sampler_idle_s ≥ the previous row's time/train_s); up to the few milliseconds
+    between one side handing over its request and starting its clock (the trainer queues the
+    draw before it starts waiting, so the worker may already be sampling: 0.8 ms seen)."""
     cfg = make_config({**_async({"model": {"cpu_threads": 1}}, 0, worker), "max_steps": 3,
                        "eval": {"every": 0}})
     t = Trainer(cfg, tmp_path / "run")
     rows = [t.train_step() for _ in range(3)]
     t.rollouts.close()
     for prev, r in zip(rows, rows[1:]):
-        assert r["time/trainer_idle_s"] >= r["time/generate_s"]
-        assert r["time/sampler_idle_s"] >= prev["time/train_s"]
+        assert r["time/trainer_idle_s"] >= r["time/generate_s"] - HANDOVER_S
+        assert r["time/sampler_idle_s"] >= prev["time/train_s"] - HANDOVER_S
 
 
 def test_dynamic_sampling_refills_in_a_process_worker_advance_the_trainers_data_order(
