@@ -91,19 +91,16 @@ def _fake_run(p, spec) -> None:
     _eval(p.out / "eval", spec, correct, tools)
 
 
-def test_fake_tool_study_reports_calls_and_judges_arpos_claim(tmp_path):
-    """tools: pass@1 0.5 on every problem, 3 × 64 calls run per run (192). arpo: pass@1 0.75
-    on average (24, 25 and 23 of 32), 192 − 3 × (32, 30, 34) = 96, 102, 90 calls run: −96 against
-    GRPO, paired t over 3 seeds ±4.303 · 6/√3 = ±14.9; ratio (0.5 + 0.53125 + 0.46875)/3 = 0.5.
-    Claim A1: more pass@1 and fewer calls, both resolved: shown; and the exploration claims,
-    none of whose recipes ran, are left out."""
+def _fake_study(tmp_path, recipes):
+    """A 3-seed study of ``recipes`` on the multiply task, its runs and base evaluation written
+    by ``_fake_run`` / ``_eval``, analysed: (study folder, run plans, ``analyse``'s payload)."""
     import explorl.study.run as R
 
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump({
         "name": "tools_fake", "task": "multiply", "recipe_dir": str(builtin.folder("recipe") /
                                                                   "lab"),
-        "recipes": ["tools", "arpo"], "seeds": SEEDS, "max_steps": 3,
+        "recipes": recipes, "seeds": SEEDS, "max_steps": 3,
         "eval": {"n": N, "k": [1, 4], "split": "test"}}))
     spec = S.load_spec(path)
     out = tmp_path / "study"
@@ -112,7 +109,16 @@ def test_fake_tool_study_reports_calls_and_judges_arpos_claim(tmp_path):
         _fake_run(p, spec)
     _eval(out / "base" / "eval", spec, [0] * 6 + [1, 1],
           {"calls_per_response": 0.2, "call_frac": 0.2, "calls_per_correct": 0.25})
-    payload = R.analyse(out, spec, path, False, plans, [], 60.0)
+    return out, plans, R.analyse(out, spec, path, False, plans, [], 60.0)
+
+
+def test_fake_tool_study_reports_calls_and_judges_arpos_claim(tmp_path):
+    """tools: pass@1 0.5 on every problem, 3 × 64 calls run per run (192). arpo: pass@1 0.75
+    on average (24, 25 and 23 of 32), 192 − 3 × (32, 30, 34) = 96, 102, 90 calls run: −96 against
+    GRPO, paired t over 3 seeds ±4.303 · 6/√3 = ±14.9; ratio (0.5 + 0.53125 + 0.46875)/3 = 0.5.
+    Claim A1: more pass@1 and fewer calls, both resolved: shown; and the exploration claims,
+    none of whose recipes ran, are left out."""
+    out, plans, payload = _fake_study(tmp_path, ["tools", "arpo"])
 
     assert [c["id"] for c in payload["claims"]] == ["A1"]
     (a1,) = payload["claims"]
@@ -143,22 +149,7 @@ def test_fake_tool_study_reports_calls_and_judges_arpos_claim(tmp_path):
 def test_aepos_claim_is_judged_against_arpo(tmp_path):
     """With an aepo arm (faked as GRPO's runs: pass@1 0.5 on every problem) beside arpo (0.75 on
     average), claim A2 reads aepo − arpo: pass@1 −0.25, resolved the other way: opposite."""
-    import explorl.study.run as R
-
-    path = tmp_path / "spec.yaml"
-    path.write_text(yaml.safe_dump({
-        "name": "tools_fake", "task": "multiply", "recipe_dir": str(builtin.folder("recipe") /
-                                                                  "lab"),
-        "recipes": ["tools", "arpo", "aepo"], "seeds": SEEDS, "max_steps": 3,
-        "eval": {"n": N, "k": [1, 4], "split": "test"}}))
-    spec = S.load_spec(path)
-    out = tmp_path / "study"
-    plans = S.plan_runs(spec, path, out)
-    for p in plans:
-        _fake_run(p, spec)
-    _eval(out / "base" / "eval", spec, [0] * 6 + [1, 1],
-          {"calls_per_response": 0.2, "call_frac": 0.2, "calls_per_correct": 0.25})
-    payload = R.analyse(out, spec, path, False, plans, [], 60.0)
+    _, _, payload = _fake_study(tmp_path, ["tools", "arpo", "aepo"])
     claims = {c["id"]: c for c in payload["claims"]}
     assert sorted(claims) == ["A1", "A2"]
     p1, pk = claims["A2"]["conditions"]
