@@ -23,6 +23,16 @@ os.environ["OMP_NUM_THREADS"] = "1"
 os.environ.setdefault("EXPLORL_LAB_CACHE",
                       str(Path(__file__).resolve().parents[1] / ".pytest_cache" / "explorl-lab"))
 
+EMPTY_MODEL_CACHE = Path(__file__).resolve().parents[1] / ".pytest_cache" / "explorl-models-empty"
+"""The model cache of every test but the ``real`` ones: empty, as on a fresh machine, so that no
+test passes only because ``explorl models get`` once ran on this one. A test that needs a named
+model uses the ``named_model_stand_in`` fixture."""
+
+
+def pytest_configure(config):
+    if "real" not in (config.getoption("markexpr") or "").replace("not real", ""):
+        os.environ["EXPLORL_MODEL_CACHE"] = str(EMPTY_MODEL_CACHE)
+
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``real`` (they train SmolLM2-135M, minutes on a CPU) run only when asked
@@ -33,6 +43,40 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "real" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def stand_in_cache(tmp_path_factory):
+    """A model cache holding a tiny stand-in under every registered name (``smollm2-135m``): a
+    tiny Llama with a ChatML tokenizer, written as a GGUF file and converted as ``explorl models
+    get`` converts the real one. Recipes that name a model validate against it without the
+    real model."""
+    pytest.importorskip("gguf")
+    from gguf_helpers import tiny_llama, write_gguf
+
+    from explorl import model_store
+    from explorl.model_store.gguf_files import ensure_converted
+
+    cache = tmp_path_factory.mktemp("stand-in-models")
+    gguf = write_gguf(tiny_llama(), cache / "stand-in.gguf")
+    old = os.environ.get("EXPLORL_MODEL_CACHE")
+    os.environ["EXPLORL_MODEL_CACHE"] = str(cache)
+    try:
+        for name in model_store.KNOWN:
+            ensure_converted(gguf, cache / name, {"name": name, "stand_in": True})
+    finally:
+        if old is None:
+            del os.environ["EXPLORL_MODEL_CACHE"]
+        else:
+            os.environ["EXPLORL_MODEL_CACHE"] = old
+    return cache
+
+
+@pytest.fixture
+def named_model_stand_in(stand_in_cache, monkeypatch):
+    """Point the model cache at the stand-ins for this test (see ``stand_in_cache``)."""
+    monkeypatch.setenv("EXPLORL_MODEL_CACHE", str(stand_in_cache))
+    return stand_in_cache
 
 
 @pytest.fixture(scope="session")

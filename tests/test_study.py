@@ -155,9 +155,9 @@ def test_lab_spec_plans_every_required_recipe():
 @pytest.mark.parametrize(
     "name", sorted(p.name for p in builtin.folder("study").glob("*.yaml"))
 )
-def test_every_shipped_spec_plans_full_and_quick(name):
+def test_every_shipped_spec_plans_full_and_quick(name, named_model_stand_in):
     """Every spec in studies/ loads and plans in both forms; study-wide overrides reach every
-    run."""
+    run (a spec on a model known by name plans against its tiny stand-in)."""
     path = builtin.folder("study") / name
     for quick in (False, True):
         spec = S.load_spec(path, quick=quick)
