@@ -13,7 +13,8 @@ was sampled while another setup ran).
 
 Also printed per setup: sample + score and update time per step, the sampler's and the trainer's
 idle seconds per step, and, for contrast, the async run without the π_prox recompute
-(``algorithm.old_logp: sampler``: the clip on π_θ/μ, ALGORITHMS §8), and the load average.
+(``algorithm.old_logp: sampler``: the clip on π_θ/μ, docs/rollout-engines.md §8), and the load
+average.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Advantage estimators against hand-computed values (ALGORITHMS.md §0)."""
+"""Advantage estimators against hand-computed values (docs/methods/baseline.md §0)."""
 
 import math
 

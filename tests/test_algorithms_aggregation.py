@@ -1,4 +1,4 @@
-"""Loss aggregation modes against hand computation (ALGORITHMS.md §0)."""
+"""Loss aggregation modes against hand computation (docs/methods/baseline.md §0)."""
 
 import pytest
 import torch

@@ -1,5 +1,5 @@
-"""The field's remaining corrections by hand (ALGORITHMS.md §7c): seq-mean-token-sum, plain
-REINFORCE++ and its verl baseline variant, batch-std scaling, and pass@k estimators reading
+"""The field's remaining corrections by hand (docs/methods/baseline.md §7c): seq-mean-token-sum,
+plain REINFORCE++ and its verl baseline variant, batch-std scaling, and pass@k estimators reading
 correctness instead of a shaped reward (§6d)."""
 
 import math
@@ -74,7 +74,8 @@ GROUP = torch.zeros(4, dtype=torch.long)
 
 
 def test_passk_reads_correctness_not_the_shaped_reward():
-    # ALGORITHMS §6d: N = 4, c = 1, k = 2: R̄ = 0.5, σ = 0.5 → [1, −1/3, −1/3, −1/3].
+    # docs/methods/wider-field.md §6d: N = 4, c = 1, k = 2: R̄ = 0.5, σ = 0.5 → [1, −1/3, −1/3,
+    # −1/3].
     adv, _ = compute_advantages("passk_training", SHAPED, GROUP, eps=0.0, k=2, correct=CORRECT)
     torch.testing.assert_close(adv, torch.tensor([1.0, -1 / 3, -1 / 3, -1 / 3]))
     # the shaped reward read as correctness: "3 of 4 correct", N − c < k → every advantage 0

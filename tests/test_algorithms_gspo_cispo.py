@@ -1,6 +1,6 @@
-"""GSPO and CISPO against ALGORITHMS.md §6a/§6b's worked examples and a direct autograd of
-each paper's formula as written (sequence-level GSPO; CISPO's REINFORCE with a stop-gradient
-weight)."""
+"""GSPO and CISPO against docs/methods/wider-field.md §6a/§6b's worked examples and a direct
+autograd of each paper's formula as written (sequence-level GSPO; CISPO's REINFORCE with a
+stop-gradient weight)."""
 
 import math
 from types import SimpleNamespace

@@ -1,4 +1,4 @@
-"""Knapsack RL budgets (ALGORITHMS.md §6h): the worked values, sum and bounds, and the
+"""Knapsack RL budgets (docs/methods/wider-field.md §6h): the worked values, sum and bounds, and the
 brute-force optimum on small batches."""
 
 import itertools

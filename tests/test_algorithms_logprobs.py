@@ -1,4 +1,5 @@
-"""Chunked log-probs/entropy equal the naive full-vocabulary computation (ALGORITHMS.md §0)."""
+"""Chunked log-probs/entropy equal the naive full-vocabulary computation (docs/methods/baseline.md
+§0)."""
 
 import math
 

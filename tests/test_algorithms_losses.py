@@ -1,4 +1,5 @@
-"""PPO-clip, Clip-Cov and KL-Cov per-token losses by hand (ALGORITHMS.md §0, §2c, §2d)."""
+"""PPO-clip, Clip-Cov and KL-Cov per-token losses by hand (docs/methods/baseline.md §0,
+docs/methods/entropy-mechanism.md §2c, §2d)."""
 
 import math
 from types import SimpleNamespace

@@ -1,5 +1,5 @@
-"""Pass@k advantage estimators (ALGORITHMS.md §6d) against the worked example and brute-force
-enumeration of every k-subset of a group."""
+"""Pass@k advantage estimators (docs/methods/wider-field.md §6d) against the worked example and
+brute-force enumeration of every k-subset of a group."""
 
 import math
 from itertools import combinations

@@ -1,4 +1,4 @@
-"""KL estimators k1/k2/k3/low_var_kl by hand (ALGORITHMS.md §0, §7b), and what each one's
+"""KL estimators k1/k2/k3/low_var_kl by hand (docs/methods/baseline.md §0, §7b), and what each one's
 gradient optimises as a loss term (exact sums over a 6-way softmax)."""
 
 import math

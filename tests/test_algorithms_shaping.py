@@ -1,5 +1,5 @@
-"""Entropy advantage shaping (ALGORITHMS.md §6e) and EntroPIC's confident-token term (§6f)
-against hand-computed values."""
+"""Entropy advantage shaping and EntroPIC's confident-token term (docs/methods/wider-field.md §6e,
+§6f) against hand-computed values."""
 
 import math
 

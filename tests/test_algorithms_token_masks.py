@@ -1,5 +1,6 @@
-"""The forking-token mask (ALGORITHMS.md §6c): worked example, padding, ties, renormalisation,
-and a threshold that is global across ranks (in-process fake ranks and 2 real gloo processes)."""
+"""The forking-token mask (docs/methods/wider-field.md §6c): worked example, padding, ties,
+renormalisation, and a threshold that is global across ranks (in-process fake ranks and 2 real gloo
+processes)."""
 
 import math
 import os

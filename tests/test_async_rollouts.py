@@ -1,6 +1,6 @@
-"""Asynchronous rollouts (``rollout.async``, ALGORITHMS §8): max_staleness 0 is the synchronous
-run bit for bit (controllers included), resume is exact, the decoupled-PPO weights, staleness
-metrics, config refusals."""
+"""Asynchronous rollouts (``rollout.async``, docs/rollout-engines.md §8): max_staleness 0 is the
+synchronous run bit for bit (controllers included), resume is exact, the decoupled-PPO weights,
+staleness metrics, config refusals."""
 
 from __future__ import annotations
 
@@ -157,8 +157,8 @@ def test_a_batch_older_than_max_staleness_is_dropped_and_counted(make_config, tm
 
 
 def test_decoupled_ppo_worked_example():
-    """ALGORITHMS §8: μ −1.0, π_prox −0.8, π_θ −0.7, A = +1, ε = 0.2, C = 2: w = e^0.2, r = e^0.1
-    (unclipped), loss term −1.350; with π_prox −0.2: w = e^0.8 → TIS 2.0, MIS 0."""
+    """docs/rollout-engines.md §8: μ −1.0, π_prox −0.8, π_θ −0.7, A = +1, ε = 0.2, C = 2: w = e^0.2,
+    r = e^0.1 (unclipped), loss term −1.350; with π_prox −0.2: w = e^0.8 → TIS 2.0, MIS 0."""
 
     class Cfg:
         eps_low = eps_high = 0.2

@@ -1,4 +1,5 @@
-"""Adaptive clip-higher and its variants (ALGORITHMS 4a): knob traces worked out by hand."""
+"""Adaptive clip-higher and its variants (docs/methods/entropy-scheduling.md §4a): knob traces
+worked out by hand."""
 
 import pytest
 from control_helpers import make_ctx, make_knobs, make_stats

@@ -1,4 +1,5 @@
-"""E3 dynamic rollout budgets (ALGORITHMS 1c): allocations and rankings worked out by hand."""
+"""E3 dynamic rollout budgets (docs/methods/e3.md §1c): allocations and rankings worked out by
+hand."""
 
 import math
 import random

@@ -1,5 +1,5 @@
-"""build_controllers, the combination rules (ALGORITHMS §5), the bank that applies the
-controllers' decisions, and exact resume of every controller."""
+"""build_controllers, the combination rules (docs/methods/combining.md §5), the bank that applies
+the controllers' decisions, and exact resume of every controller."""
 
 import dataclasses
 import json

@@ -1,4 +1,4 @@
-"""Staged curriculum (ALGORITHMS 4c): the phase switch and its knobs."""
+"""Staged curriculum (docs/methods/entropy-scheduling.md §4c): the phase switch and its knobs."""
 
 import pytest
 from control_helpers import make_bank, make_ctx, make_knobs

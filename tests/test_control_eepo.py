@@ -1,4 +1,5 @@
-"""EEPO (ALGORITHMS §3): the entropy gate, the unlearning step and the two-stage rollout."""
+"""EEPO (docs/methods/eepo.md §3): the entropy gate, the unlearning step and the two-stage
+rollout."""
 
 import copy
 

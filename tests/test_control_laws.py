@@ -1,4 +1,4 @@
-"""Control laws (ALGORITHMS.md §6f, §6g): fixed entropy sequences replay to exact knob
+"""Control laws (docs/methods/wider-field.md §6f, §6g): fixed entropy sequences replay to exact knob
 sequences worked out by hand, and a law resumed from its state_dict continues identically."""
 
 import pytest
@@ -82,7 +82,8 @@ INCLUSIVE = STRICT[:4] + [(3e-4, 3e-4), (0.0, 2e-4)]
 
 
 def test_entropy_coef_algorithms_example_updates_then_applies():
-    """ALGORITHMS §6g: c = 0, e = 0.15 → c = 1e-4, applied; e = 0.25 → c = 0, applied 0."""
+    """docs/methods/wider-field.md §6g: c = 0, e = 0.15 → c = 1e-4, applied; e = 0.25 → c = 0,
+    applied 0."""
     law = EntropyCoefLaw(**SKYWORK)
     assert law.step(0.15) == pytest.approx((1e-4, 1e-4), abs=1e-15)
     assert law.step(0.25) == (0.0, 0.0)

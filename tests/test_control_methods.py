@@ -1,6 +1,7 @@
-"""Issue 18's controllers through ControlBank, as the trainer drives them (ALGORITHMS §6f-h):
-fixed entropy sequences replay to knob sequences worked out by hand, a run resumed from a
-checkpoint of the bank (through JSON) continues exactly, and the combination rules hold."""
+"""The wider field's controllers through ControlBank, as the trainer drives them
+(docs/methods/wider-field.md §6f-h): fixed entropy sequences replay to knob sequences worked out by
+hand, a run resumed from a checkpoint of the bank (through JSON) continues exactly, and the
+combination rules hold."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Target-entropy schedules (ALGORITHMS 4b), checked against values worked out by hand."""
+"""Target-entropy schedules (docs/methods/entropy-scheduling.md §4b), checked against values worked
+out by hand."""
 
 import math
 

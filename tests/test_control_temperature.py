@@ -1,4 +1,5 @@
-"""E3 temperature scheduler (ALGORITHMS 1a/1b): exact temperature traces worked out by hand."""
+"""E3 temperature scheduler (docs/methods/e3.md §1a/§1b): exact temperature traces worked out by
+hand."""
 
 import math
 

@@ -1,4 +1,5 @@
-"""pass@k (ALGORITHMS.md §0): product form vs brute-force enumeration and exact binomials."""
+"""pass@k (docs/methods/baseline.md §0): product form vs brute-force enumeration and exact
+binomials."""
 
 import itertools
 import math

@@ -1,4 +1,5 @@
-"""The knob contract (ALGORITHMS.md §7d): every knob a controller moves reaches the loss.
+"""The knob contract (docs/methods/combining.md §7d): every knob a controller moves reaches the
+loss.
 
 The matrix runs every controller actuator × every loss × the advantage settings that take a
 knob (the KL in the reward): either the config is refused, or moving the knob changes the

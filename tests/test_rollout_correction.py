@@ -1,5 +1,5 @@
-"""Rollout correction (ALGORITHMS §7a) against values worked out by hand, its metrics, and its
-place in the policy loss (weights reach the loss; dropped tokens leave the denominator)."""
+"""Rollout correction (docs/methods/baseline.md §7a) against values worked out by hand, its metrics,
+and its place in the policy loss (weights reach the loss; dropped tokens leave the denominator)."""
 
 import math
 

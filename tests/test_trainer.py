@@ -371,10 +371,11 @@ def test_length_truncation_epoch_and_lr_metrics(make_config, tmp_path):
     {"loss": "clip_cov", "clip_cov_ratio": 0.2, "clip_cov_lb": -10.0, "clip_cov_ub": 10.0},
 ], ids=["kl_cov", "clip_cov"])
 def test_cov_token_selection_is_per_mini_batch(make_config, tmp_path, loss):
-    """ALGORITHMS §2d (ours): Clip-Cov/KL-Cov pick their tokens over the whole mini-batch, so how
-    the mini-batch is cut into micro-batches for gradient accumulation changes nothing (a
-    per-micro-batch pick changes loss/policy by ~30% here). Two PPO epochs, so KL-Cov's
-    |logp − old_logp| is non-zero on the second; one step, as Adam amplifies float noise after."""
+    """docs/methods/entropy-mechanism.md §2d (ours): Clip-Cov/KL-Cov pick their tokens over the
+    whole mini-batch, so how the mini-batch is cut into micro-batches for gradient accumulation
+    changes nothing (a per-micro-batch pick changes loss/policy by ~30% here). Two PPO epochs, so
+    KL-Cov's |logp − old_logp| is non-zero on the second; one step, as Adam amplifies float noise
+    after."""
     rows = []
     for i, micro in enumerate([16, 5]):
         cfg = make_config(
@@ -744,7 +745,8 @@ def test_a_controller_that_writes_kl_coef_gets_the_reference(make_config, tmp_pa
 
 @pytest.mark.parametrize("extra", [
     {"optim": {"mini_batches": 2}},  # mini-batch 1 folded, mini-batch 2 recomputed
-    {"rollout": {"async": {"enabled": True, "max_staleness": 1}},  # π_prox (ALGORITHMS §8)
+    # π_prox (docs/rollout-engines.md §8)
+    {"rollout": {"async": {"enabled": True, "max_staleness": 1}},
      "optim": {"mini_batches": 2}},
     {"control": {"eepo": {"enabled": True}}},  # stage-2 rows keep the unlearned copy's values
 ])

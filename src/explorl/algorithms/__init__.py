@@ -2,7 +2,8 @@
 LUSPO, VESPO, AEPO) and
 the parameters they read (``LossParams``),
 aggregation, log-probs, entropy, covariance, KL estimators, DAPO filters, the forking-token
-mask, entropy advantage shaping and Knapsack RL budgets. Imports torch only (see STYLE.md)."""
+mask, entropy advantage shaping and Knapsack RL budgets. Imports torch only
+(docs/architecture.md#rules-that-keep-it-this-way)."""
 
 from explorl.algorithms.advantages import (
     ADVANTAGES,

@@ -1,4 +1,5 @@
-"""Group-relative advantage estimators (ALGORITHMS.md §0) and pass@k estimators (§6d).
+"""Group-relative advantage estimators (docs/methods/baseline.md §0) and pass@k estimators
+(docs/methods/wider-field.md §6d).
 
 Every estimator has one signature, ``fn(rewards, group_index, eps) -> advantages`` (the
 pass@k ones in ``TAKES_K`` also take a keyword ``k``, the REINFORCE++ ones in ``TAKES_LENGTHS``
@@ -311,7 +312,8 @@ def pkpo_loo_minus_one_advantages(
     s_i = C(n,k)⁻¹ Σ_{|I|=k, I∋i} (max_I g − max_{I∖i} g); sorted form
     C(n,k)⁻¹ [g_(i) C(i−1, k−1) − Σ_{j<i} g_(j) C(j−1, k−2)]. Binary g: C(n−c, k−1)/C(n, k)
     if correct, 0 if wrong. k = 1 has no k−1 baseline: raw r minus the mean of the other
-    rewards (RLOO), as ALGORITHMS §6d says. Zero rule for size-1 and constant groups.
+    rewards (RLOO), as docs/methods/wider-field.md §6d says. Zero rule for size-1 and constant
+    groups.
     """
     if k == 1:
         return rloo_advantages(rewards, group_index, eps)
@@ -391,7 +393,8 @@ def compute_advantages(
     correct: torch.Tensor | None = None,
     lengths: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Advantages by estimator ``name`` (ALGORITHMS.md §0, §6d, §7c) plus zero-advantage metrics.
+    """Advantages by estimator ``name`` (docs/methods/baseline.md §0, §7c,
+    docs/methods/wider-field.md §6d) plus zero-advantage metrics.
 
     ``k`` is the pass@k target of the ``TAKES_K`` estimators (required there, ignored by the
     others). ``correct`` (N,) 0/1: what the pass@k estimators (``READS_CORRECTNESS``) read

@@ -1,4 +1,4 @@
-"""Loss aggregation over tokens and sequences (ALGORITHMS.md §0, verl's ``agg_loss``).
+"""Loss aggregation over tokens and sequences (docs/methods/baseline.md §0, verl's ``agg_loss``).
 
 Kept apart from the losses so every loss kind works with every mode. Denominators can be
 passed in: with gradient accumulation over micro-batches or several data-parallel ranks
@@ -29,7 +29,8 @@ def aggregate(
     seq_denom: Denom = None,
     max_len: int | None = None,
 ) -> torch.Tensor:
-    """Reduce a (N, T) per-token loss to a scalar (ALGORITHMS.md §0: DAPO / GRPO / Dr.GRPO).
+    """Reduce a (N, T) per-token loss to a scalar (docs/methods/baseline.md §0: DAPO / GRPO /
+    Dr.GRPO).
 
     - ``token-mean`` (DAPO): Σ loss·mask / token_denom; default token_denom = mask.sum().
     - ``seq-mean-token-mean`` (GRPO): Σ_i [Σ_t loss·mask / |o_i|] / seq_denom.

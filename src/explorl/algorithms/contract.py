@@ -1,5 +1,5 @@
-"""The knob contract (ALGORITHMS.md §7d, ours): the typed parameters of one update, and which of
-them each policy loss and each advantage estimator reads.
+"""The knob contract (docs/methods/combining.md §7d, ours): the typed parameters of one update, and
+which of them each policy loss and each advantage estimator reads.
 
 A controller moves a knob (``control.Knobs``: eps_high, entropy_coef, kl_coef, pos_neg_weight,
 temperature, ...); the knob must reach the loss, or the controller steers nothing while its

@@ -1,4 +1,5 @@
-"""Token covariance between log-prob and advantage (Entropy Mechanism, Eq. 10; ALGORITHMS.md §2b).
+"""Token covariance between log-prob and advantage (Entropy Mechanism, Eq. 10;
+docs/methods/entropy-mechanism.md §2b).
 
 The mean of this centred cross-product is the covariance that drives the entropy change
 under policy gradient (Lemma 1 / Theorem 2). Clip-Cov and KL-Cov select tokens by it.
@@ -50,7 +51,8 @@ def token_covariance(
 def covariance_by_difficulty(
     cov: torch.Tensor, mask: torch.Tensor, group_accuracy: torch.Tensor
 ) -> dict[str, torch.Tensor]:
-    """Mean token covariance per prompt-difficulty bucket (Entropy Mechanism §3; ALGORITHMS.md §2b).
+    """Mean token covariance per prompt-difficulty bucket (Entropy Mechanism §3;
+    docs/methods/entropy-mechanism.md §2b).
 
     ``group_accuracy`` (N,) is, per response, the accuracy of its prompt's group. Buckets:
     easy = accuracy > 2/3, hard = accuracy < 1/3, medium otherwise (2/3 and 1/3 themselves

@@ -1,6 +1,6 @@
 """Knapsack RL rollout budgets (arXiv 2509.25849; code ``sampling_budget_by_knapsack``,
-``solve_by_dp``; ALGORITHMS.md §6h): per-prompt sample counts that maximise the expected value
-of the groups that give a non-zero gradient, at a fixed batch total.
+``solve_by_dp``; docs/methods/wider-field.md §6h): per-prompt sample counts that maximise the
+expected value of the groups that give a non-zero gradient, at a fixed batch total.
 
 Same interface contract as E3's ``control.budget.allocate_budgets``: B counts in
 [n_min, n_max] summing to n_default·B. Plain Python (no torch): B is a few hundred prompts.
@@ -53,7 +53,8 @@ def knapsack_budgets(
     n_max: int,
     alpha: float | None = None,
 ) -> list[int]:
-    """Per-prompt sample counts maximising Σ_i V(N_i, p_i) (Knapsack RL; ALGORITHMS §6h).
+    """Per-prompt sample counts maximising Σ_i V(N_i, p_i) (Knapsack RL; docs/methods/wider-field.md
+    §6h).
 
     ``success_rates``: per prompt of the batch, its last observed success rate p, or None if
     never sampled (it gets n_default, as in the code). The other prompts share the rest of

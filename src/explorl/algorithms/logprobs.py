@@ -1,7 +1,7 @@
 """Token log-probs and entropy in chunks, so |V| ~ 150k logits never sit in memory at once.
 
 H = logsumexp(z) − Σ softmax(z)·z on the temperature-scaled logits z = logits / T
-(ALGORITHMS.md §0). Both public functions are custom ``autograd.Function``s: the forward
+(docs/methods/baseline.md §0). Both public functions are custom ``autograd.Function``s: the forward
 keeps only its inputs, and the backward recomputes one chunk at a time and writes its
 gradient straight into the result. Forward and backward hold at most two float32
 chunk × |V| work buffers (the scaled logits z and softmax p; one without entropy) beyond
@@ -23,7 +23,8 @@ DEFAULT_CHUNK = 2048
 def naive_logprobs(
     logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference: full-vocabulary log_softmax and entropy in float32 (ALGORITHMS.md §0)."""
+    """Reference: full-vocabulary log_softmax and entropy in float32 (docs/methods/baseline.md
+    §0)."""
     z = logits.float() / temperature  # (N, T, V)
     logp = torch.log_softmax(z, -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (N, T)
     entropy = torch.logsumexp(z, -1) - (torch.softmax(z, -1) * z).sum(-1)  # (N, T)
@@ -130,7 +131,8 @@ def logprobs_from_logits(
     chunk_size: int = DEFAULT_CHUNK,
     with_entropy: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Chunked log π(label) and entropy H of temperature-scaled logits (ALGORITHMS.md §0).
+    """Chunked log π(label) and entropy H of temperature-scaled logits (docs/methods/baseline.md
+    §0).
 
     logits (N, T, V) any float dtype, labels (N, T) long in [0, V). Returns float32 logp
     (N, T) and entropy (N, T) (None if ``with_entropy`` is False). Equal to

@@ -1,5 +1,6 @@
-"""Per-token policy losses: PPO-clip, Clip-Cov, KL-Cov, GSPO, CISPO (ALGORITHMS.md §0, §2, §6a-b),
-SAPO, LUSPO, VESPO (TRL 1.16's ``loss_type`` names), AEPO's entropy-balanced clip.
+"""Per-token policy losses: PPO-clip, Clip-Cov, KL-Cov, GSPO, CISPO (docs/methods/baseline.md §0,
+docs/methods/entropy-mechanism.md §2, docs/methods/wider-field.md §6a-b), SAPO, LUSPO, VESPO (TRL
+1.16's ``loss_type`` names), AEPO's entropy-balanced clip.
 
 One signature, as in verl's ``core_algos``::
 
@@ -264,7 +265,8 @@ def _gspo_terms(logp, old_logp, adv, mask, cfg):
 
 
 def gspo_loss(logp, old_logp, advantages, mask, cfg, generator=None, selection=None):
-    """GSPO (Zheng et al. 2025, arXiv 2507.18071 Eq. 5), GSPO-token form as verl (ALGORITHMS §6a).
+    """GSPO (Zheng et al. 2025, arXiv 2507.18071 Eq. 5), GSPO-token form as verl
+    (docs/methods/wider-field.md §6a).
 
     s_i = exp(mean_t(logp − old_logp)) over the valid tokens of response i (length ≥ 1);
     log s_{i,t} = logp_t − sg(logp_t) + sg(log s_i), clamped ≤ 10, so s_{i,t} = s_i in value
@@ -299,8 +301,8 @@ def luspo_loss(logp, old_logp, advantages, mask, cfg, generator=None, selection=
 
 
 def cispo_loss(logp, old_logp, advantages, mask, cfg, generator=None, selection=None):
-    """CISPO (MiniMax-M1, arXiv 2506.13585 Eq. 4–6; ALGORITHMS §6b): REINFORCE with a clipped,
-    stop-gradient importance weight, so no token ever loses its gradient.
+    """CISPO (MiniMax-M1, arXiv 2506.13585 Eq. 4–6; docs/methods/wider-field.md §6b): REINFORCE with
+    a clipped, stop-gradient importance weight, so no token ever loses its gradient.
 
     w = sg(min(ratio, w_max)) with ``cfg.cispo_w_max`` an *absolute* cap on the ratio (TRL's
     form; verl's clip_ratio_high = 0.2 is w_max = 1.2), per-token loss = −w·A·logp. With
@@ -439,10 +441,10 @@ READS = {
     "vespo": frozenset({"vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"}),
     "aepo": frozenset({"eps_low", "eps_high", "clip_c"}),
 }
-"""The ``cfg`` fields each loss (and its selector) reads (ALGORITHMS §7d; a test records every
-attribute each one touches). KL-Cov has no clip, CISPO caps with ``cispo_w_max``, SAPO's gate
-and VESPO's φ(W) are smooth: none reads eps_high, so a controller moving eps_high does nothing
-to them."""
+"""The ``cfg`` fields each loss (and its selector) reads (docs/methods/combining.md §7d; a test
+records every attribute each one touches). KL-Cov has no clip, CISPO caps with ``cispo_w_max``,
+SAPO's gate and VESPO's φ(W) are smooth: none reads eps_high, so a controller moving eps_high does
+nothing to them."""
 
 FOLDS_CORRECTION = {"vespo": ("token-truncate", "token-mask")}
 """Losses that take the rollout correction into their own weight instead of having their

@@ -1,5 +1,6 @@
 """Per-token KL estimators to a reference policy (Schulman's k1/k2/k3, verl's ``low_var_kl``;
-ALGORITHMS.md §0, §7b), and EntroPIC's confident-token term (§6f).
+docs/methods/baseline.md §0, §7b), and EntroPIC's confident-token term (docs/methods/wider-field.md
+§6f).
 
 Used as loss += beta · agg(k), or in the reward (``algorithm.kl_in_reward``). All take logp,
 ref_logp (N, T) and return (N, T), unmasked; the trainer masks and aggregates. ``ref_logp``
@@ -61,7 +62,8 @@ ZERO_GRADIENT_KL = frozenset({"k1"})
 
 
 def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> torch.Tensor:
-    """Per-token KL(π‖π_ref) estimate of ``kind`` ∈ ``KL_ESTIMATORS`` (ALGORITHMS.md §0, §7b)."""
+    """Per-token KL(π‖π_ref) estimate of ``kind`` ∈ ``KL_ESTIMATORS`` (docs/methods/baseline.md §0,
+    §7b)."""
     if kind not in KL_ESTIMATORS:
         raise ValueError(f"unknown KL estimator {kind!r}; valid: {sorted(KL_ESTIMATORS)}")
     return KL_ESTIMATORS[kind](logp, ref_logp)
@@ -81,7 +83,7 @@ def entropic_confident_term(
     confident: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """EntroPIC's actuator term (arXiv 2511.15248; ``compute_policy_loss_entropic``;
-    ALGORITHMS.md §6f): the scalar token-mean of −ratio·|A| over *confident* tokens.
+    docs/methods/wider-field.md §6f): the scalar token-mean of −ratio·|A| over *confident* tokens.
 
     The trainer adds ``alpha · term`` to the loss, alpha from ``control.laws.EntroPICLaw``.
     Confident = valid ∧ π_θ(token) > p_min (0.95; current policy, detached for the test). ratio =

@@ -1,6 +1,6 @@
 """Rollout correction: importance weights for the gap between the engine that sampled and the
-trainer (ALGORITHMS §7a; truncated IS "TIS" and masked IS "MIS": verl's rollout correction,
-slime's MIS, TRL's vLLM importance-sampling correction).
+trainer (docs/methods/baseline.md §7a; truncated IS "TIS" and masked IS "MIS": verl's rollout
+correction, slime's MIS, TRL's vLLM importance-sampling correction).
 
 ℓ_t = old_logp(t) − engine_logp(t), detached: old_logp from the trainer's own forward, the
 engine's *processed* log-probs at the sampling temperature. Levels: ``token`` w_t = exp(ℓ_t);

@@ -1,7 +1,7 @@
 """Entropy-based advantage shaping (Cheng et al. 2025, "Reasoning with Exploration: An Entropy
-Perspective", arXiv 2506.14758; ALGORITHMS.md §6e) and AEPO's entropy-aware advantage (Dong et
-al. 2025, arXiv 2510.14545). Runs after the advantage estimator and before the surrogate, on
-per-token advantages."""
+Perspective", arXiv 2506.14758; docs/methods/wider-field.md §6e) and AEPO's entropy-aware advantage
+(Dong et al. 2025, arXiv 2510.14545). Runs after the advantage estimator and before the surrogate,
+on per-token advantages."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The high-entropy "forking token" mask (Wang et al. 2025, "Beyond the 80/20 Rule", arXiv
-2506.01939; ALGORITHMS.md §6c): keep the policy gradient only on the top ρ of tokens by entropy.
+2506.01939; docs/methods/wider-field.md §6c): keep the policy gradient only on the top ρ of tokens
+by entropy.
 
 A pure function usable with any loss: multiply the per-token policy loss by ``weight`` before
 ``aggregate`` (the entropy bonus and the KL stay unmasked). The threshold is global over every

@@ -11,13 +11,14 @@ from typing import Literal, Optional
 class RolloutCorrectionConfig:
     mode: Literal["auto", "off", "token-truncate", "token-mask", "sequence-truncate",
                   "sequence-mask", "geometric-truncate", "geometric-mask"] = "auto"
-    """Importance weights for the engine-vs-trainer gap (ALGORITHMS §7a, TIS/MIS): w =
+    """Importance weights for the engine-vs-trainer gap (docs/methods/baseline.md §7a, TIS/MIS): w =
     exp(old_logp − engine log-prob) per token, per sequence (sum of the log-ratios) or geometric
     (their mean); ``truncate`` caps w at ``upper``, ``mask`` drops tokens/sequences with w outside
     [lower, upper] from the policy loss and its denominator. It weights the policy-gradient term of
     every loss (not the entropy bonus or KL). ``auto``: ``token-truncate`` with ``rollout.engine:
     vllm`` or with ``rollout.async`` above staleness 0 (then w = π_prox/μ against the sampler's
-    log-probs, ALGORITHMS §8), ``off`` with ``hf`` (one distribution, nothing to correct)."""
+    log-probs, docs/rollout-engines.md §8), ``off`` with ``hf`` (one distribution, nothing to
+    correct)."""
     upper: float = 2.0
     """C_hi: largest weight kept (truncate) or allowed (mask). Usual: token 1.5–5, sequence 2–10,
     geometric 1.0002–1.001."""
@@ -35,10 +36,10 @@ class AlgorithmConfig:
     std of the whole batch, TRL's ``scale_rewards="batch"``), ``reinforce_plus_plus`` (plain
     REINFORCE++: rewards whitened over the batch's tokens, no group baseline, verl),
     ``reinforce_plus_plus_baseline`` (group mean first, then token whitening, verl),
-    ``reinforce_pp`` (the baseline variant whitened per response); pass@k objectives (ALGORITHMS
-    §6d) ``passk_training`` (Pass@k Training), ``pkpo``, ``pkpo_loo``, ``pkpo_loo_minus_one``
-    (PKPO; the paper recommends the last), ``grpo_passk`` (verl). The pass@k ones read the
-    verifier's correctness (``reward.accuracy``'s rule), not the shaped reward."""
+    ``reinforce_pp`` (the baseline variant whitened per response); pass@k objectives
+    (docs/methods/wider-field.md §6d) ``passk_training`` (Pass@k Training), ``pkpo``, ``pkpo_loo``,
+    ``pkpo_loo_minus_one`` (PKPO; the paper recommends the last), ``grpo_passk`` (verl). The pass@k
+    ones read the verifier's correctness (``reward.accuracy``'s rule), not the shaped reward."""
     passk_k: int | None = None
     """k of the pass@k estimators that take one (``passk_training``, ``pkpo``, ``pkpo_loo``,
     ``pkpo_loo_minus_one``; required there, unused otherwise). Must be ≤ every group's size
@@ -154,8 +155,8 @@ class AlgorithmConfig:
     update's own forward, detached, when that is exactly what the recompute would give (one
     optimizer step per rollout batch, no EEPO, EntroPIC, rollout correction or KL in the reward,
     entropy known: no extra pass), else
-    recompute; always recompute under ``rollout.async`` above staleness 0 (π_prox, ALGORITHMS
-    §8). The run prints which, and why (docs/gpu.md)."""
+    recompute; always recompute under ``rollout.async`` above staleness 0 (π_prox,
+    docs/rollout-engines.md §8). The run prints which, and why (docs/gpu.md)."""
     logprob_chunk: int = 512
     """Tokens per chunk when computing log-probs and entropy (bounds the logits memory)."""
     fused_logprobs: bool = True

@@ -17,7 +17,8 @@ from explorl.config.intervals import SAMPLES, TEMPERATURE, TOKENS
 @dataclass
 class TemperatureControlConfig:
     enabled: bool = False
-    """E3 temperature scheduler (ALGORITHMS 1a): hold entropy at its first-step level H0."""
+    """E3 temperature scheduler (docs/methods/e3.md §1a): hold entropy at its first-step level
+    H0."""
     t_min: float = 0.5
     """Lower clamp of the temperature."""
     t_max: float = 2.0

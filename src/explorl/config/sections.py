@@ -200,7 +200,7 @@ class AsyncConfig:
     the update that trains on it (TRL ``max_staleness``, AReaL ``max_head_offpolicyness``).
     0: no overlap, the synchronous run bit for bit. Above 0 the update recomputes the old
     log-probs with the trainer's weights (π_prox) and ``algorithm.rollout_correction`` weighs
-    π_prox against the sampler's log-probs (ALGORITHMS §8)."""
+    π_prox against the sampler's log-probs (docs/rollout-engines.md §8)."""
     worker: Literal["auto", "thread", "process"] = "auto"
     """Where the rollout worker runs. ``process``: a forked child with its own copy of the policy
     and verifiers (weights pushed through a pipe); ``thread``: a thread of the trainer's process

@@ -1,4 +1,5 @@
-"""Exploration controllers: each reads step statistics and decides knobs (ALGORITHMS §1, 3, 4, 5).
+"""Exploration controllers: each reads step statistics and decides knobs (docs/methods/e3.md,
+eepo.md, entropy-scheduling.md, combining.md).
 
 ``build_controllers`` turns the enabled sections of ``control`` into an ordered list, and
 ``ControlBank`` runs them for the trainer. For each step t and each controller in order::

@@ -1,5 +1,5 @@
 """Adaptive controller tracking a target-entropy schedule (Entropy Scheduling Alg. 1;
-ALGORITHMS 4a).
+docs/methods/entropy-scheduling.md §4a).
 
 The paper's adaptive clip-higher: after ``warmup`` steps at c_0, every step compares the mean
 entropy of the last ``window`` steps (H_curr) with the mean scheduled target over the same
@@ -36,11 +36,11 @@ at c_0; the first update is computed after step ``warmup`` and used at step warm
 Release (WSD with ``release=True``): during the annealing phase the knob is held at c_min and
 the loop stops, so entropy anneals naturally (eps_high back to 0.2, no bonus, no KL penalty).
 
-PI law (``law: pi``, ALGORITHMS §6f's generic law; bang-bang stays the paper's default): with
-e = sign·(H_sched − H_curr) over the same window, c = clip(c_0 + kp·e + ki·I, c_min, c_max) and
-then I += e (``control.laws.pi_step``; conditional-integration anti-windup on by default, ours).
-No dead-band: the proportional term is already small near the target. Defaults (ours): kp =
-10·δ (a 0.1-nat error moves the knob by δ), ki = δ. Warm-up and release as above; while
+PI law (``law: pi``, docs/methods/entropy-scheduling.md#a-pi-law-instead-of; bang-bang stays the
+paper's default): with e = sign·(H_sched − H_curr) over the same window, c = clip(c_0 + kp·e + ki·I,
+c_min, c_max) and then I += e (``control.laws.pi_step``; conditional-integration anti-windup on by
+default, ours). No dead-band: the proportional term is already small near the target. Defaults
+(ours): kp = 10·δ (a 0.1-nat error moves the knob by δ), ki = δ. Warm-up and release as above; while
 released, I is frozen.
 """
 

@@ -7,7 +7,7 @@ Hooks never write the knobs: they
 return a ``Decision`` (the knob values they want and the metrics to log), and ``ControlBank``
 applies it, rejecting a write to a knob the controller did not claim. Each knob — an
 *actuator* — has at most one owner; ``check_actuators`` rejects a configuration where two
-controllers claim the same one (ALGORITHMS.md §5).
+controllers claim the same one (docs/methods/combining.md §5).
 """
 
 from __future__ import annotations

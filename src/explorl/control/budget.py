@@ -1,4 +1,5 @@
-"""E3 dynamic rollout budgets: more samples for harder prompts (E3 §4.1, Alg. 1; ALGORITHMS 1c).
+"""E3 dynamic rollout budgets: more samples for harder prompts (E3 §4.1, Alg. 1; docs/methods/e3.md
+§1c).
 
 Difficulty model: every prompt of the training set keeps its cumulative sample count and
 cumulative reward (number of correct responses) over all epochs. At each epoch end the whole
@@ -20,10 +21,11 @@ Once a curriculum switches ``knobs.dataset`` away from ``"train"``, prompt indic
 another dataset: the allocator then samples ``n_samples`` per prompt and stops accumulating
 (the per-prompt statistics describe the training set only).
 
-Knapsack RL (``allocator: knapsack``; arXiv 2509.25849, ALGORITHMS §6h) replaces step 2's linear
-allocation with ``algorithms.knapsack_budgets``: the counts that maximise the expected value of
-non-zero-gradient groups given each prompt's *last* observed success rate (kept per dataset
-index; an unseen prompt gets n_default), within the same [n_min, n_max] and at the same N_tot.
+Knapsack RL (``allocator: knapsack``; arXiv 2509.25849, docs/methods/wider-field.md §6h) replaces
+step 2's linear allocation with ``algorithms.knapsack_budgets``: the counts that maximise the
+expected value of non-zero-gradient groups given each prompt's *last* observed success rate (kept
+per dataset index; an unseen prompt gets n_default), within the same [n_min, n_max] and at the same
+N_tot.
 """
 
 from __future__ import annotations

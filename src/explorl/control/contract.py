@@ -1,5 +1,5 @@
-"""The knob contract, controller side (ALGORITHMS.md §7d): every knob a controller moves must
-reach the loss, and start from the recipe's value on the loss's scale.
+"""The knob contract, controller side (docs/methods/combining.md §7d): every knob a controller moves
+must reach the loss, and start from the recipe's value on the loss's scale.
 
 Each controller's spec (``control.spec.ControllerSpec``, registered in ``CONTROLLER_SPECS``)
 declares the actuators it writes (``writes``: the class's ``actuators``; the adaptive

@@ -1,4 +1,5 @@
-"""Staged curriculum for the entropy-annealing phase (Entropy Scheduling §5; ALGORITHMS 4c).
+"""Staged curriculum for the entropy-annealing phase (Entropy Scheduling §5;
+docs/methods/entropy-scheduling.md §4c).
 
 In the annealing phase the paper switches to high-quality data, raises the rollout count
 (8 → 32) and the response-length limit (4k → 16k). The phase starts at

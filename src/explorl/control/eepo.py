@@ -1,4 +1,4 @@
-"""EEPO's gate: when to take the unlearning step (EEPO §3.2, Eq. 4–5; ALGORITHMS §3).
+"""EEPO's gate: when to take the unlearning step (EEPO §3.2, Eq. 4–5; docs/methods/eepo.md §3).
 
 The two-stage sampling itself is a sampling strategy (``explorl.rollout.two_stage``); this
 controller only owns the ``unlearn`` knob.

@@ -1,5 +1,5 @@
-"""EntroPIC's controller (arXiv 2511.15248; ALGORITHMS §6f): a PI loop on the weight of positive
-vs negative samples among confident tokens.
+"""EntroPIC's controller (arXiv 2511.15248; docs/methods/wider-field.md §6f): a PI loop on the
+weight of positive vs negative samples among confident tokens.
 
 At every step, before the update, α = clip(Kp·e + Ki·I, −1, 1) with e = H − H* (H: the global
 entropy of the step's own rollouts, the pre-update policy's at the sampling temperature) and I

@@ -1,5 +1,5 @@
 """The adaptive entropy coefficient of Skywork-OR1 (arXiv 2505.22312, ``EntController``) and
-TRL #6140 (ALGORITHMS §6g), as a controller owning ``entropy_coef``.
+TRL #6140 (docs/methods/wider-field.md §6g), as a controller owning ``entropy_coef``.
 
 At step t with entropy e_t (global, the pre-update policy's on the step's own rollouts): first
 c_t = clip(c_{t−1} ± Δ, c_min, c_max), + while e_t < H*, then the update's bonus coefficient is

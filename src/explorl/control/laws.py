@@ -1,5 +1,6 @@
-"""Pure control laws for the entropy controllers (ALGORITHMS.md §6f, §6g): a PI law, EntroPIC's
-positive/negative sample-weight coefficient, and the Skywork-OR1/TRL adaptive entropy coefficient.
+"""Pure control laws for the entropy controllers (docs/methods/wider-field.md §6f, §6g): a PI law,
+EntroPIC's positive/negative sample-weight coefficient, and the Skywork-OR1/TRL adaptive entropy
+coefficient.
 
 Each law is a small dataclass: its parameters, its state (one float) with ``state_dict`` /
 ``load_state_dict``, and a ``step`` that maps this step's measured entropy to the knob value,
@@ -72,7 +73,7 @@ class PILaw:
 @dataclass
 class EntroPICLaw:
     """EntroPIC's coefficient α of the confident-token term (arXiv 2511.15248;
-    ALGORITHMS §6f): α = clip(Kp·e + Ki·I, −1, 1), e = H − H*, then I += e.
+    docs/methods/wider-field.md §6f): α = clip(Kp·e + Ki·I, −1, 1), e = H − H*, then I += e.
 
     α > 0 (entropy above target) sharpens, α < 0 raises entropy; the trainer adds
     ``α · algorithms.regularisers.entropic_confident_term(...)`` to the loss. **Ours**: one α
@@ -105,14 +106,14 @@ class EntroPICLaw:
 @dataclass
 class EntropyCoefLaw:
     """Adaptive entropy-bonus coefficient (Skywork-OR1 2505.22312 ``EntController``; TRL #6140;
-    ALGORITHMS §6g).
+    docs/methods/wider-field.md §6g).
 
     At a step with entropy e: first c ← clip(c + Δ if e < H* else c − Δ, c_min, c_max), then the
     bonus uses ``applied = c · 1[e < H*]`` (``inclusive``: e ≤ H*, TRL): update, then apply, as
-    Skywork-OR1's code (ALGORITHMS §6g: c = 0, e = 0.15 → c = 1e-4, applied 1e-4). The update
-    always runs: TRL's first version gated it on ``coef != 0``, so with c_min = 0 the first
-    step down to 0 killed the controller for good. Skywork scripts: c₀ = 0, H* = 0.2, Δ = 1e-4,
-    c ∈ [0, 5e-3]; TRL: Δ = 5e-3, c ∈ [0, 1].
+    Skywork-OR1's code (docs/methods/wider-field.md §6g: c = 0, e = 0.15 → c = 1e-4, applied 1e-4).
+    The update always runs: TRL's first version gated it on ``coef != 0``, so with c_min = 0 the
+    first step down to 0 killed the controller for good. Skywork scripts: c₀ = 0, H* = 0.2, Δ =
+    1e-4, c ∈ [0, 5e-3]; TRL: Δ = 5e-3, c ∈ [0, 1].
     """
 
     target: float

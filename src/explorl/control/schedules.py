@@ -1,4 +1,5 @@
-"""Target-entropy schedules for the adaptive controller (Entropy Scheduling §4b, ALGORITHMS 4b).
+"""Target-entropy schedules for the adaptive controller (Entropy Scheduling §4b,
+docs/methods/entropy-scheduling.md §4b).
 
 A schedule maps a 1-based training step to the entropy (nats) the controller should hold:
 
@@ -12,7 +13,7 @@ A schedule maps a 1-based training step to the entropy (nats) the controller sho
   paper's "revert to the lower clip value". The decayed target is still reported for
   reference, but nothing tracks it.
 
-The annealing phase is shared with E3's annealing (ALGORITHMS 1b) and the curriculum (4c):
+The annealing phase is shared with E3's annealing (docs/methods/e3.md §1b) and the curriculum (4c):
 ``anneal_start = max_steps − floor(max_steps · ratio)``, the phase is every step ≥
 ``anneal_start``, and ``progress = (step − anneal_start)/(max_steps − anneal_start)`` runs
 from 0 at ``anneal_start`` to 1 at ``max_steps``. When ``floor(max_steps · ratio) = 0`` there

@@ -1,4 +1,4 @@
-"""E3 temperature scheduler with optional annealing (E3 Eq. 4 and 5, ALGORITHMS 1a/1b).
+"""E3 temperature scheduler with optional annealing (E3 Eq. 4 and 5, docs/methods/e3.md §1a/§1b).
 
 Step timing (t is the 1-based step):
 

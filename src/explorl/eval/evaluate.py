@@ -26,7 +26,7 @@ def _stats(n_list: list[int], c_list: list[int], ks: list[int]) -> dict:
 def summarize(
     correct: Sequence[Sequence[bool]], data_sources: Sequence[str], k_list: Sequence[int]
 ) -> dict:
-    """Unbiased pass@k (ALGORITHMS.md §0) and mean@n, overall and per data source.
+    """Unbiased pass@k (docs/methods/baseline.md §0) and mean@n, overall and per data source.
 
     ``correct[i][j]`` says whether sample j of problem i is correct; problems may have
     different sample counts, but every problem needs at least max(k_list) samples (else

@@ -1,4 +1,4 @@
-"""Unbiased pass@k and mean@n from per-problem sample counts (ALGORITHMS.md §0).
+"""Unbiased pass@k and mean@n from per-problem sample counts (docs/methods/baseline.md §0).
 
 pass@k = 1 − C(n−c, k) / C(n, k) for n samples of which c are correct (Chen et al., 2021,
 "Evaluating Large Language Models Trained on Code", Eq. 1). The binomials overflow floats

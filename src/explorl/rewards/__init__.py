@@ -17,7 +17,7 @@ REWARD_CONVENTIONS = ("binary", "signed")
 
 def to_reward(score: float, convention: str) -> float:
     """Reward for a verifier score in {0, 1}: ``binary`` keeps it, ``signed`` maps it to {−1, 1}
-    (the ±1 reward of DAPO and Entropy Scheduling; ALGORITHMS.md §0)."""
+    (the ±1 reward of DAPO and Entropy Scheduling; docs/methods/baseline.md §0)."""
     if convention == "binary":
         return float(score)
     if convention == "signed":

@@ -3,7 +3,7 @@
 The trainer samples through a strategy (``make_sampler``), never through an engine directly,
 so it has no EEPO branch (httpx's transports: one class per way of sending).
 
-EEPO (EEPO §3.2, Algorithm 1; ALGORITHMS §3): stage 1 samples about half of each prompt's
+EEPO (EEPO §3.2, Algorithm 1; docs/methods/eepo.md §3): stage 1 samples about half of each prompt's
 responses from the policy θ; if the gate (``control/eepo.py``, the ``unlearn`` knob) is open,
 one plain gradient step on a rollout copy θ′ lowers the probability of the stage-1 tokens;
 stage 2 samples the rest from θ′. The policy is trained on both stages; stage-2 old log-probs

@@ -3,9 +3,9 @@ this rank's tokens, and the step's advantage and covariance metrics.
 
 The estimator sees whole groups (a prompt's responses never split across ranks, and every rank
 holds ``StepBatch.rows``), so pass@k estimators and group statistics are those of one process.
-Shaping (Cheng et al. 2025, ALGORITHMS §6e) turns this rank's (n,) advantages into per-token
-(n, T) ones, A_t + min(α·H_t, |A_t|/κ), with H_t the rollouts' entropy (the policy's at the
-sampling temperature from the pass that gave old_logp). AEPO's entropy-aware advantage
+Shaping (Cheng et al. 2025, docs/methods/wider-field.md §6e) turns this rank's (n,) advantages into
+per-token (n, T) ones, A_t + min(α·H_t, |A_t|/κ), with H_t the rollouts' entropy (the policy's at
+the sampling temperature from the pass that gave old_logp). AEPO's entropy-aware advantage
 (``algorithm.aepo_adv_weight``) scales them instead, A·(1 + w·(H_t − μ)/σ), with μ and σ over
 the step's valid tokens on every rank. Every loss takes (n,) or (n, T).
 """

@@ -1,5 +1,6 @@
-"""# 0–2 ahead of the update (``rollout.async``, ALGORITHMS §8): the batches of the coming steps are
-drawn, sampled and scored by the rollout worker while the trainer updates on the current one.
+"""# 0–2 ahead of the update (``rollout.async``, docs/rollout-engines.md §8): the batches of the
+coming steps are drawn, sampled and scored by the rollout worker while the trainer updates on the
+current one.
 
 Step t's batch is drawn in the trainer's thread (phase 0: the controllers decide its knobs k_t)
 and queued on the worker behind the weights last pushed; after each update the new weights are
@@ -82,7 +83,7 @@ def split_threads(cpu_threads: int | None, kind: str) -> tuple[int, int]:
 
 def clip_note(cfg, old_logp: str) -> str | None:
     """What the clip and the behaviour weight see under ``rollout.async`` (printed at start), or
-    None when it is the decoupled PPO of ALGORITHMS §8 or there is no staleness."""
+    None when it is the decoupled PPO of docs/rollout-engines.md §8 or there is no staleness."""
     a = cfg.rollout.async_
     if not a.enabled or a.max_staleness == 0:
         return None
@@ -229,8 +230,8 @@ class AsyncRollouts:
 @contextlib.contextmanager
 def sampling_entropy(rollouts: AsyncRollouts | None, sb: StepBatch):
     """Keep the batch's sampling-time entropy through the π_prox recompute when it may be stale
-    (ALGORITHMS §8: an entropy target compares with the policy that sampled, not with later
-    weights); nothing to keep without ``rollout.async`` or at max_staleness 0."""
+    (docs/rollout-engines.md §8: an entropy target compares with the policy that sampled, not with
+    later weights); nothing to keep without ``rollout.async`` or at max_staleness 0."""
     if rollouts is None or rollouts.max_staleness == 0:
         yield
         return

@@ -63,12 +63,12 @@ class BeforeUpdate:
         n_micro: int,
         lcfg: LossParams,
     ) -> list:
-        """Clip-Cov/KL-Cov token selection over this rank's whole mini-batch (ALGORITHMS §2d: per
-        mini-batch, not per micro-batch). A mini-batch in one micro-batch selects inside its loss;
-        split into several, each costs one extra no-grad forward, whose detached logp is what the
-        loss would select on. Every rank runs ``n_micro`` forwards (idle ones where it has no rows)
-        so DDP/FSDP collectives stay matched. Returns one (selected, cov) per micro-batch, or None
-        each (the loss selects itself)."""
+        """Clip-Cov/KL-Cov token selection over this rank's whole mini-batch
+        (docs/methods/entropy-mechanism.md §2d: per mini-batch, not per micro-batch). A mini-batch
+        in one micro-batch selects inside its loss; split into several, each costs one extra no-grad
+        forward, whose detached logp is what the loss would select on. Every rank runs ``n_micro``
+        forwards (idle ones where it has no rows) so DDP/FSDP collectives stay matched. Returns one
+        (selected, cov) per micro-batch, or None each (the loss selects itself)."""
         select = SELECTORS.get(self.cfg.algorithm.loss)
         if select is None or n_micro <= 1:
             return [None] * len(micros)

@@ -1,6 +1,6 @@
-"""Rollout correction for one step (``algorithm.rollout_correction``, ALGORITHMS §7a): the weights
-of this rank's rows, and the global counts of kept tokens and responses per row that the policy
-loss's denominators need (one gather, every rank joins)."""
+"""Rollout correction for one step (``algorithm.rollout_correction``, docs/methods/baseline.md §7a):
+the weights of this rank's rows, and the global counts of kept tokens and responses per row that the
+policy loss's denominators need (one gather, every rank joins)."""
 
 from __future__ import annotations
 

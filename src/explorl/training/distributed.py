@@ -4,8 +4,8 @@
 (``accelerate launch``, ``torchrun``) started several (``WORLD_SIZE`` > 1). The trainer calls the
 same methods either way; in ``Single`` they are no-ops, so N = 1 is never a special case.
 
-What crosses ranks in a training step (ALGORITHMS.md §0 and §1a: global denominators, global
-controller statistics):
+What crosses ranks in a training step (docs/methods/baseline.md §0, docs/methods/e3.md §1a: global
+denominators, global controller statistics):
 
 - ``gather``: the per-response statistics of a generation round (rewards, lengths, entropy
   and log-prob sums, owner rank), one all-gather per round. Every rank then computes

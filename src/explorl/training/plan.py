@@ -143,7 +143,7 @@ def old_logp_source(cfg: RunConfig, engine_exact: bool) -> tuple[str, str]:
     mode, asy = cfg.algorithm.old_logp, cfg.rollout.async_
     if mode != "auto":
         return mode, f"algorithm.old_logp: {mode}"
-    if asy.enabled and asy.max_staleness > 0:  # π_prox: the trainer's weights (ALGORITHMS §8)
+    if asy.enabled and asy.max_staleness > 0:  # π_prox (docs/rollout-engines.md §8)
         return "recompute", (f"rollout.async.max_staleness={asy.max_staleness}: the sampler's "
                              "weights may be older than the trainer's, so the clip acts on "
                              "π_θ/π_prox with π_prox recomputed")

@@ -1,5 +1,5 @@
-"""KL in the reward (verl ``use_kl_in_reward``; ALGORITHMS §7c): each response's Σ_t kl_t to the
-frozen reference, computed before the advantages.
+"""KL in the reward (verl ``use_kl_in_reward``; docs/methods/baseline.md §7c): each response's Σ_t
+kl_t to the frozen reference, computed before the advantages.
 
 The token reward becomes −β·kl_t with the outcome R at the last token; every outcome estimator
 sums it, so it sees R − β·Σ_t kl_t (``advantages.estimator_rewards``). kl_t compares the sampling
