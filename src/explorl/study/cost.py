@@ -131,3 +131,30 @@ def plan_text(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
     for j in sorted({jobs, 2, 16}):
         lines.append(f"  ≈ {total / 3600 / j:.1f} h of wall-clock with {j} jobs on {j} free cores")
     return lines
+
+
+def report_model(data: dict) -> str | None:
+    """The model a report's runs trained: its spec's ``model.path`` override, else its lab
+    task's model (None when the report names neither)."""
+    spec = data.get("spec") or {}
+    for s in reversed(spec.get("set") or []):
+        if str(s).startswith("model.path="):
+            return str(s).split("=", 1)[1].strip()
+    return f"lab:{spec['task']}" if spec.get("task") else None
+
+
+def check_same_model(paths: list[Path], plans: list[RunPlan]) -> None:
+    """``--cost-from`` reports price a study only when their runs trained its models: a report
+    of the lab model says nothing about SmolLM2's cost."""
+    found = {}
+    for path in paths:
+        try:
+            found[path] = report_model(json.loads(Path(path).read_text()))
+        except (OSError, ValueError, AttributeError, TypeError):
+            continue  # Rates.from_reports says what is wrong with it
+    mine = sorted({p.cfg.model.path for p in plans})
+    for path, model in found.items():
+        if model is not None and model not in mine:
+            raise ConfigError(f"--cost-from {path}: its runs trained {model}, this study trains "
+                              f"{', '.join(mine)}: price it from runs of the same model "
+                              "(--cost-from a run or study directory) or with --calibrate")

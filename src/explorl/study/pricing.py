@@ -1,0 +1,318 @@
+"""A study priced from its own model's measured rates (``explorl study SPEC --plan``, and the
+check of ``--time-limit`` before a study starts).
+
+Rates (``explorl.study.rates``: CPU-s per generated, trained and evaluated token, per process
+start) come from ``--cost-from`` run or study directories, else ``--calibrate``, else the
+study's own runs in ``--out``, else a cached calibration of the same model and shape. Tokens
+come from the spec: a training step generates and trains ``prompts_per_step`` ×
+``n_samples`` replies of L tokens, L the measured mean reply length (at most
+``rollout.max_response_len``; the upper bound, every reply at the limit, is printed too).
+
+- training: steps × prompts × samples × L × (sampling rate + update rate × ``ppo_epochs``),
+  plus one process start per run;
+- validation: the in-training validations (``eval.every``, the last step, one before
+  training) × their replies (``eval.n_samples`` per problem + a greedy one) × L × the
+  evaluation rate;
+- evaluation: each final and checkpoint evaluation, (n + 1 greedy) replies per problem × L ×
+  the evaluation rate; the base model's (before RL) likewise, plus one process start.
+
+Wall-clock: CPU ÷ (runs at a time × ``parallel``, the CPU-s per wall-clock second one job
+measured), phase by phase (tuning runs, the base model's evaluation alone, the final runs).
+It assumes the jobs have their cores to themselves; a machine shared with other work is slower.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from explorl import config as C
+from explorl.lab.registry import get_task
+from explorl.study.plan import RunPlan, base_folders, eval_done_at, policy_evals, run_state
+from explorl.study.rates import (
+    TokenRates,
+    cached,
+    from_runs,
+    model_id,
+    run_dirs,
+    split_size,
+    val_replies,
+    validations,
+)
+from explorl.study.spec import StudySpec
+from explorl.training.checkpoint import latest_checkpoint
+
+
+def reply_cap(cfg: C.RunConfig) -> int:
+    """Most tokens a reply may have: ``rollout.max_response_len``, else the lab task's."""
+    if cfg.rollout.max_response_len:
+        return cfg.rollout.max_response_len
+    return get_task(cfg.data.train[0][len("lab:"):]).max_response_len
+
+
+@dataclass
+class Cost:
+    """CPU seconds by part, and the runs they come from."""
+
+    training: float = 0.0
+    validation: float = 0.0
+    evaluation: float = 0.0
+    base: float = 0.0
+    parts: dict = field(default_factory=dict)
+
+    def total(self) -> float:
+        return self.training + self.validation + self.evaluation + self.base
+
+    def add(self, other: Cost) -> None:
+        self.training += other.training
+        self.validation += other.validation
+        self.evaluation += other.evaluation
+        self.base += other.base
+
+
+def eval_rate(r: TokenRates) -> float:
+    """The evaluation rate; without a measured one, the training sampling rate."""
+    return r.eval_s if r.eval_s is not None else r.sample_s
+
+
+def run_cost(plan: RunPlan, r: TokenRates, length: float | None = None,
+             steps: int | None = None, evals: bool = True) -> Cost:
+    """One run: ``steps`` (default all) training steps with their validations, one process
+    start, and (``evals``) its final and checkpoint evaluations; replies of ``length`` tokens
+    (default the measured mean, at most the run's limit)."""
+    cfg = plan.cfg
+    L = min(r.length, reply_cap(cfg)) if length is None else length
+    steps = cfg.max_steps if steps is None else steps
+    replies = cfg.data.prompts_per_step * cfg.rollout.n_samples
+    c = Cost(training=steps * replies * L * (r.sample_s + r.update_s * cfg.optim.ppo_epochs)
+             + r.start_s)
+    c.validation = (validations(cfg, cfg.max_steps - steps) * val_replies(cfg) * L
+                    * eval_rate(r))
+    if evals:
+        c.evaluation = sum(split_size(cfg, e.split, e.max_problems) * (e.n + 1)
+                           for _, e in plan.evals) * L * eval_rate(r)
+    return c
+
+
+def base_cost(plan: RunPlan, r: TokenRates, length: float | None = None) -> float:
+    """The evaluations of ``plan``'s model before RL (one process)."""
+    cfg = plan.cfg
+    L = min(r.length, reply_cap(cfg)) if length is None else length
+    replies = sum(split_size(cfg, e.split, e.max_problems) * (e.n + 1)
+                  for _, e in policy_evals(plan.evals))
+    return replies * L * eval_rate(r) + r.start_s
+
+
+@dataclass
+class Estimate:
+    cpu: Cost
+    wall_s: float
+    upper_cpu_s: float  # every reply at its limit
+
+
+def estimate(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
+             rates: dict[str, TokenRates], jobs: int,
+             left: Callable[[RunPlan], tuple[int, bool]] | None = None,
+             base_left: Callable[[str, RunPlan], bool] | None = None) -> Estimate:
+    """The study's cost (``left``: a plan's (steps, whether its evaluations) still to run;
+    ``base_left``: whether a base folder's evaluation is still to run; default: all)."""
+    total, wall, upper = Cost(), 0.0, 0.0
+    for phase in (tuning, final):
+        cpu = 0.0
+        n = 0
+        for p in phase:
+            steps, evals = left(p) if left else (p.cfg.max_steps, True)
+            if not steps and not evals:
+                continue
+            r = rates[model_id(p.cfg)]
+            c = run_cost(p, r, steps=steps, evals=evals)
+            total.add(c)
+            cpu += c.total() / r.parallel
+            upper += run_cost(p, r, float(reply_cap(p.cfg)), steps, evals).total()
+            n += 1
+        wall += cpu / max(1, min(jobs, n))
+        if phase is tuning and spec.base_eval:
+            for folder, p in base_folders(final).items():
+                if base_left and not base_left(folder, p):
+                    continue
+                r = rates[model_id(p.cfg)]
+                b = base_cost(p, r)
+                total.base += b
+                wall += b / r.parallel
+                upper += base_cost(p, r, float(reply_cap(p.cfg)))
+    return Estimate(total, wall, upper)
+
+
+def models_of(plans: list[RunPlan]) -> dict[str, RunPlan]:
+    """Each model the plans train, with its first plan."""
+    out: dict[str, RunPlan] = {}
+    for p in plans:
+        out.setdefault(model_id(p.cfg), p)
+    return out
+
+
+def find_rates(plans: list[RunPlan], out: Path, cost_from: list[Path] | None = None
+               ) -> dict[str, TokenRates]:
+    """The measured rates of each model of ``plans``: from ``cost_from`` (run or study
+    directories), else from the study's own runs in ``out``, else a cached calibration."""
+    got: dict[str, TokenRates] = {}
+    if cost_from:
+        dirs = [d for p in cost_from for d in run_dirs(p)]
+        for model in models_of(plans):
+            r = from_runs(dirs, model, "runs in " + ", ".join(map(str, cost_from)))
+            if r is not None:
+                got[model] = r
+        return got
+    own = run_dirs(out) if out.is_dir() else []
+    for model, p in models_of(plans).items():
+        r = from_runs(own, model, f"this study's runs in {out}") if own else None
+        got_r = r or cached(p.cfg)
+        if got_r is not None:
+            got[model] = got_r
+    return got
+
+
+def hours(s: float) -> str:
+    return f"{s / 3600:.3g}"
+
+
+def rate_lines(rates: dict[str, TokenRates]) -> list[str]:
+    lines = []
+    for model, r in rates.items():
+        ev = (f"evaluation {r.eval_s:.4g} per token ({r.per_reply():.3g} per reply)"
+              if r.eval_s is not None else "evaluation not measured: priced at the sampling rate")
+        start = f", start-up {r.start_s:.0f} CPU-s per process" if r.start_s else \
+            " (process start-up not measured)"
+        lines.append(f"rates of {model} ({r.source}; {r.steps} steps at {r.threads} "
+                     f"thread{'s' if r.threads > 1 else ''}): CPU-s {r.sample_s:.4g} per "
+                     f"generated token, {r.update_s:.4g} per trained token, {ev}{start}; "
+                     f"replies {r.length:.1f} tokens on average; one job keeps {r.parallel:.2f} "
+                     "cores busy")
+    return lines
+
+
+def cost_lines(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
+               rates: dict[str, TokenRates], jobs: int) -> list[str]:
+    """The estimate's lines of ``--plan``."""
+    missing = [m for m in models_of([*tuning, *final]) if m not in rates]
+    if missing:
+        return [f"no measured rates of {m} at this study's shape: price it with --calibrate "
+                "(a few training steps and a small evaluation, cached) or --cost-from a run or "
+                "study directory of the same model" for m in missing]
+    est = estimate(spec, tuning, final, rates, jobs)
+    c = est.cpu
+    p = final[0]
+    r = rates[model_id(p.cfg)]
+    L = min(r.length, reply_cap(p.cfg))
+    step = (p.cfg.data.prompts_per_step * p.cfg.rollout.n_samples * L
+            * (r.sample_s + r.update_s * p.cfg.optim.ppo_epochs))
+    return [*rate_lines(rates),
+            f"  a training step of {p.name}: {p.cfg.data.prompts_per_step} prompts × "
+            f"{p.cfg.rollout.n_samples} samples × {L:.1f} tokens ≈ {step:.3g} CPU-s",
+            f"estimated CPU-hours: training {hours(c.training)}, validation "
+            f"{hours(c.validation)}, evaluation {hours(c.evaluation)} (final and checkpoints), "
+            f"base model {hours(c.base)}; total {hours(c.total())} (at most "
+            f"{hours(est.upper_cpu_s)} if every reply ran to its limit)",
+            f"  ≈ {hours(est.wall_s)} h of wall-clock with {jobs} job{'s' if jobs > 1 else ''} "
+            f"at a time (CPU ÷ jobs ÷ the cores one job keeps busy; assumes each job has its "
+            "cores to itself)"]
+
+
+def time_limit_lines(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan], out: Path,
+                     jobs: int, limit_s: float) -> list[str]:
+    """Before a study starts under ``--time-limit``: whether what is left of it fits, from the
+    rates ``find_rates`` finds (none: how to get them)."""
+    rates = find_rates([*tuning, *final], out)
+    missing = [m for m in models_of([*tuning, *final]) if m not in rates]
+    lim = f"--time-limit {limit_s / 3600:.2g} h"
+    if missing:
+        return [f"{lim}: no measured rates of {', '.join(missing)} to check it against (price "
+                "the study first: explorl study SPEC --plan --calibrate)"]
+    est = estimate(spec, tuning, final, rates, jobs, _left, _base_left(spec))
+    if est.wall_s <= limit_s:
+        return [f"{lim}: the work left is estimated at {hours(est.wall_s)} h of wall-clock "
+                f"({hours(est.cpu.total())} CPU-hours): it fits"]
+    return [f"WARNING {lim}: the work left is estimated at {hours(est.wall_s)} h of "
+            f"wall-clock ({hours(est.cpu.total())} CPU-hours at {jobs} job"
+            f"{'s' if jobs > 1 else ''} at a time), more than the limit: this invocation "
+            "will not finish the study; it stops at the limit (exit 75) and a rerun, or "
+            "--pack and --from elsewhere, continues it"]
+
+
+def _left(plan: RunPlan) -> tuple[int, bool]:
+    """Steps still to train and whether evaluations are left, of a run in its folder."""
+    from explorl.study.plan import eval_done
+
+    try:
+        state = run_state(plan)
+    except C.ConfigError:
+        state = "restart"
+    if state == "done":
+        return 0, not eval_done(plan)
+    ckpt = latest_checkpoint(plan.out) if state == "resume" else None
+    done = int(ckpt.name.split("-")[-1]) if ckpt is not None else 0
+    return plan.cfg.max_steps - done, True
+
+
+def _base_left(spec: StudySpec) -> Callable[[str, RunPlan], bool]:
+    def left(folder: str, plan: RunPlan) -> bool:
+        out = plan.out.parent.parent / folder
+        return not all(eval_done_at(out / f, e) for f, e in policy_evals(plan.evals))
+    return left
+
+
+def plan_study(spec_path: str | Path, *, quick: bool = False, jobs: int | str | None = None,
+               recipes: str | Path | None = None, cost_from: list[str] | None = None,
+               out: str | Path | None = None, calibrate: int | None = None,
+               log: Callable[[str], None] = print) -> int:
+    """``explorl study SPEC --plan``: check the spec, print its runs, the estimated CPU-hours
+    and wall-clock from its models' measured rates (``find_rates``; ``calibrate``: measure them
+    first with that many training steps; ``cost_from``: run or study directories, or the lab's
+    committed ``study.json`` reports, ``explorl.study.cost``) and, when the study directory
+    exists, how far it has got; train nothing (a calibration trains its few steps)."""
+    from explorl.study.cost import Rates, check_same_model, plan_text
+    from explorl.study.plan import plan_runs, plan_tuning
+    from explorl.study.run import progress
+    from explorl.study.spec import auto_jobs, load_spec
+
+    spec_path = Path(spec_path)
+    spec = load_spec(spec_path, quick=quick)
+    if recipes is not None:
+        spec.recipe_dir = str(Path(recipes).resolve())
+    jobs = jobs or spec.jobs
+    jobs = auto_jobs() if jobs == "auto" else jobs
+    out = Path(out) if out else Path("runs") / f"study-{spec.name}{'-quick' if quick else ''}"
+    tuning = plan_tuning(spec, spec_path, out) if spec.tune else []
+    final = plan_runs(spec, spec_path, out)
+    paths = [Path(p) for p in cost_from or []]
+    reports = [p for p in paths if not p.is_dir()]
+    if reports and calibrate:
+        raise C.ConfigError("--calibrate and --cost-from STUDY_JSON do not go together")
+    if reports:  # the lab's committed reports: CPU seconds per step of the same recipes
+        if len(reports) < len(paths):
+            raise C.ConfigError("--cost-from: give study.json reports or run/study directories, "
+                                "not both")
+        check_same_model(reports, [*tuning, *final])
+        for line in plan_text(spec, tuning, final, Rates.from_reports(reports), jobs):
+            log(line)
+    else:
+        for line in plan_text(spec, tuning, final, None, jobs)[:1]:
+            log(line)
+        rates = {}
+        if calibrate:
+            from explorl.study.calibrate import calibrate as measure
+
+            rates = {m: measure(p, spec, calibrate, log)
+                     for m, p in models_of([*tuning, *final]).items()}
+        else:
+            rates = find_rates([*tuning, *final], out, paths or None)
+            if paths and not rates:
+                raise C.ConfigError(f"--cost-from {' '.join(map(str, paths))}: no run there "
+                                    "trained " + ", ".join(models_of([*tuning, *final]))
+                                    + " with timed steps (metrics.jsonl's time/cpu_s)")
+        for line in cost_lines(spec, tuning, final, rates, jobs):
+            log(line)
+    if out.is_dir():
+        log(progress(spec, spec_path, out))
+    return 0
