@@ -1,0 +1,221 @@
+"""``explorl study --plan``'s estimate from the study model's own measured rates: rates read
+from a run's metrics by hand, the printed CPU-hours and wall-clock, ``--time-limit`` checked
+before any work, and a calibration of the tiny lab model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import TINY_LAB_CONFIG
+
+from explorl import config as C
+from explorl.cli import main
+from explorl.study import load_spec, plan_runs
+from explorl.study import run as R
+from explorl.study.pricing import estimate, plan_study
+from explorl.study.rates import from_runs, model_id, validations
+
+RECIPES = Path(__file__).parents[1] / "src" / "explorl" / "recipes" / "lab"
+
+
+@pytest.fixture(autouse=True)
+def _cost_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("EXPLORL_COST_CACHE", str(tmp_path / "cost-cache"))
+
+
+def _spec(tmp_path, model, **extra) -> Path:
+    """GRPO on ``model``: 10 steps of 2 prompts × 4 samples (≤ 10 tokens); validation every 5
+    steps of 4 problems × (2 samples + greedy) and one before training: 3 × 12 replies; a
+    final evaluation of 8 test problems × (4 + greedy)."""
+    lab = [f"lab.{k}={v}" for k, v in TINY_LAB_CONFIG.items() if k != "params"]
+    lab += [f"lab.params.{k}={v}" for k, v in TINY_LAB_CONFIG["params"].items()]
+    spec = {"name": "c", "task": "addition", "recipes": ["grpo"], "seeds": [0], "max_steps": 10,
+            "recipe_dir": str(RECIPES),
+            "set": [f"model.path={model}", *lab, "data.prompts_per_step=2", "rollout.n_samples=4",
+                    "rollout.max_response_len=10", "eval.every=5", "eval.n_samples=2",
+                    "eval.k=[1]", "eval.max_problems=4", "reward.num_workers=1",
+                    "log.plots=false"],
+            "eval": {"n": 4, "k": [1, 4], "split": "test", "max_problems": 8}, "jobs": 1,
+            **extra}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+# Two measured steps (CPU and wall seconds ×360 so the hours print round):
+#   step 1: 720 CPU-s in 1800 s; generate 360 s, train 1080 s → sampling 180, update 540
+#   step 2: 1080 CPU-s in 2160 s, of which validation 720 s → 360 CPU-s to validation; the
+#           other 720 split 1 : 3 → sampling 180, update 540
+# Each step: 8 replies of 5 tokens, all trained: 40 generated and 40 trained tokens.
+#   sampling 360 / 80 = 4.5, update 1080 / 80 = 13.5 CPU-s per token
+# Validation: 4 problems × (2 + greedy) = 12 replies × 5 tokens = 60 tokens; the evaluation
+# (eval.json): 8 problems × (4 + greedy) × 5 = 200 tokens in 1200 CPU-s → (360 + 1200) / 260
+# = 6.0 CPU-s per evaluated token. One job keeps 1800 / 3960 = 5/11 cores busy.
+STEPS = [
+    {"step": 1, "time/cpu_s": 720.0, "time/step_s": 1800.0, "time/generate_s": 360.0,
+     "time/score_s": 0.0, "time/train_s": 1080.0, "response/length_mean": 5.0,
+     "rollout/n_samples": 8.0, "rollout/n_trained": 8.0},
+    {"step": 2, "time/cpu_s": 1080.0, "time/step_s": 2160.0, "time/generate_s": 270.0,
+     "time/score_s": 90.0, "time/train_s": 1080.0, "time/val_s": 720.0,
+     "response/length_mean": 5.0, "rollout/n_samples": 8.0, "rollout/n_trained": 8.0,
+     "val/accuracy": 0.5},
+]
+
+
+def _fake_run(run: Path, cfg: C.RunConfig) -> None:
+    run.mkdir(parents=True)
+    C.save(cfg, run / "config.yaml")
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in STEPS))
+    (run / "eval").mkdir()
+    (run / "eval" / "eval.json").write_text(json.dumps({
+        "overall": {"n_problems": 8},
+        "settings": {"n": 4, "max_new_tokens": 10, "seconds": 1500.0, "cpu_seconds": 1200.0}}))
+
+
+def test_plan_rates_from_a_runs_metrics_by_hand(tiny_model, tmp_path):
+    path = _spec(tmp_path, tiny_model)
+    (plan,) = plan_runs(load_spec(path), path, tmp_path / "o")
+    _fake_run(tmp_path / "ref", plan.cfg)
+    r = from_runs([tmp_path / "ref"], model_id(plan.cfg), "ref")
+    assert (r.sample_s, r.update_s, r.eval_s) == pytest.approx((4.5, 13.5, 6.0))
+    assert r.length == 5.0 and r.steps == 2 and r.threads == 1 and r.start_s == 0.0
+    assert r.parallel == pytest.approx(1800 / 3960)
+    assert from_runs([tmp_path / "ref"], "another-model", "ref") is None
+
+
+def test_plan_validations_count_every_eval_step_the_last_and_the_one_before(tiny_model, tmp_path):
+    path = _spec(tmp_path, tiny_model)
+    (plan,) = plan_runs(load_spec(path), path, tmp_path / "o")
+    cfg = plan.cfg
+    assert validations(cfg) == 3  # before training, steps 5 and 10
+    assert validations(cfg, 5) == 1  # resumed at 5: step 10
+    cfg.max_steps = 12
+    assert validations(cfg) == 4 and validations(cfg, 10) == 1  # 0, 5, 10, 12; then 12
+    cfg.eval.before_training = False
+    assert validations(cfg) == 3
+
+
+# The study of ``_spec`` at those rates, replies of 5 tokens (the measured mean, ≤ 10):
+#   training: 10 steps × 40 tokens × (4.5 + 13.5) = 7200 CPU-s = 2.00 h
+#   validation: 3 × 12 replies × 5 tokens × 6.0 = 1080 CPU-s = 0.300 h
+#   evaluation: 8 × 5 replies × 5 tokens × 6.0 = 1200 CPU-s = 0.333 h; the base model's: the same
+#   total 10680 CPU-s = 2.97 h; every reply at its 10 tokens: twice that, 5.93 h
+#   wall: 10680 ÷ (1 job × 5/11) = 23496 s = 6.53 h
+def test_plan_prints_cpu_hours_from_a_run_directory(tiny_model, tmp_path, capsys):
+    path = _spec(tmp_path, tiny_model)
+    (plan,) = plan_runs(load_spec(path), path, tmp_path / "o")
+    _fake_run(tmp_path / "ref", plan.cfg)
+    assert main(["study", str(path), "--plan", "--out", str(tmp_path / "o"), "--cost-from",
+                 str(tmp_path / "ref")]) == 0
+    out = capsys.readouterr().out
+    assert ("CPU-s 4.5 per generated token, 13.5 per trained token, evaluation 6 per token "
+            "(30 per reply)") in out
+    assert "2 prompts × 4 samples × 5.0 tokens ≈ 720 CPU-s" in out
+    assert ("estimated CPU-hours: training 2, validation 0.3, evaluation 0.333 (final and "
+            "checkpoints), base model 0.333; total 2.97 (at most 5.93 if every reply ran to its "
+            "limit)") in out
+    assert "≈ 6.53 h of wall-clock with 1 job at a time" in out
+    # two jobs: the one run still runs alone; the base model's evaluation too
+    assert main(["study", str(path), "--plan", "--jobs", "2", "--out", str(tmp_path / "o"),
+                 "--cost-from", str(tmp_path / "ref")]) == 0
+    assert "≈ 6.53 h of wall-clock with 2 jobs at a time" in capsys.readouterr().out
+
+
+def test_plan_reads_the_studys_own_runs_without_cost_from(tiny_model, tmp_path, capsys):
+    path = _spec(tmp_path, tiny_model)
+    out = tmp_path / "o"
+    (plan,) = plan_runs(load_spec(path), path, out)
+    assert main(["study", str(path), "--plan", "--out", str(out)]) == 0
+    got = capsys.readouterr().out
+    assert "no measured rates of" in got and "price it with --calibrate" in got
+    _fake_run(plan.out, plan.cfg)
+    assert main(["study", str(path), "--plan", "--out", str(out)]) == 0
+    got = capsys.readouterr().out
+    assert f"this study's runs in {out}" in got and "total 2.97" in got
+
+
+def test_plan_refuses_cost_from_another_model(tiny_model, tmp_path, capsys):
+    """A lab report (study.json) of another model, or a directory without a run of this one,
+    cannot price the study: a one-line error."""
+    path = _spec(tmp_path, tiny_model)
+    ref = tmp_path / "study.json"
+    ref.write_text(json.dumps({"spec": {"task": "subset_sum", "set": []},
+                               "runs": {"grpo-seed0": {"cpu_run_s": 20.0, "steps": 100}}}))
+    assert main(["study", str(path), "--plan", "--cost-from", str(ref)]) != 0
+    err = capsys.readouterr().err
+    assert f"--cost-from {ref}: its runs trained lab:subset_sum, this study trains" in err
+    (tmp_path / "empty").mkdir()
+    assert main(["study", str(path), "--plan", "--cost-from", str(tmp_path / "empty")]) != 0
+    assert "no run there trained" in capsys.readouterr().err
+    assert main(["study", str(path), "--calibrate"]) != 0
+    assert "--cost-from and --calibrate go with --plan" in capsys.readouterr().err
+
+
+class _Started(Exception):
+    pass
+
+
+def test_a_time_limit_shorter_than_the_estimate_is_said_before_training(tiny_model, tmp_path,
+                                                                        monkeypatch):
+    """The study's own run (2 steps, no checkpoint: it restarts) prices what is left: 9480
+    CPU-s without the base model, 9480 × 11/5 = 20856 s = 5.79 h of wall-clock. A 1 h limit
+    warns before the first job starts; 6 h fits."""
+    path = _spec(tmp_path, tiny_model, base_eval=False)
+    out = tmp_path / "o"
+    (plan,) = plan_runs(load_spec(path), path, out)
+    _fake_run(plan.out, plan.cfg)
+    lines: list[str] = []
+
+    def started(*a, **k):
+        lines.append("JOBS START")
+        raise _Started
+
+    monkeypatch.setattr(R, "run_jobs", started)
+    with pytest.raises(_Started):
+        R.run_study(path, out=out, time_limit=3600, log=lines.append)
+    warn = next(i for i, x in enumerate(lines) if x.startswith("WARNING --time-limit 1 h"))
+    assert warn < lines.index("JOBS START")
+    assert ("the work left is estimated at 5.79 h of wall-clock (2.63 CPU-hours at 1 job at a "
+            "time), more than the limit") in lines[warn]
+    lines.clear()
+    with pytest.raises(_Started):
+        R.run_study(path, out=out, time_limit=6 * 3600, log=lines.append)
+    assert any(x.endswith("5.79 h of wall-clock (2.63 CPU-hours): it fits") for x in lines)
+
+
+def test_a_time_limit_without_rates_says_how_to_get_them(tiny_model, tmp_path, monkeypatch):
+    path = _spec(tmp_path, tiny_model, base_eval=False)
+    lines: list[str] = []
+    monkeypatch.setattr(R, "run_jobs", lambda *a, **k: (_ for _ in ()).throw(_Started()))
+    with pytest.raises(_Started):
+        R.run_study(path, out=tmp_path / "o", time_limit=3600, log=lines.append)
+    assert any("no measured rates of" in x and "--plan --calibrate" in x for x in lines)
+
+
+def test_plan_calibrates_the_lab_model_and_caches_its_rates(tiny_model, tmp_path):
+    """One training step and a small evaluation of the tiny lab model (seconds): rates > 0,
+    the evaluation's own CPU seconds recorded in its eval.json, the start-up the rest of the
+    job's CPU time; a second --plan finds the cached rates."""
+    from explorl.study.calibrate import calibrate
+
+    path = _spec(tmp_path, tiny_model)
+    spec = load_spec(path)
+    (plan,) = plan_runs(spec, path, tmp_path / "o")
+    run = tmp_path / "cal" / "run"
+    r = calibrate(plan, spec, 1, log=lambda s: None, keep=run)
+    settings = json.loads((run / "eval" / "eval.json").read_text())["settings"]
+    assert 0 < settings["cpu_seconds"] <= settings["seconds"] * 1.5 + 0.5  # one thread
+    assert r.sample_s > 0 and r.update_s > 0 and r.eval_s > 0 and r.start_s > 0
+    assert r.steps == 1 and r.source == "calibration: 1 steps of grpo"
+    again = from_runs([run], model_id(plan.cfg), "calibration: 1 steps of grpo")
+    assert again.sample_s == r.sample_s and again.eval_s == r.eval_s
+    lines: list[str] = []
+    assert plan_study(path, out=tmp_path / "o", log=lines.append) == 0
+    assert any(x.startswith(f"rates of {model_id(plan.cfg)} (calibration: 1 steps of grpo")
+               for x in lines)
+    est = estimate(spec, [], [plan], {model_id(plan.cfg): r}, 1)
+    assert est.cpu.training == pytest.approx(
+        10 * 8 * min(r.length, 10) * (r.sample_s + r.update_s) + r.start_s)
