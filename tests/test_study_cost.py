@@ -15,7 +15,8 @@ from explorl import config as C
 from explorl.cli import main
 from explorl.study import load_spec, plan_runs
 from explorl.study import run as R
-from explorl.study.pricing import estimate, plan_study
+from explorl.study.cost import plan_study
+from explorl.study.pricing import estimate
 from explorl.study.rates import from_runs, model_id, validations
 
 RECIPES = Path(__file__).parents[1] / "src" / "explorl" / "recipes" / "lab"

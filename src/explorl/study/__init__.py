@@ -40,10 +40,10 @@ The study runs the command line only as a child process (``python -m explorl``),
 """
 
 from explorl.study.claims import CLAIMS, Claim, Evidence, Precondition, combine, evaluate_claims
+from explorl.study.cost import plan_study
 from explorl.study.jobs import JobResult, eval_args, execute, job_command, train_args
 from explorl.study.numbers import Stat, build_table, columns, run_numbers
 from explorl.study.plan import RunPlan, eval_done, order_rows, plan_runs, plan_tuning, run_state
-from explorl.study.pricing import plan_study
 from explorl.study.run import analyse, run_study
 from explorl.study.spec import (
     PowerSpec,

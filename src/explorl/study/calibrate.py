@@ -12,6 +12,7 @@ evaluation's is its start-up: imports, model loads, the final save.
 from __future__ import annotations
 
 import dataclasses
+import json
 import resource
 import subprocess
 import tempfile
@@ -81,8 +82,6 @@ def calibrate(plan: RunPlan, spec: StudySpec, steps: int = 2,
 
 def _measured_cpu(run: Path) -> float:
     """CPU seconds the run's steps and evaluations recorded (``time/cpu_s``, ``cpu_seconds``)."""
-    import json
-
     total = 0.0
     for line in (run / "metrics.jsonl").read_text().splitlines():
         try:

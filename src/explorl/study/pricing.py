@@ -29,7 +29,14 @@ from pathlib import Path
 
 from explorl import config as C
 from explorl.lab.registry import get_task
-from explorl.study.plan import RunPlan, base_folders, eval_done_at, policy_evals, run_state
+from explorl.study.plan import (
+    RunPlan,
+    base_folders,
+    eval_done,
+    eval_done_at,
+    policy_evals,
+    run_state,
+)
 from explorl.study.rates import (
     TokenRates,
     cached,
@@ -242,8 +249,6 @@ def time_limit_lines(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan
 
 def _left(plan: RunPlan) -> tuple[int, bool]:
     """Steps still to train and whether evaluations are left, of a run in its folder."""
-    from explorl.study.plan import eval_done
-
     try:
         state = run_state(plan)
     except C.ConfigError:
@@ -261,58 +266,3 @@ def _base_left(spec: StudySpec) -> Callable[[str, RunPlan], bool]:
         return not all(eval_done_at(out / f, e) for f, e in policy_evals(plan.evals))
     return left
 
-
-def plan_study(spec_path: str | Path, *, quick: bool = False, jobs: int | str | None = None,
-               recipes: str | Path | None = None, cost_from: list[str] | None = None,
-               out: str | Path | None = None, calibrate: int | None = None,
-               log: Callable[[str], None] = print) -> int:
-    """``explorl study SPEC --plan``: check the spec, print its runs, the estimated CPU-hours
-    and wall-clock from its models' measured rates (``find_rates``; ``calibrate``: measure them
-    first with that many training steps; ``cost_from``: run or study directories, or the lab's
-    committed ``study.json`` reports, ``explorl.study.cost``) and, when the study directory
-    exists, how far it has got; train nothing (a calibration trains its few steps)."""
-    from explorl.study.cost import Rates, check_same_model, plan_text
-    from explorl.study.plan import plan_runs, plan_tuning
-    from explorl.study.run import progress
-    from explorl.study.spec import auto_jobs, load_spec
-
-    spec_path = Path(spec_path)
-    spec = load_spec(spec_path, quick=quick)
-    if recipes is not None:
-        spec.recipe_dir = str(Path(recipes).resolve())
-    jobs = jobs or spec.jobs
-    jobs = auto_jobs() if jobs == "auto" else jobs
-    out = Path(out) if out else Path("runs") / f"study-{spec.name}{'-quick' if quick else ''}"
-    tuning = plan_tuning(spec, spec_path, out) if spec.tune else []
-    final = plan_runs(spec, spec_path, out)
-    paths = [Path(p) for p in cost_from or []]
-    reports = [p for p in paths if not p.is_dir()]
-    if reports and calibrate:
-        raise C.ConfigError("--calibrate and --cost-from STUDY_JSON do not go together")
-    if reports:  # the lab's committed reports: CPU seconds per step of the same recipes
-        if len(reports) < len(paths):
-            raise C.ConfigError("--cost-from: give study.json reports or run/study directories, "
-                                "not both")
-        check_same_model(reports, [*tuning, *final])
-        for line in plan_text(spec, tuning, final, Rates.from_reports(reports), jobs):
-            log(line)
-    else:
-        for line in plan_text(spec, tuning, final, None, jobs)[:1]:
-            log(line)
-        rates = {}
-        if calibrate:
-            from explorl.study.calibrate import calibrate as measure
-
-            rates = {m: measure(p, spec, calibrate, log)
-                     for m, p in models_of([*tuning, *final]).items()}
-        else:
-            rates = find_rates([*tuning, *final], out, paths or None)
-            if paths and not rates:
-                raise C.ConfigError(f"--cost-from {' '.join(map(str, paths))}: no run there "
-                                    "trained " + ", ".join(models_of([*tuning, *final]))
-                                    + " with timed steps (metrics.jsonl's time/cpu_s)")
-        for line in cost_lines(spec, tuning, final, rates, jobs):
-            log(line)
-    if out.is_dir():
-        log(progress(spec, spec_path, out))
-    return 0

@@ -32,7 +32,9 @@ from pathlib import Path
 import yaml
 
 from explorl import config as C
+from explorl import validation
 from explorl.errors import ConfigError
+from explorl.files import write_text_atomic
 
 
 @dataclass
@@ -136,8 +138,6 @@ class _Sums:
 
 def run_config(run: Path) -> C.RunConfig:
     """A run directory's ``config.yaml``."""
-    from explorl import validation
-
     try:
         return validation.from_dict(yaml.safe_load((run / "config.yaml").read_text()), env=False)
     except (OSError, yaml.YAMLError, ConfigError) as e:
@@ -257,8 +257,7 @@ def cached(cfg: C.RunConfig) -> TokenRates | None:
 
 
 def store(cfg: C.RunConfig, rates: TokenRates) -> Path:
-    from explorl.files import write_text_atomic
-
+    """Cache ``rates`` as the calibration of ``cfg``'s model and shape."""
     path = cache_path(cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(rates.to_json(), indent=1, default=str) + "\n")
