@@ -388,7 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "study's data.tar.xz) that --out lacks, then continue (a finished study "
                         "is re-analysed without training)")
     s.add_argument("--time-limit", metavar="DURATION",
-                   help="stop in time for a job's time limit (90s, 50m, 2h, 1h30m): no run starts "
+                   help="stop in time for a job's time limit (90s, 50m, 2h, 1h30m): says first "
+                        "whether the study's estimate (--plan's rates) fits it; no run starts "
                         "that would not end before it (judged by the longest run finished so "
                         "far), the running ones checkpoint and stop at it; exit 75 while runs "
                         "remain (rerun, or --pack, to continue)")

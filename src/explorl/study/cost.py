@@ -1,14 +1,14 @@
-"""What a study will cost before it runs (``explorl study SPEC --plan``): its runs, training
-steps and evaluation samples, and CPU-hours estimated from the per-run CPU seconds of committed
-study reports (``study.json``).
+"""What a study will cost before it runs: ``plan_study`` (``explorl study SPEC --plan``) prints
+its runs and prices them from its model's measured rates (``explorl.study.pricing``), or, given
+the lab's committed study reports (``study.json``), from their per-run CPU seconds (below).
 
-Training: each run's steps × the reference's CPU seconds per step for that recipe (the mean of
-its runs' ``cpu_run_s / steps``, validation included; a variant falls back to its recipe, a
-recipe the reference lacks to the reference's mean over runs), × the size factor of the lab
-model (the reference's ``grpo_large`` per-step cost over its ``grpo``'s). Evaluation: every
-sample of the final and tuning evaluations, the base model's and the validation samples beyond
-the reference's, at ``EVAL_CPU_S_PER_SAMPLE`` (× the size factor). Start-up is included in both
-rates. An estimate, not a measurement: cores shared with other work run slower.
+From reports, training: each run's steps × the reference's CPU seconds per step for that recipe
+(the mean of its runs' ``cpu_run_s / steps``, validation included; a variant falls back to its
+recipe, a recipe the reference lacks to the reference's mean over runs), × the size factor of
+the lab model (the reference's ``grpo_large`` per-step cost over its ``grpo``'s). Evaluation:
+every sample of the final and tuning evaluations, the base model's and the validation samples
+beyond the reference's, at ``EVAL_CPU_S_PER_SAMPLE`` (× the size factor). Start-up is included
+in both rates. A report of another model than the study's is refused (``check_same_model``).
 """
 
 from __future__ import annotations
