@@ -52,9 +52,9 @@ def _spec(tmp_path, model, **extra) -> Path:
 #           other 720 split 1 : 3 → sampling 180, update 540
 # Each step: 8 replies of 5 tokens, all trained: 40 generated and 40 trained tokens.
 #   sampling 360 / 80 = 4.5, update 1080 / 80 = 13.5 CPU-s per token
-# Validation: 4 problems × (2 + greedy) = 12 replies × 5 tokens = 60 tokens; the evaluation
-# (eval.json): 8 problems × (4 + greedy) × 5 = 200 tokens in 1200 CPU-s → (360 + 1200) / 260
-# = 6.0 CPU-s per evaluated token. One job keeps 1800 / 3960 = 5/11 cores busy.
+# The evaluation (eval.json's measured CPU): 8 problems × (4 + greedy) × 5 = 200 tokens in
+# 1200 CPU-s → 6.0 CPU-s per evaluated token (the validation's CPU, a wall-clock share, is not
+# used beside a measured one). One job keeps 1800 / 3960 = 5/11 cores busy.
 STEPS = [
     {"step": 1, "time/cpu_s": 720.0, "time/step_s": 1800.0, "time/generate_s": 360.0,
      "time/score_s": 0.0, "time/train_s": 1080.0, "response/length_mean": 5.0,
@@ -85,6 +85,23 @@ def test_plan_rates_from_a_runs_metrics_by_hand(tiny_model, tmp_path):
     assert r.length == 5.0 and r.steps == 2 and r.threads == 1 and r.start_s == 0.0
     assert r.parallel == pytest.approx(1800 / 3960)
     assert from_runs([tmp_path / "ref"], "another-model", "ref") is None
+
+
+def test_plan_rates_prefer_the_measured_validation_cpu(tiny_model, tmp_path):
+    """Without eval.json: step 2's validation measured 300 CPU-s (``time/val_cpu_s``) → the
+    other 780 split 1 : 3 (195, 585); sampling (180 + 195) / 80, update (540 + 585) / 80;
+    validation 12 replies × 5 tokens: 300 / 60 = 5.0 per token. Without ``time/val_cpu_s``
+    the validation's wall-clock share, 360 CPU-s: 6.0 per token."""
+    path = _spec(tmp_path, tiny_model)
+    (plan,) = plan_runs(load_spec(path), path, tmp_path / "o")
+    _fake_run(tmp_path / "ref", plan.cfg)
+    (tmp_path / "ref" / "eval" / "eval.json").unlink()
+    model = model_id(plan.cfg)
+    assert from_runs([tmp_path / "ref"], model, "ref").eval_s == pytest.approx(6.0)
+    steps = [STEPS[0], {**STEPS[1], "time/val_cpu_s": 300.0}]
+    (tmp_path / "ref" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    r = from_runs([tmp_path / "ref"], model, "ref")
+    assert (r.sample_s, r.update_s, r.eval_s) == pytest.approx((375 / 80, 1125 / 80, 5.0))
 
 
 def test_plan_validations_count_every_eval_step_the_last_and_the_one_before(tiny_model, tmp_path):
@@ -211,6 +228,8 @@ def test_plan_calibrates_the_lab_model_and_caches_its_rates(tiny_model, tmp_path
     assert 0 < settings["cpu_seconds"] <= settings["seconds"] * 1.5 + 0.5  # one thread
     assert r.sample_s > 0 and r.update_s > 0 and r.eval_s > 0 and r.start_s > 0
     assert r.steps == 1 and r.source == "calibration: 1 steps of grpo"
+    (step,) = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert 0 < step["time/val_cpu_s"] < step["time/cpu_s"]  # the validation at step 1
     again = from_runs([run], model_id(plan.cfg), "calibration: 1 steps of grpo")
     assert again.sample_s == r.sample_s and again.eval_s == r.eval_s
     lines: list[str] = []

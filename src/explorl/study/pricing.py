@@ -44,6 +44,7 @@ from explorl.study.rates import (
     model_id,
     run_dirs,
     split_size,
+    threads_of,
     val_replies,
     validations,
 )
@@ -214,7 +215,12 @@ def cost_lines(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
     L = min(r.length, reply_cap(p.cfg))
     step = (p.cfg.data.prompts_per_step * p.cfg.rollout.n_samples * L
             * (r.sample_s + r.update_s * p.cfg.optim.ppo_epochs))
-    return [*rate_lines(rates),
+    other = [f"  (measured at {rates[m].threads} thread(s); this study's {p.name} runs with "
+             f"{threads_of(p.cfg)}: its CPU seconds per token and the cores a job keeps busy "
+             "differ; --calibrate measures them at its own setting)"
+             for m, p in models_of([*tuning, *final]).items()
+             if rates[m].threads != threads_of(p.cfg)]
+    return [*rate_lines(rates), *other,
             f"  a training step of {p.name}: {p.cfg.data.prompts_per_step} prompts × "
             f"{p.cfg.rollout.n_samples} samples × {L:.1f} tokens ≈ {step:.3g} CPU-s",
             f"estimated CPU-hours: training {hours(c.training)}, validation "

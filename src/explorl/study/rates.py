@@ -6,9 +6,13 @@ calibration (``explorl.study.calibrate``), and cached per model and shape.
 What a run records, and how it is split (``from_runs``):
 
 - each training step's ``time/cpu_s`` (CPU seconds of the training process, all its threads,
-  validation included) is split by its wall-clock parts: ``time/val_s`` of ``time/step_s``
-  goes to validation; the rest is shared between sampling (``time/generate_s`` +
-  ``time/score_s``) and the update (``time/train_s`` + ``time/old_logp_s``) in their ratio;
+  validation included) less its validation's ``time/val_cpu_s`` is shared between sampling
+  (``time/generate_s`` + ``time/score_s``) and the update (``time/train_s`` +
+  ``time/old_logp_s``) in the ratio of their wall-clock seconds;
+- the evaluation rate comes from the measured CPU seconds of validations (``time/val_cpu_s``)
+  and evaluations (``eval.json``); only without either, from the validations' wall-clock share
+  of their step's CPU time (``time/val_s`` ÷ ``time/step_s``: rough where the cores are shared,
+  as the CPU a process gets then varies within a step);
 - tokens: a step generated ``rollout/n_samples`` × ``response/length_mean`` and trained
   ``rollout/n_trained`` × ``response/length_mean`` × ``optim.ppo_epochs``; a validation
   generated its replies (``eval.n_samples`` per problem, plus a greedy one with
@@ -128,8 +132,10 @@ class _Sums:
     sample_tok: float = 0.0
     update_cpu: float = 0.0
     update_tok: float = 0.0
-    eval_cpu: float = 0.0
+    eval_cpu: float = 0.0  # measured: time/val_cpu_s, eval.json's cpu_seconds
     eval_tok: float = 0.0
+    rough_cpu: float = 0.0  # validations' wall-clock share of their step's CPU time
+    rough_tok: float = 0.0
     cpu: float = 0.0
     wall: float = 0.0
     len_sum: float = 0.0
@@ -166,10 +172,15 @@ def _add_run(s: _Sums, run: Path, cfg: C.RunConfig) -> None:
     epochs = cfg.optim.ppo_epochs
     for r in steps:
         cpu, wall = float(r["time/cpu_s"]), float(r["time/step_s"])
-        val = min(cpu, cpu * float(r.get("time/val_s", 0.0)) / wall)
-        if r.get("time/val_s"):
+        if r.get("time/val_cpu_s") is not None:  # measured
+            val = min(cpu, float(r["time/val_cpu_s"]))
             s.eval_cpu += val
             s.eval_tok += val_replies(cfg) * mean_len
+        else:  # the wall-clock share (a core shared with other work makes it rough)
+            val = min(cpu, cpu * float(r.get("time/val_s", 0.0)) / wall)
+            if r.get("time/val_s"):
+                s.rough_cpu += val
+                s.rough_tok += val_replies(cfg) * mean_len
         gen = float(r.get("time/generate_s", 0.0)) + float(r.get("time/score_s", 0.0))
         upd = float(r.get("time/train_s", 0.0)) + float(r.get("time/old_logp_s", 0.0))
         rest = cpu - val
@@ -226,7 +237,8 @@ def from_runs(runs: list[Path], model: str, source: str) -> TokenRates | None:
         return None
     return TokenRates(model=model, sample_s=s.sample_cpu / s.sample_tok,
                       update_s=s.update_cpu / s.update_tok,
-                      eval_s=s.eval_cpu / s.eval_tok if s.eval_tok else None,
+                      eval_s=(s.eval_cpu / s.eval_tok if s.eval_tok
+                              else s.rough_cpu / s.rough_tok if s.rough_tok else None),
                       length=s.len_sum / s.steps, parallel=s.cpu / s.wall,
                       threads=max(threads), steps=s.steps, source=source, shape=shape)
 
