@@ -213,6 +213,27 @@ def test_a_time_limit_without_rates_says_how_to_get_them(tiny_model, tmp_path, m
     assert any("no measured rates of" in x and "--plan --calibrate" in x for x in lines)
 
 
+def test_a_calibration_samples_a_whole_generation_batch(tiny_model, tmp_path):
+    """``rollout.batch_size=6``: the validation (2 samples per problem) takes 3 problems, the
+    evaluation (the study's n = 4) 2; a batch larger than the split takes all it has (4
+    validation problems, 8 test problems)."""
+    from explorl.study.calibrate import batch_problems, calibration_commands
+
+    assert batch_problems(256, 64, 256) == 4 and batch_problems(256, 4, 64) == 64
+    assert batch_problems(256, 300, 10) == 1 and batch_problems(6, 4, 8) == 2
+    for rows, val, ev in ((6, 3, 2), (256, 4, 8)):
+        path = _spec(tmp_path, tiny_model)
+        spec = load_spec(path)
+        spec.set.append(f"rollout.batch_size={rows}")
+        (plan,) = plan_runs(spec, path, tmp_path / "o")
+        train, evaluate = calibration_commands(plan, spec, tmp_path / "cal", 2)
+        assert train[train.index("--max-steps") + 1] == "2"
+        last = [a for a in train if a.startswith("eval.max_problems=")][-1]  # the one applied
+        assert "eval.every=2" in train and last == f"eval.max_problems={val}"
+        assert evaluate[evaluate.index("--n") + 1] == "4"
+        assert evaluate[evaluate.index("--max-problems") + 1] == str(ev)
+
+
 def test_plan_calibrates_the_lab_model_and_caches_its_rates(tiny_model, tmp_path):
     """One training step and a small evaluation of the tiny lab model (seconds): rates > 0,
     the evaluation's own CPU seconds recorded in its eval.json, the start-up the rest of the

@@ -1,12 +1,13 @@
 """A calibration (``explorl study SPEC --plan --calibrate``): a few training steps of a study's
-first run of each model, with the study's settings, then a small evaluation, in one job
-process as the study runs them; its CPU rates (``explorl.study.rates``) are cached per model
-and shape.
+first run of each model, with the study's settings, then an evaluation, in one job process as
+the study runs them; its CPU rates (``explorl.study.rates``) are cached per model and shape.
 
-The job trains ``steps`` steps (a validation of ``CAL_PROBLEMS`` problems × 2 samples at the
-last) and then runs ``explorl eval`` on ``CAL_PROBLEMS`` problems × 2 samples. The process's
-CPU time (``getrusage`` of the child, its own children included) less the steps' and the
-evaluation's is its start-up: imports, model loads, the final save.
+The job trains ``steps`` steps with a validation at the last and then runs ``explorl eval``
+with the study's samples per problem. Both sample a whole generation batch
+(``rollout.batch_size`` rows) where the study's would: a CPU decodes many rows per step more
+cheaply per token than a few, so a smaller batch would overprice the study's evaluations. The
+process's CPU time (``getrusage`` of the child, its own children included) less the steps' and
+the evaluation's is its start-up: imports, model loads, the final save.
 """
 
 from __future__ import annotations
@@ -23,11 +24,8 @@ from pathlib import Path
 from explorl.errors import ConfigError
 from explorl.study.jobs import _env, eval_args, job_command, train_args
 from explorl.study.plan import RunPlan
-from explorl.study.rates import TokenRates, from_runs, model_id, store
+from explorl.study.rates import TokenRates, from_runs, model_id, split_size, store
 from explorl.study.spec import StudyEvalSpec, StudySpec
-
-CAL_PROBLEMS = 8
-"""Problems of the calibration's validation and of its evaluation (2 samples each, + greedy)."""
 
 
 def _child_cpu() -> float:
@@ -35,19 +33,27 @@ def _child_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def batch_problems(rows: int, n: int, available: int) -> int:
+    """Problems whose ``n`` samples each fill ``rows`` generation rows, at most ``available``."""
+    return max(1, min(available, -(-rows // n)))
+
+
 def calibration_commands(plan: RunPlan, spec: StudySpec, out: Path,
                          steps: int) -> list[list[str]]:
     """``explorl train`` of ``plan`` for ``steps`` steps into ``out`` (a validation at the last,
-    no checkpoints but the final one), then ``explorl eval`` of it."""
-    e = spec.eval
-    problems = min(CAL_PROBLEMS, e.max_problems or CAL_PROBLEMS)
+    no checkpoints but the final one), then ``explorl eval`` of it: each a generation batch of
+    the study's samples per problem (``batch_problems``)."""
+    cfg, e = plan.cfg, spec.eval
+    rows = cfg.rollout.batch_size
+    val = batch_problems(rows, cfg.eval.n_samples, split_size(cfg, "val", cfg.eval.max_problems))
     sets = [*plan.sets, f"eval.every={steps}", "eval.before_training=false",
-            f"eval.max_problems={CAL_PROBLEMS}", "eval.n_samples=2", "eval.k=[1]",
-            "log.checkpoint_every=0", "log.plots=false", "log.progress=false"]
-    small = StudyEvalSpec(n=2, temperature=e.temperature, k=[1], split=e.split,
+            f"eval.max_problems={val}", "eval.k=[1]", "log.checkpoint_every=0",
+            "log.plots=false", "log.progress=false"]
+    problems = batch_problems(rows, e.n, split_size(cfg, e.split, e.max_problems))
+    small = StudyEvalSpec(n=e.n, temperature=e.temperature, k=[1], split=e.split,
                           max_problems=problems, seed=e.seed)
     cal = dataclasses.replace(plan, sets=sets, out=out, evals=[("eval", small)],
-                              cfg=dataclasses.replace(plan.cfg, max_steps=steps))
+                              cfg=dataclasses.replace(cfg, max_steps=steps))
     return [train_args(cal, "fresh"), eval_args(cal, spec)]
 
 
@@ -56,8 +62,8 @@ def calibrate(plan: RunPlan, spec: StudySpec, steps: int = 2,
     """Measure and cache the rates of ``plan``'s model at its shape (``keep``: the run's
     directory, for a test; default a temporary one, removed)."""
     model = model_id(plan.cfg)
-    log(f"calibrating {model}: {steps} training steps of {plan.name} and an evaluation of "
-        f"{CAL_PROBLEMS} problems, one job as the study runs it …")
+    log(f"calibrating {model}: {steps} training steps of {plan.name}, a validation and an "
+        "evaluation of one generation batch each, one job as the study runs it …")
     with tempfile.TemporaryDirectory(prefix="explorl-calibrate-") as tmp:
         out = keep or Path(tmp) / "run"
         logfile = out.parent / f"{out.name}.calibration.log"
