@@ -85,6 +85,11 @@ def test_plan_rates_from_a_runs_metrics_by_hand(tiny_model, tmp_path):
     assert r.length == 5.0 and r.steps == 2 and r.threads == 1 and r.start_s == 0.0
     assert r.parallel == pytest.approx(1800 / 3960)
     assert from_runs([tmp_path / "ref"], "another-model", "ref") is None
+    bad = tmp_path / "bad"  # a run whose config this version cannot read prices nothing
+    bad.mkdir()
+    (bad / "config.yaml").write_text("optim: {lr: [}\n")
+    (bad / "metrics.jsonl").write_text(json.dumps(STEPS[0]) + "\n")
+    assert from_runs([bad, tmp_path / "ref"], model_id(plan.cfg), "ref").steps == 2
 
 
 def test_plan_rates_prefer_the_measured_validation_cpu(tiny_model, tmp_path):

@@ -206,7 +206,7 @@ def cost_lines(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
     missing = [m for m in models_of([*tuning, *final]) if m not in rates]
     if missing:
         return [f"no measured rates of {m} at this study's shape: price it with --calibrate "
-                "(a few training steps and a small evaluation, cached) or --cost-from a run or "
+                "(a few training steps and an evaluation, cached) or --cost-from a run or "
                 "study directory of the same model" for m in missing]
     est = estimate(spec, tuning, final, rates, jobs)
     c = est.cpu

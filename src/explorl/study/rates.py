@@ -225,7 +225,10 @@ def from_runs(runs: list[Path], model: str, source: str) -> TokenRates | None:
     tokens), or None when none of them has a measured step."""
     s, threads, shape = _Sums(), set(), None
     for run in runs:
-        cfg = run_config(run)
+        try:
+            cfg = run_config(run)
+        except ConfigError:  # not a run this version reads: it prices nothing
+            continue
         if model_id(cfg) != model:
             continue
         before = s.steps

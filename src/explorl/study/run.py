@@ -372,8 +372,12 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
     if time_limit:  # before any work: does what is left fit (from the measured rates)?
         chosen = _chosen(spec, out)
         tuning = plan_tuning(spec, spec_path, out) if spec.tune and chosen is None else []
-        for line in time_limit_lines(spec, tuning, plan_runs(spec, spec_path, out, chosen or {}),
-                                     out, spec.jobs, time_limit):
+        try:
+            lines = time_limit_lines(spec, tuning, plan_runs(spec, spec_path, out, chosen or {}),
+                                     out, spec.jobs, time_limit)
+        except (C.ConfigError, OSError, ValueError, KeyError) as e:  # no estimate: still run
+            lines = [f"--time-limit: no estimate of the study's cost ({e})"]
+        for line in lines:
             log(line)
     if spec.tune:
         _build_models([p for p in plan_tuning(spec, spec_path, out) if not complete(p.out)])
