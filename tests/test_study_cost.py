@@ -265,3 +265,24 @@ def test_plan_calibrates_the_lab_model_and_caches_its_rates(tiny_model, tmp_path
     est = estimate(spec, [], [plan], {model_id(plan.cfg): r}, 1)
     assert est.cpu.training == pytest.approx(
         10 * 8 * min(r.length, 10) * (r.sample_s + r.update_s) + r.start_s)
+
+
+def test_timed_adds_wall_and_cpu_seconds():
+    """``timed(metrics, key, cpu_key)``: a sleep adds wall-clock but almost no CPU time; work
+    adds CPU time (the CPU key of ``time/val_cpu_s``); both add up over phases."""
+    import time
+
+    from explorl.training.metrics import timed
+
+    m: dict = {}
+    with timed(m, "w", "c"):
+        time.sleep(0.2)
+    assert m["w"] >= 0.2 and m["c"] < 0.1
+    with timed(m, "w", "c"):
+        c0 = time.process_time()
+        while time.process_time() - c0 < 0.05:
+            pass
+    assert m["c"] >= 0.05 and m["w"] >= 0.25
+    with timed(m, "only"):
+        pass
+    assert set(m) == {"w", "c", "only"}

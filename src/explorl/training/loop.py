@@ -246,10 +246,8 @@ class Trainer:
         # 6. log (global values, the same on every rank)
         metrics.update(batch_metrics(step, sb, knobs))
         if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.max_steps):
-            val_cpu = time.process_time()
-            with timed(metrics, "time/val_s"):
+            with timed(metrics, "time/val_s", "time/val_cpu_s"):
                 metrics.update(self.validate())
-            metrics["time/val_cpu_s"] = time.process_time() - val_cpu
         metrics.update(pop_metrics(self.engine))  # vllm: weight pushes, vLLM-vs-forward logp gap
         metrics["time/step_s"] = time.perf_counter() - t_start
         metrics["time/cpu_s"] = time.process_time() - cpu_start
