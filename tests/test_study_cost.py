@@ -126,7 +126,7 @@ def test_plan_validations_count_every_eval_step_the_last_and_the_one_before(tiny
 #   validation: 3 × 12 replies × 5 tokens × 6.0 = 1080 CPU-s = 0.300 h
 #   evaluation: 8 × 5 replies × 5 tokens × 6.0 = 1200 CPU-s = 0.333 h; the base model's: the same
 #   total 10680 CPU-s = 2.97 h; every reply at its 10 tokens: twice that, 5.93 h
-#   wall: 10680 ÷ (1 job × 5/11) = 23496 s = 6.53 h
+#   wall: 10680 ÷ (1 job × 5/11) = 23496 s = 6.53 h; on a free core (1 thread): 2.97 h
 def test_plan_prints_cpu_hours_from_a_run_directory(tiny_model, tmp_path, capsys):
     path = _spec(tmp_path, tiny_model)
     (plan,) = plan_runs(load_spec(path), path, tmp_path / "o")
@@ -140,11 +140,14 @@ def test_plan_prints_cpu_hours_from_a_run_directory(tiny_model, tmp_path, capsys
     assert ("estimated CPU-hours: training 2, validation 0.3, evaluation 0.333 (final and "
             "checkpoints), base model 0.333; total 2.97 (at most 5.93 if every reply ran to its "
             "limit)") in out
-    assert "≈ 6.53 h of wall-clock with 1 job at a time" in out
+    assert ("wall-clock with 1 job at a time (CPU ÷ jobs ÷ the cores one job keeps busy): ≈ 6.53 "
+            "h at the 0.45 cores a job got when measured, ≈ 2.97 h with each job's 1 thread on "
+            "free cores (at best)") in out
     # two jobs: the one run still runs alone; the base model's evaluation too
     assert main(["study", str(path), "--plan", "--jobs", "2", "--out", str(tmp_path / "o"),
                  "--cost-from", str(tmp_path / "ref")]) == 0
-    assert "≈ 6.53 h of wall-clock with 2 jobs at a time" in capsys.readouterr().out
+    assert "with 2 jobs at a time (CPU ÷ jobs ÷ the cores one job keeps busy): ≈ 6.53 h" in \
+        capsys.readouterr().out
 
 
 def test_plan_reads_the_studys_own_runs_without_cost_from(tiny_model, tmp_path, capsys):
@@ -286,3 +289,18 @@ def test_timed_adds_wall_and_cpu_seconds():
     with timed(m, "only"):
         pass
     assert set(m) == {"w", "c", "only"}
+
+
+def test_plan_wall_clock_divides_each_phase_by_the_runs_at_a_time(tiny_model, tmp_path):
+    """Two seeds: each run 9480 CPU-s, the base model's evaluation 1200 (alone), one job
+    keeping 5/11 cores busy. 2 jobs: (2 × 9480 / 2 + 1200) × 11/5 = 23496 s, one run's time;
+    1 job: (2 × 9480 + 1200) × 11/5 = 44352 s; on free cores (1 thread): × 5/11."""
+    path = _spec(tmp_path, tiny_model, seeds=[0, 1])
+    spec = load_spec(path)
+    plans = plan_runs(spec, path, tmp_path / "o")
+    _fake_run(tmp_path / "ref", plans[0].cfg)
+    rates = {model_id(plans[0].cfg): from_runs([tmp_path / "ref"], model_id(plans[0].cfg), "r")}
+    assert estimate(spec, [], plans, rates, 2).wall_s == pytest.approx(23496)
+    assert estimate(spec, [], plans, rates, 1).wall_s == pytest.approx(44352)
+    assert estimate(spec, [], plans, rates, 1, free=True).wall_s == pytest.approx(20160)
+    assert estimate(spec, [], plans, rates, 1).cpu.total() == pytest.approx(20160)

@@ -16,9 +16,10 @@ come from the spec: a training step generates and trains ``prompts_per_step`` ×
 - evaluation: each final and checkpoint evaluation, (n + 1 greedy) replies per problem × L ×
   the evaluation rate; the base model's (before RL) likewise, plus one process start.
 
-Wall-clock: CPU ÷ (runs at a time × ``parallel``, the CPU-s per wall-clock second one job
-measured), phase by phase (tuning runs, the base model's evaluation alone, the final runs).
-It assumes the jobs have their cores to themselves; a machine shared with other work is slower.
+Wall-clock: CPU ÷ (runs at a time × the cores one job keeps busy), phase by phase (tuning
+runs, the base model's evaluation alone, the final runs), twice: at ``parallel``, the CPU-s per
+wall-clock second the measured job got (low where its cores were shared), and with each job's
+threads on free cores (``threads_of``: at best).
 """
 
 from __future__ import annotations
@@ -122,9 +123,12 @@ class Estimate:
 def estimate(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
              rates: dict[str, TokenRates], jobs: int,
              left: Callable[[RunPlan], tuple[int, bool]] | None = None,
-             base_left: Callable[[str, RunPlan], bool] | None = None) -> Estimate:
+             base_left: Callable[[str, RunPlan], bool] | None = None,
+             free: bool = False) -> Estimate:
     """The study's cost (``left``: a plan's (steps, whether its evaluations) still to run;
-    ``base_left``: whether a base folder's evaluation is still to run; default: all)."""
+    ``base_left``: whether a base folder's evaluation is still to run; default: all); its
+    wall-clock at the measured ``parallel``, or (``free``) with each job's threads on free
+    cores."""
     total, wall, upper = Cost(), 0.0, 0.0
     for phase in (tuning, final):
         cpu = 0.0
@@ -136,7 +140,7 @@ def estimate(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
             r = rates[model_id(p.cfg)]
             c = run_cost(p, r, steps=steps, evals=evals)
             total.add(c)
-            cpu += c.total() / r.parallel
+            cpu += c.total() / (threads_of(p.cfg) if free else r.parallel)
             upper += run_cost(p, r, float(reply_cap(p.cfg)), steps, evals).total()
             n += 1
         wall += cpu / max(1, min(jobs, n))
@@ -147,7 +151,7 @@ def estimate(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
                 r = rates[model_id(p.cfg)]
                 b = base_cost(p, r)
                 total.base += b
-                wall += b / r.parallel
+                wall += b / (threads_of(p.cfg) if free else r.parallel)
                 upper += base_cost(p, r, float(reply_cap(p.cfg)))
     return Estimate(total, wall, upper)
 
@@ -195,7 +199,7 @@ def rate_lines(rates: dict[str, TokenRates]) -> list[str]:
         lines.append(f"rates of {model} ({r.source}; {r.steps} steps at {r.threads} "
                      f"thread{'s' if r.threads > 1 else ''}): CPU-s {r.sample_s:.4g} per "
                      f"generated token, {r.update_s:.4g} per trained token, {ev}{start}; "
-                     f"replies {r.length:.1f} tokens on average; one job keeps {r.parallel:.2f} "
+                     f"replies {r.length:.1f} tokens on average; one job kept {r.parallel:.2f} "
                      "cores busy")
     return lines
 
@@ -209,6 +213,7 @@ def cost_lines(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
                 "(a few training steps and an evaluation, cached) or --cost-from a run or "
                 "study directory of the same model" for m in missing]
     est = estimate(spec, tuning, final, rates, jobs)
+    free = estimate(spec, tuning, final, rates, jobs, free=True).wall_s
     c = est.cpu
     p = final[0]
     r = rates[model_id(p.cfg)]
@@ -227,9 +232,10 @@ def cost_lines(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
             f"{hours(c.validation)}, evaluation {hours(c.evaluation)} (final and checkpoints), "
             f"base model {hours(c.base)}; total {hours(c.total())} (at most "
             f"{hours(est.upper_cpu_s)} if every reply ran to its limit)",
-            f"  ≈ {hours(est.wall_s)} h of wall-clock with {jobs} job{'s' if jobs > 1 else ''} "
-            f"at a time (CPU ÷ jobs ÷ the cores one job keeps busy; assumes each job has its "
-            "cores to itself)"]
+            f"  wall-clock with {jobs} job{'s' if jobs > 1 else ''} at a time (CPU ÷ jobs ÷ the "
+            f"cores one job keeps busy): ≈ {hours(est.wall_s)} h at the {r.parallel:.2f} cores "
+            f"a job got when measured, ≈ {hours(free)} h with each job's {threads_of(p.cfg)} "
+            f"thread{'s' if threads_of(p.cfg) > 1 else ''} on free cores (at best)"]
 
 
 def time_limit_lines(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan], out: Path,
