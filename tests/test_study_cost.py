@@ -304,3 +304,29 @@ def test_plan_wall_clock_divides_each_phase_by_the_runs_at_a_time(tiny_model, tm
     assert estimate(spec, [], plans, rates, 1).wall_s == pytest.approx(44352)
     assert estimate(spec, [], plans, rates, 1, free=True).wall_s == pytest.approx(20160)
     assert estimate(spec, [], plans, rates, 1).cpu.total() == pytest.approx(20160)
+
+
+def test_a_time_limit_prices_what_is_left_from_the_last_checkpoint(tiny_model, tmp_path):
+    """The run has its step-5 checkpoint: 5 steps × 720 + 1 validation (step 10) × 360 + its
+    evaluation 1200 = 5160 CPU-s = 1.43 h, × 11/5 = 3.15 h of wall-clock. Finished and
+    evaluated: nothing is left."""
+    from explorl.study.pricing import time_limit_lines
+    from explorl.training.checkpoint import STATE_FILE
+
+    path = _spec(tmp_path, tiny_model, base_eval=False)
+    out = tmp_path / "o"
+    spec = load_spec(path)
+    (plan,) = plan_runs(spec, path, out)
+    _fake_run(plan.out, plan.cfg)
+    (plan.out / "checkpoints" / "step-5").mkdir(parents=True)
+    (plan.out / "checkpoints" / "step-5" / STATE_FILE).write_text("")
+    (line,) = time_limit_lines(spec, [], [plan], out, 1, 3600)
+    assert "estimated at 3.15 h of wall-clock (1.43 CPU-hours at 1 job at a time)" in line
+    (plan.out / "summary.json").write_text(json.dumps({"steps": 10, "max_steps": 10}))
+    (plan.out / "eval" / "eval.json").write_text(json.dumps({
+        "overall": {"n_problems": 8}, "settings": {
+            "n": 4, "k": [1, 4], "temperature": 1.0, "split": "test", "seed": 0,
+            "max_new_tokens": 10, "cpu_seconds": 1200.0}}))
+    (plan.out / "eval" / "problems.jsonl").write_text("{}\n" * 8)
+    (line,) = time_limit_lines(spec, [], [plan], out, 1, 3600)
+    assert "estimated at 0 h of wall-clock (0 CPU-hours): it fits" in line
