@@ -53,11 +53,16 @@ from explorl.study.spec import StudySpec
 from explorl.training.checkpoint import latest_checkpoint
 
 
-def reply_cap(cfg: C.RunConfig) -> int:
-    """Most tokens a reply may have: ``rollout.max_response_len``, else the lab task's."""
+def reply_cap(cfg: C.RunConfig, unknown: float) -> float:
+    """Most tokens a reply may have: ``rollout.max_response_len``, else the lab task's, else
+    ``unknown``."""
     if cfg.rollout.max_response_len:
         return cfg.rollout.max_response_len
-    return get_task(cfg.data.train[0][len("lab:"):]).max_response_len
+    src = cfg.data.train[0] if cfg.data.train else ""
+    try:
+        return get_task(src[len("lab:"):]).max_response_len if src.startswith("lab:") else unknown
+    except (KeyError, ValueError, ImportError):
+        return unknown
 
 
 @dataclass
@@ -91,7 +96,7 @@ def run_cost(plan: RunPlan, r: TokenRates, length: float | None = None,
     start, and (``evals``) its final and checkpoint evaluations; replies of ``length`` tokens
     (default the measured mean, at most the run's limit)."""
     cfg = plan.cfg
-    L = min(r.length, reply_cap(cfg)) if length is None else length
+    L = min(r.length, reply_cap(cfg, r.length)) if length is None else length
     steps = cfg.max_steps if steps is None else steps
     replies = cfg.data.prompts_per_step * cfg.rollout.n_samples
     c = Cost(training=steps * replies * L * (r.sample_s + r.update_s * cfg.optim.ppo_epochs)
@@ -107,7 +112,7 @@ def run_cost(plan: RunPlan, r: TokenRates, length: float | None = None,
 def base_cost(plan: RunPlan, r: TokenRates, length: float | None = None) -> float:
     """The evaluations of ``plan``'s model before RL (one process)."""
     cfg = plan.cfg
-    L = min(r.length, reply_cap(cfg)) if length is None else length
+    L = min(r.length, reply_cap(cfg, r.length)) if length is None else length
     replies = sum(split_size(cfg, e.split, e.max_problems) * (e.n + 1)
                   for _, e in policy_evals(plan.evals))
     return replies * L * eval_rate(r) + r.start_s
@@ -141,7 +146,7 @@ def estimate(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
             c = run_cost(p, r, steps=steps, evals=evals)
             total.add(c)
             cpu += c.total() / (threads_of(p.cfg) if free else r.parallel)
-            upper += run_cost(p, r, float(reply_cap(p.cfg)), steps, evals).total()
+            upper += run_cost(p, r, float(reply_cap(p.cfg, r.length)), steps, evals).total()
             n += 1
         wall += cpu / max(1, min(jobs, n))
         if phase is tuning and spec.base_eval:
@@ -152,7 +157,7 @@ def estimate(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
                 b = base_cost(p, r)
                 total.base += b
                 wall += b / (threads_of(p.cfg) if free else r.parallel)
-                upper += base_cost(p, r, float(reply_cap(p.cfg)))
+                upper += base_cost(p, r, float(reply_cap(p.cfg, r.length)))
     return Estimate(total, wall, upper)
 
 
@@ -217,7 +222,7 @@ def cost_lines(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
     c = est.cpu
     p = final[0]
     r = rates[model_id(p.cfg)]
-    L = min(r.length, reply_cap(p.cfg))
+    L = min(r.length, reply_cap(p.cfg, r.length))
     step = (p.cfg.data.prompts_per_step * p.cfg.rollout.n_samples * L
             * (r.sample_s + r.update_s * p.cfg.optim.ppo_epochs))
     other = [f"  (measured at {rates[m].threads} thread(s); this study's {p.name} runs with "
