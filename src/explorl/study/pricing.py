@@ -25,7 +25,7 @@ threads on free cores (``threads_of``: at best).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from explorl import config as C
@@ -67,13 +67,12 @@ def reply_cap(cfg: C.RunConfig, unknown: float) -> float:
 
 @dataclass
 class Cost:
-    """CPU seconds by part, and the runs they come from."""
+    """CPU seconds by part."""
 
     training: float = 0.0
     validation: float = 0.0
     evaluation: float = 0.0
     base: float = 0.0
-    parts: dict = field(default_factory=dict)
 
     def total(self) -> float:
         return self.training + self.validation + self.evaluation + self.base
