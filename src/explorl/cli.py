@@ -377,8 +377,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "CPU time prices the study (or the lab's committed study.json reports)")
     s.add_argument("--calibrate", nargs="?", type=int, const=2, default=None, metavar="STEPS",
                    help="with --plan: first measure the model's rates with STEPS (default 2) "
-                        "training steps of the study's first run and a small evaluation, one "
-                        "job as the study runs it; cached per model and shape")
+                        "training steps of the study's first run, then a validation and an "
+                        "evaluation of one generation batch each, one job as the study runs "
+                        "it; cached per model and shape")
     s.add_argument("--pack", metavar="FILE",
                    help="write the finished runs' numbers (configs, metrics, per-problem counts; "
                         "no weights) of the study in --out to FILE (.tar.xz) and exit: it "
