@@ -22,6 +22,10 @@ os.environ["OMP_NUM_THREADS"] = "1"
 # EXPLORL_LAB_CACHE wins, so CI can point it anywhere.
 os.environ.setdefault("EXPLORL_LAB_CACHE",
                       str(Path(__file__).resolve().parents[1] / ".pytest_cache" / "explorl-lab"))
+# Calibrated study costs likewise (``explorl study --plan --calibrate``): a test never reads or
+# writes the user's ~/.cache/explorl/cost.
+os.environ.setdefault("EXPLORL_COST_CACHE",
+                      str(Path(__file__).resolve().parents[1] / ".pytest_cache" / "explorl-cost"))
 
 EMPTY_MODEL_CACHE = Path(__file__).resolve().parents[1] / ".pytest_cache" / "explorl-models-empty"
 """The model cache of every test but the ``real`` ones: empty, as on a fresh machine, so that no

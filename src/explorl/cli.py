@@ -196,6 +196,10 @@ def _study(args) -> int:
                             ("--from", args.restore)) if on]
     if len(used) > 1:  # each would silently ignore the other
         raise C.ConfigError(f"explorl study: {' and '.join(used)} do not go together")
+    if (args.cost_from or args.calibrate) and not args.plan:
+        raise C.ConfigError("explorl study: --cost-from and --calibrate go with --plan")
+    if args.calibrate is not None and args.calibrate < 1:
+        raise C.ConfigError(f"--calibrate: must be ≥ 1 step, got {args.calibrate}")
     if args.time_limit is not None and (args.plan or args.pack):
         raise C.ConfigError(f"explorl study: --time-limit and {'--plan' if args.plan else '--pack'}"
                             " do not go together (it limits training)")
@@ -211,7 +215,8 @@ def _study(args) -> int:
         from explorl.study import plan_study
 
         return plan_study(builtin.resolve(args.spec, "study"), quick=args.quick, jobs=args.jobs,
-                          recipes=args.recipes, cost_from=args.cost_from, out=args.out)
+                          recipes=args.recipes, cost_from=args.cost_from, out=args.out,
+                          calibrate=args.calibrate)
     if args.pack:
         from explorl.study.run import pack_study
 
@@ -363,11 +368,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder of the recipes the spec names without a path (default: the spec's "
                         "recipe_dir, relative to the spec)")
     s.add_argument("--plan", action="store_true",
-                   help="print the runs, steps, (with --cost-from) the estimated CPU-hours and "
-                        "how far the study in --out has got; run nothing")
-    s.add_argument("--cost-from", nargs="+", metavar="STUDY_JSON", default=None,
-                   help="with --plan: committed study.json files whose per-run CPU seconds give "
-                        "the estimate")
+                   help="print the runs, steps, the estimated CPU-hours and wall-clock (from the "
+                        "measured rates of the study's model: --cost-from, --calibrate, the "
+                        "study's own runs or a cached calibration) and how far the study in "
+                        "--out has got; run nothing")
+    s.add_argument("--cost-from", nargs="+", metavar="PATH", default=None,
+                   help="with --plan: run or study directories of the same model whose measured "
+                        "CPU time prices the study (or the lab's committed study.json reports)")
+    s.add_argument("--calibrate", nargs="?", type=int, const=2, default=None, metavar="STEPS",
+                   help="with --plan: first measure the model's rates with STEPS (default 2) "
+                        "training steps of the study's first run, then a validation and an "
+                        "evaluation of one generation batch each, one job as the study runs "
+                        "it; cached per model and shape")
     s.add_argument("--pack", metavar="FILE",
                    help="write the finished runs' numbers (configs, metrics, per-problem counts; "
                         "no weights) of the study in --out to FILE (.tar.xz) and exit: it "
@@ -377,7 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "study's data.tar.xz) that --out lacks, then continue (a finished study "
                         "is re-analysed without training)")
     s.add_argument("--time-limit", metavar="DURATION",
-                   help="stop in time for a job's time limit (90s, 50m, 2h, 1h30m): no run starts "
+                   help="stop in time for a job's time limit (90s, 50m, 2h, 1h30m): says first "
+                        "whether the study's estimate (--plan's rates) fits it; no run starts "
                         "that would not end before it (judged by the longest run finished so "
                         "far), the running ones checkpoint and stop at it; exit 75 while runs "
                         "remain (rerun, or --pack, to continue)")

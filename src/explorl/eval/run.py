@@ -132,7 +132,7 @@ def run_eval(
     calls: list[list[int]] = []  # per problem, per response: tool calls answered (with tools)
     greedy: list[bool] = []
     problems: list[dict] = []  # one row of problems.jsonl per problem
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     columns = (TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("eta"), TimeRemainingColumn(), TextColumn("[dim]{task.fields[decode]}"))
     rate = DecodeRate(time.perf_counter)
@@ -177,7 +177,8 @@ def run_eval(
         summary["by_source"][src]["greedy_accuracy"] = sum(flags) / max(1, len(flags))
     summary["settings"] = {"model": model, "data": list(data), "split": split, "n": n, "k": k_list,
                            "temperature": temperature, "max_new_tokens": max_new, "verifier": name,
-                           "seed": seed, "seconds": time.perf_counter() - t0}
+                           "seed": seed, "seconds": time.perf_counter() - t0,
+                           "cpu_seconds": time.process_time() - cpu0}
     out_dir = Path(out_dir)
     # eval.json last: a study takes it as the mark of a finished evaluation
     write_text_atomic(out_dir / "problems.jsonl", (json.dumps(row) + "\n" for row in problems))

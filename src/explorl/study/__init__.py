@@ -17,7 +17,9 @@ Modules, in the order a study uses them:
 - ``spec``: the spec's keys, reading and checking it, finding its recipes;
 - ``plan``: the tuning and final (recipe, seed) runs, their evaluations, the table's row
   order, how far each run has got;
-- ``cost``: what a study will cost (``--plan``), from committed reports;
+- ``rates``, ``calibrate``, ``pricing``: what a study will cost (``--plan``, ``--time-limit``),
+  from its model's measured CPU rates (runs' metrics, or a short calibration, cached);
+  ``cost``: the older estimate from the lab's committed reports' CPU seconds per step;
 - ``jobs``: each run's train-then-eval process, ``jobs`` at a time, skipping finished work;
 - ``tuning``: each ``tune:`` grid's table and the chosen value (validation pass@k, ties to
   pass@1); the final runs train the choice on fresh seeds;
@@ -31,17 +33,18 @@ Modules, in the order a study uses them:
 - ``figures``: the claims' figures;
 - ``tables``, ``documents``: study.md (pass@k, temperatures, power, ablations), claims.md,
   study.json, the published copy;
-- ``run``: ``run_study``, the whole pipeline, and ``plan_study`` (``--plan``).
+- ``run``: ``run_study``, the whole pipeline.
 
 The study runs the command line only as a child process (``python -m explorl``), never by import:
 ``explorl.cli`` imports this package, not the reverse.
 """
 
 from explorl.study.claims import CLAIMS, Claim, Evidence, Precondition, combine, evaluate_claims
+from explorl.study.cost import plan_study
 from explorl.study.jobs import JobResult, eval_args, execute, job_command, train_args
 from explorl.study.numbers import Stat, build_table, columns, run_numbers
 from explorl.study.plan import RunPlan, eval_done, order_rows, plan_runs, plan_tuning, run_state
-from explorl.study.run import analyse, plan_study, run_study
+from explorl.study.run import analyse, run_study
 from explorl.study.spec import (
     PowerSpec,
     StudyEvalSpec,

@@ -1,26 +1,31 @@
-"""What a study will cost before it runs (``explorl study SPEC --plan``): its runs, training
-steps and evaluation samples, and CPU-hours estimated from the per-run CPU seconds of committed
-study reports (``study.json``).
+"""What a study will cost before it runs: ``plan_study`` (``explorl study SPEC --plan``) prints
+its runs and prices them from its model's measured rates (``explorl.study.pricing``), or, given
+the lab's committed study reports (``study.json``), from their per-run CPU seconds (below).
 
-Training: each run's steps × the reference's CPU seconds per step for that recipe (the mean of
-its runs' ``cpu_run_s / steps``, validation included; a variant falls back to its recipe, a
-recipe the reference lacks to the reference's mean over runs), × the size factor of the lab
-model (the reference's ``grpo_large`` per-step cost over its ``grpo``'s). Evaluation: every
-sample of the final and tuning evaluations, the base model's and the validation samples beyond
-the reference's, at ``EVAL_CPU_S_PER_SAMPLE`` (× the size factor). Start-up is included in both
-rates. An estimate, not a measurement: cores shared with other work run slower.
+From reports, training: each run's steps × the reference's CPU seconds per step for that recipe
+(the mean of its runs' ``cpu_run_s / steps``, validation included; a variant falls back to its
+recipe, a recipe the reference lacks to the reference's mean over runs), × the size factor of
+the lab model (the reference's ``grpo_large`` per-step cost over its ``grpo``'s). Evaluation:
+every sample of the final and tuning evaluations, the base model's and the validation samples
+beyond the reference's, at ``EVAL_CPU_S_PER_SAMPLE`` (× the size factor). Start-up is included
+in both rates. A report of another model than the study's is refused (``check_same_model``).
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from explorl import config as C
 from explorl.errors import ConfigError
-from explorl.study.plan import RunPlan, base_folders, policy_evals
-from explorl.study.spec import StudySpec
+from explorl.study.calibrate import calibrate as measure
+from explorl.study.plan import RunPlan, base_folders, plan_runs, plan_tuning, policy_evals
+from explorl.study.pricing import cost_lines, find_rates, models_of
+from explorl.study.run import progress
+from explorl.study.spec import StudySpec, auto_jobs, load_spec
 
 EVAL_CPU_S_PER_SAMPLE = 15.0 / (256 * 64)
 """CPU seconds per evaluation sample of the ~0.9M lab model, start-up included: ≈ 15 s for 256
@@ -131,3 +136,79 @@ def plan_text(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
     for j in sorted({jobs, 2, 16}):
         lines.append(f"  ≈ {total / 3600 / j:.1f} h of wall-clock with {j} jobs on {j} free cores")
     return lines
+
+
+def report_model(data: dict) -> str | None:
+    """The model a report's runs trained: its spec's ``model.path`` override, else its lab
+    task's model (None when the report names neither)."""
+    spec = data.get("spec") or {}
+    for s in reversed(spec.get("set") or []):
+        if str(s).startswith("model.path="):
+            return str(s).split("=", 1)[1].strip()
+    return f"lab:{spec['task']}" if spec.get("task") else None
+
+
+def check_same_model(paths: list[Path], plans: list[RunPlan]) -> None:
+    """``--cost-from`` reports price a study only when their runs trained its models: a report
+    of the lab model says nothing about SmolLM2's cost."""
+    found = {}
+    for path in paths:
+        try:
+            found[path] = report_model(json.loads(Path(path).read_text()))
+        except (OSError, ValueError, AttributeError, TypeError):
+            continue  # Rates.from_reports says what is wrong with it
+    mine = sorted({p.cfg.model.path for p in plans})
+    for path, model in found.items():
+        if model is not None and model not in mine:
+            raise ConfigError(f"--cost-from {path}: its runs trained {model}, this study trains "
+                              f"{', '.join(mine)}: price it from runs of the same model "
+                              "(--cost-from a run or study directory) or with --calibrate")
+
+
+def plan_study(spec_path: str | Path, *, quick: bool = False, jobs: int | str | None = None,
+               recipes: str | Path | None = None, cost_from: list[str] | None = None,
+               out: str | Path | None = None, calibrate: int | None = None,
+               log: Callable[[str], None] = print) -> int:
+    """``explorl study SPEC --plan``: check the spec, print its runs, the estimated CPU-hours
+    and wall-clock from its models' measured rates (``find_rates``; ``calibrate``: measure them
+    first with that many training steps; ``cost_from``: run or study directories, or the lab's
+    committed ``study.json`` reports, ``explorl.study.cost``) and, when the study directory
+    exists, how far it has got; train nothing (a calibration trains its few steps)."""
+    spec_path = Path(spec_path)
+    spec = load_spec(spec_path, quick=quick)
+    if recipes is not None:
+        spec.recipe_dir = str(Path(recipes).resolve())
+    jobs = jobs or spec.jobs
+    jobs = auto_jobs() if jobs == "auto" else jobs
+    out = Path(out) if out else Path("runs") / f"study-{spec.name}{'-quick' if quick else ''}"
+    tuning = plan_tuning(spec, spec_path, out) if spec.tune else []
+    final = plan_runs(spec, spec_path, out)
+    paths = [Path(p) for p in cost_from or []]
+    reports = [p for p in paths if not p.is_dir()]
+    if reports and calibrate:
+        raise C.ConfigError("--calibrate and --cost-from STUDY_JSON do not go together")
+    if reports:  # the lab's committed reports: CPU seconds per step of the same recipes
+        if len(reports) < len(paths):
+            raise C.ConfigError("--cost-from: give study.json reports or run/study directories, "
+                                "not both")
+        check_same_model(reports, [*tuning, *final])
+        for line in plan_text(spec, tuning, final, Rates.from_reports(reports), jobs):
+            log(line)
+    else:
+        for line in plan_text(spec, tuning, final, None, jobs)[:1]:
+            log(line)
+        rates = {}
+        if calibrate:
+            rates = {m: measure(p, spec, calibrate, log)
+                     for m, p in models_of([*tuning, *final]).items()}
+        else:
+            rates = find_rates([*tuning, *final], out, paths or None)
+            if paths and not rates:
+                raise C.ConfigError(f"--cost-from {' '.join(map(str, paths))}: no run there "
+                                    "trained " + ", ".join(models_of([*tuning, *final]))
+                                    + " with timed steps (metrics.jsonl's time/cpu_s)")
+        for line in cost_lines(spec, tuning, final, rates, jobs):
+            log(line)
+    if out.is_dir():
+        log(progress(spec, spec_path, out))
+    return 0

@@ -21,7 +21,6 @@ from explorl.files import write_text_atomic
 from explorl.models import resolve_model_path
 from explorl.study.checkpoints import analyse_long
 from explorl.study.claims import evaluate_claims
-from explorl.study.cost import Rates, plan_text
 from explorl.study.data import complete, lab_models, pack, packable, unpack
 from explorl.study.documents import publish, write_documents
 from explorl.study.evidence import Evidence
@@ -54,6 +53,7 @@ from explorl.study.plan import (
     run_state,
     value_text,
 )
+from explorl.study.pricing import time_limit_lines
 from explorl.study.spec import StudySpec, auto_jobs, frontier_k, load_spec
 from explorl.study.stats import problem_passk
 from explorl.study.tuning import (
@@ -369,6 +369,16 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
     tuned: dict[str, list[GridPoint]] = {}
     wall = Wall(out, spec.jobs)
     deadline = Deadline.after(time_limit) if time_limit else None
+    if time_limit:  # before any work: does what is left fit (from the measured rates)?
+        chosen = _chosen(spec, out)
+        tuning = plan_tuning(spec, spec_path, out) if spec.tune and chosen is None else []
+        try:
+            lines = time_limit_lines(spec, tuning, plan_runs(spec, spec_path, out, chosen or {}),
+                                     out, spec.jobs, time_limit)
+        except (C.ConfigError, OSError, ValueError, KeyError) as e:  # no estimate: still run
+            lines = [f"--time-limit: no estimate of the study's cost ({e})"]
+        for line in lines:
+            log(line)
     if spec.tune:
         _build_models([p for p in plan_tuning(spec, spec_path, out) if not complete(p.out)])
         got = run_tuning(spec, spec_path, out, log, deadline, on_done=wall.tick)
@@ -418,28 +428,6 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
     if failed:
         log("failed runs: " + "; ".join(f"{r.plan.key} ({r.detail})" for r in failed))
         return 1
-    return 0
-
-
-def plan_study(spec_path: str | Path, *, quick: bool = False, jobs: int | str | None = None,
-               recipes: str | Path | None = None, cost_from: list[str] | None = None,
-               out: str | Path | None = None, log: Callable[[str], None] = print) -> int:
-    """``explorl study SPEC --plan``: check the spec, print its runs, (with ``cost_from``,
-    committed ``study.json`` files) the estimated CPU-hours and, when the study directory
-    exists, how far it has got; run nothing."""
-    spec_path = Path(spec_path)
-    spec = load_spec(spec_path, quick=quick)
-    if recipes is not None:
-        spec.recipe_dir = str(Path(recipes).resolve())
-    jobs = jobs or spec.jobs
-    out = Path(out) if out else Path("runs") / f"study-{spec.name}{'-quick' if quick else ''}"
-    tuning = plan_tuning(spec, spec_path, out) if spec.tune else []
-    final = plan_runs(spec, spec_path, out)
-    rates = Rates.from_reports([Path(p) for p in cost_from]) if cost_from else None
-    for line in plan_text(spec, tuning, final, rates, auto_jobs() if jobs == "auto" else jobs):
-        log(line)
-    if out.is_dir():
-        log(progress(spec, spec_path, out))
     return 0
 
 

@@ -246,7 +246,7 @@ class Trainer:
         # 6. log (global values, the same on every rank)
         metrics.update(batch_metrics(step, sb, knobs))
         if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.max_steps):
-            with timed(metrics, "time/val_s"):
+            with timed(metrics, "time/val_s", "time/val_cpu_s"):
                 metrics.update(self.validate())
         metrics.update(pop_metrics(self.engine))  # vllm: weight pushes, vLLM-vs-forward logp gap
         metrics["time/step_s"] = time.perf_counter() - t_start
