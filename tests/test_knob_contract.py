@@ -244,7 +244,12 @@ def test_loss_params_are_built_from_the_config_and_the_knobs():
     p = LossParams.build(a, knobs)
     assert (p.eps_high, p.entropy_coef, p.kl_coef, p.temperature, p.pos_neg_weight) == (
         0.33, 0.01, 0.05, 0.7, -0.2)  # the knobs win: they are what controllers move
-    assert (p.cispo_w_max, p.eps_low, p.agg) == (5.0, a.eps_low, a.agg)
+    assert (p.cispo_w_max, p.eps_low, p.agg) == (5.0, a.eps_low, "token-mean")  # ppo's own agg
+    for loss, agg in (("sapo", "seq-mean-token-mean"), ("luspo", "seq-mean-token-sum"),
+                      ("gspo", "seq-mean-token-mean"), ("vespo", "token-mean")):
+        assert LossParams.build(dataclasses.replace(a, loss=loss), knobs).agg == agg
+    assert LossParams.build(dataclasses.replace(a, loss="sapo", agg="token-mean"),
+                            knobs).agg == "token-mean"  # the recipe's, when it sets one
     assert LossParams.build(dataclasses.replace(a, kl_in_reward=True), knobs).kl_coef == 0.0
     assert set(LOSS_KNOBS) <= {f.name for f in dataclasses.fields(LossParams)}
     assert UPDATE_READS <= {f.name for f in dataclasses.fields(LossParams)}

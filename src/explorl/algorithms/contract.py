@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from explorl.algorithms.advantages import READS_CORRECTNESS
-from explorl.algorithms.losses import READS
+from explorl.algorithms.losses import READS, loss_agg
 
 LOSS_KNOBS = ("eps_high", "entropy_coef", "kl_coef", "pos_neg_weight", "temperature")
 """Knobs a controller may move that act through the update (``LossParams`` fields)."""
@@ -71,6 +71,7 @@ class LossParams:
             values[f.name] = getattr(source, f.name)
         if getattr(algorithm, "kl_in_reward", False):
             values["kl_coef"] = 0.0  # β acts in the reward (training/advantages.py)
+        values["agg"] = loss_agg(algorithm.loss, algorithm.agg)  # unset: the loss's own
         return cls(**values)
 
 

@@ -53,6 +53,7 @@ import math
 import torch
 
 from explorl.algorithms.covariance import masked_mean, per_token_advantages, token_covariance
+from explorl.algorithms.rollout_correction import response_mean_weight, sequence_log_weight
 
 LOG_RATIO_CLAMP = 20.0
 """|logp − old_logp| is clamped here before exp (as verl): e^20 ≈ 5e8 is already no trust
@@ -397,14 +398,28 @@ def vespo_loss(logp, old_logp, advantages, mask, cfg, generator=None, selection=
 
 
 REQUIRED_AGG = {"gspo": "seq-mean-token-mean", "luspo": "seq-mean-token-sum"}
-"""Losses that are only correct under one aggregation mode (checked when the loss runs; a
-config validator can check ``algorithm.agg`` against this table at load time)."""
+"""Losses that are only correct under one aggregation mode (checked when the loss runs and, for
+``algorithm.agg``, at load)."""
 
 AGG_WHY = {
     "gspo": "only then is the GSPO-token loss the sequence-level GSPO objective",
     "luspo": "only then is each response's GSPO loss scaled by its length",
 }
 """Why each ``REQUIRED_AGG`` loss needs its mode, for the error."""
+
+DEFAULT_AGG = {**REQUIRED_AGG, "sapo": "seq-mean-token-mean"}
+"""Each loss's own aggregation where it is not token-mean: what ``algorithm.agg`` left unset
+means (SAPO: the paper's and TRL's mean over responses of their token means)."""
+
+ENTROPY_AGG = {"luspo": "token-mean"}
+"""Losses whose entropy bonus is not aggregated like their policy term: LUSPO's token sums would
+multiply the bonus by the mean response length, so it takes TRL's token mean."""
+
+CORRECTION_FORM = {"vespo": "fold", "luspo": "response-mean"}
+"""How a loss takes the rollout correction's token weights w_t where not by multiplying each
+token's loss by its own w_t: ``fold`` (VESPO: into its sequence weight W, ``FOLDS_CORRECTION``),
+``response-mean`` (LUSPO, TRL's form: each response's loss times the mean of its tokens'
+weights, ``rollout_correction.response_mean_weight``)."""
 
 
 def _check_agg(name: str, cfg) -> None:
@@ -413,6 +428,16 @@ def _check_agg(name: str, cfg) -> None:
             f"loss {name!r} needs algorithm.agg = {REQUIRED_AGG[name]!r} (got {cfg.agg!r}): "
             f"{AGG_WHY[name]}"
         )
+
+
+def loss_agg(loss: str, agg: str | None) -> str:
+    """The aggregation mode of the policy term: ``agg`` when set, else the loss's own."""
+    return agg if agg is not None else DEFAULT_AGG.get(loss, "token-mean")
+
+
+def entropy_agg(loss: str, agg: str) -> str:
+    """The aggregation mode of the entropy bonus under ``loss`` whose policy term uses ``agg``."""
+    return ENTROPY_AGG.get(loss, agg)
 
 
 LOSSES = {
@@ -450,6 +475,21 @@ per-token loss multiplied by it (``algorithm.rollout_correction``, §7a), with t
 modes they accept: VESPO multiplies its sequence weight W by Π_t w_t (the update passes
 ``behaviour_log_weight``); dropped tokens (mask modes) still leave the loss and its
 denominators. Sequence-level weights would count twice in W (TRL refuses them as well)."""
+
+
+
+def take_correction(loss: str, weight: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor):
+    """How ``loss`` takes the rollout correction's token weights and kept tokens (N, T)
+    (``CORRECTION_FORM``): returns (the weight to multiply its per-token loss by, None when it
+    folds them in; the valid tokens that stay in the loss and its denominators; the extra
+    keyword arguments of the loss call)."""
+    form = CORRECTION_FORM.get(loss, "token")
+    if form == "fold":
+        return None, keep, {"behaviour_log_weight": sequence_log_weight(weight, keep)}
+    if form == "response-mean":
+        weight, keep = response_mean_weight(weight, keep, mask)
+    return weight, keep, {}
+
 
 SELECTORS = {"clip_cov": clip_cov_select, "kl_cov": kl_cov_select}
 """Losses that select tokens over a batch; the trainer runs these over a whole mini-batch."""

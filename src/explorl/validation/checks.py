@@ -178,7 +178,7 @@ def _check_names(cfg: RunConfig) -> None:
     if a.advantage in TAKES_K and a.passk_k is None:
         _fail("algorithm.passk_k",
               f"advantage {a.advantage!r} optimises pass@k: set k (≤ rollout.n_samples)")
-    if a.loss in REQUIRED_AGG and a.agg != REQUIRED_AGG[a.loss]:
+    if a.loss in REQUIRED_AGG and a.agg is not None and a.agg != REQUIRED_AGG[a.loss]:
         _fail("algorithm.agg", f"loss {a.loss!r} needs agg {REQUIRED_AGG[a.loss]!r}, got {a.agg!r} "
               f"({AGG_WHY[a.loss]})")
     rc_mode = a.rollout_correction.mode
@@ -190,7 +190,7 @@ def _check_names(cfg: RunConfig) -> None:
     for path, value, table, kind in [
         ("algorithm.loss", a.loss, LOSSES, "loss"),
         ("algorithm.advantage", a.advantage, ADVANTAGES, "advantage estimator"),
-        ("algorithm.agg", a.agg, AGG_MODES, "aggregation mode"),
+        *([("algorithm.agg", a.agg, AGG_MODES, "aggregation mode")] if a.agg is not None else []),
         ("algorithm.kl_estimator", a.kl_estimator, KL_ESTIMATORS, "KL estimator"),
         *[
             (f"log.report_to[{i}]", name, TRACKERS, "tracker")
