@@ -449,7 +449,7 @@ def test_vespo_lower_clamp_matches_trls_where_it_decides_the_weight(monkeypatch)
     assert 1e-17 < m["loss/vespo_phi_mean"].item() < 1e-12
     torch.testing.assert_close(got, expected.detach(), rtol=1e-9, atol=0)
     torch.testing.assert_close(g, g_trl, rtol=1e-9, atol=0)
-    import explorl.algorithms.losses as L
+    import explorl.algorithms.sequence_losses as L
 
     monkeypatch.setattr(L, "VESPO_LOG_W_MIN", -math.inf)  # the clamp removed: the test fails
     got, g, _ = ours()
