@@ -62,7 +62,9 @@ def luspo_loss(logp, old_logp, advantages, mask, cfg, generator=None, selection=
     so ``cfg.agg`` must be seq-mean-token-sum (Σ_i Σ_t ℓ_{i,t} / N_seq, TRL's
     ``(per_token_loss * mask).sum(-1).mean()``). GSPO's 1/|o_i| gives a long response the same
     weight as a short one, so its many clipped negative-advantage sequences push towards short
-    answers; LUSPO's weight |o_i| removes that bias. Same s_i, clip and metrics as GSPO.
+    answers; LUSPO's weight |o_i| removes that bias. Same s_i, clip and metrics as GSPO. Its
+    spec takes a token-level rollout correction as each response's mean weight (TRL's form,
+    ``losses.take_correction``) and its entropy bonus as the token mean.
     """
     _check_agg(LUSPO, cfg)
     mask = mask.bool()
