@@ -89,7 +89,7 @@ def rollout_correction(old_logp: torch.Tensor, engine_logp: torch.Tensor, mask: 
 def sequence_log_weight(weight: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """log Π_t w_t over each response's kept tokens (N,): the token-level weights of a
     ``Correction`` as one sequence weight, for a loss that folds them into its own (VESPO,
-    ``losses.FOLDS_CORRECTION``). Dropped tokens count 1 (they leave the loss instead)."""
+    ``LossSpec.correction = "fold"``). Dropped tokens count 1 (they leave the loss instead)."""
     keep = keep.bool()
     safe = torch.where(keep, weight, torch.ones_like(weight))  # log 0 would be -inf
     return torch.where(keep, safe.log(), torch.zeros_like(weight)).sum(-1)  # (N,)
