@@ -371,7 +371,9 @@ def test_sapo_and_luspo_loss_is_weighted_by_the_behaviour_weight_per_token(batch
     """On policy (ratio π_θ/π_prox = 1) SAPO's per-token loss is −2A/τ; the update multiplies
     it by w = e^ℓ. seq-mean-token-mean over rows A = [1, −1, .5, 2]:
     mean(−2·e^.1, +2/1.05·e^−.2, −1·e^.3, −4·1). LUSPO on policy: s = 1, loss −A per token,
-    seq-mean-token-sum: Σ_i −A_i·L_i·w_i / 4 with lengths [4, 4, 4, 3]."""
+    seq-mean-token-sum: Σ_i −A_i·L_i·w_i / 4 with lengths [4, 4, 4, 3] (LUSPO takes each
+    response's mean weight, here its one w_i; tests/test_algorithms_sapo_luspo_vespo.py has
+    tokens of one response with different weights)."""
     ro = _behaviour(_on_policy(batch))
     adv = torch.tensor([1.0, -1.0, 0.5, 2.0])
     e = math.exp
