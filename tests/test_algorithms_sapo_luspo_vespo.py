@@ -17,9 +17,14 @@ from explorl.algorithms.losses import (
     gspo_loss,
     luspo_loss,
     sapo_loss,
+    take_correction,
     vespo_loss,
 )
-from explorl.algorithms.rollout_correction import rollout_correction, sequence_log_weight
+from explorl.algorithms.rollout_correction import (
+    response_mean_weight,
+    rollout_correction,
+    sequence_log_weight,
+)
 
 E = math.exp
 
@@ -341,3 +346,154 @@ def test_their_metrics_are_documented():
     for name in ("sapo", "luspo", "vespo"):
         _, m = LOSSES[name](logp, old, adv, mask, cfg(agg=REQUIRED_AGG.get(name, "token-mean")))
         assert all(any(p.match(k) for p in patterns) for k in m), (name, sorted(m))
+
+
+def _token_correction(seed, old, mask, upper=1.3):
+    gen = torch.Generator().manual_seed(seed)
+    ell = (torch.rand(old.shape, generator=gen, dtype=torch.float64) - 0.3) * 0.8
+    return rollout_correction(old, old - ell, mask, "token-truncate", upper=upper)
+
+
+@pytest.mark.parametrize("seed", [3, 5])
+def test_luspo_with_a_token_level_correction_takes_trls_response_mean_weight(seed):
+    """TRL multiplies LUSPO's (B, 1) sequence loss by its (B, T) vLLM token ratio: each response's
+    loss is Σ_t w_t·ℓ_i, and every token's gradient is weighted by mean_t w_t. explorl takes the
+    correction the same way (``take_correction``: ``response_mean_weight``); weighting each
+    token by its own w_t would give the same value but another gradient."""
+    c = cfg(eps_low=0.02, eps_high=0.03)
+    logp, old, adv, mask = random_batch(seed)
+    corr = _token_correction(seed, old, mask)
+    assert (corr.weight[mask] == 1.3).any() and (corr.weight[mask] < 1.3).any()
+    is_ratio = torch.where(mask, corr.weight, torch.ones_like(corr.weight))  # TRL: 1 on padding
+    expected, _ = trl_loss("luspo", logp, old, adv, mask, c, is_ratio=is_ratio, level="sequence")
+    g_trl = grad(expected, logp) * mask
+    w, keep, extra = take_correction("luspo", corr.weight, corr.keep, mask)
+    assert extra == {}
+    per_tok, m = luspo_loss(logp, old, adv, mask, c)
+    assert 0 < m["loss/clip_frac"].item() < 1
+    got = aggregate(per_tok * w, mask & keep, "seq-mean-token-sum")
+    torch.testing.assert_close(got, expected.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad(got, logp), g_trl, rtol=1e-12, atol=1e-12)
+    # the per-token form: the same value, a different gradient
+    per_tok, _ = luspo_loss(logp, old, adv, mask, c)
+    naive = aggregate(per_tok * corr.weight, mask & corr.keep, "seq-mean-token-sum")
+    torch.testing.assert_close(naive, expected.detach(), rtol=1e-12, atol=1e-12)
+    assert (grad(naive, logp) - g_trl).abs().max() > 1e-2
+
+
+def test_response_mean_weight_by_hand():
+    # w = [1.5, 0 (masked), 0.5 | padding]: w̄ = (1.5 + 0.5)/3 on all three valid tokens, which
+    # all stay; a response that keeps no token leaves with weight 0.
+    weight = torch.tensor([[1.5, 0.0, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    keep = torch.tensor([[True, False, True, False], [False, False, False, False]])
+    mask = torch.tensor([[True, True, True, False], [True, True, False, False]])
+    w, k = response_mean_weight(weight, keep, mask)
+    torch.testing.assert_close(w, torch.tensor([[2 / 3, 2 / 3, 2 / 3, 0.0], [0.0] * 4],
+                                               dtype=torch.float64))
+    assert k.tolist() == [[True, True, True, False], [False] * 4]
+
+
+def test_take_correction_forms():
+    logp, old, adv, mask = random_batch(1)
+    corr = _token_correction(1, old, mask)
+    for loss in ("ppo", "sapo", "gspo", "cispo"):  # per token (GSPO: verl's GSPO-token form)
+        w, keep, extra = take_correction(loss, corr.weight, corr.keep, mask)
+        assert w is corr.weight and keep is corr.keep and extra == {}
+    w, keep, extra = take_correction("vespo", corr.weight, corr.keep, mask)
+    assert w is None and keep is corr.keep
+    torch.testing.assert_close(extra["behaviour_log_weight"],
+                               sequence_log_weight(corr.weight, corr.keep))
+
+
+def test_gspo_with_a_token_level_correction_keeps_verls_per_token_form():
+    """GSPO follows verl's ``compute_policy_loss_gspo`` (each token's loss times its own w_t);
+    TRL's ``importance_sampling_level="sequence"`` weights the response by its mean w. Same
+    value, different gradient: the documented difference."""
+    c = cfg(agg="seq-mean-token-mean", eps_low=0.02, eps_high=0.03)
+    logp, old, adv, mask = random_batch(3)
+    corr = _token_correction(3, old, mask)
+    is_ratio = torch.where(mask, corr.weight, torch.ones_like(corr.weight))
+    expected, _ = trl_loss("grpo", logp, old, adv, mask, c, is_ratio=is_ratio, level="sequence")
+    g_trl = grad(expected, logp) * mask
+    per_tok, _ = gspo_loss(logp, old, adv, mask, c)
+    got = aggregate(per_tok * corr.weight, mask, "seq-mean-token-mean")
+    torch.testing.assert_close(got, expected.detach(), rtol=1e-12, atol=1e-12)
+    g = grad(got, logp)
+    assert (g - g_trl).abs().max() > 1e-4
+    # verl's form by hand: token t of response i gets −A_i·s_i·w_t/|o_i| (unclipped responses)
+    s = torch.exp(((logp.detach() - old) * mask).sum(-1) / mask.sum(-1))
+    inside = ((s > 1 - 0.02) & (s < 1 + 0.03)) | ((s <= 1 - 0.02) & (adv > 0)) | (
+        (s >= 1 + 0.03) & (adv < 0))
+    want = -adv[:, None] * s[:, None] * corr.weight / mask.sum(-1, keepdim=True) / mask.shape[0]
+    want = torch.where(mask & inside[:, None], want, torch.zeros_like(want))
+    torch.testing.assert_close(g, want, rtol=1e-12, atol=1e-12)
+
+
+def test_vespo_lower_clamp_matches_trls_where_it_decides_the_weight(monkeypatch):
+    """Responses the policy has all but abandoned, log W ≈ −30 < log 1e-8: φ is
+    e^λ·(1e-8)^k ≈ 1e-15 only because of the clamp (e^{−57} without it). The values are ~1e-15,
+    far below pytest's absolute tolerance, so the comparison is relative (atol = 0)."""
+    logp, old, adv, mask = random_batch(6)
+    mask = torch.ones_like(mask)  # every row 7 tokens
+    old = logp.detach() + 30.0 / 7 + (torch.rand(old.shape, dtype=torch.float64) - 0.5) * 0.1
+    c = cfg()
+    expected, _ = trl_loss("vespo", logp, old, adv, mask, c)
+    g_trl = grad(expected, logp)
+
+    def ours():
+        per_tok, m = vespo_loss(logp, old, adv, mask, c)
+        got = aggregate(per_tok, mask, "token-mean")
+        return got, grad(got, logp), m
+
+    got, g, m = ours()
+    assert 1e-17 < m["loss/vespo_phi_mean"].item() < 1e-12
+    torch.testing.assert_close(got, expected.detach(), rtol=1e-9, atol=0)
+    torch.testing.assert_close(g, g_trl, rtol=1e-9, atol=0)
+    import explorl.algorithms.sequence_losses as L
+
+    monkeypatch.setattr(L, "VESPO_LOG_W_MIN", -math.inf)  # the clamp removed: the test fails
+    got, g, _ = ours()
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(g, g_trl, rtol=1e-9, atol=0)
+    assert (g.abs().max() / g_trl.abs().max()).item() < 1e-6
+
+
+def test_luspos_entropy_bonus_is_the_token_mean(make_config, tmp_path):
+    """The entropy bonus under LUSPO is TRL's token mean of H over the mini-batch, not the
+    per-response token sum of its policy term (which would multiply α by the mean length); under
+    a loss with agg seq-mean-token-sum that names it itself (ppo), it follows that agg (verl)."""
+    from explorl.training.loop import Trainer
+
+    out = {}
+    for loss in ("luspo", "ppo"):
+        cfg = make_config({"max_steps": 1, "eval": {"every": 0}, "optim": {"mini_batches": 1},
+                           "algorithm": {"loss": loss, "entropy_coef": 0.01,
+                                         "agg": "seq-mean-token-sum"}})
+        out[loss] = Trainer(cfg, tmp_path / loss).train_step()
+    m = out["luspo"]
+    # one mini-batch, on policy: the update's entropies are the sampling pass's
+    assert m["loss/entropy_bonus"] == pytest.approx(m["entropy/mean"], rel=1e-4)
+    p = out["ppo"]
+    assert p["response/length_mean"] > 1.5
+    assert p["loss/entropy_bonus"] == pytest.approx(
+        p["entropy/mean"] * p["response/length_mean"], rel=1e-4)
+
+
+@pytest.mark.parametrize("loss", sorted(TRL_SETTINGS))
+def test_an_empty_row_leaves_explorls_response_denominator_and_stays_in_trls(loss):
+    """A row with no valid token (overlong filtering, a dropped response): explorl divides the
+    per-response modes by the responses that have a token (verl), TRL's ``.mean()`` by every
+    row, so explorl's loss is TRL's × N / N_nonempty; token-mean (VESPO) divides by tokens in
+    both and is equal."""
+    agg, level = TRL_SETTINGS[loss]
+    c = cfg(agg=agg, eps_low=0.02, eps_high=0.03)
+    logp, old, adv, mask = random_batch(2)
+    mask = mask.clone()
+    mask[1] = False  # 6 rows, 5 with a token
+    expected, _ = trl_loss(loss, logp, old, adv, mask, c, level=level)
+    g_trl = grad(expected, logp) * mask
+    per_tok, _ = LOSSES[loss](logp, old, adv, mask, c)
+    got = aggregate(per_tok, mask, agg)
+    scale = 1.0 if agg == "token-mean" else 6 / 5
+    torch.testing.assert_close(got, expected.detach() * scale, rtol=1e-6, atol=1e-12)
+    torch.testing.assert_close(grad(got, logp), g_trl * scale, rtol=1e-6, atol=1e-12)

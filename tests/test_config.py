@@ -143,12 +143,18 @@ def test_recipe_reference_doc_is_current():
 
 
 def test_every_numeric_field_has_a_range_and_every_range_a_field():
+    """The config's table and the losses' and estimators' specs' (``METHOD_RANGES``) together
+    cover every numeric key, once."""
     import re
+
+    from explorl.algorithms.contract import METHOD_RANGES
+    from explorl.validation.checks import ALL_RANGES
 
     number = re.compile(r"^(list\[)?(int|float)\]?( or None)?$")  # int, float or None, list[int]
     numeric = {path for path, tp, _, _ in C.reference() if number.match(tp)}
-    assert set(C.RANGES) == numeric
-    for text in C.RANGES.values():  # each parses, and its bounds are in order
+    assert not set(C.RANGES) & set(METHOD_RANGES)
+    assert set(ALL_RANGES) == numeric
+    for text in ALL_RANGES.values():  # each parses, and its bounds are in order
         iv = C.Interval.parse(text)
         assert iv.lo < iv.hi
     assert C.Interval.parse("(0, 1]").describe() == "in (0, 1]"
@@ -158,11 +164,12 @@ def test_every_numeric_field_has_a_range_and_every_range_a_field():
 
 def test_adaptive_knobs_map_to_config_fields():
     from explorl.control import ACTUATOR_DEFAULTS
+    from explorl.validation.checks import ALL_RANGES
 
     assert set(C.ADAPTIVE_KNOB_FIELDS) == set(ACTUATOR_DEFAULTS)
     for knob, path in C.ADAPTIVE_KNOB_FIELDS.items():  # the defaults lie in the knob's range
         spec = ACTUATOR_DEFAULTS[knob]
-        iv = C.Interval.parse(C.RANGES[path])
+        iv = C.Interval.parse(ALL_RANGES[path])
         assert all(v in iv for v in (spec.c0, spec.c_min, spec.c_max))
 
 

@@ -245,7 +245,12 @@ def test_loss_params_are_built_from_the_config_and_the_knobs():
     p = LossParams.build(a, knobs)
     assert (p.eps_high, p.entropy_coef, p.kl_coef, p.temperature, p.pos_neg_weight) == (
         0.33, 0.01, 0.05, 0.7, -0.2)  # the knobs win: they are what controllers move
-    assert (p.cispo_w_max, p.eps_low, p.agg) == (5.0, a.eps_low, a.agg)
+    assert (p.cispo_w_max, p.eps_low, p.agg) == (5.0, a.eps_low, "token-mean")  # ppo's own agg
+    for loss, agg in (("sapo", "seq-mean-token-mean"), ("luspo", "seq-mean-token-sum"),
+                      ("gspo", "seq-mean-token-mean"), ("vespo", "token-mean")):
+        assert LossParams.build(dataclasses.replace(a, loss=loss), knobs).agg == agg
+    assert LossParams.build(dataclasses.replace(a, loss="sapo", agg="token-mean"),
+                            knobs).agg == "token-mean"  # the recipe's, when it sets one
     assert LossParams.build(dataclasses.replace(a, kl_in_reward=True), knobs).kl_coef == 0.0
     assert set(LOSS_KNOBS) <= {f.name for f in dataclasses.fields(LossParams)}
     assert UPDATE_READS <= {f.name for f in dataclasses.fields(LossParams)}
@@ -367,7 +372,9 @@ def test_sapo_and_luspo_loss_is_weighted_by_the_behaviour_weight_per_token(batch
     """On policy (ratio π_θ/π_prox = 1) SAPO's per-token loss is −2A/τ; the update multiplies
     it by w = e^ℓ. seq-mean-token-mean over rows A = [1, −1, .5, 2]:
     mean(−2·e^.1, +2/1.05·e^−.2, −1·e^.3, −4·1). LUSPO on policy: s = 1, loss −A per token,
-    seq-mean-token-sum: Σ_i −A_i·L_i·w_i / 4 with lengths [4, 4, 4, 3]."""
+    seq-mean-token-sum: Σ_i −A_i·L_i·w_i / 4 with lengths [4, 4, 4, 3] (LUSPO takes each
+    response's mean weight, here its one w_i; tests/test_algorithms_sapo_luspo_vespo.py has
+    tokens of one response with different weights)."""
     ro = _behaviour(_on_policy(batch))
     adv = torch.tensor([1.0, -1.0, 0.5, 2.0])
     e = math.exp

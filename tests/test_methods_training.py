@@ -94,8 +94,11 @@ def test_corrections_train_kl_in_reward_mask_truncated_reinforce_plus_plus(make_
 
 
 @pytest.mark.parametrize("sets,message", [
-    (["algorithm.loss=gspo"], "algorithm.agg: loss 'gspo' needs agg 'seq-mean-token-mean'"),
-    (["algorithm.loss=luspo"], "algorithm.agg: loss 'luspo' needs agg 'seq-mean-token-sum'"),
+    # agg unset is the loss's own; one the loss cannot take is refused
+    (["algorithm.loss=gspo", "algorithm.agg=token-mean"],
+     "algorithm.agg: loss 'gspo' needs agg 'seq-mean-token-mean'"),
+    (["algorithm.loss=luspo", "algorithm.agg=seq-mean-token-mean"],
+     "algorithm.agg: loss 'luspo' needs agg 'seq-mean-token-sum'"),
     (["algorithm.loss=sapo", "control.adaptive.enabled=true"],
      "control.adaptive drives eps_high, which nothing reads with loss 'sapo'"),
     (["algorithm.loss=vespo", "rollout.engine=vllm",

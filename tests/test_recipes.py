@@ -98,3 +98,33 @@ def test_display_names_a_builtin_by_name_and_a_file_by_its_relative_path(tmp_pat
     other.mkdir()
     monkeypatch.chdir(other)  # not under the working directory: the whole path
     assert builtin.display(spec, "study") == str(spec.resolve())
+
+
+@pytest.mark.parametrize("loss,agg", [("luspo", "seq-mean-token-sum"),
+                                      ("sapo", "seq-mean-token-mean"), ("ppo", "token-mean")])
+def test_naming_a_loss_on_the_quickstart_trains_with_its_own_aggregation(loss, agg, tiny_model,
+                                                                         tmp_path):
+    """``--set algorithm.loss=<name>`` with ``agg`` left unset: the loss's own aggregation."""
+    from explorl.algorithms import LossParams
+    from explorl.control.base import Knobs
+
+    cfg = validation.load(ROOT / "quickstart.yaml", [f"algorithm.loss={loss}"], env=False)
+    assert cfg.algorithm.agg is None
+    cfg = _lab_sized(ROOT / "quickstart.yaml", tiny_model)
+    cfg.algorithm.loss = loss
+    cfg = validation.from_dict(C.to_dict(cfg))
+    knobs = Knobs(temperature=1.0, eps_high=0.2, entropy_coef=0.0, kl_coef=0.0, n_samples=4,
+                  max_response_len=6)
+    assert LossParams.build(cfg.algorithm, knobs).agg == agg
+    Trainer(cfg, tmp_path / "run").train()
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [0, 1, 2]
+
+
+def test_an_aggregation_the_loss_cannot_take_is_refused_with_its_key_path():
+    with pytest.raises(C.ConfigError, match=r"^algorithm\.agg: loss 'luspo' needs agg "
+                                            r"'seq-mean-token-sum', got 'token-mean'"):
+        validation.load(ROOT / "quickstart.yaml",
+                        ["algorithm.loss=luspo", "algorithm.agg=token-mean"], env=False)
+    cfg = validation.load(ROOT / "quickstart.yaml",
+                          ["algorithm.loss=sapo", "algorithm.agg=token-mean"], env=False)
+    assert cfg.algorithm.agg == "token-mean"  # SAPO takes any aggregation the recipe names

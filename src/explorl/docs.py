@@ -6,6 +6,7 @@ import dataclasses
 import typing
 
 from explorl import config as C
+from explorl.validation.checks import ALL_RANGES
 
 HEADER = """# Recipe reference
 
@@ -13,13 +14,14 @@ Generated from the config dataclasses in `src/explorl/config/` by
 `python -m explorl.docs > docs/recipes.md` (a test keeps it in sync). Every key of a recipe, its
 type, its default and its meaning; the config classes are the only home of these defaults.
 Override any key with `--set key=value`. *allowed* is the interval every number of the key must
-lie in (`config.RANGES`); all numbers must be finite, and relations between keys are checked too
+lie in (`config.RANGES`, and for a loss's or an advantage estimator's keys its spec in
+`explorl.algorithms`); all numbers must be finite, and relations between keys are checked too
 ([Failure behaviour](failures.md)).
 """
 
 
 def _allowed(path: str) -> str:
-    return f"`{C.RANGES[path]}`" if path in C.RANGES else ""
+    return f"`{ALL_RANGES[path]}`" if path in ALL_RANGES else ""
 
 
 def recipe_reference() -> str:

@@ -1,9 +1,11 @@
 """Group-relative advantage estimators (docs/methods/baseline.md §0) and pass@k estimators
 (docs/methods/wider-field.md §6d).
 
-Every estimator has one signature, ``fn(rewards, group_index, eps) -> advantages`` (the
-pass@k ones in ``TAKES_K`` also take a keyword ``k``, the REINFORCE++ ones in ``TAKES_LENGTHS``
-a keyword ``lengths``):
+Each estimator is registered once, by its ``spec.AdvantageSpec`` in ``ADVANTAGE_SPECS`` (what
+it takes besides the rewards, the fields it reads and their intervals, its docs); the other
+tables here are derived from it. Every estimator has one signature,
+``fn(rewards, group_index, eps) -> advantages`` (the pass@k ones in ``TAKES_K`` also take a
+keyword ``k``, the REINFORCE++ ones in ``TAKES_LENGTHS`` a keyword ``lengths``):
 ``rewards`` is (N,) float, ``group_index`` is (N,) long with arbitrary group ids (not
 necessarily contiguous or sorted; groups may have unequal sizes). All statistics are
 computed with ``index_add_`` / ``scatter_reduce`` over groups, never a Python loop.
@@ -24,6 +26,8 @@ never the shaped reward (a format credit or the overlong penalty would otherwise
 from __future__ import annotations
 
 import torch
+
+from explorl.algorithms.spec import AdvantageSpec, owned_ranges
 
 ZERO_TOL = 1e-8
 """|A| below this counts as a zero advantage in the ``adv/*zero*`` metrics."""
@@ -357,30 +361,53 @@ def grpo_passk_advantages(
     return adv.to(rewards.float().dtype)
 
 
-ADVANTAGES = {
-    "grpo": grpo_advantages,
-    "dr_grpo": dr_grpo_advantages,
-    "rloo": rloo_advantages,
-    "reinforce_pp": reinforce_pp_advantages,
-    "reinforce_plus_plus": reinforce_plus_plus_advantages,
-    "reinforce_plus_plus_baseline": reinforce_plus_plus_baseline_advantages,
-    "grpo_batch_std": grpo_batch_std_advantages,
-    "passk_training": passk_training_advantages,
-    "pkpo": pkpo_advantages,
-    "pkpo_loo": pkpo_loo_advantages,
-    "pkpo_loo_minus_one": pkpo_loo_minus_one_advantages,
-    "grpo_passk": grpo_passk_advantages,
-}
+BASELINE_DOCS = "methods/baseline.md#formulas-0"
+PASSK_DOCS = ("methods/wider-field.md"
+              "#6d-passk-advantages-binary-rewards-group-of-n-with-c-correct-1-k-n")
+EPS = {"adv_eps": "(0, 1]"}  # 0 divides 0 by 0 for a group of equal rewards
+PASSK_K = {"passk_k": "[1, 4096]"}  # responses per prompt (config.intervals.SAMPLES)
 
-TAKES_K = frozenset({"passk_training", "pkpo", "pkpo_loo", "pkpo_loo_minus_one"})
+
+def _spec(name, fn, docs=BASELINE_DOCS, ranges=EPS, **kw) -> AdvantageSpec:
+    return AdvantageSpec(name=name, fn=fn, docs=docs, ranges=ranges, **kw)
+
+
+def _passk(name, fn, ranges=PASSK_K, **kw) -> AdvantageSpec:
+    return _spec(name, fn, PASSK_DOCS, ranges, reads_correctness=True, **kw)
+
+
+ADVANTAGE_SPECS: dict[str, AdvantageSpec] = {s.name: s for s in (
+    _spec("grpo", grpo_advantages),
+    _spec("dr_grpo", dr_grpo_advantages, ranges={}),  # eps unused
+    _spec("rloo", rloo_advantages, ranges={}),
+    _spec("reinforce_pp", reinforce_pp_advantages),
+    _spec("reinforce_plus_plus", reinforce_plus_plus_advantages, takes_lengths=True),
+    _spec("reinforce_plus_plus_baseline", reinforce_plus_plus_baseline_advantages,
+          takes_lengths=True),
+    _spec("grpo_batch_std", grpo_batch_std_advantages),
+    _passk("passk_training", passk_training_advantages, {**PASSK_K, **EPS}, takes_k=True),
+    _passk("pkpo", pkpo_advantages, takes_k=True),
+    _passk("pkpo_loo", pkpo_loo_advantages, takes_k=True),
+    _passk("pkpo_loo_minus_one", pkpo_loo_minus_one_advantages, takes_k=True),
+    _passk("grpo_passk", grpo_passk_advantages, EPS),
+)}
+"""``algorithm.advantage`` -> its spec: the one registration of each estimator."""
+
+ADVANTAGES = {name: s.fn for name, s in ADVANTAGE_SPECS.items()}
+"""Name -> estimator."""
+
+TAKES_K = frozenset(n for n, s in ADVANTAGE_SPECS.items() if s.takes_k)
 """Estimators that optimise pass@k for a given k (``compute_advantages(..., k=)``)."""
 
-READS_CORRECTNESS = TAKES_K | {"grpo_passk"}
+READS_CORRECTNESS = frozenset(n for n, s in ADVANTAGE_SPECS.items() if s.reads_correctness)
 """Pass@k estimators: they read correctness (0/1, ``compute_advantages(..., correct=)``), not
 the reward."""
 
-TAKES_LENGTHS = frozenset({"reinforce_plus_plus", "reinforce_plus_plus_baseline"})
+TAKES_LENGTHS = frozenset(n for n, s in ADVANTAGE_SPECS.items() if s.takes_lengths)
 """Estimators that whiten over tokens (``compute_advantages(..., lengths=)``)."""
+
+ADVANTAGE_RANGES = owned_ranges(ADVANTAGE_SPECS.values())
+"""``algorithm.<field>`` -> interval of every field an estimator reads (checked at load)."""
 
 
 def compute_advantages(
@@ -407,18 +434,19 @@ def compute_advantages(
       ``adv/zero_frac``: fraction of responses with |A| < 1e-8;
       ``adv/zero_group_frac``: fraction of groups whose advantages are all |A| < 1e-8.
     """
-    if name not in ADVANTAGES:
+    if name not in ADVANTAGE_SPECS:
         raise ValueError(f"unknown advantage estimator {name!r}; valid: {sorted(ADVANTAGES)}")
-    if name in READS_CORRECTNESS and correct is not None:
+    spec = ADVANTAGE_SPECS[name]
+    if spec.reads_correctness and correct is not None:
         rewards = correct.float()
-    if name in TAKES_LENGTHS:
-        adv = ADVANTAGES[name](rewards, group_index, eps, lengths=lengths)  # (N,)
-    elif name in TAKES_K:
+    if spec.takes_lengths:
+        adv = spec.fn(rewards, group_index, eps, lengths=lengths)  # (N,)
+    elif spec.takes_k:
         if k is None:
             raise ValueError(f"advantage estimator {name!r} needs k (the pass@k it optimises)")
-        adv = ADVANTAGES[name](rewards, group_index, eps, k=k)  # (N,)
+        adv = spec.fn(rewards, group_index, eps, k=k)  # (N,)
     else:
-        adv = ADVANTAGES[name](rewards, group_index, eps)  # (N,)
+        adv = spec.fn(rewards, group_index, eps)  # (N,)
     zero = (adv.abs() < ZERO_TOL).float()  # (N,)
     inverse, G = group_inverse(group_index)
     nonzero_per_group = _group_sum(1.0 - zero, inverse, G)  # (G,)

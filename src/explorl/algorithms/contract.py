@@ -4,10 +4,11 @@ which of them each policy loss and each advantage estimator reads.
 A controller moves a knob (``control.Knobs``: eps_high, entropy_coef, kl_coef, pos_neg_weight,
 temperature, ...); the knob must reach the loss, or the controller steers nothing while its
 metric moves. ``LossParams`` is the one record the update passes to a loss, built in one place
-(``LossParams.build``) from the ``algorithm`` section and the step's knobs. ``losses.READS``
-names the fields each loss reads (checked against the code by tests that record every attribute
-a loss touches); ``knobs_read`` adds the terms the update puts on top of any loss and the
-advantage side, so a config check can refuse a controller whose knob nothing reads.
+(``LossParams.build``) from the ``algorithm`` section and the step's knobs. Each loss's spec
+(``LossSpec.reads``) names the fields it reads (checked against the code by tests that record
+every attribute a loss touches); ``knobs_read`` adds the terms the update puts on top of any
+loss and the advantage side (``AdvantageSpec.reads_correctness``), so a config check can refuse
+a controller whose knob nothing reads.
 """
 
 from __future__ import annotations
@@ -15,8 +16,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from explorl.algorithms.advantages import READS_CORRECTNESS
-from explorl.algorithms.losses import READS
+from explorl.algorithms.advantages import ADVANTAGE_SPECS
+from explorl.algorithms.losses import LOSS_SPECS, loss_agg
+from explorl.algorithms.spec import owned_ranges
+
+METHOD_RANGES: dict[str, str] = owned_ranges(
+    [*LOSS_SPECS.values(), *ADVANTAGE_SPECS.values()])
+"""``algorithm.<field>`` -> interval of every field a loss or an advantage estimator owns, from
+their specs (``LossSpec.ranges``, ``AdvantageSpec.ranges``; one field's interval is the same in
+every spec that declares it). ``validation`` checks them with ``config.RANGES``."""
 
 LOSS_KNOBS = ("eps_high", "entropy_coef", "kl_coef", "pos_neg_weight", "temperature")
 """Knobs a controller may move that act through the update (``LossParams`` fields)."""
@@ -71,31 +79,22 @@ class LossParams:
             values[f.name] = getattr(source, f.name)
         if getattr(algorithm, "kl_in_reward", False):
             values["kl_coef"] = 0.0  # β acts in the reward (training/advantages.py)
+        values["agg"] = loss_agg(algorithm.loss, algorithm.agg)  # unset: the loss's own
         return cls(**values)
 
 
 def knobs_read(algorithm) -> frozenset[str]:
     """The ``LOSS_KNOBS`` that reach the loss or its advantages under this ``algorithm``
-    section: the loss's own (``losses.READS``), the update's terms (``UPDATE_READS``), and
+    section: the loss's own (``LossSpec.reads``), the update's terms (``UPDATE_READS``), and
     kl_coef moved into the reward by ``kl_in_reward``, which reaches only the estimators that
-    read the reward (not the pass@k ones in ``READS_CORRECTNESS``)."""
-    reads = set(READS[algorithm.loss]) | UPDATE_READS
+    read the reward (not the pass@k ones, ``AdvantageSpec.reads_correctness``)."""
+    reads = set(LOSS_SPECS[algorithm.loss].reads) | UPDATE_READS
     if getattr(algorithm, "kl_in_reward", False):
         reads.discard("kl_coef")
-        if algorithm.advantage not in READS_CORRECTNESS:
+        spec = ADVANTAGE_SPECS.get(algorithm.advantage)
+        if spec is None or not spec.reads_correctness:
             reads.add("kl_coef")
     return frozenset(reads) & frozenset(LOSS_KNOBS)
-
-
-WHY_NOT = {
-    ("cispo", "eps_high"): "CISPO caps its weight with algorithm.cispo_w_max, never eps_high",
-    ("kl_cov", "eps_high"): "KL-Cov has no PPO clip",
-    ("sapo", "eps_high"): ("SAPO has no clip bounds: its soft gate is shaped by "
-                           "algorithm.sapo_tau_pos/neg"),
-    ("vespo", "eps_high"): ("VESPO has no clip bounds: its sequence weight φ(W) is shaped by "
-                            "algorithm.vespo_k_*/vespo_lambda_*"),
-}
-"""Why a loss does not read a knob, for the config error."""
 
 
 def why_not_read(algorithm, knob: str) -> str:
@@ -103,4 +102,5 @@ def why_not_read(algorithm, knob: str) -> str:
     if knob == "kl_coef" and getattr(algorithm, "kl_in_reward", False):
         return (f"algorithm.kl_in_reward puts the KL into the reward, and advantage "
                 f"{algorithm.advantage!r} reads correctness, not the reward")
-    return WHY_NOT.get((algorithm.loss, knob), f"loss {algorithm.loss!r} does not read {knob}")
+    return LOSS_SPECS[algorithm.loss].why_not.get(
+        knob, f"loss {algorithm.loss!r} does not read {knob}")

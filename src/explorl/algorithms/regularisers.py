@@ -18,7 +18,7 @@ import torch
 
 from explorl.algorithms.aggregation import Denom, _safe_div
 from explorl.algorithms.covariance import masked_mean, per_token_advantages
-from explorl.algorithms.losses import _log_ratio
+from explorl.algorithms.loss_terms import log_ratio
 
 
 def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
@@ -99,7 +99,7 @@ def entropic_confident_term(
     """
     mask = mask.bool()
     adv = per_token_advantages(advantages.detach(), logp)  # (N, T)
-    ratio = torch.exp(_log_ratio(logp, old_logp, mask))  # (N, T)
+    ratio = torch.exp(log_ratio(logp, old_logp, mask))  # (N, T)
     if confident is None:
         confident = logp.detach().exp() > p_min
     confident = mask & confident.bool()

@@ -89,10 +89,27 @@ def rollout_correction(old_logp: torch.Tensor, engine_logp: torch.Tensor, mask: 
 def sequence_log_weight(weight: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """log Π_t w_t over each response's kept tokens (N,): the token-level weights of a
     ``Correction`` as one sequence weight, for a loss that folds them into its own (VESPO,
-    ``losses.FOLDS_CORRECTION``). Dropped tokens count 1 (they leave the loss instead)."""
+    ``LossSpec.correction = "fold"``). Dropped tokens count 1 (they leave the loss instead)."""
     keep = keep.bool()
     safe = torch.where(keep, weight, torch.ones_like(weight))  # log 0 would be -inf
     return torch.where(keep, safe.log(), torch.zeros_like(weight)).sum(-1)  # (N,)
+
+
+def response_mean_weight(weight: torch.Tensor, keep: torch.Tensor,
+                         mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token-level weights of a ``Correction`` as one weight per response, for a loss whose
+    ratio is the response's (LUSPO, TRL's form): w̄_i = Σ_{t kept} w_t / |o_i| on every valid
+    token of a response that keeps a token (dropped tokens count 0), and those responses' valid
+    tokens all stay in the loss. Summed over the response, w̄_i·|o_i|·ℓ_i = Σ_t w_t·ℓ_i: the
+    value of weighting each token, but the gradient of each token is w̄_i·∇ℓ_{i,t}, not
+    w_t·∇ℓ_{i,t}. Returns (weight (N, T), keep (N, T))."""
+    mask, keep = mask.bool(), keep.bool() & mask.bool()
+    total = torch.where(keep, weight, torch.zeros_like(weight)).sum(-1)  # (N,)
+    mean = total / mask.sum(-1).clamp(min=1)  # (N,)
+    kept_row = keep.any(-1, keepdim=True)  # (N, 1)
+    new_keep = mask & kept_row
+    new_weight = torch.where(new_keep, mean[:, None].expand_as(weight), torch.zeros_like(weight))
+    return new_weight, new_keep
 
 
 def merge_sums(parts: list[dict[str, float]]) -> dict[str, float]:

@@ -48,9 +48,9 @@ class AlgorithmConfig:
     adv_eps: float = 1e-6
     """Added to the group std in GRPO normalisation."""
     loss: str = "ppo"
-    """Policy loss: ``ppo``, ``clip_cov`` (Clip-Cov), ``kl_cov`` (KL-Cov), ``gspo`` (GSPO; needs
+    """Policy loss: ``ppo``, ``clip_cov`` (Clip-Cov), ``kl_cov`` (KL-Cov), ``gspo`` (GSPO; only
     ``agg: seq-mean-token-mean``), ``cispo`` (CISPO), ``sapo`` (SAPO's soft gate), ``luspo``
-    (LUSPO: GSPO scaled by length; needs ``agg: seq-mean-token-sum``), ``vespo`` (VESPO's
+    (LUSPO: GSPO scaled by length; only ``agg: seq-mean-token-sum``), ``vespo`` (VESPO's
     Gamma-shaped sequence weight), ``aepo`` (PPO whose upper clip keeps a rescaled gradient,
     AEPO's entropy-balanced clipping)."""
     eps_low: float = 0.2
@@ -114,10 +114,12 @@ class AlgorithmConfig:
     """AEPO's entropy-aware advantage (docs/methods/aepo.md): A_t ← A·(1 + w·(H_t − μ)/σ), μ and
     σ over the step's valid tokens, H the policy's entropy at the sampling temperature from the
     pass that gave old_logp; the authors' w = 0.2. 0 = off."""
-    agg: str = "token-mean"
+    agg: Optional[str] = None
     """Loss aggregation over tokens and sequences: ``token-mean``, ``seq-mean-token-mean``,
     ``seq-mean-token-sum`` (verl: each response's token sum, mean over responses) or
-    ``seq-mean-token-sum-norm`` (``algorithms.AGG_MODES``)."""
+    ``seq-mean-token-sum-norm`` (``algorithms.AGG_MODES``). None: the loss's own
+    (``seq-mean-token-mean`` for gspo and sapo, ``seq-mean-token-sum`` for luspo, ``token-mean``
+    for the others); gspo and luspo refuse any other."""
     mask_truncated: bool = False
     """Overlong filtering (DAPO §3.4, TRL ``mask_truncated_completions``): responses that hit
     the length limit without EOS keep their place in the group's reward statistics (advantages)
@@ -126,7 +128,8 @@ class AlgorithmConfig:
     """Constant length for ``seq-mean-token-sum-norm`` (Dr.GRPO). None =
     rollout.max_response_len."""
     entropy_coef: float = 0.0
-    """Entropy bonus coefficient α: loss −= α · agg(H)."""
+    """Entropy bonus coefficient α: loss −= α · agg(H), aggregated as the policy term (``agg``)
+    except under luspo: the token mean (docs/methods/wider-field.md)."""
     kl_coef: float = 0.0
     """Coefficient β of the KL to a frozen reference policy (loaded only when > 0 or controlled)."""
     kl_estimator: str = "k3"

@@ -1,7 +1,9 @@
 """Every number's allowed interval (``RANGES``), in one table, and the check that reads it.
 
 The controller sections declare their own intervals beside their fields (each section's
-``RANGES`` in ``control_sections``); ``section_ranges`` gathers them into the table.
+``RANGES`` in ``control_sections``); ``section_ranges`` gathers them into the table. The fields
+of a policy loss or an advantage estimator have theirs in its spec
+(``explorl.algorithms.METHOD_RANGES``), which ``validation`` checks with this table.
 """
 
 from __future__ import annotations
@@ -79,29 +81,11 @@ RANGES: dict[str, str] = {
     "reward.overlong_buffer": "[0, 1048576]",
     "reward.overlong_penalty": "[0, inf)",
     "reward.accuracy_threshold": "(-inf, inf)",
-    "algorithm.adv_eps": "(0, 1]",  # 0 divides 0 by 0 for a group of equal rewards
-    "algorithm.eps_low": "[0, 1]",
-    "algorithm.eps_high": "[0, 100]",
-    "algorithm.clip_c": "(1, inf)",
-    "algorithm.clip_cov_ratio": "(0, 1]",
-    "algorithm.clip_cov_lb": "(-inf, inf)",
-    "algorithm.clip_cov_ub": "(-inf, inf)",
-    "algorithm.kl_cov_ratio": "(0, 1]",
-    "algorithm.kl_cov_coef": "[0, inf)",
-    "algorithm.kl_cov_tol": "[0, inf)",
     "algorithm.agg_max_len": _TOKENS,
     "algorithm.entropy_coef": "[0, inf)",
     "algorithm.kl_coef": "[0, inf)",
     "algorithm.max_gen_rounds": "[1, 1000]",
     "algorithm.logprob_chunk": _TOKENS,
-    "algorithm.passk_k": _SAMPLES,
-    "algorithm.cispo_w_max": "(0, inf)",
-    "algorithm.sapo_tau_pos": "(0, inf)",  # 4/τ: τ = 0 divides by 0
-    "algorithm.sapo_tau_neg": "(0, inf)",
-    "algorithm.vespo_k_pos": "[0, inf)",
-    "algorithm.vespo_lambda_pos": "(0, inf)",  # TRL clamps λ ≥ 1e-4; 0 is no damping of W > 1
-    "algorithm.vespo_k_neg": "[0, inf)",
-    "algorithm.vespo_lambda_neg": "(0, inf)",
     "algorithm.entropy_mask_ratio": "[0, 1]",  # 0 = off
     "algorithm.entropy_shaping_alpha": "[0, inf)",  # 0 = off
     "algorithm.entropy_shaping_kappa": "[1, inf)",  # κ ≥ 1 keeps the sign of A
@@ -141,8 +125,9 @@ RANGES: dict[str, str] = {
     "log.completions_every": "[0, 100000000]",
     "log.completions_per_step": "[1, 1000000]",
 }
-"""Allowed interval of every numeric field (of each item for a list); ``None`` always passes.
-Every number must also be finite. Relations between fields are ``_cross_checks``."""
+"""Allowed interval of every numeric field (of each item for a list) but those of the losses and
+advantage estimators (their specs'); ``None`` always passes. Every number must also be finite.
+Relations between fields are ``_cross_checks``."""
 
 # The field holding each knob the adaptive controller can drive: its range bounds the
 # controller's init/min/max.
@@ -192,8 +177,9 @@ def _get(cfg: Any, path: str) -> Any:
     return cfg
 
 
-def _check_ranges(cfg: RunConfig) -> None:
-    for path, text in RANGES.items():
+def _check_ranges(cfg: RunConfig, ranges: dict[str, str] = RANGES) -> None:
+    """Every number of ``cfg`` in its interval of ``ranges`` (path -> interval)."""
+    for path, text in ranges.items():
         value = _get(cfg, path)
         items = list(enumerate(value)) if isinstance(value, list) else [(None, value)]
         interval = Interval.parse(text)

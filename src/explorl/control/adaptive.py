@@ -51,6 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from explorl.algorithms.contract import METHOD_RANGES
 from explorl.config import AdaptiveControlConfig, RunConfig
 from explorl.config.ranges import ADAPTIVE_KNOB_FIELDS, RANGES, Interval
 from explorl.control.base import ControlContext, Controller, Decision, Knobs, StepStats
@@ -184,7 +185,7 @@ def check(cfg: RunConfig) -> None:
         return
     init, lo, hi = knob_range(ad)
     knob = ADAPTIVE_KNOB_FIELDS[ad.actuator]
-    interval = Interval.parse(RANGES[knob])
+    interval = Interval.parse({**RANGES, **METHOD_RANGES}[knob])  # eps_high: the PPO clip's
     for key, v in (("min", lo), ("max", hi), ("init", init)):
         if v not in interval:
             fail(f"control.adaptive.{key}", f"{ad.actuator} must be {interval.describe()} "

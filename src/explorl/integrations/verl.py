@@ -31,8 +31,7 @@ import torch
 from verl.trainer.ppo.core_algos import agg_loss, register_adv_est, register_policy_loss
 
 from explorl.algorithms.advantages import ADVANTAGES, TAKES_K
-from explorl.algorithms.losses import FOLDS_CORRECTION, LOSSES, REQUIRED_AGG
-from explorl.algorithms.rollout_correction import sequence_log_weight
+from explorl.algorithms.losses import LOSSES, REQUIRED_AGG, take_correction
 from explorl.config import AlgorithmConfig
 from explorl.control import Controller, Knobs
 from explorl.integrations.driver import ControlDriver, KnobTable
@@ -102,16 +101,17 @@ def _policy_loss(name: str):
         if name in REQUIRED_AGG and loss_agg_mode != REQUIRED_AGG[name]:
             raise ValueError(f"{PREFIX}{name} needs actor.loss_agg_mode: {REQUIRED_AGG[name]}")
         mask = response_mask.bool()
-        # VESPO takes verl's token-level IS weights into its sequence weight W; a token with
-        # weight 0 (verl's mask modes) leaves the loss and counts 1 in W.
-        fold = rollout_is_weights is not None and name in FOLDS_CORRECTION
-        extra = {"behaviour_log_weight": sequence_log_weight(
-            rollout_is_weights, mask & (rollout_is_weights > 0))} if fold else {}
+        # each loss takes verl's token-level IS weights in its own form (``take_correction``):
+        # VESPO into its sequence weight W (a token with weight 0, verl's mask modes, leaves the
+        # loss and counts 1 in W), LUSPO as its response's mean weight, the others per token
+        weight, extra = None, {}
+        if rollout_is_weights is not None:
+            weight, keep, extra = take_correction(name, rollout_is_weights,
+                                                  mask & (rollout_is_weights > 0), mask)
+            weight = keep.to(rollout_is_weights.dtype) if weight is None else weight
         per_token, metrics = fn(log_prob, old_log_prob, advantages, mask, cfg, **extra)  # (B, T)
-        if fold:
-            per_token = per_token * (rollout_is_weights > 0)
-        elif rollout_is_weights is not None:
-            per_token = per_token * rollout_is_weights
+        if weight is not None:
+            per_token = per_token * weight
         batch_info = getattr(config, "global_batch_info", None) or {}
         pg_loss = agg_loss(loss_mat=per_token, loss_mask=mask, loss_agg_mode=loss_agg_mode,
                            **batch_info)

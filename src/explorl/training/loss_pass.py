@@ -14,8 +14,7 @@ import torch
 from explorl.adapters import disabled
 from explorl.algorithms import aggregate, entropic_confident_term, kl_estimate
 from explorl.algorithms.contract import LossParams
-from explorl.algorithms.losses import FOLDS_CORRECTION
-from explorl.algorithms.rollout_correction import sequence_log_weight
+from explorl.algorithms.losses import entropy_agg, take_correction
 from explorl.config import RunConfig
 from explorl.rollout.types import Rollouts
 from explorl.training.forward import response_logprobs
@@ -64,21 +63,20 @@ class LossPass:
         # recompute (``PolicyUpdate.recompute``), with its graph
         logp, ent = forward or self.forward(sub, lcfg.temperature, need_entropy)
         old_logp = logp.detach() if self.old_from_forward else sub.old_logp
-        # VESPO takes the behaviour weight into its sequence weight W instead (FOLDS_CORRECTION)
-        fold = correction is not None and a.loss in FOLDS_CORRECTION
-        extra = ({"behaviour_log_weight": sequence_log_weight(correction[0], correction[1])}
-                 if fold else {})
+        pg_mask, pg_agg, w, extra = mask, agg, None, {}
+        if correction is not None:  # §7a: weighted, and dropped tokens leave the denominators
+            # the loss's own form: per token, folded into VESPO's W, LUSPO's response mean
+            w, keep, pg_agg = correction
+            w, keep, extra = take_correction(a.loss, w.to(mask.device), keep.to(mask.device),
+                                             mask)
+            pg_mask = mask & keep
         per_tok, m = loss_fn(
             logp, old_logp, adv, mask, lcfg, generator=self.loss_gen, selection=selection, **extra
         )
         if weight is not None:
             per_tok = per_tok * weight.to(per_tok.device)
-        pg_mask, pg_agg = mask, agg
-        if correction is not None:  # §7a: weighted, and dropped tokens leave the denominators
-            w, keep, pg_agg = correction
-            if not fold:
-                per_tok = per_tok * w.to(per_tok.device)
-            pg_mask = mask & keep.to(mask.device)
+        if w is not None:
+            per_tok = per_tok * w.to(per_tok.device)
         pg = aggregate(per_tok, pg_mask, lcfg.agg, **pg_agg)
         loss = pg
         if confident_denom is not None:  # EntroPIC: α · token-mean of −ratio·|A| on confident ones
@@ -88,7 +86,7 @@ class LossPass:
             loss = loss + lcfg.pos_neg_weight * term
             m = {**m, **em}
         if need_entropy:
-            bonus = aggregate(ent, mask, lcfg.agg, **agg)
+            bonus = aggregate(ent, mask, entropy_agg(a.loss, lcfg.agg), **agg)
             loss = loss - lcfg.entropy_coef * bonus
             _add(sums, "loss/entropy_bonus", bonus.detach() * agg["seq_denom"])
         if lcfg.kl_coef > 0 and self.ref is not None:

@@ -9,11 +9,12 @@ import difflib
 from pathlib import Path
 
 from explorl import model_store
-from explorl.algorithms import ADVANTAGES, AGG_MODES, KL_ESTIMATORS, LOSSES
-from explorl.algorithms.advantages import TAKES_K
-from explorl.algorithms.losses import AGG_WHY, FOLDS_CORRECTION, REQUIRED_AGG
+from explorl.algorithms import AGG_MODES, KL_ESTIMATORS
+from explorl.algorithms.advantages import ADVANTAGE_SPECS
+from explorl.algorithms.contract import METHOD_RANGES
+from explorl.algorithms.losses import LOSS_SPECS
 from explorl.config.coerce import _fail, build, to_dict
-from explorl.config.ranges import _check_ranges
+from explorl.config.ranges import RANGES, _check_ranges
 from explorl.config.recipes import HISTORY_KEY, _if_dir, read_recipe
 from explorl.config.sections import RolloutConfig, RunConfig
 from explorl.control.contract import check_knob_contract
@@ -172,25 +173,31 @@ def _closest(value: str, choices: list[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
+ALL_RANGES: dict[str, str] = {**RANGES, **METHOD_RANGES}
+"""Every numeric field's interval: the config's table and the losses' and estimators' specs'."""
+
+
 def _check_names(cfg: RunConfig) -> None:
     """Plug-point names are checked against the dicts that define them (no copied lists)."""
     a = cfg.algorithm
-    if a.advantage in TAKES_K and a.passk_k is None:
+    adv, loss = ADVANTAGE_SPECS.get(a.advantage), LOSS_SPECS.get(a.loss)
+    if adv is not None and adv.takes_k and a.passk_k is None:
         _fail("algorithm.passk_k",
               f"advantage {a.advantage!r} optimises pass@k: set k (≤ rollout.n_samples)")
-    if a.loss in REQUIRED_AGG and a.agg != REQUIRED_AGG[a.loss]:
-        _fail("algorithm.agg", f"loss {a.loss!r} needs agg {REQUIRED_AGG[a.loss]!r}, got {a.agg!r} "
-              f"({AGG_WHY[a.loss]})")
+    if loss is not None and a.agg in AGG_MODES and a.agg not in loss.aggs:
+        _fail("algorithm.agg", f"loss {a.loss!r} needs agg {loss.agg!r}, got {a.agg!r} "
+              f"({loss.agg_why})")
     rc_mode = a.rollout_correction.mode
-    if a.loss in FOLDS_CORRECTION and rc_mode not in ("auto", "off", *FOLDS_CORRECTION[a.loss]):
+    modes = loss.correction_modes if loss is not None else None
+    if modes is not None and rc_mode not in ("auto", "off", *modes):
         _fail("algorithm.rollout_correction.mode",
               f"loss {a.loss!r} folds the rollout correction into its sequence weight, token by "
               f"token; {rc_mode!r} would count the response's weight twice: use "
-              f"{' or '.join(FOLDS_CORRECTION[a.loss])} (or auto, off)")
+              f"{' or '.join(modes)} (or auto, off)")
     for path, value, table, kind in [
-        ("algorithm.loss", a.loss, LOSSES, "loss"),
-        ("algorithm.advantage", a.advantage, ADVANTAGES, "advantage estimator"),
-        ("algorithm.agg", a.agg, AGG_MODES, "aggregation mode"),
+        ("algorithm.loss", a.loss, LOSS_SPECS, "loss"),
+        ("algorithm.advantage", a.advantage, ADVANTAGE_SPECS, "advantage estimator"),
+        *([("algorithm.agg", a.agg, AGG_MODES, "aggregation mode")] if a.agg is not None else []),
         ("algorithm.kl_estimator", a.kl_estimator, KL_ESTIMATORS, "KL estimator"),
         *[
             (f"log.report_to[{i}]", name, TRACKERS, "tracker")
@@ -275,7 +282,7 @@ def _check_vllm(cfg: RunConfig) -> None:
 def validate(cfg: RunConfig, *, env: bool = True) -> RunConfig:
     """Check a config before any work starts; return it (types re-checked after edits).
 
-    Always: types, the range of every number (``RANGES``: finite, inside its interval),
+    Always: types, the range of every number (``ALL_RANGES``: finite, inside its interval),
     relations between fields, controller conflicts, plug-point names, lab task names and
     built-in verifier names. With ``env`` (the default) also what depends on this machine:
     the model directory and data files exist, ``model.device`` is present, and a
@@ -284,7 +291,7 @@ def validate(cfg: RunConfig, *, env: bool = True) -> RunConfig:
     """
     cfg = build(RunConfig, to_dict(cfg))
     fill_defaults(cfg, env)
-    _check_ranges(cfg)
+    _check_ranges(cfg, ALL_RANGES)
     for path, ok, msg in _cross_checks(cfg):
         if not ok:
             _fail(path, msg)
