@@ -32,6 +32,12 @@ FENCE = re.compile(r"^\s*(```|~~~)")
 SNIPPET = re.compile(r'^--8<-- "([^":]+)(?::[\w-]+)?"\s*$', re.M)
 
 
+
+def _rel(path: Path) -> Path:
+    """``path`` relative to the repository when it lies inside it (it may already be)."""
+    path = Path(path)
+    return path.relative_to(ROOT) if path.is_absolute() and ROOT in path.parents else path
+
 def _files() -> list[Path]:
     files = [ROOT / f for f in TOP_LEVEL if (ROOT / f).is_file()]
     for top in SCANNED:
@@ -139,12 +145,12 @@ def _check_target(target: Path, anchor: str | None, sections: str, label: str) -
     out = []
     if anchor and anchor[1:] not in anchors and not (
             anchor.startswith("#explorl") and ":::" in target.read_text()):  # API reference
-        out.append(f"{label}: no heading with anchor {anchor} in {target.relative_to(ROOT)}")
+        out.append(f"{label}: no heading with anchor {anchor} in {_rel(target)}")
     ids = _section_ids(texts)
     for sec in re.findall(r"§(" + SEC + ")", sections or ""):
         for s in _expand(sec):
             if not _has_section(s, ids):
-                out.append(f"{label}: {target.relative_to(ROOT)} has no section §{s}")
+                out.append(f"{label}: {_rel(target)} has no section §{s}")
     return out
 
 
