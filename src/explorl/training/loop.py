@@ -245,6 +245,7 @@ class Trainer:
 
         # 6. log (global values, the same on every rank)
         metrics.update(batch_metrics(step, sb, knobs))
+        self.watch.signal.check(step, metrics, got.rollouts.texts, self.dist)  # the first steps
         if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.max_steps):
             with timed(metrics, "time/val_s"):
                 metrics.update(self.validate())
