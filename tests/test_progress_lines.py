@@ -62,7 +62,7 @@ def test_phase_count_responses_rate_and_eta():
 def test_lines_every_interval_during_a_phase_and_per_item(fake_clock):
     clock = fake_clock(10.0)
     out: list[str] = []
-    lines = PL.ProgressLines("step", 4, every_s=30.0, write=out.append)  # t = 10
+    lines = PL.ProgressLines("step", 4, every_s=30.0, item="step", write=out.append)  # t = 10
     with progress.phase("step 1 sampling"):
         for t in range(1, 9):  # one decode step every 10 s: a line once 30 s have passed
             progress.step(t, 8, 20)
@@ -73,7 +73,7 @@ def test_lines_every_interval_during_a_phase_and_per_item(fake_clock):
     assert out[-1] == "step 1/4  reward 0.500  elapsed 1m30s  ETA 4m30s"
     clock.now += 100
     lines.tick()  # no phase (an update): how long the step has run
-    assert out[-1] == "step 1/4 done; the next running for 1m50s"
+    assert out[-1] == "step 1/4 done; step 2 running for 1m50s"
     lines.close()
     progress.step(1, 8, 2)  # closed: no longer listening
     assert len(out) == 4
@@ -135,14 +135,18 @@ def test_eval_off_a_terminal_writes_plain_lines(tiny_model, tmp_path, fake_clock
 
 def test_the_bar_stays_on_a_terminal():
     from rich.console import Console
-    bar = ProgressBar(3, enabled=True, console=Console(force_terminal=True,
-                                                       force_interactive=True))
+
+    from explorl.config import LogConfig
+    log = LogConfig(progress=True)
+    bar = ProgressBar(3, 0, log, console=Console(force_terminal=True, force_interactive=True))
     try:
         assert bar.lines is None and bar.progress is not None
     finally:
         bar.close()
-    plain = ProgressBar(3, enabled=True, console=Console(force_terminal=False))
+    plain = ProgressBar(3, 0, log, console=Console(force_terminal=False))
     try:
-        assert plain.lines is not None
+        assert plain.lines is not None and plain.lines.every_s == log.progress_every_s
     finally:
         plain.close()
+    assert ProgressBar(3, 0, LogConfig(progress=False)).lines is None  # off: neither
+    assert not ProgressBar(3, 0, log, enabled=False, console=Console(force_terminal=False)).enabled

@@ -84,8 +84,8 @@ class ProgressLines:
     """
 
     def __init__(self, label: str, total: int, start: int = 0, *, every_s: float,
-                 write: Callable[[str], None] | None = None):
-        self.label, self.total, self.every_s = label, total, every_s
+                 item: str | None = None, write: Callable[[str], None] | None = None):
+        self.label, self.total, self.every_s, self.item = label, total, every_s, item
         self.write_fn = write or (lambda text: print(text, file=sys.stderr, flush=True))
         self.lock = threading.RLock()
         now = clock()
@@ -132,7 +132,8 @@ class ProgressLines:
                 self.count = PhaseCount(p, now)
             where = f"{self.label} {self.n}/{self.total} done"
             if p is None:
-                self.write(f"{where}; the next running for {duration(now - self.t_item)}", now)
+                nxt = f"{self.item} {self.n + 1}" if self.item else "the next"
+                self.write(f"{where}; {nxt} running for {duration(now - self.t_item)}", now)
             else:
                 self.write(f"{where}; {self.count.text(now)}", now)
 

@@ -19,6 +19,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from explorl.config import LogConfig
 from explorl.errors import CheckpointError
 from explorl.outputs.progress_lines import ProgressLines, duration
 from explorl.rollout.progress import DecodeRate, listening
@@ -90,19 +91,20 @@ def read_metrics(run: str | Path) -> list[dict]:
 class ProgressBar:
     """Training progress: on a terminal a rich bar showing step, reward, entropy and ETA; off one
     (output to a file) plain lines (``ProgressLines``: one per step, and one at least every
-    ``every_s`` seconds of a long phase); nothing when disabled."""
+    ``log.progress_every_s`` seconds of a long phase); nothing with ``log.progress`` off or
+    ``enabled`` False (ranks other than 0)."""
 
-    def __init__(self, total: int, start: int = 0, enabled: bool = True, *,
-                 every_s: float = 30.0, console: Console | None = None):
-        self.enabled = enabled
+    def __init__(self, total: int, start: int, log: LogConfig, *, enabled: bool = True,
+                 console: Console | None = None):
+        self.enabled = enabled = enabled and log.progress
         self.console = console or Console(stderr=True)
         self.lines: ProgressLines | None = None
         self._listening = None
         if not enabled:
             return
         if not self.console.is_interactive:
-            self.lines = ProgressLines("step", total, start, every_s=every_s,
-                                       write=self._print)
+            self.lines = ProgressLines("step", total, start, every_s=log.progress_every_s,
+                                       item="step", write=self._print)
             return
         self.progress = Progress(
             TextColumn("[bold]train"),

@@ -257,8 +257,7 @@ class Trainer:
     def train(self) -> dict:
         """Run to ``max_steps``; a signal or a stop of the run's own ends it after a checkpoint."""
         cfg, main = self.cfg, self.dist.is_main
-        bar = ProgressBar(cfg.max_steps, self.step, enabled=cfg.log.progress and main,
-                          every_s=cfg.log.progress_every_s)  # off a terminal: plain lines
+        bar = ProgressBar(cfg.max_steps, self.step, cfg.log, enabled=main)  # off a tty: lines
         t_run, last, ckpt = time.perf_counter(), {}, None
         try:
             with stop_on_signals(self.stops, bar.log), checkpoint_on_stop(self):
