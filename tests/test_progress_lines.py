@@ -150,3 +150,19 @@ def test_the_bar_stays_on_a_terminal():
         plain.close()
     assert ProgressBar(3, 0, LogConfig(progress=False)).lines is None  # off: neither
     assert not ProgressBar(3, 0, log, enabled=False, console=Console(force_terminal=False)).enabled
+
+
+def test_explorl_train_to_a_file_prints_a_line_per_step(tiny_model, tmp_path, capsys):
+    import yaml
+    from conftest import tiny_config
+
+    from explorl import config as C
+    from explorl.cli import main
+
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(yaml.safe_dump(C.to_dict(tiny_config(tiny_model, {"max_steps": 2}))))
+    assert main(["train", str(recipe), "--out", str(tmp_path / "run"),
+                 "--set", "log.progress=true"]) == 0
+    err = capsys.readouterr().err
+    assert "step 0/2  val " in err and "step 1/2  reward " in err and "step 2/2  reward " in err
+    assert "━" not in err  # no bar drawn into the file

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from explorl.rollout import progress
+from explorl.rollout.progress import Phase, current_phase, listening
 
 clock: Callable[[], float] = time.monotonic
 """The clock of every line (tests replace it)."""
@@ -41,7 +41,7 @@ class PhaseCount:
     responses of finished sampling calls (a call's first step decodes all its rows; a new call
     starts at step 1), the current call's step."""
 
-    def __init__(self, phase: progress.Phase | None, now: float) -> None:
+    def __init__(self, phase: Phase | None, now: float) -> None:
         self.phase, self.t0 = phase, now
         self.tokens = self.done = self.rows = self.t = self.total = 0
 
@@ -92,7 +92,7 @@ class ProgressLines:
         self.t_start = self.t_item = self.t_line = self.t_first = now
         self.n, self.first, self.count = start, start, PhaseCount(None, now)
         self.tokens = 0  # decoded since the start (rows summed over decode steps)
-        self._listening = progress.listening(self._on_decode)
+        self._listening = listening(self._on_decode)
         self._listening.__enter__()
         self._stop = threading.Event()
         self._thread = None
@@ -110,7 +110,7 @@ class ProgressLines:
     def _on_decode(self, t: int, total: int, rows: int) -> None:
         with self.lock:
             now = clock()
-            p = progress.current_phase()
+            p = current_phase()
             if p is not self.count.phase:
                 self.count = PhaseCount(p, now)
             self.count(t, total, rows)
@@ -127,7 +127,7 @@ class ProgressLines:
             now = clock() if now is None else now
             if now - self.t_line < self.every_s:
                 return
-            p = progress.current_phase()
+            p = current_phase()
             if p is not None and p is not self.count.phase:  # a phase that has not decoded yet
                 self.count = PhaseCount(p, now)
             where = f"{self.label} {self.n}/{self.total} done"
