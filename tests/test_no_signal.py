@@ -31,10 +31,12 @@ def test_zero_signal_share_counts_filtered_groups_as_zero():
     assert zero_signal_share({}) == 0.0
 
 
-def _metrics(zero, reward=0.0, n=4, length=10.0, truncated=0.0, accuracy=0.0):
+def _metrics(zero, reward=0.0, n=4, length=10.0, truncated=0.0, accuracy=0.0, uniform=None):
+    """A step's metrics; ``uniform``: the share of groups all wrong (default: ``zero``)."""
     return {"adv/zero_group_frac": zero, "reward/mean": reward, "rollout/n_trained": float(n),
             "response/length_mean": length, "response/truncated_frac": truncated,
-            "reward/accuracy": accuracy}
+            "reward/accuracy": accuracy, "rollout/all_correct_frac": 0.0,
+            "rollout/all_wrong_frac": zero if uniform is None else uniform}
 
 
 def test_warns_once_at_the_end_of_the_window_with_the_window_figures(caplog):
@@ -69,6 +71,17 @@ def test_off_and_all_right_groups_get_their_own_advice():
     easy = NoSignalMonitor(WatchConfig(signal_steps=1))
     text = easy.check(1, _metrics(1.0, reward=1.0, accuracy=1.0), ["\\boxed{8}"])
     assert "too easy" in text and "docs/real-models.md" not in text
+
+
+def test_zero_advantages_of_groups_whose_rewards_differ_name_the_estimator():
+    m = NoSignalMonitor(WatchConfig(signal_steps=1))
+    # every group zero, yet only 10% all wrong or all right: the estimator zeroed them
+    text = m.check(1, _metrics(1.0, reward=0.4, accuracy=0.4, uniform=0.1), ["\\boxed{8}"])
+    assert "only 10% of the groups were all right or all wrong" in text
+    assert "algorithm.advantage" in text and "docs/real-models.md" not in text
+    # the uniform share at half the zero share is still uniform groups: the format advice
+    m = NoSignalMonitor(WatchConfig(signal_steps=1))
+    assert "docs/real-models.md" in m.check(1, _metrics(1.0, uniform=0.5), ["x"])
 
 
 def test_state_round_trip_keeps_the_window():

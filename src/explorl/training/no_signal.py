@@ -1,13 +1,16 @@
-"""The no-signal check: a start on which (almost) every group's responses earn the same reward.
+"""The no-signal check: a start on which (almost) every group's advantages are 0.
 
 GRPO-family advantages are rewards minus their group's mean: a group whose responses all score
 alike (typically all 0, when a pretrained model never writes the answer format the verifier
 reads) gives advantages of 0 and no gradient. A run that starts that way spends its steps on
 nothing. Over the run's first ``watch.signal_steps`` training steps this monitor averages the
-share of such groups (``adv/zero_group_frac``; under dynamic sampling the groups it filtered out
-count as zero too) and, when it reaches ``watch.signal_zero_frac``, warns once with what the
-responses lacked (``ResponseShapes``) and where the docs say how to get a signal
-(docs/real-models.md). The run goes on: a few lucky groups may still start it.
+share of groups whose advantages are all 0 (``adv/zero_group_frac``; under dynamic sampling the
+groups it filtered out count too) and, when it reaches ``watch.signal_zero_frac``, warns once with
+what the responses lacked (``ResponseShapes``) and where the docs say how to get a signal
+(docs/real-models.md). When most of those groups had rewards that differ (the groups all right
+or all wrong are few: ``rollout/all_wrong_frac`` + ``rollout/all_correct_frac``) the estimator
+zeroed them, and the warning names ``algorithm.advantage`` instead. The run goes on: a few groups
+with signal may still start it.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class NoSignalMonitor:
     def __init__(self, cfg: WatchConfig) -> None:
         self.cfg = cfg
         self.zero: list[float] = []  # per window step: ``zero_signal_share``
+        self.uniform: list[float] = []  # per window step: groups all right or all wrong
         self.sums = {"n": 0.0, "reward": 0.0, "accuracy": 0.0, "length": 0.0, "truncated": 0.0}
         self.shapes = ResponseShapes()
         self.warned = False
@@ -84,6 +88,8 @@ class NoSignalMonitor:
                 {k: float(v) for k, v in asdict(shapes).items()}).items()})
         self.shapes.add(shapes)
         self.zero.append(zero_signal_share(metrics))
+        self.uniform.append(float(metrics.get("rollout/all_wrong_frac", 0.0))
+                            + float(metrics.get("rollout/all_correct_frac", 0.0)))
         n = float(metrics.get("rollout/n_trained", 0.0))
         for key, name in (("reward", "reward/mean"), ("accuracy", "reward/accuracy"),
                           ("length", "response/length_mean"),
@@ -113,17 +119,22 @@ class NoSignalMonitor:
 
         steps = f"{c.signal_steps} step{'s' * (c.signal_steps != 1)}"
         text = (f"no learning signal: over the first {steps}, {share:.0%} of the prompt groups "
-                f"gave every response the same reward, so their advantages and gradient are 0 "
-                f"(watch.signal_zero_frac={c.signal_zero_frac:g}). Their responses: "
+                f"had advantages of 0 (adv/zero_group_frac; watch.signal_zero_frac="
+                f"{c.signal_zero_frac:g}), so they added nothing to the gradient. The responses: "
                 f"{pct(s.boxed)} hold a \\boxed{{}}, {pct(s.answer)} an answer the math "
                 f"verifier can read (a box, an 'Answer:' line or a bare number); mean reward "
                 f"{mean('reward'):.3f}, accuracy {mean('accuracy'):.3f}, mean length "
                 f"{mean('length'):.1f} tokens, {mean('truncated'):.0%} cut off at "
                 f"rollout.max_response_len. ")
+        uniform = sum(self.uniform) / len(self.uniform)
+        if uniform < share / 2:
+            return text + (f"Yet only {uniform:.0%} of the groups were all right or all wrong: "
+                           "the advantage estimator gives their responses equal advantages "
+                           "(algorithm.advantage; e.g. passk_training with algorithm.passk_k "
+                           "equal to rollout.n_samples).")
         if mean("accuracy") >= 0.5:
             return text + ("Most groups were all right: the problems are too easy for the "
-                           "model; harder data (or data.max_train_prompts of the hard ones) "
-                           "gives it something to learn.")
+                           "model; harder data gives it something to learn.")
         if mean("truncated") >= 0.5:
             text += ("Most responses were cut off before their answer: a larger "
                      "rollout.max_response_len, or a prompt asking for a short answer; ")
@@ -132,11 +143,12 @@ class NoSignalMonitor:
         return text + SIGNAL_ADVICE
 
     def state_dict(self) -> dict:
-        return {"zero": list(self.zero), "sums": dict(self.sums),
+        return {"zero": list(self.zero), "uniform": list(self.uniform), "sums": dict(self.sums),
                 "shapes": asdict(self.shapes), "warned": self.warned}
 
     def load_state_dict(self, state: dict) -> None:
         self.zero = [float(x) for x in state.get("zero", [])]
+        self.uniform = [float(x) for x in state.get("uniform", [])]
         self.sums.update(state.get("sums", {}))
         self.shapes = ResponseShapes(**state.get("shapes", {}))
         self.warned = bool(state.get("warned", False))
