@@ -74,9 +74,13 @@ def test_lines_every_interval_during_a_phase_and_per_item(fake_clock):
     clock.now += 100
     lines.tick()  # no phase (an update): how long the step has run
     assert out[-1] == "step 1/4 done; step 2 running for 1m50s"
+    lines.done(4, [])  # the last step: what runs after it (the checkpoint) is no step
+    clock.now += 100
+    lines.tick()
+    assert out[-1].startswith("step 4/4 done; finishing for ")
     lines.close()
     progress.step(1, 8, 2)  # closed: no longer listening
-    assert len(out) == 4
+    assert len(out) == 6
 
 
 def test_the_thread_writes_while_nothing_decodes(monkeypatch):

@@ -125,15 +125,17 @@ class ProgressLines:
         """Write the running item's line if none was written for ``every_s`` seconds."""
         with self.lock:
             now = clock() if now is None else now
+            p = current_phase()
+            if p is not None and p is not self.count.phase:  # its clock starts when first seen:
+                self.count = PhaseCount(p, now)  # within TICK_S of its start (or at a decode step)
             if now - self.t_line < self.every_s:
                 return
-            p = current_phase()
-            if p is not None and p is not self.count.phase:  # a phase that has not decoded yet
-                self.count = PhaseCount(p, now)
             where = f"{self.label} {self.n}/{self.total} done"
             if p is None:
-                nxt = f"{self.item} {self.n + 1}" if self.item else "the next"
-                self.write(f"{where}; {nxt} running for {duration(now - self.t_item)}", now)
+                nxt = ("finishing for" if self.n >= self.total else
+                       f"{self.item} {self.n + 1} running for" if self.item else
+                       "the next running for")
+                self.write(f"{where}; {nxt} {duration(now - self.t_item)}", now)
             else:
                 self.write(f"{where}; {self.count.text(now)}", now)
 
