@@ -119,3 +119,15 @@ def test_a_run_with_signal_is_not_warned(make_config, tmp_path, caplog):
     t.pool.close()
     assert all(r["adv/zero_group_frac"] == 0.0 for r in rows)
     assert "no learning signal" not in caplog.text and t.watch.signal.warned
+
+
+def test_the_response_figures_are_summed_over_ranks():
+    class TwoRanks:  # the other rank holds responses shaped like this one's
+        world_size = 2
+
+        def sum_dict(self, d):
+            return {k: 2 * v for k, v in d.items()}
+
+    m = NoSignalMonitor(WatchConfig(signal_steps=1))
+    m.check(1, _metrics(1.0), ["\\boxed{3}", "no"], TwoRanks())
+    assert m.shapes == ResponseShapes(4, 2, 2)
