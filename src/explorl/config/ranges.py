@@ -113,6 +113,8 @@ RANGES: dict[str, str] = {
     "watch.reward_fail_steps": "[1, 100000000]",
     "watch.reward_fail_frac": "(0, 1]",
     "watch.reward_fail_window": "[1, 100000000]",
+    "watch.signal_steps": "[0, 100000000]",
+    "watch.signal_zero_frac": "(0, 1]",
     **section_ranges(ControlConfig, "control."),
     "eval.every": "[0, 100000000]",
     "eval.n_samples": _SAMPLES,
@@ -124,6 +126,7 @@ RANGES: dict[str, str] = {
     "log.keep_checkpoints": "[1, 1000000]",
     "log.completions_every": "[0, 100000000]",
     "log.completions_per_step": "[1, 1000000]",
+    "log.progress_every_s": "(0, 86400]",
 }
 """Allowed interval of every numeric field (of each item for a list) but those of the losses and
 advantage estimators (their specs'); ``None`` always passes. Every number must also be finite.

@@ -402,7 +402,12 @@ class EvalConfig:
 @dataclass
 class LogConfig:
     progress: bool = True
-    """Show a rich progress bar."""
+    """Show progress: a live bar on a terminal; off one (output to a file, a cluster job's log),
+    plain lines: one per step and one every ``progress_every_s`` seconds of a long phase."""
+    progress_every_s: float = 30.0
+    """Off a terminal, the most seconds between two progress lines (training, validation and
+    ``explorl eval``): a step, validation or evaluation batch that runs longer prints where it
+    is (docs/metrics.md#progress-off-a-terminal)."""
     plots: bool = True
     """Draw PNG curves under plots/ at each validation and at the end."""
     checkpoint_every: int = 0

@@ -24,3 +24,12 @@ class WatchConfig:
     ``reward_fail_window`` steps failed or timed out. 1 = only the consecutive rule."""
     reward_fail_window: int = 10
     """Steps over which ``reward_fail_frac`` is measured (checked once that many have run)."""
+    signal_steps: int = 3
+    """No-signal check: over the run's first this many training steps, when at least
+    ``signal_zero_frac`` of the prompt groups had advantages of 0 (every response the same
+    reward: no gradient), the run warns once with what the responses lacked
+    (docs/failures.md). 0 = off."""
+    signal_zero_frac: float = 0.9
+    """No-signal check: the share of groups with advantages of 0 over the first
+    ``signal_steps`` steps (``adv/zero_group_frac``, with dynamic sampling's filtered groups
+    counted as zero) at or above which the run warns."""

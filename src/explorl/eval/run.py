@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -34,12 +35,13 @@ from explorl.models import (
     resolve_model_path,
 )
 from explorl.outputs.completions import prompt_text
+from explorl.outputs.progress_lines import ProgressLines
 from explorl.outputs.tables import print_tables, stacked
 from explorl.rewards.functions import check_reward
 from explorl.rewards.pool import VerifierPool
 from explorl.rewards.rewarder import Rewarder
 from explorl.rollout.base import build_engine
-from explorl.rollout.progress import DecodeRate, listening
+from explorl.rollout.progress import DecodeRate, listening, phase
 from explorl.rollout.seeding import mix_seed
 from explorl.training.checkpoint import latest_checkpoint
 from explorl.validation.references import DEFAULT_RESPONSE_LEN
@@ -144,17 +146,21 @@ def run_eval(
     def render(prompt) -> list[int]:
         return render_prompt(tokenizer, prompt, cfg.model.use_chat_template)
 
+    # Off a terminal the bar draws nothing: plain lines instead (log.progress_every_s)
+    lines = (ProgressLines("eval problems", len(records), every_s=cfg.log.progress_every_s)
+             if progress and not Console().is_interactive else None)
     with VerifierPool.from_config(cfg.reward) as pool, \
-            Progress(*columns, disable=not progress) as bar, \
-            listening(on_decode):
+            Progress(*columns, disable=not progress or lines is not None) as bar, \
+            listening(on_decode), lines or contextlib.nullcontext():
         task = bar.add_task("eval", total=len(records), decode="")
         for start in range(0, len(records), batch_problems):
             chunk = records[start: start + batch_problems]
             ids = [Prompt(render(r.prompt), r, render) for r in chunk]  # records: for envs
             seeds = [mix_seed(seed, EVAL_STREAM, start + i) for i in range(len(chunk))]
-            got = answer(engine=engine, policy=policy, pool=pool, rewarder=rewarder,
-                         records=chunk, ids=ids, n=n, temperature=temperature,
-                         max_new_tokens=max_new, seeds=seeds, greedy=True)
+            with phase(f"sampling {len(chunk)} problems", len(chunk) * (n + 1)):  # + greedy
+                got = answer(engine=engine, policy=policy, pool=pool, rewarder=rewarder,
+                             records=chunk, ids=ids, n=n, temperature=temperature,
+                             max_new_tokens=max_new, seeds=seeds, greedy=True)
             pidx, scores = got.ro.prompt_index.tolist(), got.correct
             g_texts, g_scores = got.greedy_texts, got.greedy_correct
             used = got.ro.tool_calls.tolist() if got.ro.tool_calls is not None else None
@@ -168,6 +174,9 @@ def run_eval(
                 problems.append(row)
             greedy += [s > 0 for s in g_scores]
             bar.update(task, advance=len(chunk))
+            if lines is not None:
+                secs = max(1e-9, time.perf_counter() - t0)
+                lines.done(start + len(chunk), [f"{lines.tokens / secs:,.0f} tok/s"])
     summary = summarize(correct, [r.data_source for r in records], k_list)
     if calls:  # a run without tools writes no `tools` section
         summary["tools"] = tool_summary(calls, correct)

@@ -14,6 +14,7 @@ import torch
 
 from explorl.eval.passk import pass_at_k
 from explorl.outputs.completions import completions_of
+from explorl.rollout.progress import phase
 from explorl.rollout.seeding import mix_seed
 from explorl.rollout.types import Rollouts
 
@@ -86,9 +87,11 @@ def validate(
     }
     if ids:
         seeds = [mix_seed(seed, VAL_STREAM, step, p) for p in range(mine.start, mine.stop)]
-        got = answer(engine=engine, policy=policy, pool=pool, rewarder=rewarder,
-                     records=data[mine], ids=ids, n=n_samples, temperature=temperature,
-                     max_new_tokens=max_new_tokens, seeds=seeds, greedy=greedy)
+        # progress lines off a terminal: this rank's responses, the greedy ones included
+        with phase(f"validation at step {step}", len(ids) * (n_samples + greedy)):
+            got = answer(engine=engine, policy=policy, pool=pool, rewarder=rewarder,
+                         records=data[mine], ids=ids, n=n_samples, temperature=temperature,
+                         max_new_tokens=max_new_tokens, seeds=seeds, greedy=greedy)
         ro, scores = got.ro, got.correct
         problem = ro.prompt_index.cpu() + mine.start
         if samples is not None:

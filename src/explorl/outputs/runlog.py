@@ -19,7 +19,9 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from explorl.config import LogConfig
 from explorl.errors import CheckpointError
+from explorl.outputs.progress_lines import ProgressLines, duration
 from explorl.rollout.progress import DecodeRate, listening
 
 
@@ -87,12 +89,22 @@ def read_metrics(run: str | Path) -> list[dict]:
 
 
 class ProgressBar:
-    """A rich progress bar showing step, reward, entropy and ETA (no-op when disabled)."""
+    """Training progress: on a terminal a rich bar showing step, reward, entropy and ETA; off one
+    (output to a file) plain lines (``ProgressLines``: one per step, and one at least every
+    ``log.progress_every_s`` seconds of a long phase); nothing with ``log.progress`` off or
+    ``enabled`` False (ranks other than 0)."""
 
-    def __init__(self, total: int, start: int = 0, enabled: bool = True):
-        self.enabled = enabled
-        self.console = Console(stderr=True)
+    def __init__(self, total: int, start: int, log: LogConfig, *, enabled: bool = True,
+                 console: Console | None = None):
+        self.enabled = enabled = enabled and log.progress
+        self.console = console or Console(stderr=True)
+        self.lines: ProgressLines | None = None
+        self._listening = None
         if not enabled:
+            return
+        if not self.console.is_interactive:
+            self.lines = ProgressLines("step", total, start, every_s=log.progress_every_s,
+                                       item="step", write=self._print)
             return
         self.progress = Progress(
             TextColumn("[bold]train"),
@@ -117,12 +129,20 @@ class ProgressBar:
         self._listening.__enter__()
         self.progress.start()
 
+    def _print(self, text: str) -> None:
+        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
     def _on_decode(self, t: int, total: int, rows: int) -> None:
         self._rate(t, total, rows)
         self.progress.update(self.task, decode=self._rate.text())
 
     def update(self, step: int, metrics: dict) -> None:
         if not self.enabled:
+            return
+        if self.lines is not None:
+            self.lines.done(step, step_fields(metrics))
+            if step == 0:  # the validation before training: the ETA counts the steps alone
+                self.lines.restart()
             return
         extra = ""
         if "val/accuracy" in metrics:
@@ -141,13 +161,35 @@ class ProgressBar:
         self._rate = DecodeRate(time.perf_counter)
 
     def log(self, text: str) -> None:
-        (self.progress.console if self.enabled else self.console).print(text)
+        (self.progress.console if self.enabled and self.lines is None
+         else self.console).print(text)
 
     def close(self) -> None:
-        if self.enabled and self._listening is not None:
+        if self.lines is not None:
+            self.lines.close()
+        elif self.enabled and self._listening is not None:
             self._listening.__exit__(None, None, None)
             self._listening = None
             self.progress.stop()
+
+
+def step_fields(metrics: dict) -> list[str]:
+    """A step's plain progress line after ``step n/N``: reward, entropy, validation accuracy,
+    the sampling rate (sampled tokens per second of sampling) and the step's seconds; what the
+    row lacks (the validation before training has no training keys) is left out."""
+    def num(key: str) -> float | None:
+        v = metrics.get(key)
+        return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+    out = [f"{name} {num(key):.3f}" for name, key in
+           (("reward", "reward/mean"), ("entropy", "entropy/mean"), ("val", "val/accuracy"))
+           if num(key) is not None]
+    n, length, gen = num("rollout/n_trained"), num("response/length_mean"), num("time/generate_s")
+    if n and length is not None and gen:
+        out.append(f"{n * length / gen:,.0f} tok/s")
+    if num("time/step_s") is not None:
+        out.append(f"step {duration(num('time/step_s'))}")
+    return out
 
 
 def json_default(o):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 Listener = Callable[[int, int, int], None]
 """``listener(t, total, rows)``: decode step ``t`` of at most ``total`` is done, with ``rows``
@@ -27,6 +28,33 @@ def listening(fn: Listener) -> Iterator[None]:
         yield
     finally:
         _listeners.remove(fn)
+
+
+@dataclass(frozen=True, eq=False)
+class Phase:
+    """A named stretch of sampling work: ``responses`` it samples in all, when known."""
+
+    name: str
+    responses: int | None = None
+
+
+_phases: list[Phase] = []
+
+
+@contextlib.contextmanager
+def phase(name: str, responses: int | None = None) -> Iterator[Phase]:
+    """Name the sampling done inside the ``with`` block (``current_phase`` returns it)."""
+    p = Phase(name, responses)
+    _phases.append(p)
+    try:
+        yield p
+    finally:
+        _phases.remove(p)
+
+
+def current_phase() -> Phase | None:
+    """The innermost phase open now, or None."""
+    return _phases[-1] if _phases else None
 
 
 def step(t: int, total: int, rows: int) -> None:

@@ -245,6 +245,7 @@ class Trainer:
 
         # 6. log (global values, the same on every rank)
         metrics.update(batch_metrics(step, sb, knobs))
+        self.watch.signal.check(step, metrics, got.rollouts.texts, self.dist)  # the first steps
         if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.max_steps):
             with timed(metrics, "time/val_s", "time/val_cpu_s"):
                 metrics.update(self.validate())
@@ -256,7 +257,7 @@ class Trainer:
     def train(self) -> dict:
         """Run to ``max_steps``; a signal or a stop of the run's own ends it after a checkpoint."""
         cfg, main = self.cfg, self.dist.is_main
-        bar = ProgressBar(cfg.max_steps, self.step, enabled=cfg.log.progress and main)
+        bar = ProgressBar(cfg.max_steps, self.step, cfg.log, enabled=main)  # off a tty: lines
         t_run, last, ckpt = time.perf_counter(), {}, None
         try:
             with stop_on_signals(self.stops, bar.log), checkpoint_on_stop(self):

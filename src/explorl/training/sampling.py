@@ -5,6 +5,7 @@ sampled and scored with given weights (``sample``, ``rollout.collect``)."""
 from __future__ import annotations
 
 from explorl.rollout.collect import Collected, Draw, collect
+from explorl.rollout.progress import phase
 from explorl.training.metrics import timed
 
 
@@ -23,7 +24,7 @@ def draw(t, step: int, metrics: dict) -> Draw:
 
 def sample(t, step: int, d: Draw, policy, version) -> Collected:
     """# 1. sample  2. score this rank's share of ``d`` with ``policy`` (weights ``version``)."""
-    with t.amp():
+    with t.amp(), phase(f"step {step} sampling"):  # named in progress lines
         return collect(cfg=t.cfg, step=step, knobs=d.knobs, batch=d.batch, order=d.order,
                        data=d.data, prompt_ids=t.prompts.ids_of(d.data, d.tag),
                        sampler=t.sampler, policy=policy, version=version, pool=t.pool,

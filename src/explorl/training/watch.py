@@ -27,6 +27,7 @@ from explorl.config import RunConfig
 from explorl.config.watch_sections import WatchConfig
 from explorl.control.base import StepStats
 from explorl.errors import ExplorlError, RewardError
+from explorl.training.no_signal import NoSignalMonitor
 
 log = logging.getLogger(__name__)
 
@@ -179,13 +180,15 @@ class RewardFailureGuard:
 
 
 class RunWatch:
-    """The three watchers, checked once per step right after its update (section 4)."""
+    """The three watchers, checked once per step right after its update (section 4), and the
+    no-signal check of the first steps (``signal``, section 6: it reads the step's metrics)."""
 
     def __init__(self, cfg: RunConfig) -> None:
         o = cfg.optim
         self.guard = NonFiniteGuard(o.max_bad_steps, o.max_bad_frac, cfg.max_steps)
         self.collapse = CollapseMonitor(cfg.watch)
         self.rewards = RewardFailureGuard(cfg.watch)
+        self.signal = NoSignalMonitor(cfg.watch)
 
     def check(self, step: int, metrics: dict, rewards, stats: StepStats,
               reward_problem: str | None) -> None:
@@ -197,8 +200,10 @@ class RunWatch:
         self.collapse.check(step, stats.entropy, sum(stats.prompt_correct) / max(1, samples))
 
     def state_dict(self) -> dict:
-        return {"collapse": self.collapse.state_dict(), "rewards": self.rewards.state_dict()}
+        return {"collapse": self.collapse.state_dict(), "rewards": self.rewards.state_dict(),
+                "signal": self.signal.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.collapse.load_state_dict(state.get("collapse", {}))
         self.rewards.load_state_dict(state.get("rewards", {}))
+        self.signal.load_state_dict(state.get("signal", {}))
