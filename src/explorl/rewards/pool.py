@@ -10,8 +10,8 @@ import math
 import multiprocessing as mp
 import os
 import signal
-import sys
 import time
+import uuid
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
@@ -29,8 +29,11 @@ from explorl.rewards.functions import (
 from explorl.rewards.processes import (
     PARENT_DECIDES,
     close_if_alive,
+    isolate_worker,
+    kill_tree,
     main_hidden,
     stop_signals_ignored,
+    sweep,
 )
 
 log = logging.getLogger(__name__)
@@ -142,7 +145,7 @@ def report_failures(spec, n: int, errors: int, timeouts: int, problem: str | Non
 
 
 def _worker_main(conn: Connection, memory_limit_mb: int | None,
-                 schemes: tuple[str, ...] = ()) -> None:
+                 schemes: tuple[str, ...] = (), token: str = "", quiet: bool = False) -> None:
     """Worker loop: receive ``(spec, [(i, response, gt, ctx), ...])``, send ``(i, score,
     problem)`` per item (``ctx``: the record's ``(prompt, data_source, extra)``, see
     ``rewards.functions``; ``problem`` is None, or why the item failed: an exception or a bad
@@ -151,6 +154,7 @@ def _worker_main(conn: Connection, memory_limit_mb: int | None,
     When a spec is new to this worker it first resolves and warms the verifier and sends
     ``"ready"``, so imports do not eat into the first response's time limit.
     """
+    isolate_worker(token, quiet)  # its own session, adopts its orphans, quiet: no output
     refs.IN_WORKER = True
     for module in schemes:  # the packages that resolve lab:/rg: references (rewards.functions)
         importlib.import_module(module)
@@ -158,15 +162,6 @@ def _worker_main(conn: Connection, memory_limit_mb: int | None,
     # process of the job; the parent decides when workers stop (it finishes its step first).
     for sig in PARENT_DECIDES:
         signal.signal(sig, signal.SIG_IGN)
-    # Die with our parent (the forkserver, which exits with the pool's process), so a worker
-    # stuck in a verification never outlives a killed trainer.
-    if sys.platform == "linux":
-        try:
-            import ctypes
-
-            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except Exception:
-            pass
     if memory_limit_mb:
         try:
             import resource
@@ -205,6 +200,8 @@ def _worker_main(conn: Connection, memory_limit_mb: int | None,
 class _Worker:
     proc: mp.process.BaseProcess
     conn: Connection
+    token: str = ""
+    """Its ``processes.MARK`` value, which its descendants inherit (``processes.sweep``)."""
     specs: set = field(default_factory=set)
     """Verifier specs this worker has resolved and warmed."""
     items: deque[int] = field(default_factory=deque)
@@ -239,6 +236,7 @@ class VerifierPool:
         step_timeout_s: float | None = None,
         memory_limit_mb: int | None = 4096,
         startup_timeout_s: float = 60.0,
+        quiet: bool = False,
     ):
         if num_workers < 0:
             raise ValueError(f"num_workers must be ≥ 0, got {num_workers}")
@@ -250,6 +248,8 @@ class VerifierPool:
         self._inline: dict[str | RewardSpec, bool] = {}  # spec -> scored in-process
         self.step_timeout_s = step_timeout_s
         self.memory_limit_mb, self.startup_timeout_s = memory_limit_mb, startup_timeout_s
+        self.quiet = quiet  # workers' standard output and error go to /dev/null
+        self._tokens: set[str] = set()  # every worker's MARK, swept at close
         # forkserver/spawn, never fork: forking a process that runs torch threads can deadlock.
         # forkserver makes replacing a killed worker cost milliseconds.
         method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
@@ -270,21 +270,33 @@ class VerifierPool:
 
     def _start_worker(self) -> _Worker:
         parent, child = self._ctx.Pipe(duplex=True)
+        token = uuid.uuid4().hex
+        self._tokens.add(token)
         proc = self._ctx.Process(
             target=_worker_main,
-            args=(child, self.memory_limit_mb, scheme_modules()),
+            args=(child, self.memory_limit_mb, scheme_modules(), token, self.quiet),
             daemon=True,
             name="explorl-verifier",
         )
         with main_hidden(), stop_signals_ignored():
             proc.start()
         child.close()  # so the parent sees EOF when the worker dies
-        return _Worker(proc, parent)
+        return _Worker(proc, parent, token)
 
-    def _replace(self, w: _Worker) -> None:
-        w.proc.kill()
+    @staticmethod
+    def _stop(w: _Worker, swept: bool = True) -> None:
+        """Kill a worker with its whole tree (its group, the descendants it adopted); one that
+        died by itself left its descendants to init: those are found by its mark."""
+        died = not w.proc.is_alive()
+        if w.proc.pid is not None:
+            kill_tree(w.proc.pid)
         w.proc.join(timeout=5)
         w.conn.close()
+        if died and swept:
+            sweep({w.token})
+
+    def _replace(self, w: _Worker) -> None:
+        self._stop(w)
         self._workers[self._workers.index(w)] = self._start_worker()
 
     def score(
@@ -351,6 +363,7 @@ class VerifierPool:
         call_deadline = time.monotonic() + budget if warm else math.inf
         problem = None  # the first failed response's reason, for the log
         failures: dict[int, str] = {}
+        answered: set[int] = set()
 
         while left:
             # 1. Hand a chunk to every idle worker. Only idle workers: a busy one is not reading
@@ -373,8 +386,12 @@ class VerifierPool:
 
             # 2. Wait for answers, deaths, or the nearest deadline.
             busy = [w for w in self._workers if w.items]
-            if not busy:  # unreachable: pending work always finds an idle worker
-                break
+            if not busy:  # the idle workers had died (replaced above): hand the work out again
+                start_failures += 1
+                if start_failures < _MAX_START_FAILURES:
+                    continue
+                raise RuntimeError(f"verifier workers died {start_failures} times before "
+                                   f"{describe(spec)} could be sent to them")
             timeout = max(0.0, min(min(w.deadline for w in busy), call_deadline) - time.monotonic())
             wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout)
 
@@ -394,6 +411,7 @@ class VerifierPool:
                         else:
                             i, s, why = msg
                             w.items.popleft()
+                            answered.add(i)
                             scores[i], errors, left = s, errors + (why is not None), left - 1
                             problem = problem or why
                             if why is not None:
@@ -455,6 +473,9 @@ class VerifierPool:
                     f"{self.startup_timeout_s} s)"
                 )
 
+        for i in set(range(n)) - answered - set(failures):  # none expected: never a bare 0.0
+            failures[i] = "the worker died (crash or memory limit)"
+            errors += 1
         problem = report_failures(spec, n, errors, timeouts, problem, self.timeout_s)
         return ScoreResult(scores, timeouts, errors, problem, failures)
 
@@ -465,10 +486,8 @@ class VerifierPool:
         self._closed = True
         atexit.unregister(self._at_exit)
         for w in self._workers:
-            w.proc.kill()
-        for w in self._workers:
-            w.proc.join(timeout=5)
-            w.conn.close()
+            self._stop(w, swept=False)
+        sweep(self._tokens)  # anything a worker's tree left behind
         self._workers = []
 
     def __enter__(self) -> VerifierPool:
