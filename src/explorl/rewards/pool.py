@@ -29,6 +29,7 @@ from explorl.rewards.functions import (
 from explorl.rewards.processes import (
     PARENT_DECIDES,
     close_if_alive,
+    end_children,
     isolate_worker,
     kill_tree,
     main_hidden,
@@ -193,6 +194,7 @@ def _worker_main(conn: Connection, memory_limit_mb: int | None,
                 score, problem = _checked(spec, fn(response, ground_truth, ctx)), None
             except BaseException as e:  # includes SystemExit and MemoryError from the verifier
                 score, problem = 0.0, f"{type(e).__name__}: {e}"[:200]
+            end_children()  # what the call started ends with it
             conn.send((i, score, problem))
 
 
@@ -318,14 +320,17 @@ class VerifierPool:
             contexts = [None] * len(responses)
         elif len(contexts) != len(responses):
             raise ValueError(f"{len(responses)} responses but {len(contexts)} contexts")
-        # Unknown names fail here, in the caller. Resolving imports the reward modules but runs
-        # none of them on a response.
-        fn = _resolve(verifier_name)
         if self.num_workers == 0 or self._in_process(verifier_name):
+            fn = _resolve(verifier_name)
             res = _score_inline(fn, responses, ground_truths, contexts, verifier_name)
             problem = report_failures(verifier_name, len(responses), res.errors, 0, res.problem,
                                       None)
             return ScoreResult(res.scores, 0, res.errors, problem, res.failures)
+        if not hasattr(verifier_name, "resolve"):
+            # Unknown names fail here, in the caller. Resolving imports the reward modules but
+            # runs none of them on a response. A job spec's code (tools, environments) is
+            # imported in the workers only: one that does not load fails each of its items.
+            _resolve(verifier_name)
         return self._score_workers(verifier_name, responses, ground_truths, contexts)
 
     def _in_process(self, spec: str | RewardSpec) -> bool:

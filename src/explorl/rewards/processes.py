@@ -168,3 +168,43 @@ def sweep(tokens: Collection[str]) -> int:
         except (psutil.Error, OSError):
             pass
     return n
+
+
+def _own_children() -> list[int]:
+    """This process's children, zombies included (Linux: ``/proc/self/task/*/children``, a
+    few microseconds; elsewhere psutil)."""
+    try:
+        out = []
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/children") as f:
+                out += [int(p) for p in f.read().split()]
+        return out
+    except OSError:
+        try:
+            import psutil
+
+            return [p.pid for p in psutil.Process().children()]
+        except Exception:
+            return []
+
+
+def end_children(passes: int = 20) -> int:
+    """In a worker, after each job: SIGKILL every process the job started, their descendants
+    included (orphans came back to the worker, a subreaper), and reap them; returns how many
+    children it found. Nothing a call starts outlives the call."""
+    found = 0
+    for _ in range(passes):
+        kids = _own_children()
+        if not kids:
+            break
+        found += len(kids)
+        for pid in kids:
+            for p in _descendants(pid):
+                with contextlib.suppress(Exception):
+                    p.kill()
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in kids:
+            with contextlib.suppress(OSError):
+                os.waitpid(pid, 0)
+    return found
