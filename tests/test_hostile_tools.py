@@ -1,0 +1,192 @@
+"""Hostile tools cannot hurt the trainer: a tool that hangs, raises, segfaults, kills its
+worker's parent or its own process group, forks, prints a flood, returns too much or not text,
+leaves a detached grandchild, or an environment whose state or observation is huge. Each case
+trains the lab tool task for a step on the tiny model, and ends with training going on (or a
+clean stop with a checkpoint), the failure logged once, nothing of the tool's left running, and
+the tool's module never imported by the trainer."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+from test_tools import TINY_MULTIPLY, USER_TOOLS, _tools_recipe
+
+from explorl.errors import EnvironmentFailed
+from explorl.outputs.runlog import read_metrics
+from explorl.rewards import pool as pool_mod
+from explorl.rewards.processes import MARK
+from explorl.training.checkpoint import latest_checkpoint
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HOSTILE = os.path.join(HERE, "hostile_tools.py")
+STATE_LIMIT = 65536  # rollout.env_state_max_bytes in the huge-state case
+
+
+@pytest.fixture(scope="module")
+def multiply_model():
+    from explorl.lab import lab_model_path
+
+    return lab_model_path("multiply", size="tiny", **TINY_MULTIPLY)
+
+
+@pytest.fixture
+def tokens(monkeypatch):
+    """Every pool worker's mark started during the test (to find what its tree left)."""
+    seen: list[str] = []
+    real = pool_mod.VerifierPool._start_worker
+
+    def start(self):
+        w = real(self)
+        seen.append(w.token)
+        return w
+    monkeypatch.setattr(pool_mod.VerifierPool, "_start_worker", start)
+    return seen
+
+
+def _ours() -> set[int]:
+    """This process's descendants but multiprocessing's own helpers (the forkserver, which a
+    tool may kill and multiprocessing restarts, and the resource tracker)."""
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        if "forkserver" not in cmd and "resource_tracker" not in cmd or MARK in p.environ():
+            out.add(p.pid)
+    return out
+
+
+def _marked(tokens: list[str]) -> list[int]:
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(MARK) in tokens:
+                out.append(p.pid)
+        except psutil.Error:
+            pass
+    return out
+
+
+N = 8  # responses a step: 2 prompts × 4 samples (test_tools' recipe)
+
+
+def _train(model, out, steps=1, tool=None, environment=None, timeout_s=1.0, workers=2,
+           **rollout):
+    from explorl.training.loop import Trainer
+
+    ro = {"tools": [f"{HOSTILE}:{tool}"] if tool else [], "environment": environment,
+          "max_turns": 2, **rollout}
+    cfg = _tools_recipe(model, max_steps=steps, rollout=ro,
+                        data={"prompts_per_step": 2},
+                        reward={"timeout_s": timeout_s, "num_workers": workers,
+                                "step_timeout_s": 30.0},
+                        eval={"every": 0})
+    t = Trainer(cfg, out)
+    return t, t.train()
+
+
+def _hostile_imported() -> bool:
+    return any(getattr(m, "__file__", None) == HOSTILE for m in list(sys.modules.values()))
+
+
+CASES = {  # tool -> what a call gives the model (None: answered)
+    "crash": "RuntimeError: hostile tool raised",
+    "segfault": "the worker died",
+    "kill_parent": "the worker died",
+    "killpg": "the worker died",
+    "fork_bomb": None,
+    "noisy": None,
+    "huge_result": "tool_result_max_chars=",
+    "not_text": "returned a bytes, not text",
+    "detached": None,
+    "hang": "timed out after 0.5 s",
+}
+
+
+@pytest.mark.parametrize("tool", list(CASES))
+def test_a_hostile_tool_cannot_hurt_the_trainer(multiply_model, tmp_path, tool, tokens, caplog,
+                                                capfd):
+    before = _ours()
+    with caplog.at_level(logging.WARNING, logger="explorl.tools.runner"):
+        t, summary = _train(multiply_model, tmp_path / "run", tool=tool,
+                            **({"timeout_s": 0.5, "workers": 4} if tool == "hang" else {}))
+    rows = [r for r in read_metrics(tmp_path / "run") if "tools/calls_mean" in r]
+    assert summary["steps"] == 1 and not summary["interrupted"] and len(rows) == 1
+    assert latest_checkpoint(tmp_path / "run") is not None
+    calls = sum(r["tools/calls_mean"] for r in rows)
+    assert calls > 0, "the tiny model made no call: the case tested nothing"
+    failed = [r.message for r in caplog.records if "failed:" in r.message]
+    if CASES[tool] is None:  # (tools/errors may count the model's own malformed calls)
+        assert not failed, failed
+    else:  # every call failed, counted; the first failure logged once, with its message
+        assert sum(r["tools/errors"] for r in rows) == pytest.approx(calls * N)
+        assert len(failed) == 1 and CASES[tool] in failed[0], failed
+        assert f"tool '{tool}' failed" in failed[0]
+    assert not _hostile_imported()  # the trainer never imported the tool's module
+    assert "NOISE" not in capfd.readouterr().out + capfd.readouterr().err
+    assert "NOISE" not in (tmp_path / "run" / "train.log").read_text() if (
+        tmp_path / "run" / "train.log").exists() else True
+    assert _ours() <= before  # no descendant left behind
+    assert _marked(tokens) == []  # nor anything a worker's tree started, detached or not
+
+
+def test_a_huge_environment_state_is_an_error_result_and_stays_bounded(multiply_model, tmp_path,
+                                                                       tokens):
+    """Each call would grow the state by 8 MB: past rollout.env_state_max_bytes it is an error
+    the model reads, and the response keeps its state as before the call (a few bytes)."""
+    t, summary = _train(multiply_model, tmp_path / "run",
+                        environment=f"{HOSTILE}:Hoarder", env_state_max_bytes=STATE_LIMIT)
+    rows = [r for r in read_metrics(tmp_path / "run") if "tools/calls_mean" in r]
+    calls = sum(r["tools/calls_mean"] for r in rows)
+    assert summary["steps"] == 1 and calls > 0
+    assert sum(r["tools/errors"] for r in rows) == pytest.approx(calls * N)
+    kept = [len(r.env) for r in t.engine.last_rows]
+    assert kept and max(kept) < 1024  # every response kept its reset state
+    assert _marked(tokens) == []
+
+
+def test_a_huge_reset_observation_stops_the_run_cleanly(multiply_model, tmp_path):
+    """A reset past rollout.env_observation_max_chars is the environment's fault: the run stops
+    with an error naming the environment and the limit, after a checkpoint."""
+    with pytest.raises(EnvironmentFailed) as e:
+        _train(multiply_model, tmp_path / "run", environment=f"{HOSTILE}:Chatty")
+    msg = str(e.value)
+    assert "hostile_tools.py:Chatty" in msg and "rollout.env_observation_max_chars=2000" in msg
+    assert "20000 characters" in msg
+    assert latest_checkpoint(tmp_path / "run") is not None
+
+
+def test_a_detached_grandchild_keeps_nothing_alive(tmp_path):
+    """A script whose tool leaves a detached (setsid) grandchild exits at once, its stdout
+    pipe closed, and leaves no process behind: not the grandchild, not the forkserver (a
+    grandchild used to hold the forkserver's pipe open)."""
+    mark = f"hostile-{os.getpid()}-{tmp_path.name}"
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(f"""
+        from explorl.tools import ToolRunner, ToolSpec
+        r = ToolRunner(ToolSpec(({HOSTILE + ':detached'!r},)), num_workers=1, timeout_s=5.0)
+        print(r.run([("detached", {{"x": "1"}})] * 2)[0].text)
+    """))  # no close: the pool's exit hook stops it
+    env = {**os.environ, "HOSTILE_TEST": mark}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "7", done.stderr
+
+    def left():
+        out = []
+        for p in psutil.process_iter():
+            try:
+                if p.environ().get("HOSTILE_TEST") == mark:
+                    out.append(p)
+            except psutil.Error:
+                pass
+        return out
+    gone, alive = psutil.wait_procs(left(), timeout=5)
+    assert alive == []
