@@ -11,9 +11,12 @@ are the tools the model calls; they read and change the instance.
 **Where the state lives.** A reset and every call run in the reward's worker pool, as a tool
 call does: the instance travels to the worker as ``pickle`` bytes with the call, and the
 worker answers with the result and the instance's bytes after it. The trainer keeps each
-response's bytes and never unpickles them. A call that fails (raises, hangs past
-``reward.timeout_s``, kills its worker, returns too much) is an error message the model reads,
-and the response keeps the bytes it had: its state is as before the call. Bytes are
+response's bytes and never unpickles them. The worker checks the limits, so nothing past them
+reaches the trainer: ``rollout.env_state_max_bytes`` on the pickled instance,
+``rollout.env_observation_max_chars`` on ``reset``'s text. A call that fails (raises, hangs
+past ``reward.timeout_s``, kills its worker, returns too much, leaves too large a state) is an
+error message the model reads, and the response keeps the bytes it had: its state is as before
+the call. A reset that fails stops the run (``EnvironmentFailed``). Bytes are
 immutable, so an ARPO branch that copies a response after a tool result has its own copy of
 the state from there. An instance lives for one rollout (one response); nothing of it is
 checkpointed.

@@ -3,9 +3,13 @@ error message the model reads, counted, never a stalled run.
 
 ``ToolSpec`` is the job the pool's workers resolve (the pool runs any picklable spec with its own
 ``resolve`` and ``check``): the tool references, and the longest result the model may read.
-The workers import the user's tools, so user code never runs in the trainer; each call has the
-pool's limits (``reward.timeout_s`` per call, the workers' memory cap, ``reward.num_workers``
-workers; 0 runs them in-process with no limit, for trusted debugging).
+The workers import the user's tools, so user code never runs in the trainer (what the trainer
+needs to know of them, their schemas, ``tools.sandbox`` reads in a worker too); each call has
+the pool's limits (``reward.timeout_s`` per call, the workers' memory cap,
+``reward.num_workers`` workers; 0 runs them in-process with no limit, for trusted debugging).
+The workers are quiet (their output goes to /dev/null), run in a session of their own and end
+whatever a call started (``rewards.processes``); the first failure of each kind is logged once
+(``ToolRunner.report``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from explorl.refs import is_ref, search_dirs
+from explorl.refs import RefError, is_ref, search_dirs
 from explorl.rewards.pool import VerifierPool
 from explorl.tools.environments import load_environment, tools_of
 from explorl.tools.functions import load_tool, schema
@@ -74,8 +74,6 @@ def _read(tools: tuple[str, ...], environment: str | None, dirs: tuple[str, ...]
 
 
 def _why(e: Exception) -> str:
-    from explorl.refs import RefError
-
     return str(e) if isinstance(e, (RefError, ImportError)) else f"{type(e).__name__}: {e}"
 
 
