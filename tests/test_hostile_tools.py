@@ -15,7 +15,8 @@ import textwrap
 
 import psutil
 import pytest
-from test_tools import TINY_MULTIPLY, USER_TOOLS, _tools_recipe
+from test_tools import CALC, TINY_MULTIPLY, _tools_recipe
+from test_tools import _cfg as _multiply_cfg
 
 from explorl.errors import EnvironmentFailed
 from explorl.outputs.runlog import read_metrics
@@ -190,3 +191,41 @@ def test_a_detached_grandchild_keeps_nothing_alive(tmp_path):
         return out
     gone, alive = psutil.wait_procs(left(), timeout=5)
     assert alive == []
+
+
+def test_workers_that_died_idle_never_answer_a_bare_zero():
+    """Every worker of a pool killed between two calls (as a tool that kills the fork server
+    does): the next call is answered by new workers, every result text, none the pool's 0.0."""
+    import signal
+
+    from explorl.tools import ToolRunner, ToolSpec
+
+    runner = ToolRunner(ToolSpec((CALC,)), num_workers=2, timeout_s=5.0, step_timeout_s=60.0)
+    try:
+        assert runner.run([("calculator", {"expression": "1+1"})])[0].text == "2"
+        for w in runner._pool._workers:
+            os.kill(w.proc.pid, signal.SIGKILL)
+            w.proc.join(5)
+        out = runner.run([("calculator", {"expression": "6*7"})] * 3)
+    finally:
+        runner.close()
+    assert [(a.text, a.error) for a in out] == [("42", None)] * 3
+
+
+@pytest.mark.parametrize("top, message", [
+    ("import os\nos._exit(3)\n", "the worker died"),
+    ("raise SystemExit('bye')\n", "SystemExit: bye"),
+])
+def test_a_tool_module_is_imported_in_a_worker_and_its_failure_names_the_key(
+        multiply_model, tmp_path, top, message):
+    """The config check imports a tool's module in a sandboxed worker: a module whose top level
+    kills its process or exits fails the check with the key, and the trainer lives on."""
+    from explorl import config as C
+    from explorl import validation
+
+    path = tmp_path / "bad_tools.py"
+    path.write_text(top + 'def calc(x: str) -> str:\n    """Echo.\n\n    Args:\n'
+                    '        x: Anything.\n    """\n    return x\n')
+    with pytest.raises(C.ConfigError, match=r"rollout\.tools") as e:
+        validation.from_dict(_multiply_cfg(multiply_model, tools=[f"{path}:calc"]))
+    assert message in str(e.value)

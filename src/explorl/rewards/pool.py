@@ -158,12 +158,11 @@ class VerifierPool:
         self.quiet = quiet  # workers' standard output and error go to /dev/null
         self._tokens: set[str] = set()  # every worker's MARK, swept at close
         # forkserver/spawn, never fork: forking a process that runs torch threads can deadlock.
-        # forkserver makes replacing a killed worker cost milliseconds: the server imports this
-        # module once (when it starts: the first pool of the process), each worker forks with it.
+        # forkserver makes replacing a killed worker cheap. (Not preloaded with this module:
+        # Python 3.11's fork server imports its preloads from its own sys.path, not the
+        # caller's, and a script that puts a source tree first would get another explorl.)
         method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
         self._ctx = mp.get_context(method)
-        if method == "forkserver":
-            self._ctx.set_forkserver_preload([__name__])
         self._workers = [self._start_worker() for _ in range(num_workers)]
         self._closed = False
         # The workers ignore SIGTERM (the trainer decides when a job's stop signal ends the run),
