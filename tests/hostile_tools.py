@@ -130,6 +130,17 @@ def detached(x: str) -> str:
     return "7"
 
 
+def detach_and_crash(x: str) -> str:
+    """Leave a detached grandchild behind, then kill the worker (its death orphans the
+    grandchild to init, out of the worker's tree).
+
+    Args:
+        x: Anything.
+    """
+    detached(x)
+    os._exit(3)
+
+
 class Hoarder:
     """An environment whose tool grows its state by 8 MB a call."""
 

@@ -229,3 +229,19 @@ def test_a_tool_module_is_imported_in_a_worker_and_its_failure_names_the_key(
     with pytest.raises(C.ConfigError, match=r"rollout\.tools") as e:
         validation.from_dict(_multiply_cfg(multiply_model, tools=[f"{path}:calc"]))
     assert message in str(e.value)
+
+
+def test_what_a_dead_workers_tree_left_is_found_and_killed(tokens):
+    """A call that detaches a grandchild and then kills its worker: the grandchild is no longer
+    in any tree the pool knows; the pool finds it by its worker's mark and kills it at once."""
+    from explorl.tools import ToolRunner, ToolSpec
+
+    runner = ToolRunner(ToolSpec((f"{HOSTILE}:detach_and_crash",)), num_workers=1,
+                        timeout_s=5.0, step_timeout_s=60.0)
+    try:
+        out = runner.run([("detach_and_crash", {"x": "1"})])
+        assert "the worker died" in out[0].error
+        live = {w.proc.pid for w in runner._pool._workers}  # its replacement
+        assert set(_marked(tokens)) - live == set()  # before the pool closes
+    finally:
+        runner.close()
