@@ -164,6 +164,49 @@ def test_a_huge_reset_observation_stops_the_run_cleanly(multiply_model, tmp_path
     assert latest_checkpoint(tmp_path / "run") is not None
 
 
+def _tagged(mark: str) -> list:
+    """The processes whose environment carries HOSTILE_TEST=mark (a script's, and what it
+    started: multiprocessing's helpers and the pool's workers inherit it)."""
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("HOSTILE_TEST") == mark:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def test_a_trainer_killed_with_sigkill_leaves_no_worker(tmp_path):
+    """kill -9 of the process that owns a pool whose workers hang in a call: the fork server sees
+    its owner gone and exits, and the workers die with it (they no longer hold the fork
+    server's pipe, which kept all of them alive)."""
+    import time
+
+    mark = f"hostile-kill-{os.getpid()}-{tmp_path.name}"
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(f"""
+        from explorl.tools import ToolRunner, ToolSpec
+        r = ToolRunner(ToolSpec(({HOSTILE + ':hang'!r},)), num_workers=2, timeout_s=100.0)
+        print("go", flush=True)
+        r.run([("hang", {{"x": "1"}})] * 2)
+    """))
+    p = subprocess.Popen([sys.executable, str(script)], env={**os.environ, "HOSTILE_TEST": mark},
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "go"
+        deadline = time.monotonic() + 30
+        while len(_tagged(mark)) < 4 and time.monotonic() < deadline:  # server + 2 workers
+            time.sleep(0.1)
+    finally:
+        p.kill()
+        p.wait()
+    gone, alive = psutil.wait_procs(_tagged(mark), timeout=10)
+    for q in alive:  # not ours to leave running, whatever the verdict
+        q.kill()
+    assert alive == []
+
+
 def test_a_detached_grandchild_keeps_nothing_alive(tmp_path):
     """A script whose tool leaves a detached (setsid) grandchild exits at once, its stdout
     pipe closed, and leaves no process behind: not the grandchild, not the forkserver (a
@@ -180,16 +223,9 @@ def test_a_detached_grandchild_keeps_nothing_alive(tmp_path):
                           timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "7", done.stderr
 
-    def left():
-        out = []
-        for p in psutil.process_iter():
-            try:
-                if p.environ().get("HOSTILE_TEST") == mark:
-                    out.append(p)
-            except psutil.Error:
-                pass
-        return out
-    gone, alive = psutil.wait_procs(left(), timeout=5)
+    gone, alive = psutil.wait_procs(_tagged(mark), timeout=5)
+    for q in alive:
+        q.kill()
     assert alive == []
 
 

@@ -32,13 +32,13 @@ from explorl.rewards.scores import (  # noqa: F401 (SCORE_*: the rules, read her
     SCORE_RANGE,
     SCORE_TOLERANCE,
     ScoreResult,
-    _checked,
-    _resolve,
-    _score_inline,
     call_budget,
     check_score,
+    checked,
     describe,
     report_failures,
+    resolve_spec,
+    score_inline,
 )
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ def _worker_main(conn: Connection, memory_limit_mb: int | None,
         spec, items = msg
         if spec not in verifiers:
             try:
-                verifiers[spec], problem = _resolve(spec, warm=True), None
+                verifiers[spec], problem = resolve_spec(spec, warm=True), None
             except BaseException as e:  # every item of this spec then counts as an error
                 verifiers[spec], problem = None, f"{type(e).__name__}: {e}"
             conn.send(("ready", problem))
@@ -96,7 +96,7 @@ def _worker_main(conn: Connection, memory_limit_mb: int | None,
             try:
                 if fn is None:
                     raise RuntimeError(f"{describe(spec)} failed to load")
-                score, problem = _checked(spec, fn(response, ground_truth, ctx)), None
+                score, problem = checked(spec, fn(response, ground_truth, ctx)), None
             except BaseException as e:  # includes SystemExit and MemoryError from the verifier
                 score, problem = 0.0, f"{type(e).__name__}: {e}"[:200]
             end_children()  # what the call started ends with it
@@ -228,8 +228,8 @@ class VerifierPool:
         elif len(contexts) != len(responses):
             raise ValueError(f"{len(responses)} responses but {len(contexts)} contexts")
         if self.num_workers == 0 or self._in_process(verifier_name):
-            fn = _resolve(verifier_name)
-            res = _score_inline(fn, responses, ground_truths, contexts, verifier_name)
+            fn = resolve_spec(verifier_name)
+            res = score_inline(fn, responses, ground_truths, contexts, verifier_name)
             problem = report_failures(verifier_name, len(responses), res.errors, 0, res.problem,
                                       None)
             return ScoreResult(res.scores, 0, res.errors, problem, res.failures)
@@ -237,7 +237,7 @@ class VerifierPool:
             # Unknown names fail here, in the caller. Resolving imports the reward modules but
             # runs none of them on a response. A job spec's code (tools, environments) is
             # imported in the workers only: one that does not load fails each of its items.
-            _resolve(verifier_name)
+            resolve_spec(verifier_name)
         return self._score_workers(verifier_name, responses, ground_truths, contexts)
 
     def _in_process(self, spec: str | RewardSpec) -> bool:

@@ -38,20 +38,20 @@ def check_score(value: object, bounded: bool = True) -> float:
     return score
 
 
-def _bounded(spec) -> bool:
+def bounded_spec(spec) -> bool:
     """Whether ``spec``'s scores must lie in ``SCORE_RANGE`` (a verifier) or only be finite."""
     return not isinstance(spec, RewardSpec) or spec.bounded
 
 
-def _resolve(spec, warm: bool = False):
+def resolve_spec(spec, warm: bool = False):
     """A reward spec's scorer, or a job spec's own ``resolve`` (``explorl.tools.ToolSpec``)."""
     own = getattr(spec, "resolve", None)
     return own(warm=warm) if own is not None else resolve_scorer(spec, warm=warm)
 
 
-def _checked(spec, value):  # a checked score, or the job spec's own check
+def checked(spec, value):  # a checked score, or the job spec's own check
     own = getattr(spec, "check", None)
-    return own(value) if own is not None else check_score(value, _bounded(spec))
+    return own(value) if own is not None else check_score(value, bounded_spec(spec))
 
 
 def call_budget(timeout_s: float, n: int, num_workers: int) -> float:
@@ -112,13 +112,13 @@ def report_failures(spec, n: int, errors: int, timeouts: int, problem: str | Non
     return f"{kind} {name}: {problem}"
 
 
-def _score_inline(fn, responses: list[str], gts: list[str], ctxs: list,
+def score_inline(fn, responses: list[str], gts: list[str], ctxs: list,
                   spec=None) -> ScoreResult:
     """In-process scoring with the pool's failure accounting but no time limit."""
     scores, errors, problem, failures = [], 0, None, {}
     for i, (response, gt, ctx) in enumerate(zip(responses, gts, ctxs)):
         try:
-            scores.append(_checked(spec, fn(response, gt, ctx)))
+            scores.append(checked(spec, fn(response, gt, ctx)))
         except Exception as e:
             log.debug("verifier raised", exc_info=True)
             scores.append(0.0)
