@@ -21,7 +21,7 @@ from test_tools import _cfg as _multiply_cfg
 from explorl.errors import EnvironmentFailed
 from explorl.outputs.runlog import read_metrics
 from explorl.rewards import pool as pool_mod
-from explorl.rewards.processes import MARK
+from explorl.rewards.processes import marked
 from explorl.training.checkpoint import latest_checkpoint
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -51,28 +51,26 @@ def tokens(monkeypatch):
 
 
 def _ours() -> set[int]:
-    """This process's descendants but multiprocessing's own helpers (the forkserver, which a
-    tool may kill and multiprocessing restarts, and the resource tracker)."""
-    out = set()
-    for p in psutil.Process().children(recursive=True):
+    """This process's descendants but multiprocessing's own helpers, its direct children (the
+    fork server, which a tool may kill and multiprocessing restarts, and the resource
+    tracker). A pool's workers and what they fork count: they are the fork server's children."""
+    me = psutil.Process()
+    helpers = set()
+    for p in me.children():
         try:
             cmd = " ".join(p.cmdline())
         except psutil.Error:
             continue
-        if "forkserver" not in cmd and "resource_tracker" not in cmd or MARK in p.environ():
-            out.add(p.pid)
-    return out
+        if "multiprocessing.forkserver" in cmd or "multiprocessing.resource_tracker" in cmd:
+            helpers.add(p.pid)
+    return {p.pid for p in me.children(recursive=True)} - helpers
 
 
-def _marked(tokens: list[str]) -> list[int]:
-    out = []
-    for p in psutil.process_iter():
-        try:
-            if p.environ().get(MARK) in tokens:
-                out.append(p.pid)
-        except psutil.Error:
-            pass
-    return out
+def _marked(tokens: list[str], but: set[int] = frozenset()) -> list[int]:
+    """What carries a mark of the test's workers (name or environment), anywhere, but the pids
+    ``but``, once those killed have had 5 s to go (a SIGKILL is delivered asynchronously)."""
+    gone, alive = psutil.wait_procs([p for p in marked(tokens) if p.pid not in but], timeout=5)
+    return [p.pid for p in alive if p.status() != psutil.STATUS_ZOMBIE]
 
 
 N = 8  # responses a step: 2 prompts × 4 samples (test_tools' recipe)
@@ -278,6 +276,25 @@ def test_what_a_dead_workers_tree_left_is_found_and_killed(tokens):
         out = runner.run([("detach_and_crash", {"x": "1"})])
         assert "the worker died" in out[0].error
         live = {w.proc.pid for w in runner._pool._workers}  # its replacement
-        assert set(_marked(tokens)) - live == set()  # before the pool closes
+        assert _marked(tokens, but=live) == []  # before the pool closes
     finally:
         runner.close()
+
+
+@pytest.mark.parametrize("tool", ["fork_bomb", "detached"])
+def test_nothing_a_call_starts_outlives_the_call(tool, tokens):
+    """The pool still open, its workers idle after the call: the call's forks (a bounded fork
+    bomb's 15, a setsid grandchild) are gone, only the workers themselves are left."""
+    from explorl.tools import ToolRunner, ToolSpec
+
+    before = _ours()
+    runner = ToolRunner(ToolSpec((f"{HOSTILE}:{tool}",)), num_workers=1, timeout_s=10.0,
+                        step_timeout_s=60.0)
+    try:
+        assert [a.text for a in runner.run([(tool, {"x": "1"})] * 2)] == ["7", "7"]
+        workers = {w.proc.pid for w in runner._pool._workers}
+        assert _ours() - before == workers
+        assert _marked(tokens, but=workers) == []
+    finally:
+        runner.close()
+    assert _ours() <= before and _marked(tokens) == []

@@ -59,10 +59,22 @@ def close_if_alive(ref: weakref.ref) -> None:
 
 
 MARK = "EXPLORL_POOL_WORKER"
-"""An environment variable every worker sets to its pool's token: its descendants inherit it, so
-those that escaped the worker's tree (its death reparented them) can still be found."""
+"""An environment variable every worker sets to its own token. The kernel's view of a process's
+environment (``/proc/PID/environ``) is the block it was started with, so it shows the mark in
+the programs a worker's descendants start (``exec`` copies the environment), not in the worker
+nor its forked children: those carry the token in their name (``process_name``), which ``fork``
+copies. Either way a descendant that escaped the worker's tree (its death reparented it) can
+still be found (``marked``)."""
 
-_PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
+_NAME_PREFIX = "xrl-"
+
+
+def process_name(token: str) -> str:
+    """The name (``/proc/PID/comm``, 15 bytes at most) a worker with ``token`` and its forked
+    descendants carry: ``xrl-`` and the token's first 10 hex digits."""
+    return _NAME_PREFIX + token[:10]
+
+_PR_SET_PDEATHSIG, _PR_SET_NAME, _PR_SET_CHILD_SUBREAPER = 1, 15, 36
 
 
 def isolate_worker(token: str, quiet: bool) -> None:
@@ -80,6 +92,7 @@ def isolate_worker(token: str, quiet: bool) -> None:
       forkserver and the tracker running after the trainer ends.
     - ``quiet``: standard input, output and error are ``/dev/null`` (a tool's prints stay out
       of the run's log, its children's too).
+    - Its token marks it and what it starts (``MARK``, ``process_name``).
     """
     os.environ[MARK] = token
     try:
@@ -93,6 +106,7 @@ def isolate_worker(token: str, quiet: bool) -> None:
             libc = ctypes.CDLL(None)
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
             libc.prctl(_PR_SET_CHILD_SUBREAPER, 1)
+            libc.prctl(_PR_SET_NAME, process_name(token).encode())
         except Exception:
             pass
     try:
@@ -148,25 +162,37 @@ def kill_tree(pid: int, passes: int = 20) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def sweep(tokens: Collection[str]) -> int:
-    """SIGKILL every process that carries one of ``tokens`` as its ``MARK`` (a worker's
-    descendant that its worker's death left behind); returns how many. Needs psutil."""
+def marked(tokens: Collection[str]) -> list:
+    """The processes (psutil) that carry one of ``tokens``: by name (a worker and its forked
+    descendants) or by ``MARK`` in their environment (the programs they started); [] without
+    psutil."""
     try:
         import psutil
     except ImportError:
-        return 0
+        return []
     if not tokens:
-        return 0
-    me, n = os.getpid(), 0
+        return []
+    names, me, out = {process_name(t) for t in tokens}, os.getpid(), []
     for p in psutil.process_iter():
         if p.pid == me:
             continue
         try:
-            if p.environ().get(MARK) in tokens:
-                p.kill()
-                n += 1
+            if ((p.name() in names or p.environ().get(MARK) in tokens)
+                    and p.status() != psutil.STATUS_ZOMBIE):  # a zombie is dead already
+                out.append(p)
         except (psutil.Error, OSError):
             pass
+    return out
+
+
+def sweep(tokens: Collection[str]) -> int:
+    """SIGKILL every process that carries one of ``tokens`` (``marked``: a worker's descendant
+    that its worker's death left behind, or a worker itself); returns how many."""
+    n = 0
+    for p in marked(tokens):
+        with contextlib.suppress(Exception):
+            p.kill()
+            n += 1
     return n
 
 
