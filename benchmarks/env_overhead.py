@@ -73,7 +73,8 @@ def main() -> None:
            "tool_ms": round(per_call_ms(lambda: tool.run(calls), a.calls, a.reps), 3)}
     tool.close()
     for kb in a.state_kb:
-        env = EnvRunner(EnvSpec(f"{Path(__file__).resolve()}:Register"), num_workers=a.workers,
+        env = EnvRunner(EnvSpec(f"{Path(__file__).resolve()}:Register",  # room for the ballast
+                                max_state_bytes=(kb << 10) + 4096), num_workers=a.workers,
                         timeout_s=10.0)
         states = [blob for _, blob in env.reset(
             [PromptRecord("1*1=", "1", extra={"ballast_kb": kb})] * a.calls)]

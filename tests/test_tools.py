@@ -243,7 +243,7 @@ def _cfg(model_dir, **rollout):
      "rollout.vllm.recompute", "no ARPO"),
     ({"tools": ["explorl.tools.calculator:calculater"]}, "rollout.tools[0]",
      "did you mean 'explorl.tools.calculator:calculator'"),
-    ({"tools": [f"{HERE}:tool_metrics"]}, "rollout.tools[0]", "no type hint|docstring"),
+    ({"tools": [f"{USER_TOOLS}:untyped"]}, "rollout.tools[0]", "no type hint"),
     ({"tools": [CALC, f"{USER_TOOLS}:boom"]}, "rollout.tools", "one tool"),
 ])
 def test_config_errors_name_the_key(multiply_model, rollout, key, message):

@@ -28,3 +28,8 @@ def boom(x: str) -> str:
 def called_tool(response: str, ground_truth: str) -> float:
     """A reward for a tool call answered without error (mixed rewards from a tiny model)."""
     return float("}" in response and "{?}" not in response)
+
+
+def untyped(x):
+    """A parameter without a type hint."""
+    return x

@@ -47,3 +47,10 @@ class NonFiniteError(ExplorlError, FloatingPointError):
 class OutOfMemory(ExplorlError, MemoryError):
     """The device ran out of memory again after the update's one retry at half the micro-batch
     (``training.memory``); the message names the setting to lower."""
+
+
+class EnvironmentFailed(ExplorlError, RuntimeError):
+    """``rollout.environment`` could not start a response: its ``reset`` raised, hung, killed
+    its worker or went past a limit (``rollout.env_observation_max_chars``,
+    ``rollout.env_state_max_bytes``). The environment's fault, not the model's: the run stops
+    after a checkpoint."""

@@ -67,6 +67,8 @@ RANGES: dict[str, str] = {
     "rollout.arpo.branch_penalty": "[0, 1]",
     "rollout.arpo.budget_sharpness": "[0, 100]",
     "rollout.tool_result_max_chars": "[1, 10000000]",
+    "rollout.env_observation_max_chars": "[0, 10000000]",
+    "rollout.env_state_max_bytes": "[1, 1073741824]",
     "rollout.vllm.kv_cache_gib": "(0, 1048576]",
     "rollout.vllm.max_model_len": "[2, 1048576]",
     "rollout.vllm.sync_check_tol": "(0, inf)",

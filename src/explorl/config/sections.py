@@ -280,6 +280,13 @@ class RolloutConfig:
     tool_result_max_chars: int = 2000
     """A longer tool result is an error message the model reads instead (and counts in
     ``tools/errors``)."""
+    env_observation_max_chars: int = 2000
+    """The longest text an environment's ``reset`` may return (it is appended to the prompt);
+    a longer one stops the run with an error naming the environment and this key."""
+    env_state_max_bytes: int = 1048576
+    """The most bytes an environment's instance may pickle to (the trainer keeps each
+    response's bytes): a call that leaves a larger state is an error message the model reads
+    (the state stays as before the call); a reset that does stops the run."""
     arpo: ARPOConfig = field(default_factory=ARPOConfig)
     """ARPO's branching rollouts (with ``rollout.tools``)."""
 

@@ -8,29 +8,37 @@ import importlib
 import logging
 import math
 import multiprocessing as mp
-import os
 import signal
-import sys
 import time
+import uuid
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
 from explorl import refs
-from explorl.errors import RewardError
-from explorl.rewards.functions import (
-    Context,
-    RewardSpec,
-    load_reward,
-    resolve_scorer,
-    scheme_modules,
-)
+from explorl.rewards.functions import Context, RewardSpec, load_reward, scheme_modules
 from explorl.rewards.processes import (
     PARENT_DECIDES,
     close_if_alive,
+    end_children,
+    isolate_worker,
+    kill_tree,
     main_hidden,
     stop_signals_ignored,
+    sweep,
+)
+from explorl.rewards.scores import (  # noqa: F401 (SCORE_*: the rules, read here)
+    SCORE_RANGE,
+    SCORE_TOLERANCE,
+    ScoreResult,
+    call_budget,
+    check_score,
+    checked,
+    describe,
+    report_failures,
+    resolve_spec,
+    score_inline,
 )
 
 log = logging.getLogger(__name__)
@@ -42,107 +50,8 @@ _CHUNKS_PER_WORKER = 4
 # Raise after this many workers failed to start/warm up within one call.
 _MAX_START_FAILURES = 3
 
-SCORE_RANGE = (0.0, 1.0)
-"""Every verifier score must be a finite number in this range; anything else (NaN, inf, 1e30,
-the string "1.0", None) counts as an error of that response and scores 0.0. A weighted sum of
-reward functions (``RewardSpec(bounded=False)``) only has to be finite."""
-
-SCORE_TOLERANCE = 1e-9
-"""Scores this close outside ``SCORE_RANGE`` are float round-off and are clamped into it: e.g.
-reasoning-gym's spell_backward sums 1/len per matching letter, and 8 × (1/8) gives
-1.0000000000000002 for a fully right 8-letter answer."""
-
-
-def check_score(value: object, bounded: bool = True) -> float:
-    """``value`` as a float score, or ``RewardError`` saying why it is not one."""
-    if isinstance(value, (str, bytes)) or not hasattr(type(value), "__float__"):
-        raise RewardError(f"score {value!r:.60} is a {type(value).__name__}, not a number")
-    score = float(value)
-    lo, hi = SCORE_RANGE if bounded else (-math.inf, math.inf)
-    if bounded and lo - SCORE_TOLERANCE <= score <= hi + SCORE_TOLERANCE:
-        return min(max(score, lo), hi)
-    if not lo <= score <= hi or not math.isfinite(score):  # also NaN
-        raise RewardError(f"score {score!r} is outside [{lo:g}, {hi:g}]"
-                          if bounded else f"reward {score!r} is not finite")
-    return score
-
-
-def _bounded(spec) -> bool:
-    """Whether ``spec``'s scores must lie in ``SCORE_RANGE`` (a verifier) or only be finite."""
-    return not isinstance(spec, RewardSpec) or spec.bounded
-
-
-def _resolve(spec, warm: bool = False):
-    """A reward spec's scorer, or a job spec's own ``resolve`` (``explorl.tools.ToolSpec``)."""
-    own = getattr(spec, "resolve", None)
-    return own(warm=warm) if own is not None else resolve_scorer(spec, warm=warm)
-
-
-def _checked(spec, value):  # a checked score, or the job spec's own check
-    own = getattr(spec, "check", None)
-    return own(value) if own is not None else check_score(value, _bounded(spec))
-
-
-def call_budget(timeout_s: float, n: int, num_workers: int) -> float:
-    """Default wall-clock budget of one ``score`` call of ``n`` responses
-    (``reward.step_timeout_s: null``): room for four full per-response time limits plus a
-    quarter of one for each response a worker has to verify."""
-    return timeout_s * (4 + n / max(1, num_workers) / 4)
-
-
-@dataclass(frozen=True)
-class ScoreResult:
-    """Scores of one ``VerifierPool.score`` call; failed verifications score 0.0 and are counted."""
-
-    scores: list[float]
-    timeouts: int = 0
-    """Verifications cut off at the time limit (their worker was killed and replaced)."""
-    errors: int = 0
-    """Verifications that raised or killed their worker (crash, segfault, memory limit)."""
-    problem: str | None = None
-    """The first failure, in user terms: the function as the user named it and why."""
-    failures: dict[int, str] = field(default_factory=dict)
-    """Why each failed item failed (index -> reason; a tool call's error message)."""
-
-
-def describe(spec) -> str:
-    """A verifier or reward spec as the user wrote it (``my_rewards.py:f``, ``lab:addition``,
-    ``a.py:f + b.py:g``), not its repr; files under the working directory are shown relative."""
-    refs = ([spec] if isinstance(spec, str) else list(spec.refs) if hasattr(spec, "refs")
-            else [t.ref for t in spec.terms])
-    shown = []
-    for ref in refs:
-        target, sep, attr = ref.rpartition(":")
-        if sep and os.path.isabs(target):
-            rel = os.path.relpath(target)
-            target = target if rel.startswith("..") else rel
-            ref = f"{target}:{attr}"
-        shown.append(ref)
-    return " + ".join(shown)
-
-
-def report_failures(spec, n: int, errors: int, timeouts: int, problem: str | None,
-                    timeout_s: float | None) -> str | None:
-    """Log one warning line for a call with failures; return its first failure's message."""
-    if not (errors or timeouts):
-        return None
-    name = describe(spec)
-    kind = getattr(spec, "kind", None) or (
-        "reward function" if isinstance(spec, RewardSpec) and not spec.bounded else "verifier")
-    parts = []
-    if errors:
-        parts.append(f"{errors} of {n} responses failed, e.g. {problem}")
-    if timeouts:
-        parts.append(f"{timeouts} of {n} responses timed out after "
-                     f"reward.timeout_s={timeout_s:g} s")
-    if kind != "tool":  # a tool's failures are the model's mistakes, counted in tools/errors
-        log.warning("%s %s: %s (scored 0)", kind, name, "; ".join(parts))
-    problem = problem or f"timed out after reward.timeout_s={timeout_s:g} s"
-    return f"{kind} {name}: {problem}"
-
-
 def _worker_main(conn: Connection, memory_limit_mb: int | None,
-                 schemes: tuple[str, ...] = ()) -> None:
+                 schemes: tuple[str, ...] = (), token: str = "", quiet: bool = False) -> None:
     """Worker loop: receive ``(spec, [(i, response, gt, ctx), ...])``, send ``(i, score,
     problem)`` per item (``ctx``: the record's ``(prompt, data_source, extra)``, see
     ``rewards.functions``; ``problem`` is None, or why the item failed: an exception or a bad
@@ -151,6 +60,7 @@ def _worker_main(conn: Connection, memory_limit_mb: int | None,
     When a spec is new to this worker it first resolves and warms the verifier and sends
     ``"ready"``, so imports do not eat into the first response's time limit.
     """
+    isolate_worker(token, quiet)  # its own session, adopts its orphans, quiet: no output
     refs.IN_WORKER = True
     for module in schemes:  # the packages that resolve lab:/rg: references (rewards.functions)
         importlib.import_module(module)
@@ -158,15 +68,6 @@ def _worker_main(conn: Connection, memory_limit_mb: int | None,
     # process of the job; the parent decides when workers stop (it finishes its step first).
     for sig in PARENT_DECIDES:
         signal.signal(sig, signal.SIG_IGN)
-    # Die with our parent (the forkserver, which exits with the pool's process), so a worker
-    # stuck in a verification never outlives a killed trainer.
-    if sys.platform == "linux":
-        try:
-            import ctypes
-
-            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except Exception:
-            pass
     if memory_limit_mb:
         try:
             import resource
@@ -186,7 +87,7 @@ def _worker_main(conn: Connection, memory_limit_mb: int | None,
         spec, items = msg
         if spec not in verifiers:
             try:
-                verifiers[spec], problem = _resolve(spec, warm=True), None
+                verifiers[spec], problem = resolve_spec(spec, warm=True), None
             except BaseException as e:  # every item of this spec then counts as an error
                 verifiers[spec], problem = None, f"{type(e).__name__}: {e}"
             conn.send(("ready", problem))
@@ -195,9 +96,10 @@ def _worker_main(conn: Connection, memory_limit_mb: int | None,
             try:
                 if fn is None:
                     raise RuntimeError(f"{describe(spec)} failed to load")
-                score, problem = _checked(spec, fn(response, ground_truth, ctx)), None
+                score, problem = checked(spec, fn(response, ground_truth, ctx)), None
             except BaseException as e:  # includes SystemExit and MemoryError from the verifier
                 score, problem = 0.0, f"{type(e).__name__}: {e}"[:200]
+            end_children()  # what the call started ends with it
             conn.send((i, score, problem))
 
 
@@ -205,6 +107,8 @@ def _worker_main(conn: Connection, memory_limit_mb: int | None,
 class _Worker:
     proc: mp.process.BaseProcess
     conn: Connection
+    token: str = ""
+    """Its ``processes.MARK`` value, which its descendants inherit (``processes.sweep``)."""
     specs: set = field(default_factory=set)
     """Verifier specs this worker has resolved and warmed."""
     items: deque[int] = field(default_factory=deque)
@@ -239,6 +143,7 @@ class VerifierPool:
         step_timeout_s: float | None = None,
         memory_limit_mb: int | None = 4096,
         startup_timeout_s: float = 60.0,
+        quiet: bool = False,
     ):
         if num_workers < 0:
             raise ValueError(f"num_workers must be ≥ 0, got {num_workers}")
@@ -250,8 +155,12 @@ class VerifierPool:
         self._inline: dict[str | RewardSpec, bool] = {}  # spec -> scored in-process
         self.step_timeout_s = step_timeout_s
         self.memory_limit_mb, self.startup_timeout_s = memory_limit_mb, startup_timeout_s
+        self.quiet = quiet  # workers' standard output and error go to /dev/null
+        self._tokens: set[str] = set()  # every worker's MARK, swept at close
         # forkserver/spawn, never fork: forking a process that runs torch threads can deadlock.
-        # forkserver makes replacing a killed worker cost milliseconds.
+        # forkserver makes replacing a killed worker cheap. (Not preloaded with this module:
+        # Python 3.11's fork server imports its preloads from its own sys.path, not the
+        # caller's, and a script that puts a source tree first would get another explorl.)
         method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
         self._ctx = mp.get_context(method)
         self._workers = [self._start_worker() for _ in range(num_workers)]
@@ -270,21 +179,33 @@ class VerifierPool:
 
     def _start_worker(self) -> _Worker:
         parent, child = self._ctx.Pipe(duplex=True)
+        token = uuid.uuid4().hex
+        self._tokens.add(token)
         proc = self._ctx.Process(
             target=_worker_main,
-            args=(child, self.memory_limit_mb, scheme_modules()),
+            args=(child, self.memory_limit_mb, scheme_modules(), token, self.quiet),
             daemon=True,
             name="explorl-verifier",
         )
         with main_hidden(), stop_signals_ignored():
             proc.start()
         child.close()  # so the parent sees EOF when the worker dies
-        return _Worker(proc, parent)
+        return _Worker(proc, parent, token)
 
-    def _replace(self, w: _Worker) -> None:
-        w.proc.kill()
+    @staticmethod
+    def _stop(w: _Worker, swept: bool = True) -> None:
+        """Kill a worker with its whole tree (its group, the descendants it adopted); one that
+        died by itself left its descendants to init: those are found by its mark."""
+        died = not w.proc.is_alive()
+        if w.proc.pid is not None:
+            kill_tree(w.proc.pid)
         w.proc.join(timeout=5)
         w.conn.close()
+        if died and swept:
+            sweep({w.token})
+
+    def _replace(self, w: _Worker) -> None:
+        self._stop(w)
         self._workers[self._workers.index(w)] = self._start_worker()
 
     def score(
@@ -306,14 +227,17 @@ class VerifierPool:
             contexts = [None] * len(responses)
         elif len(contexts) != len(responses):
             raise ValueError(f"{len(responses)} responses but {len(contexts)} contexts")
-        # Unknown names fail here, in the caller. Resolving imports the reward modules but runs
-        # none of them on a response.
-        fn = _resolve(verifier_name)
         if self.num_workers == 0 or self._in_process(verifier_name):
-            res = _score_inline(fn, responses, ground_truths, contexts, verifier_name)
+            fn = resolve_spec(verifier_name)
+            res = score_inline(fn, responses, ground_truths, contexts, verifier_name)
             problem = report_failures(verifier_name, len(responses), res.errors, 0, res.problem,
                                       None)
             return ScoreResult(res.scores, 0, res.errors, problem, res.failures)
+        if not hasattr(verifier_name, "resolve"):
+            # Unknown names fail here, in the caller. Resolving imports the reward modules but
+            # runs none of them on a response. A job spec's code (tools, environments) is
+            # imported in the workers only: one that does not load fails each of its items.
+            resolve_spec(verifier_name)
         return self._score_workers(verifier_name, responses, ground_truths, contexts)
 
     def _in_process(self, spec: str | RewardSpec) -> bool:
@@ -351,6 +275,7 @@ class VerifierPool:
         call_deadline = time.monotonic() + budget if warm else math.inf
         problem = None  # the first failed response's reason, for the log
         failures: dict[int, str] = {}
+        answered: set[int] = set()
 
         while left:
             # 1. Hand a chunk to every idle worker. Only idle workers: a busy one is not reading
@@ -373,8 +298,12 @@ class VerifierPool:
 
             # 2. Wait for answers, deaths, or the nearest deadline.
             busy = [w for w in self._workers if w.items]
-            if not busy:  # unreachable: pending work always finds an idle worker
-                break
+            if not busy:  # the idle workers had died (replaced above): hand the work out again
+                start_failures += 1
+                if start_failures < _MAX_START_FAILURES:
+                    continue
+                raise RuntimeError(f"verifier workers died {start_failures} times before "
+                                   f"{describe(spec)} could be sent to them")
             timeout = max(0.0, min(min(w.deadline for w in busy), call_deadline) - time.monotonic())
             wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout)
 
@@ -394,6 +323,7 @@ class VerifierPool:
                         else:
                             i, s, why = msg
                             w.items.popleft()
+                            answered.add(i)
                             scores[i], errors, left = s, errors + (why is not None), left - 1
                             problem = problem or why
                             if why is not None:
@@ -455,6 +385,9 @@ class VerifierPool:
                     f"{self.startup_timeout_s} s)"
                 )
 
+        for i in set(range(n)) - answered - set(failures):  # none expected: never a bare 0.0
+            failures[i] = "the worker died (crash or memory limit)"
+            errors += 1
         problem = report_failures(spec, n, errors, timeouts, problem, self.timeout_s)
         return ScoreResult(scores, timeouts, errors, problem, failures)
 
@@ -465,10 +398,8 @@ class VerifierPool:
         self._closed = True
         atexit.unregister(self._at_exit)
         for w in self._workers:
-            w.proc.kill()
-        for w in self._workers:
-            w.proc.join(timeout=5)
-            w.conn.close()
+            self._stop(w, swept=False)
+        sweep(self._tokens)  # anything a worker's tree left behind
         self._workers = []
 
     def __enter__(self) -> VerifierPool:
@@ -482,19 +413,3 @@ class VerifierPool:
             self.close()
         except Exception:  # interpreter shutdown may have torn down multiprocessing already
             pass
-
-
-def _score_inline(fn, responses: list[str], gts: list[str], ctxs: list,
-                  spec=None) -> ScoreResult:
-    """In-process scoring with the pool's failure accounting but no time limit."""
-    scores, errors, problem, failures = [], 0, None, {}
-    for i, (response, gt, ctx) in enumerate(zip(responses, gts, ctxs)):
-        try:
-            scores.append(_checked(spec, fn(response, gt, ctx)))
-        except Exception as e:
-            log.debug("verifier raised", exc_info=True)
-            scores.append(0.0)
-            errors += 1
-            failures[i] = f"{type(e).__name__}: {e}"[:200]
-            problem = problem or failures[i]
-    return ScoreResult(scores, 0, errors, problem, failures)

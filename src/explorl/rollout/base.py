@@ -13,6 +13,7 @@ from explorl.rollout.types import Rollouts
 from explorl.rollout.vllm import VLLMEngine
 from explorl.tools.environments import runner_of
 from explorl.tools.formats import make_format
+from explorl.tools.sandbox import describe
 
 
 class RolloutEngine(Protocol):
@@ -82,7 +83,8 @@ def build_engine(cfg, tokenizer, model_path: str | Path, dtype: torch.dtype, dev
     # ``rollout.environment``: the engine stops at EOS and at a tool call's end (both kept in the
     # response), and ``ToolEngine`` runs the calls between its turns.
     runner = runner_of(cfg)
-    fmt = make_format(cfg.rollout.tool_format, tokenizer, runner.spec.load())
+    tools = describe(cfg.rollout.tools, cfg.rollout.environment).schemas  # read in a worker
+    fmt = make_format(cfg.rollout.tool_format, tokenizer, tools)
     eos = [tokenizer.eos_token_id]
     engine = make(cfg, tokenizer, model_path, dtype, device, eos_ids=eos + list(fmt.stop_ids))
     return ToolEngine(engine, fmt, runner, cfg.rollout.max_turns, eos_ids=eos)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from explorl.algorithms import informative_groups, overlong_penalty
+from explorl.algorithms.filters import model_budgets
 from explorl.config import RunConfig
 from explorl.control import Knobs
 from explorl.rollout.seeding import mix_seed
@@ -60,8 +61,10 @@ def score_rollouts(pool, rewarder, cfg: RunConfig, ro: Rollouts, records: list,
     rc = cfg.reward
     rewards = torch.tensor(res.rewards, dtype=torch.float32)  # host
     if rc.overlong_buffer > 0:
-        rewards = rewards + overlong_penalty(ro.lengths.cpu(), max_response_len, rc.overlong_buffer,
-                                             rc.overlong_penalty)
+        tools = None if ro.tool_mask is None else ro.tool_mask.sum(-1).cpu()  # (N,)
+        rewards = rewards + overlong_penalty(ro.lengths.cpu(),
+                                             model_budgets(max_response_len, tools),
+                                             rc.overlong_buffer, rc.overlong_penalty)
     return scores, rewards, {"reward/verify_timeouts": float(res.timeouts),
                              "reward/verify_errors": float(res.errors),
                              "reward/verify_worst_failed": float(res.worst_failed),

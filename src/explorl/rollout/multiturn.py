@@ -96,6 +96,12 @@ class ToolEngine:
             raise AttributeError(name)
         return getattr(self.engine, name)
 
+    def close_tools(self) -> None:
+        """Stop the tools' worker processes (a later call starts them again)."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
+
     def generate(self, model, prompt_ids, n_samples, temperature, max_new_tokens,
                  generator=None, seeds=None, branching=None) -> Rollouts:
         """``branching`` (ARPO, ``rollout.arpo``): turn 1 samples ``branching.first(n)`` of each

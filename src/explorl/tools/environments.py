@@ -11,9 +11,12 @@ are the tools the model calls; they read and change the instance.
 **Where the state lives.** A reset and every call run in the reward's worker pool, as a tool
 call does: the instance travels to the worker as ``pickle`` bytes with the call, and the
 worker answers with the result and the instance's bytes after it. The trainer keeps each
-response's bytes and never unpickles them. A call that fails (raises, hangs past
-``reward.timeout_s``, kills its worker, returns too much) is an error message the model reads,
-and the response keeps the bytes it had: its state is as before the call. Bytes are
+response's bytes and never unpickles them. The worker checks the limits, so nothing past them
+reaches the trainer: ``rollout.env_state_max_bytes`` on the pickled instance,
+``rollout.env_observation_max_chars`` on ``reset``'s text. A call that fails (raises, hangs
+past ``reward.timeout_s``, kills its worker, returns too much, leaves too large a state) is an
+error message the model reads, and the response keeps the bytes it had: its state is as before
+the call. A reset that fails stops the run (``EnvironmentFailed``). Bytes are
 immutable, so an ARPO branch that copies a response after a tool result has its own copy of
 the state from there. An instance lives for one rollout (one response); nothing of it is
 checkpointed.
@@ -31,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from explorl.errors import EnvironmentFailed
 from explorl.refs import RefError, is_ref, load_ref, search_dirs
 from explorl.rewards.functions import trl_columns
 from explorl.tools.functions import call, check_tool
@@ -124,6 +128,10 @@ class EnvSpec:
     """Stateless tools beside the environment's methods (``rollout.tools``)."""
     max_chars: int = 2000
     dirs: tuple[str, ...] = ()
+    max_observation_chars: int = 2000
+    """``rollout.env_observation_max_chars``: the longest text ``reset`` may return."""
+    max_state_bytes: int = 1 << 20
+    """``rollout.env_state_max_bytes``: the most bytes an instance may pickle to."""
 
     kind = "tool"  # how the pool's log lines name it
 
@@ -143,22 +151,42 @@ class EnvSpec:
         plain = ToolSpec(self.tools, self.max_chars, self.dirs).load()
 
         def run(job: tuple, _gt=None, blob: bytes | None = None) -> tuple:
+            # Checked here, in the worker: an observation or a state past its limit never
+            # crosses the pipe.
             if job[0] == "reset":
                 env = cls()
                 obs = env.reset(**reset_arguments(env.reset, job[1]))
                 if obs is not None and not isinstance(obs, str):
                     raise TypeError(f"reset returned a {type(obs).__name__}, not text or None")
-                return "reset", obs, pickle.dumps(env)
+                if obs is not None and len(obs) > self.max_observation_chars:
+                    raise LimitExceeded(
+                        f"{self.ref}: reset returned {len(obs)} characters > "
+                        f"rollout.env_observation_max_chars={self.max_observation_chars}")
+                return "reset", obs, self._pickled(env)
             env = pickle.loads(blob)
             tools = {**plain, **{n: getattr(env, n) for n in names}}
-            return "call", call(tools, job[1], job[2]), pickle.dumps(env)
+            text = check_text(call(tools, job[1], job[2]), self.max_chars)
+            return "call", text, self._pickled(env)
         return run
 
+    def _pickled(self, env) -> bytes:
+        blob = pickle.dumps(env)
+        if len(blob) > self.max_state_bytes:
+            raise LimitExceeded(f"{self.ref}: the instance pickles to {len(blob)} bytes > "
+                                f"rollout.env_state_max_bytes={self.max_state_bytes}")
+        return blob
+
     def check(self, value) -> tuple:
-        kind, text, _ = value
-        if kind == "call":
-            check_text(text, self.max_chars)
+        """``value`` when it is a job's answer: ``(kind, text or None, bytes)``."""
+        if not (isinstance(value, tuple) and len(value) == 3 and isinstance(value[2], bytes)):
+            raise TypeError(f"not an environment's answer: {type(value).__name__}")
+        if value[0] == "call":
+            check_text(value[1], self.max_chars)
         return value
+
+
+class LimitExceeded(ValueError):
+    """An environment's observation or state past its limit (``rollout.env_*``)."""
 
 
 class EnvRunner(ToolRunner):
@@ -166,9 +194,8 @@ class EnvRunner(ToolRunner):
 
     @classmethod
     def from_config(cls, cfg) -> EnvRunner:
-        r, ro = cfg.reward, cfg.rollout
-        spec = EnvSpec(ro.environment, tuple(ro.tools), ro.tool_result_max_chars, search_dirs())
-        return cls(spec, num_workers=r.num_workers, timeout_s=r.timeout_s,
+        r = cfg.reward
+        return cls(spec_of(cfg.rollout), num_workers=r.num_workers, timeout_s=r.timeout_s,
                    step_timeout_s=r.step_timeout_s)
 
     def reset(self, records: list) -> list[tuple[str | None, bytes]]:
@@ -177,8 +204,9 @@ class EnvRunner(ToolRunner):
         res = self._score([("reset", r) for r in records], [None] * len(records))
         if res.failures:
             i, why = next(iter(sorted(res.failures.items())))
-            raise RuntimeError(f"rollout.environment: {self.spec.ref} failed to reset for "
-                               f"{len(res.failures)} of {len(records)} responses, e.g. {why}")
+            raise EnvironmentFailed(f"rollout.environment: {self.spec.ref} failed to reset for "
+                                    f"{len(res.failures)} of {len(records)} responses, e.g. "
+                                    f"{why}")
         return [s[1:] for s in res.scores]
 
     def run(self, calls: list[tuple[str, dict]], states: list[bytes] | None = None
@@ -188,9 +216,16 @@ class EnvRunner(ToolRunner):
         if not calls:
             return []
         res = self._score([("call", n, a) for n, a in calls], list(states))
-        return [ToolAnswer("", res.failures[i]) if i in res.failures
-                else ToolAnswer(res.scores[i][1], state=res.scores[i][2])
-                for i in range(len(calls))]
+        answers = []
+        for i, value in enumerate(res.scores):
+            why = res.failures.get(i)
+            if why is None and not (isinstance(value, tuple) and isinstance(value[1], str)
+                                    and isinstance(value[2], bytes)):  # never expected
+                why = f"not a tool result: {type(value).__name__}"
+            answers.append(ToolAnswer("", why) if why is not None
+                           else ToolAnswer(value[1], state=value[2]))
+        self.report([n for n, _ in calls], answers)
+        return answers
 
     def state_of(self, blob: bytes) -> EnvState:
         """What reward functions receive for a response's final bytes."""
@@ -213,6 +248,7 @@ def spec_of(rollout) -> ToolSpec | EnvSpec:
     """The job spec of a config's ``rollout`` section (with tools or an environment)."""
     if rollout.environment:
         return EnvSpec(rollout.environment, tuple(rollout.tools),
-                       rollout.tool_result_max_chars, search_dirs())
+                       rollout.tool_result_max_chars, search_dirs(),
+                       rollout.env_observation_max_chars, rollout.env_state_max_bytes)
     return ToolSpec(tuple(rollout.tools), rollout.tool_result_max_chars, search_dirs())
 

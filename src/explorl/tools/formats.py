@@ -22,8 +22,8 @@ import json
 import re
 from typing import Any
 
-from explorl.tools.environments import spec_of
-from explorl.tools.functions import ToolCallError, schema
+from explorl.tools.functions import ToolCallError
+from explorl.tools.sandbox import describe
 
 LAB_OPEN, LAB_CLOSE, LAB_RESULT_OPEN, LAB_RESULT_CLOSE, LAB_ERROR = "[", "]", "{", "}", "?"
 TOOL_FORMATS = ("auto", "lab", "chat")
@@ -124,14 +124,15 @@ def resolve_format(kind: str, tokenizer) -> str:
 
 def make_format(kind: str, tokenizer, tools: dict):
     """The format ``kind`` (``rollout.tool_format``) for ``tokenizer`` and the run's ``tools``
-    (name -> function)."""
+    (name -> its JSON schema, as ``tools.sandbox.describe`` reads it, or the function)."""
     kind = resolve_format(kind, tokenizer)
     if kind == "lab":
         if len(tools) != 1:
             raise ValueError(f"the lab tool format calls one tool, and the run has "
                              f"{len(tools)} ({', '.join(tools)})")
         (name, fn), = tools.items()
-        params = list(inspect.signature(fn).parameters)
+        params = (list(fn["function"]["parameters"]["properties"]) if isinstance(fn, dict)
+                  else list(inspect.signature(fn).parameters))
         if len(params) != 1:
             raise ValueError(f"the lab tool format passes one argument, and {name} takes "
                              f"{len(params)}")
@@ -141,9 +142,9 @@ def make_format(kind: str, tokenizer, tools: dict):
 
 def prompt_schemas(rollout, tokenizer) -> list | None:
     """The tools' JSON schemas a chat template shows in the prompt (``rollout``: the config's
-    section; an environment's methods included); None without tools or in the lab format (a
-    lab prompt is the bare problem)."""
+    section; an environment's methods included), read in the sandbox (``tools.sandbox``);
+    None without tools or in the lab format (a lab prompt is the bare problem)."""
     if not (rollout.tools or rollout.environment) or resolve_format(rollout.tool_format,
                                                                     tokenizer) != "chat":
         return None
-    return [schema(fn) for fn in spec_of(rollout).load().values()]
+    return list(describe(rollout.tools, rollout.environment).schemas.values())

@@ -115,7 +115,8 @@ def schema(fn: Callable) -> dict:
 
 def call(tools: dict[str, Callable], name: str, arguments: Any) -> str:
     """Run tool ``name`` with ``arguments`` (a dict of keyword arguments, or a JSON string of
-    one) and return its result as text (``str``, or JSON for a dict or list).
+    one) and return its result as text: a ``str``, a number as ``str(...)``, a dict or list as
+    JSON; anything else (None, bytes, an object) raises ``TypeError``.
 
     ``ToolCallError`` when the call cannot run as written: unknown tool (the message names
     the closest one), arguments that are not an object, or that the function does not take.
@@ -139,5 +140,11 @@ def call(tools: dict[str, Callable], name: str, arguments: Any) -> str:
     except TypeError as e:
         raise ToolCallError(f"{name}: {e}") from None
     out = fn(**arguments)
-    return out if isinstance(out, str) else json.dumps(out) if isinstance(
-        out, (dict, list)) else str(out)
+    if isinstance(out, str):
+        return out
+    if isinstance(out, (dict, list)):
+        return json.dumps(out)
+    if isinstance(out, (int, float)):
+        return str(out)
+    raise TypeError(f"{name} returned a {type(out).__name__}, not text (a tool returns a str, a "
+                    "number, or a dict or list sent as JSON)")

@@ -3,20 +3,27 @@ error message the model reads, counted, never a stalled run.
 
 ``ToolSpec`` is the job the pool's workers resolve (the pool runs any picklable spec with its own
 ``resolve`` and ``check``): the tool references, and the longest result the model may read.
-The workers import the user's tools, so user code never runs in the trainer; each call has the
-pool's limits (``reward.timeout_s`` per call, the workers' memory cap, ``reward.num_workers``
-workers; 0 runs them in-process with no limit, for trusted debugging).
+The workers import the user's tools, so user code never runs in the trainer (what the trainer
+needs to know of them, their schemas, ``tools.sandbox`` reads in a worker too); each call has
+the pool's limits (``reward.timeout_s`` per call, the workers' memory cap,
+``reward.num_workers`` workers; 0 runs them in-process with no limit, for trusted debugging).
+The workers are quiet (their output goes to /dev/null), run in a session of their own and end
+whatever a call started (``rewards.processes``); the first failure of each kind is logged once
+(``ToolRunner.report``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from explorl.refs import search_dirs
 from explorl.rewards.pool import ScoreResult, VerifierPool
 from explorl.tools.functions import call, load_tool
+
+log = logging.getLogger(__name__)
 
 
 class ToolResultTooLong(ValueError):
@@ -65,6 +72,20 @@ def check_text(value, max_chars: int) -> str:
     return value
 
 
+def failure_kind(why: str) -> str:
+    """A failed call's kind, from the pool's message: ``timeouts``, ``crashes`` (the worker
+    died), ``budget cuts`` (the turn's budget ran out), or the exception's type
+    (``ToolResultTooLong failures``)."""
+    if why.startswith("timed out"):
+        return "timeouts"
+    if why.startswith("the worker died"):
+        return "crashes"
+    if why.startswith("the call's time budget"):
+        return "budget cuts"
+    head = why.split(":", 1)[0]
+    return f"{head} failures" if head.isidentifier() else "failures of this kind"
+
+
 @dataclass(frozen=True)
 class ToolAnswer:
     """What one call gave: its text, or why it failed (the model then reads the error)."""
@@ -85,6 +106,7 @@ class ToolRunner:
                                                                   memory_limit_mb)
         self.step_timeout_s = step_timeout_s  # one turn's calls together (the pool's default)
         self._pool: VerifierPool | None = None
+        self._logged: set[str] = set()  # the failure kinds already logged (``report``)
 
     @classmethod
     def from_config(cls, cfg) -> ToolRunner:
@@ -101,15 +123,34 @@ class ToolRunner:
             return []
         jobs = [json.dumps({"name": n, "arguments": a}) for n, a in calls]
         res = self._score(jobs, None)
-        return [ToolAnswer("", res.failures[i]) if i in res.failures
-                else ToolAnswer(res.scores[i]) for i in range(len(jobs))]
+        answers = []
+        for i, value in enumerate(res.scores):
+            why = res.failures.get(i)
+            if why is None and not isinstance(value, str):  # never expected: not a bare 0.0
+                why = f"tool result is a {type(value).__name__}, not text"
+            answers.append(ToolAnswer("", why) if why is not None else ToolAnswer(value))
+        self.report([n for n, _ in calls], answers)
+        return answers
+
+    def report(self, names: list[str], answers: list[ToolAnswer]) -> None:
+        """Log the first failure of each kind (a timeout, a crash, an exception's type, ...)
+        once, with its message; the rest are counted in ``tools/errors`` only."""
+        for name, a in zip(names, answers):
+            if a.error is None:
+                continue
+            kind = failure_kind(a.error)
+            if kind in self._logged:
+                continue
+            self._logged.add(kind)
+            log.warning("tool %r failed: %s (further %s are counted in tools/errors, not logged)",
+                        name, a.error, kind)
 
     def _score(self, jobs: list, contexts: list | None) -> ScoreResult:
         """Run ``jobs`` (each with its context) through the pool, started on first use."""
         if self._pool is None:
             self._pool = VerifierPool(self.num_workers, self.timeout_s,
                                       step_timeout_s=self.step_timeout_s,
-                                      memory_limit_mb=self.memory_limit_mb)
+                                      memory_limit_mb=self.memory_limit_mb, quiet=True)
         return self._pool.score(self.spec, jobs, [""] * len(jobs), contexts)
 
     def close(self) -> None:

@@ -274,6 +274,7 @@ class Trainer:
         finally:
             if self.rollouts is not None:
                 self.rollouts.close()
+            getattr(self.engine, "close_tools", lambda: None)()  # tool workers (restart on use)
             bar.close()
             if self.outputs is not None:
                 self.outputs.close()

@@ -25,7 +25,7 @@ import signal
 import time
 from pathlib import Path
 
-from explorl.errors import ExplorlError, OutOfMemory
+from explorl.errors import EnvironmentFailed, ExplorlError, OutOfMemory
 from explorl.training.checkpoint import checkpoint_step, latest_checkpoint
 from explorl.training.watch import RewardFailures, TrainingDiverged
 
@@ -114,11 +114,12 @@ def stop_on_signals(requests: StopRequests, say):
 
 @contextlib.contextmanager
 def checkpoint_on_stop(trainer):
-    """A stop of the run's own (the watch's ``TrainingDiverged``, ``RewardFailures``) first
-    checkpoints its last finite weights (``keep_last_weights``), then goes on."""
+    """A stop of the run's own (the watch's ``TrainingDiverged``, ``RewardFailures``, an
+    environment that cannot reset: ``EnvironmentFailed``) first checkpoints its last finite
+    weights (``keep_last_weights``), then goes on."""
     try:
         yield
-    except (TrainingDiverged, RewardFailures) as e:
+    except (TrainingDiverged, RewardFailures, EnvironmentFailed) as e:
         keep_last_weights(trainer, e)
         raise
     except OutOfMemory as e:  # mid-step: the weights may hold part of the step's updates

@@ -85,6 +85,10 @@ def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
            f"rollout.environment): nothing reads it (leave it at {getattr(RolloutConfig, k)!r}, "
            "or name tools in rollout.tools)")
           for k in ("max_turns", "tool_format", "tool_result_max_chars")],
+        *[(f"rollout.{k}", r.environment or getattr(r, k) == getattr(RolloutConfig, k),
+           f"is a limit of rollout.environment, which is null: nothing reads it (leave it at "
+           f"{getattr(RolloutConfig, k)!r}, or name an environment)")
+          for k in ("env_observation_max_chars", "env_state_max_bytes")],
         ("rollout.environment", not (r.environment and r.engine != "hf"),
          f"environments run on the hf engine, and rollout.engine is {r.engine!r}; set "
          "rollout.engine: hf (rollout.tools alone also run on vllm)"),

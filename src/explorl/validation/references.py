@@ -19,8 +19,8 @@ from explorl.lab.tasks import TASKS
 from explorl.refs import is_ref
 from explorl.rewards.functions import check_reward
 from explorl.rewards.verifiers import VERIFIERS
-from explorl.tools.environments import GET_REWARD, load_environment, tools_of
-from explorl.tools.functions import load_tool
+from explorl.tools.environments import GET_REWARD
+from explorl.tools.sandbox import ToolsUnusable, describe
 
 DEFAULT_RESPONSE_LEN = 256
 """``rollout.max_response_len`` of a run whose model is not a lab model."""
@@ -125,10 +125,11 @@ def _task_specs(specs: list[tuple[str, str]]) -> set[str]:
     return {s.removeprefix("lab:") for _, s in specs if s.startswith(("lab:", "rg:"))}
 
 
-def check_environment(cfg, env: bool, fail) -> dict:
+def check_environment(cfg, env: bool, fail, info) -> dict:
     """``rollout.environment``: a class with ``reset`` and typed, documented tool methods (with
-    ``env``); ``get_reward`` read by a reward function when the class has one, and that reward
-    function only with an environment. Returns its tool methods by name (none without ``env``)."""
+    ``env``, read in the sandbox: ``info``); ``get_reward`` read by a reward function when the
+    class has one, and that reward function only with an environment. Returns its tool
+    methods' schemas by name (none without ``env``)."""
     ref, fns = cfg.rollout.environment, [f.name for f in cfg.reward.functions]
     if ref is None:
         if GET_REWARD in fns:
@@ -140,53 +141,56 @@ def check_environment(cfg, env: bool, fail) -> dict:
                                     "'module:Class' or 'path/to/file.py:Class'")
     if not env:
         return {}
-    try:
-        cls = load_environment(ref)
-    except (ValueError, ImportError) as e:
-        fail("rollout.environment", e)
-    if callable(getattr(cls, "get_reward", None)) and GET_REWARD not in fns:
-        fail("rollout.environment", f"{cls.__name__} defines get_reward, and no reward function "
+    if info.get_reward and GET_REWARD not in fns:
+        fail("rollout.environment", f"{info.env_name} defines get_reward, and no reward function "
                                     f"reads it: add {{name: {GET_REWARD}}} to reward.functions "
                                     "(TRL adds it with weight 1), or remove the method")
-    return tools_of(cls)
+    return {s["function"]["name"]: s for s in info.methods}
+
+
+def _n_params(schema: dict) -> int:
+    return len(schema["function"]["parameters"]["properties"])
 
 
 def check_tools(cfg, env: bool, fail) -> None:
-    """``rollout.tools``: each a typed, documented function that loads (with ``env``), no name
-    twice (an environment's methods included); the lab format's one tool with one parameter."""
-    import inspect
-
+    """``rollout.tools``: each a typed, documented function that loads (with ``env``: imported
+    and checked in a sandboxed worker, ``tools.sandbox``; the trainer never imports them), no
+    name twice (an environment's methods included); the lab format's one tool with one
+    parameter."""
     tools = cfg.rollout.tools
-    methods = check_environment(cfg, env, fail)
+    for i, ref in enumerate(tools):
+        if not isinstance(ref, str) or not is_ref(ref):
+            fail(f"rollout.tools[{i}]", f"{ref!r} is not a tool reference: expected "
+                                        "'module:function' or 'path/to/file.py:function'")
+    environment = cfg.rollout.environment
+    valid = isinstance(environment, str) and is_ref(environment)
+    info = None
+    if env and (tools or valid):
+        try:
+            info = describe(tools, environment if valid else None)
+        except ToolsUnusable as e:
+            fail(e.key, e.message)
+    methods = check_environment(cfg, env, fail, info)
     names: dict[str, int] = {}
     path = cfg.model.path
     lab = cfg.rollout.tool_format == "lab" or cfg.rollout.tool_format == "auto" and (
         path.startswith("lab:") or (Path(path).expanduser() / "lab.json").is_file())
-    for name, fn in methods.items():
-        if lab and len(inspect.signature(fn).parameters) != 1:
+    for name, sch in methods.items():
+        if lab and _n_params(sch) != 1:
             fail("rollout.environment", f"the lab tool format passes one argument ([arg]); "
-                                        f"{name} takes {len(inspect.signature(fn).parameters)}")
-    for i, ref in enumerate(tools):
-        key = f"rollout.tools[{i}]"
-        if not isinstance(ref, str) or not is_ref(ref):
-            fail(key, f"{ref!r} is not a tool reference: expected 'module:function' or "
-                       "'path/to/file.py:function'")
-        if not env:
-            continue
-        try:
-            fn = load_tool(ref)
-        except (ValueError, ImportError) as e:
-            fail(key, e)
-        if fn.__name__ in names:
-            fail(key, f"a second tool named {fn.__name__!r} (rollout.tools[{names[fn.__name__]}])"
+                                        f"{name} takes {_n_params(sch)}")
+    for i, sch in enumerate(info.tools if info is not None else []):
+        key, name = f"rollout.tools[{i}]", sch["function"]["name"]
+        if name in names:
+            fail(key, f"a second tool named {name!r} (rollout.tools[{names[name]}])"
                        "; the model calls tools by name")
-        if fn.__name__ in methods:
-            fail(key, f"a tool named {fn.__name__!r}, as a method of rollout.environment; the "
+        if name in methods:
+            fail(key, f"a tool named {name!r}, as a method of rollout.environment; the "
                        "model calls tools by name")
-        names[fn.__name__] = i
-        if lab and len(inspect.signature(fn).parameters) != 1:
+        names[name] = i
+        if lab and _n_params(sch) != 1:
             fail(key, "the lab tool format passes one argument ([arg]); this tool takes "
-                       f"{len(inspect.signature(fn).parameters)}")
+                       f"{_n_params(sch)}")
     if len(tools) > 1 and lab:
         fail("rollout.tools", f"the lab tool format calls one tool, and {len(tools)} are named")
     if methods and len(tools) + len(methods) > 1 and lab:
