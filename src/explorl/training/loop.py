@@ -269,8 +269,7 @@ class Trainer:
                         self.plot()
                     if self.stops.checkpoint_due(self.step):
                         ckpt = self.save()
-                if ckpt is None or ckpt.name != f"step-{self.step}":  # the last step, saved once
-                    ckpt = self.save()
+                ckpt = ckpt if ckpt is not None and ckpt.name == f"step-{self.step}" else self.save()
         finally:
             if self.rollouts is not None:
                 self.rollouts.close()
