@@ -269,7 +269,7 @@ class Trainer:
                         self.plot()
                     if self.stops.checkpoint_due(self.step):
                         ckpt = self.save()
-                ckpt = ckpt if ckpt and ckpt.name == f"step-{self.step}" else self.save()  # the last
+                ckpt = ckpt if ckpt and ckpt.name == f"step-{self.step}" else self.save()
         finally:
             if self.rollouts is not None:
                 self.rollouts.close()
