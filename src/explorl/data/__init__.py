@@ -3,6 +3,6 @@
 from __future__ import annotations
 
 from explorl.data.files import DataError, load_many, load_prompts, records_from_rows
-from explorl.data.records import PromptRecord
+from explorl.records import PromptRecord
 
 __all__ = ["DataError", "PromptRecord", "load_many", "load_prompts", "records_from_rows"]

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from explorl.data.records import PromptRecord
 from explorl.errors import DataError
+from explorl.records import PromptRecord
 
 EXTENSIONS = (".jsonl", ".json", ".parquet")
 

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from explorl.data.records import PromptRecord
 from explorl.outputs.runlog import MetricsLog
+from explorl.records import PromptRecord
 
 SPLIT_SEED = {"train": 0, "val": 1}
 
