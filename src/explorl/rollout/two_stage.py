@@ -9,7 +9,7 @@ one plain gradient step on a rollout copy θ′ lowers the probability of the st
 stage 2 samples the rest from θ′. The policy is trained on both stages; stage-2 old log-probs
 come from θ′, the model that sampled them. θ′ is one module kept for the whole run and
 refreshed from θ in place before each unlearning step (no per-step deep copy), and its loss
-runs through the trainer's packed forward (``explorl.training.forward``).
+runs through the trainer's packed forward (``explorl.policy.forward``).
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import torch
 
 from explorl.adapters import refresh_copy_, rollout_copy
 from explorl.config import EEPOControlConfig
+from explorl.policy.forward import response_logprobs
 from explorl.rollout.aepo import AEPOSampler
 from explorl.rollout.arpo import ARPOSampler
 from explorl.rollout.base import RolloutEngine
 from explorl.rollout.seeding import mix_seed
 from explorl.rollout.types import Rollouts
-from explorl.training.forward import response_logprobs
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]
 

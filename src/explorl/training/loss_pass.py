@@ -17,8 +17,8 @@ from explorl.algorithms.contract import LossParams
 from explorl.algorithms.losses import FOLDS_CORRECTION
 from explorl.algorithms.rollout_correction import sequence_log_weight
 from explorl.config import RunConfig
+from explorl.policy.forward import response_logprobs
 from explorl.rollout.types import Rollouts
-from explorl.training.forward import response_logprobs
 
 
 def _add(sums: dict, key: str, value: torch.Tensor) -> None:

@@ -22,8 +22,12 @@ import torch
 
 from explorl.adapters import plain
 from explorl.algorithms.logprobs import logprobs_from_hidden, logprobs_from_logits
-from explorl.rollout.hf import position_ids
-from explorl.rollout.lean import additive_mask, lean_hidden, lean_training_supported
+from explorl.policy.lean import additive_mask, lean_hidden, lean_training_supported
+
+
+def position_ids(mask: torch.Tensor) -> torch.Tensor:
+    """Positions that ignore left padding: 0 at each row's first real token."""
+    return (mask.long().cumsum(-1) - 1).clamp_min(0)
 
 
 def takes_custom_mask(model: torch.nn.Module) -> bool:
