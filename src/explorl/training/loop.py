@@ -1,7 +1,7 @@
 """The training loop: setup, one step in numbered sections (CleanRL's shape), the loop, saving.
 
 Each phase lives in a module beside this one: 0. knobs (``control``), 1–2. sample and score
-(``rollout.collect``, ``rollout.two_stage``), 3. ``advantages``, 4. ``update``, 5. controllers,
+(``collect``, ``rollout.two_stage``), 3. ``advantages``, 4. ``update``, 5. controllers,
 6. log (``metrics``, ``eval.validate``). Data parallelism is a few explicit ``distributed``
 calls. docs/architecture.md has the data flow and where each concept lives.
 """
