@@ -18,13 +18,13 @@ import torch
 
 from explorl import adapters, files, models, validation
 from explorl import config as C
+from explorl.analysis.plots import plot_run_safely
 from explorl.control import Knobs, bank_from_config
 from explorl.control.registry import controller_writes
 from explorl.data.order import DataOrder
 from explorl.data.sources import in_memory, load_split
 from explorl.eval.validate import validate
 from explorl.outputs.completions import training_completions
-from explorl.outputs.plots import plot_run_safely
 from explorl.outputs.record import RunOutputs
 from explorl.outputs.runlog import ProgressBar, json_default
 from explorl.rewards.pool import VerifierPool
