@@ -52,7 +52,7 @@ def _train(args) -> int:
         if args.max_steps is not None:
             data["max_steps"] = args.max_steps
         cfg = validation.from_dict(data)
-        from explorl.training.checkpoint import checkpoint_step, latest_checkpoint
+        from explorl.outputs.checkpoint import checkpoint_step, latest_checkpoint
 
         ckpt = latest_checkpoint(run_dir)
         if ckpt is not None and checkpoint_step(ckpt) >= cfg.max_steps:

@@ -33,6 +33,7 @@ from explorl.models import (
     resolve_dtype,
     resolve_model_path,
 )
+from explorl.outputs.checkpoint import latest_checkpoint
 from explorl.outputs.completions import prompt_text
 from explorl.outputs.tables import print_tables, stacked
 from explorl.rewards.functions import check_reward
@@ -41,7 +42,6 @@ from explorl.rewards.rewarder import Rewarder
 from explorl.rollout.base import build_engine
 from explorl.rollout.progress import DecodeRate, listening
 from explorl.rollout.seeding import mix_seed
-from explorl.training.checkpoint import latest_checkpoint
 from explorl.validation.references import DEFAULT_RESPONSE_LEN
 
 

@@ -1,2 +1,2 @@
-"""What a run writes: the metrics file and progress bar, completions, trackers and console
-tables."""
+"""What a run writes: the metrics file and progress bar, completions, atomic checkpoints, trackers
+and console tables."""
