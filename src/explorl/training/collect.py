@@ -11,7 +11,7 @@ Sampling draws depend on (seed, step, round, prompt position, sample) only
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -68,22 +68,9 @@ def score_rollouts(pool, rewarder, cfg: RunConfig, ro: Rollouts, records: list,
                              "reward/verify_responses": float(len(res.rewards))}
 
 
-def collect(
-    *,
-    cfg: RunConfig,
-    step: int,
-    knobs: Knobs,
-    batch: tuple[list[int], int, bool],
-    order,
-    data,
-    prompt_ids,
-    sampler: OneStage,
-    policy,
-    version,
-    pool,
-    rewarder,
-    dist,
-) -> Collected:
+def collect(*, cfg: RunConfig, step: int, knobs: Knobs, batch: tuple[list[int], int, bool],
+            order, data, prompt_ids, sampler: OneStage, policy, version, pool, rewarder,
+            dist) -> Collected:
     """Sample and score this rank's share of ``batch`` (more rounds under dynamic sampling).
 
     ``order`` draws the extra rounds' prompts; ``prompt_ids(i)`` gives dataset row i's token
@@ -93,11 +80,10 @@ def collect(
     a = cfg.algorithm
     B = cfg.data.prompts_per_step
     max_rounds = a.max_gen_rounds if a.dynamic_sampling else 1
-    rank = dist.rank
-    kept, kept_rows, kept_local, all_idx, all_counts = [], [], [], [], []
+    kept = _Kept()
     metrics: dict[str, float] = {}
     round_sums: dict[str, float] = {}  # the sampler's metrics, averaged over rounds below
-    n_kept_groups = n_kept_rows = n_groups_total = rounds = epoch = 0
+    n_kept_groups = rounds = epoch = 0
     epoch_end = False
     t_gen = t_score = 0.0
     while rounds < max_rounds and n_kept_groups < B:
@@ -110,17 +96,10 @@ def collect(
         seeds = [mix_seed(cfg.seed, TRAIN_STREAM, step, rounds, p) for p in range(len(idx))]
         unlearn = knobs.unlearn and any(n // 2 > 0 for n in budgets)  # decided for the global batch
         t0 = time.perf_counter()
-        ro, m = sampler.sample(
-            policy,
-            version,
-            [prompt_ids(i) for i in idx[mine]],
-            budgets[mine],
-            knobs.temperature,
-            knobs.max_response_len,
-            seeds[mine],
-            unlearn=unlearn,
-            reduce=dist.all_reduce_ if dist.world_size > 1 else None,
-        )
+        ro, m = sampler.sample(policy, version, [prompt_ids(i) for i in idx[mine]], budgets[mine],
+                               knobs.temperature, knobs.max_response_len, seeds[mine],
+                               unlearn=unlearn,
+                               reduce=dist.all_reduce_ if dist.world_size > 1 else None)
         ro.prompt_index = ro.prompt_index + mine.start  # position in this round's global batch
         t_gen += time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -129,56 +108,17 @@ def collect(
             pool, rewarder, cfg, ro, answered, knobs.max_response_len
         )
         t_score += time.perf_counter() - t0
-        # The round's one collective: every rank's per-response statistics and verifier counters.
-        own = not m.get("eepo/active")  # stage 2 came from the policy itself unless it unlearned
-        parts = dist.gather(
-            {"rows": response_stats(ro, scores, rewards, rank, stage2_own=own), **sm}
-        )
-        rows = StepRows.cat([p["rows"] for p in parts])
-        offset = sum(len(p["rows"]) for p in parts[:rank])  # this rank's first row
-        for k in sm:
-            metrics[k] = metrics.get(k, 0.0) + sum(p[k] for p in parts)
-        for k, v in {**m, **stage_entropy(rows, m)}.items():
-            round_sums[k] = round_sums.get(k, 0.0) + v
-        pi = rows.group
-        counts = torch.bincount(pi, minlength=len(idx))
-        correct = torch.zeros(len(idx), dtype=torch.float64)  # host, as rows (StepRows)
-        correct = correct.index_add_(0, pi, rows.score)
-        if a.dynamic_sampling:
-            informative = informative_groups(getattr(rows, a.dynamic_sampling_metric), pi)
-            keep_groups = sorted(set(pi[informative].tolist()))[: B - n_kept_groups]
-            keep_t = torch.as_tensor(keep_groups, dtype=torch.long)  # host
-            keep = torch.isin(pi, keep_t)  # (rows,) global
-            n_kept_groups += len(keep_groups)
-        else:
-            keep = torch.ones(len(pi), dtype=torch.bool)  # host
-            n_kept_groups = len(idx)
-        sel = keep[offset: offset + len(ro)].nonzero().squeeze(-1)
-        ro_k = ro.select(sel)
-        ro_k.prompt_index = ro_k.prompt_index + len(all_idx)  # position among all sampled prompts
-        kept.append((ro_k, scores[sel], rewards[sel]))
-        kept_local.append(n_kept_rows + (keep.long().cumsum(0) - 1)[offset: offset + len(ro)][sel])
-        rows = rows.select(keep)
-        rows.group = rows.group + len(all_idx)
-        kept_rows.append(rows)
-        n_kept_rows += int(keep.sum())
-        all_idx += idx
-        all_counts.append((counts, correct))
-        n_groups_total += len(idx)
-    parts_ro = [k[0] for k in kept if len(k[0])] or [kept[0][0]]
-    pad = getattr(sampler.engine, "pad_id", 0)
-    ro = Rollouts.concat(parts_ro, pad) if len(parts_ro) > 1 else parts_ro[0]
-    counts = torch.cat([c for c, _ in all_counts])
-    correct = torch.cat([c for _, c in all_counts])
-    metrics.update({k: v / rounds for k, v in round_sums.items()})
-    # The guard's reading: the pass (verifier, reward functions) that failed most, per response.
-    worst = metrics.pop("reward/verify_worst_failed", 0.0)
-    n = metrics.pop("reward/verify_responses", 0.0)
-    metrics["reward/verify_failed_frac"] = worst / n if n else 0.0
+        rows, offset = _gather_round(dist, ro, scores, rewards, sm, m, metrics, round_sums)
+        keep, n_groups = _kept_groups(a, rows, len(idx), B - n_kept_groups)  # (rows,) global
+        n_kept_groups += n_groups
+        kept.add(idx, ro, scores, rewards, rows, keep, offset)
+    counts = torch.cat([c for c, _ in kept.counts])
+    correct = torch.cat([c for _, c in kept.counts])
+    _average_rounds(metrics, round_sums, rounds)
     metrics.update(
         {
             "rollout/gen_rounds": float(rounds),
-            "rollout/filtered_frac": 1.0 - n_kept_groups / max(1, n_groups_total)
+            "rollout/filtered_frac": 1.0 - n_kept_groups / max(1, len(kept.prompts))
             if a.dynamic_sampling
             else 0.0,
             "rollout/all_wrong_frac": float((correct == 0).float().mean()),
@@ -187,9 +127,82 @@ def collect(
             "time/score_s": t_score,
         }
     )
-    sb = StepBatch(rows=StepRows.cat(kept_rows), local=torch.cat(kept_local),
-                   prompt_indices=all_idx, prompt_correct=correct.tolist(),
+    sb = StepBatch(rows=StepRows.cat(kept.rows), local=torch.cat(kept.local),
+                   prompt_indices=kept.prompts, prompt_correct=correct.tolist(),
                    prompt_samples=counts.tolist(), epoch=epoch, epoch_end=epoch_end)
-    return Collected(
-        ro, torch.cat([k[1] for k in kept]), torch.cat([k[2] for k in kept]), sb, metrics
+    parts_ro = [k[0] for k in kept.parts if len(k[0])] or [kept.parts[0][0]]
+    pad = getattr(sampler.engine, "pad_id", 0)
+    ro = Rollouts.concat(parts_ro, pad) if len(parts_ro) > 1 else parts_ro[0]
+    return Collected(ro, torch.cat([k[1] for k in kept.parts]),
+                     torch.cat([k[2] for k in kept.parts]), sb, metrics)
+
+
+@dataclass
+class _Kept:
+    """The kept responses of a step's generation rounds, one round at a time (``add``)."""
+
+    parts: list = field(default_factory=list)  # per round: this rank's (rollouts, scores, rewards)
+    rows: list = field(default_factory=list)  # per round: the kept global rows (``StepRows``)
+    local: list = field(default_factory=list)  # per round: this rank's kept rollouts → rows
+    prompts: list = field(default_factory=list)  # dataset index of every sampled prompt
+    counts: list = field(default_factory=list)  # per round: (samples, correct) per prompt, host
+    n_rows: int = 0  # kept global rows so far
+
+    def add(self, idx: list[int], ro: Rollouts, scores: torch.Tensor, rewards: torch.Tensor,
+            rows: StepRows, keep: torch.Tensor, offset: int) -> None:
+        """Round prompts ``idx``: the global ``rows[keep]``, and this rank's rollouts ``ro``
+        among them (its rows start at ``offset``)."""
+        pi = rows.group
+        counts = torch.bincount(pi, minlength=len(idx))
+        correct = torch.zeros(len(idx), dtype=torch.float64)  # host, as rows (StepRows)
+        correct = correct.index_add_(0, pi, rows.score)
+        sel = keep[offset: offset + len(ro)].nonzero().squeeze(-1)
+        ro_k = ro.select(sel)
+        ro_k.prompt_index = ro_k.prompt_index + len(self.prompts)  # among all sampled prompts
+        self.parts.append((ro_k, scores[sel], rewards[sel]))
+        self.local.append(self.n_rows + (keep.long().cumsum(0) - 1)[offset: offset + len(ro)][sel])
+        rows = rows.select(keep)
+        rows.group = rows.group + len(self.prompts)
+        self.rows.append(rows)
+        self.n_rows += int(keep.sum())
+        self.prompts += idx
+        self.counts.append((counts, correct))
+
+
+def _gather_round(dist, ro: Rollouts, scores: torch.Tensor, rewards: torch.Tensor,
+                  sm: dict[str, float], m: dict[str, float], metrics: dict[str, float],
+                  round_sums: dict[str, float]) -> tuple[StepRows, int]:
+    """The round's one collective: every rank's per-response statistics and verifier counters
+    ``sm`` (summed into ``metrics``; the sampler's metrics ``m`` and the stage entropies into
+    ``round_sums``). Returns the round's global rows and this rank's first row among them."""
+    own = not m.get("eepo/active")  # stage 2 came from the policy itself unless it unlearned
+    parts = dist.gather(
+        {"rows": response_stats(ro, scores, rewards, dist.rank, stage2_own=own), **sm}
     )
+    rows = StepRows.cat([p["rows"] for p in parts])
+    for k in sm:
+        metrics[k] = metrics.get(k, 0.0) + sum(p[k] for p in parts)
+    for k, v in {**m, **stage_entropy(rows, m)}.items():
+        round_sums[k] = round_sums.get(k, 0.0) + v
+    return rows, sum(len(p["rows"]) for p in parts[:dist.rank])
+
+
+def _kept_groups(a, rows: StepRows, n_prompts: int, room: int) -> tuple[torch.Tensor, int]:
+    """Which of the round's global rows are kept ((rows,) bool, host) and how many groups: under
+    DAPO's dynamic sampling the first ``room`` informative groups, else all ``n_prompts``."""
+    pi = rows.group
+    if not a.dynamic_sampling:
+        return torch.ones(len(pi), dtype=torch.bool), n_prompts
+    informative = informative_groups(getattr(rows, a.dynamic_sampling_metric), pi)
+    keep_groups = sorted(set(pi[informative].tolist()))[:room]
+    keep_t = torch.as_tensor(keep_groups, dtype=torch.long)  # host
+    return torch.isin(pi, keep_t), len(keep_groups)
+
+
+def _average_rounds(metrics: dict[str, float], round_sums: dict[str, float], rounds: int) -> None:
+    """The sampler's metrics averaged over the rounds, and the reward guard's reading: the pass
+    (verifier, reward functions) that failed most, per response."""
+    metrics.update({k: v / rounds for k, v in round_sums.items()})
+    worst = metrics.pop("reward/verify_worst_failed", 0.0)
+    n = metrics.pop("reward/verify_responses", 0.0)
+    metrics["reward/verify_failed_frac"] = worst / n if n else 0.0
