@@ -255,6 +255,62 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name: str, **kwargs) -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=[debug], **kwargs)
 
+    _add_run_commands(add)
+    _add_reading_commands(add)
+
+    s = add(
+        "study", help="recipes × seeds on a lab task: train, eval, report, check the papers' claims"
+    )
+    s.add_argument("spec", help="a study spec file, or a built-in one's name (lab, subset_sum: "
+                                    "explorl recipes --studies)")
+    s.add_argument("--quick", action="store_true",
+                   help="apply the spec's quick: section (fewer seeds and steps: a pipeline check, "
+                        "2 min for the lab study on 2 idle cores)")
+    s.add_argument(
+        "--out", help="study directory (default runs/study-<name>[-quick]); rerun to continue it"
+    )
+    s.add_argument("--jobs", type=_jobs,
+                   help="runs trained at once, or auto (the cores this process may use; default: "
+                        "the spec's jobs)")
+    s.add_argument("--recipes", metavar="DIR",
+                   help="folder of the recipes the spec names without a path (default: the spec's "
+                        "recipe_dir, relative to the spec)")
+    s.add_argument("--plan", action="store_true",
+                   help="print the runs, steps, (with --cost-from) the estimated CPU-hours and "
+                        "how far the study in --out has got; run nothing")
+    s.add_argument("--cost-from", nargs="+", metavar="STUDY_JSON", default=None,
+                   help="with --plan: committed study.json files whose per-run CPU seconds give "
+                        "the estimate")
+    s.add_argument("--pack", metavar="FILE",
+                   help="write the finished runs' numbers (configs, metrics, per-problem counts; "
+                        "no weights) of the study in --out to FILE (.tar.xz) and exit: it "
+                        "continues on another machine with --from FILE")
+    s.add_argument("--from", dest="restore", metavar="FILE",
+                   help="first restore the finished runs of FILE (--pack's, or a published "
+                        "study's data.tar.xz) that --out lacks, then continue (a finished study "
+                        "is re-analysed without training)")
+    s.add_argument("--time-limit", metavar="DURATION",
+                   help="stop in time for a job's time limit (90s, 50m, 2h, 1h30m): no run starts "
+                        "that would not end before it (judged by the longest run finished so "
+                        "far), the running ones checkpoint and stop at it; exit 75 while runs "
+                        "remain (rerun, or --pack, to continue)")
+    s.set_defaults(fn=_study)
+
+    c = add("config", help="print the recipe reference, or a resolved recipe")
+    c.add_argument("recipe", nargs="?",
+                   help="a recipe to resolve (base: files and defaults filled in); without one, "
+                        "print every key with its type, default and meaning")
+    c.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config field of the resolved recipe, e.g. optim.lr=1e-5")
+    c.set_defaults(fn=_config)
+    cli_recipes.add_parser(sub, [debug])
+    cli_models.add_parser(sub, [debug])
+    return p
+
+
+def _add_run_commands(add) -> None:
+    """``train``, ``eval`` and ``export``: the commands that load a model (``add(name, **kw)``
+    makes a subcommand's parser)."""
     t = add("train", help="train a policy from a recipe")
     t.add_argument("recipe", nargs="?",
                    help="a YAML recipe file, or a built-in recipe's name (quickstart, lab/dapo: "
@@ -318,6 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="config overrides (model.*, lab.*)")
     x.set_defaults(fn=_export)
 
+
+def _add_reading_commands(add) -> None:
+    """``passk``, ``fit`` and ``report``: the commands that read finished runs and evaluations."""
     k = add("passk", help="pass@k curves of several `explorl eval` outputs in one figure (e.g. "
                            "the model before and after RL)")
     k.add_argument("evals", nargs="+", metavar="[LABEL=]EVAL",
@@ -344,55 +403,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output directory for report.html, report.md, report.json and the PNGs "
                         "(default ./report)")
     r.set_defaults(fn=_report)
-
-    s = add(
-        "study", help="recipes × seeds on a lab task: train, eval, report, check the papers' claims"
-    )
-    s.add_argument("spec", help="a study spec file, or a built-in one's name (lab, subset_sum: "
-                                    "explorl recipes --studies)")
-    s.add_argument("--quick", action="store_true",
-                   help="apply the spec's quick: section (fewer seeds and steps: a pipeline check, "
-                        "2 min for the lab study on 2 idle cores)")
-    s.add_argument(
-        "--out", help="study directory (default runs/study-<name>[-quick]); rerun to continue it"
-    )
-    s.add_argument("--jobs", type=_jobs,
-                   help="runs trained at once, or auto (the cores this process may use; default: "
-                        "the spec's jobs)")
-    s.add_argument("--recipes", metavar="DIR",
-                   help="folder of the recipes the spec names without a path (default: the spec's "
-                        "recipe_dir, relative to the spec)")
-    s.add_argument("--plan", action="store_true",
-                   help="print the runs, steps, (with --cost-from) the estimated CPU-hours and "
-                        "how far the study in --out has got; run nothing")
-    s.add_argument("--cost-from", nargs="+", metavar="STUDY_JSON", default=None,
-                   help="with --plan: committed study.json files whose per-run CPU seconds give "
-                        "the estimate")
-    s.add_argument("--pack", metavar="FILE",
-                   help="write the finished runs' numbers (configs, metrics, per-problem counts; "
-                        "no weights) of the study in --out to FILE (.tar.xz) and exit: it "
-                        "continues on another machine with --from FILE")
-    s.add_argument("--from", dest="restore", metavar="FILE",
-                   help="first restore the finished runs of FILE (--pack's, or a published "
-                        "study's data.tar.xz) that --out lacks, then continue (a finished study "
-                        "is re-analysed without training)")
-    s.add_argument("--time-limit", metavar="DURATION",
-                   help="stop in time for a job's time limit (90s, 50m, 2h, 1h30m): no run starts "
-                        "that would not end before it (judged by the longest run finished so "
-                        "far), the running ones checkpoint and stop at it; exit 75 while runs "
-                        "remain (rerun, or --pack, to continue)")
-    s.set_defaults(fn=_study)
-
-    c = add("config", help="print the recipe reference, or a resolved recipe")
-    c.add_argument("recipe", nargs="?",
-                   help="a recipe to resolve (base: files and defaults filled in); without one, "
-                        "print every key with its type, default and meaning")
-    c.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a config field of the resolved recipe, e.g. optim.lr=1e-5")
-    c.set_defaults(fn=_config)
-    cli_recipes.add_parser(sub, [debug])
-    cli_models.add_parser(sub, [debug])
-    return p
 
 
 THEN = "--then"
