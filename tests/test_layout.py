@@ -204,7 +204,6 @@ LONG_FUNCTIONS = frozenset({
     "validation/checks.py:_cross_checks",
     "training/update.py:run",
     "policy/forward.py:_pack_plan",
-    "rollout/two_stage.py:unlearn_step",
     "study/run.py:run_study",
     "study/numbers.py:run_numbers",
     "analysis/frontier.py:draw_frontier",
