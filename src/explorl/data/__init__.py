@@ -1,4 +1,5 @@
-"""Prompt data: the record type and loaders for local files and rows in memory."""
+"""Prompt data: loaders for local files and rows in memory, lab and reasoning-gym splits, the epoch
+order; the record type, ``PromptRecord``, lives in ``explorl.records``."""
 
 from __future__ import annotations
 
