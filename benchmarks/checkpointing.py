@@ -41,7 +41,7 @@ def worker(spec: dict) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from explorl.models import enable_checkpointing
-    from explorl.training.forward import response_logprobs
+    from explorl.policy.forward import response_logprobs
 
     torch.manual_seed(0)
     torch.set_num_threads(1)

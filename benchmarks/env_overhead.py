@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from explorl.data.records import PromptRecord  # noqa: E402
+from explorl.records import PromptRecord  # noqa: E402
 from explorl.tools.calculator import calculator  # noqa: E402
 from explorl.tools.environments import EnvRunner, EnvSpec  # noqa: E402
 from explorl.tools.runner import ToolRunner, ToolSpec  # noqa: E402

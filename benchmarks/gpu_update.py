@@ -81,7 +81,7 @@ def one_update(model, opt, data, adv, sizes, variant, spec, amp):
     """Forward, backward and AdamW step over the micro-batches ``sizes`` of ``data``."""
     import torch
 
-    from explorl.training.forward import response_logprobs
+    from explorl.policy.forward import response_logprobs
 
     fused, layout = variant
     pack = False if layout == "padded" else None
@@ -109,8 +109,8 @@ def measure(spec: dict, cell: tuple[int, int], variant: tuple[bool, str], device
     import torch
     from update_memory import batch
 
+    from explorl.policy.forward import pack_length, takes_custom_mask
     from explorl.training import plan as P
-    from explorl.training.forward import pack_length, takes_custom_mask
     from explorl.training.optim import micro_batch_sizes
 
     cuda = device.type == "cuda"

@@ -47,7 +47,7 @@ def worker(spec: dict) -> dict:
 
     from explorl import adapters
     from explorl.config import LoRAConfig, OptimConfig
-    from explorl.training.forward import response_logprobs
+    from explorl.policy.forward import response_logprobs
     from explorl.training.optim import make_optimizer
 
     torch.set_num_threads(1)

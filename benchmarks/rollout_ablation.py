@@ -70,8 +70,8 @@ def ablate(model, tok, train, P: int, G: int, args) -> None:
     import torch
 
     from explorl.models import render_prompt
+    from explorl.policy.forward import response_logprobs
     from explorl.rollout.hf import HFEngine, left_pad
-    from explorl.training.forward import response_logprobs
 
     size = f"{P}x{G}"
     engine, no_compact = (

@@ -78,7 +78,7 @@ def worker(spec: dict) -> dict:
     import torch
     import transformers
 
-    from explorl.training.forward import _pack_plan, pack_length, response_logprobs
+    from explorl.policy.forward import _pack_plan, pack_length, response_logprobs
     from explorl.training.optim import micro_batch_sizes
 
     torch.set_num_threads(spec["threads"])

@@ -16,6 +16,7 @@ from explorl import validation
 from explorl.algorithms import LOSSES, aepo_loss, ppo_loss
 from explorl.algorithms.shaping import entropy_aware_advantages, entropy_moments, mean_std
 from explorl.outputs.runlog import read_metrics
+from explorl.policy.forward import response_logprobs
 from explorl.rollout.aepo import (
     AEPOBranching,
     AEPOSampler,
@@ -25,7 +26,6 @@ from explorl.rollout.aepo import (
     penalty_factor,
 )
 from explorl.rollout.multiturn import _Row
-from explorl.training.forward import response_logprobs
 
 
 class Cfg:

@@ -44,8 +44,8 @@ def test_overlong_penalty_counts_the_models_tokens_against_the_room_tools_left()
     would go unpenalised because a tool wrote part of it)."""
     from explorl import config as C
     from explorl.algorithms.filters import model_budgets
-    from explorl.rollout.collect import score_rollouts
     from explorl.rollout.types import Rollouts
+    from explorl.training.collect import score_rollouts
 
     model, tool = [50, 70, 60, 85], [0, 30, 30, 0]
     budgets = model_budgets(100, torch.tensor(tool))

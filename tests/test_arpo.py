@@ -14,9 +14,9 @@ from explorl.algorithms import LOSSES, LossParams
 from explorl.config import AlgorithmConfig
 from explorl.control import Knobs
 from explorl.outputs.runlog import read_metrics
+from explorl.policy.forward import response_logprobs
 from explorl.rollout.arpo import ARPOBranching, ARPOSampler, branch_probability, copies
 from explorl.rollout.multiturn import _Row
-from explorl.training.forward import response_logprobs
 
 
 def test_branch_rule_worked_example():

@@ -336,7 +336,7 @@ def test_push_ring_slots_are_shared_with_the_child_and_never_overwritten_unread(
     not loaded."""
     import multiprocessing as mp
 
-    from explorl.rollout.worker import _PushRing
+    from explorl.training.worker import _PushRing
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.LayerNorm(2))
     model[1].weight.data = torch.tensor([1.5, -2.0])

@@ -16,10 +16,10 @@ import yaml
 
 from explorl import config as C
 from explorl.cli import main
+from explorl.outputs.checkpoint import checkpoint_step, latest_checkpoint, list_checkpoints
 from explorl.outputs.runlog import read_metrics
 from explorl.training import preemption
 from explorl.training import state as run_state
-from explorl.training.checkpoint import checkpoint_step, latest_checkpoint, list_checkpoints
 from explorl.training.loop import TIME_KEYS, Trainer
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from explorl.data.records import PromptRecord
 from explorl.outputs.completions import (
     Completion,
     CompletionsLog,
@@ -20,6 +19,7 @@ from explorl.outputs.completions import (
     read_completions,
     training_completions,
 )
+from explorl.records import PromptRecord
 
 FIELDS = [f.name for f in dataclasses.fields(Completion)]
 DOC = Path(__file__).resolve().parents[1] / "docs" / "completions.md"

@@ -26,9 +26,9 @@ from safetensors.torch import load_file
 
 from explorl import config as C
 from explorl.config import builtin
+from explorl.outputs.checkpoint import latest_checkpoint
 from explorl.outputs.runlog import read_metrics
 from explorl.rollout.seeding import NoiseStream, gumbel_sample, row_keys
-from explorl.training.checkpoint import latest_checkpoint
 from explorl.training.distributed import Single
 from explorl.training.loop import TIME_KEYS, Trainer
 

@@ -73,11 +73,11 @@ def _diagram_lines() -> list[list[str]]:
     """The import diagram of docs/architecture.md, top line first: each line's modules as
     ``explorl.…`` names (``training/loop, update`` -> explorl.training.loop, …update)."""
     text = (DOCS / "architecture.md").read_text()
-    start = text.index("- Imports flow one way.")
+    start = text.index("- Imports flow one way")
     block = text[text.index("```", start) + 3:]
     block = block[block.index("\n") + 1:block.index("```")]
     lines = []
-    for row in block.splitlines():
+    for row in filter(str.strip, block.splitlines()):
         entries, prefix, names = re.split(r"\s{2,}", row.strip())[0], "", []
         for item in (e.strip() for e in entries.split(",")):
             if "/" in item:
@@ -119,3 +119,15 @@ def test_architecture_import_diagram_matches_the_code():
     upward = sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps
                     if d != "explorl" and where[d] < where[m])
     assert not upward, f"imports pointing up docs/architecture.md's diagram: {upward}"
+
+
+def test_architecture_import_diagram_draws_the_layers():
+    """The diagram's lines are tests/test_layout.py's ``LAYERS``, top line = last layer."""
+    from test_layout import LAYERS
+
+    drawn = [{n if n == "explorl" else n.split(".", 1)[1] for n in names}
+             for names in reversed(_diagram_lines())]
+    assert drawn == [set(layer) for layer in LAYERS], (
+        "docs/architecture.md's import diagram and test_layout.LAYERS differ: "
+        f"drawn {drawn}, layers {LAYERS}"
+    )

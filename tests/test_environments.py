@@ -14,9 +14,9 @@ from test_tools import TINY_MULTIPLY, USER_TOOLS, _lab, _tools_recipe
 
 from explorl import config as C
 from explorl import validation
-from explorl.data.records import PromptRecord
 from explorl.models import Prompt
 from explorl.outputs.runlog import read_metrics
+from explorl.records import PromptRecord
 from explorl.rewards.functions import as_scorer
 from explorl.rollout.arpo import ARPOBranching
 from explorl.rollout.hf import left_pad

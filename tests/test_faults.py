@@ -19,9 +19,8 @@ import yaml
 from explorl import config as C
 from explorl.cli import main
 from explorl.errors import CheckpointError, ExplorlError, NonFiniteError
-from explorl.outputs.runlog import MetricsLog, read_metrics
-from explorl.training import checkpoint as ckpt_mod
-from explorl.training.checkpoint import (
+from explorl.outputs import checkpoint as ckpt_mod
+from explorl.outputs.checkpoint import (
     finite_or_raise,
     latest_checkpoint,
     list_checkpoints,
@@ -29,6 +28,7 @@ from explorl.training.checkpoint import (
     nonfinite_parameters,
     save_checkpoint,
 )
+from explorl.outputs.runlog import MetricsLog, read_metrics
 from explorl.training.loop import TIME_KEYS, Trainer
 
 ENOSPC = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -13,7 +13,7 @@ import torch
 import transformers
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from explorl.training.forward import (
+from explorl.policy.forward import (
     CAPPED_HEADS,
     PLAIN_HEADS,
     SCALED_HEADS,
@@ -198,7 +198,7 @@ def test_varlen_layout_is_chosen_where_attention_reads_positions_only():
 def test_the_varlen_layout_is_one_row_of_whole_sequences():
     """Each response after its own prompt copy, positions restarting at 0, no mask, one row
     (transformers' flash path reads packed positions in a batch of one only)."""
-    from explorl.training.forward import _pack_plan
+    from explorl.policy.forward import _pack_plan
 
     pids, pmask, rids, rmask = _batch(61)
     plan = _pack_plan(pids, pmask, rmask, 1 << 62, share=False)

@@ -19,10 +19,10 @@ from test_tools import CALC, TINY_MULTIPLY, _tools_recipe
 from test_tools import _cfg as _multiply_cfg
 
 from explorl.errors import EnvironmentFailed
+from explorl.outputs.checkpoint import latest_checkpoint
 from explorl.outputs.runlog import read_metrics
 from explorl.rewards import pool as pool_mod
 from explorl.rewards.processes import marked
-from explorl.training.checkpoint import latest_checkpoint
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HOSTILE = os.path.join(HERE, "hostile_tools.py")

@@ -17,7 +17,7 @@ from explorl import adapters
 from explorl import config as C
 from explorl.config import ModelConfig
 from explorl.outputs.runlog import read_metrics
-from explorl.training.forward import response_logprobs
+from explorl.policy.forward import response_logprobs
 from explorl.training.loop import Trainer
 
 LORA = {"model": {"lora": {"enabled": True, "rank": 4, "alpha": 8.0}}}

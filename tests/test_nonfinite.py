@@ -11,8 +11,8 @@ import yaml
 
 from explorl import config as C
 from explorl.cli import main
+from explorl.outputs.checkpoint import list_checkpoints
 from explorl.outputs.runlog import read_metrics
-from explorl.training.checkpoint import list_checkpoints
 from explorl.training.loop import Trainer
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from explorl.errors import ExplorlError, OutOfMemory
+from explorl.outputs.checkpoint import latest_checkpoint
 from explorl.outputs.runlog import read_metrics
-from explorl.training.checkpoint import latest_checkpoint
 from explorl.training.loop import Trainer
 from explorl.training.memory import OOM_ERRORS, MemoryGuard
 

@@ -2,7 +2,7 @@
 
 import json
 
-from explorl.outputs.plots import plot_training_curves
+from explorl.analysis.plots import plot_training_curves
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -75,7 +75,7 @@ def test_update_and_response_figures(tmp_path):
 def test_fraction_panels_keep_their_axis_within_zero_and_one(tmp_path, monkeypatch):
     """A flat-zero truncated fraction is drawn from 0 up (matplotlib alone shows −0.05..0.05);
     the gradient norm, unbounded, keeps matplotlib's limits."""
-    import explorl.outputs.plots as plots
+    import explorl.analysis.plots as plots
 
     limits, save = {}, plots.save_figure
 

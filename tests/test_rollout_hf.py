@@ -20,6 +20,12 @@ from transformers import (
 )
 
 from explorl.algorithms import naive_logprobs
+from explorl.policy.forward import (
+    _pack_plan,
+    _prompt_groups,
+    response_logprobs,
+    takes_custom_mask,
+)
 from explorl.rollout.hf import HFEngine, decode_cache, left_pad
 from explorl.rollout.seeding import (
     MT_VOCAB_MAX,
@@ -33,12 +39,6 @@ from explorl.rollout.seeding import (
     row_keys,
     row_uniform,
     row_uniforms,
-)
-from explorl.training.forward import (
-    _pack_plan,
-    _prompt_groups,
-    response_logprobs,
-    takes_custom_mask,
 )
 
 PROMPTS = [
@@ -446,7 +446,7 @@ def test_prompt_groups_number_prompts_as_torch_unique_does():
 
 def test_large_prompt_tables_pack_as_small_ones(monkeypatch):
     # Past forward._HOST_GROUPING_MAX ids the groups come from torch.unique: the same plan.
-    from explorl.training import forward
+    from explorl.policy import forward
     batch = sample_batch(random_llama(), [3, 2, 4], seed=2)
     small = _pack_plan(batch[0], batch[1], batch[3], pack_tokens=12)
     monkeypatch.setattr(forward, "_HOST_GROUPING_MAX", 0)

@@ -1,4 +1,4 @@
-"""The sampler's lean model call (``rollout.lean``) against transformers' own forward.
+"""The sampler's lean model call (``policy.lean``) against transformers' own forward.
 
 It must be invisible: for every model it accepts, the engine samples the same tokens with the
 same log-probs and entropies bit for bit, through left padding, prompt fan-out, finished-row
@@ -20,9 +20,9 @@ from transformers import (
     Qwen3Config,
 )
 
+from explorl.policy.lean import lean_hidden, lean_logits, lean_supported, lean_training_supported
 from explorl.rollout import hf
 from explorl.rollout.hf import HFEngine
-from explorl.rollout.lean import lean_hidden, lean_logits, lean_supported, lean_training_supported
 
 PROMPTS = ["3+4=", "12+7=", "5+5=", "987+10=", "1+2="]  # lengths differ: left padding
 
@@ -173,7 +173,7 @@ def packed_batch(vocab: int, seed: int = 0):
 
 def loss_pass(model, batch, lean: bool, monkeypatch):
     """Log-probs, entropies and every parameter's gradient of one packed loss pass."""
-    from explorl.training import forward
+    from explorl.policy import forward
     calls = []
     with monkeypatch.context() as m:
         if lean:

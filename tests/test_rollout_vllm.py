@@ -15,9 +15,9 @@ pytest.importorskip("vllm")
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from explorl.policy.forward import response_logprobs
 from explorl.rollout import vllm as V
 from explorl.rollout.hf import HFEngine
-from explorl.training.forward import response_logprobs
 
 pytestmark = pytest.mark.vllm
 

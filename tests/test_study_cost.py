@@ -310,8 +310,8 @@ def test_a_time_limit_prices_what_is_left_from_the_last_checkpoint(tiny_model, t
     """The run has its step-5 checkpoint: 5 steps × 720 + 1 validation (step 10) × 360 + its
     evaluation 1200 = 5160 CPU-s = 1.43 h, × 11/5 = 3.15 h of wall-clock. Finished and
     evaluated: nothing is left."""
+    from explorl.outputs.checkpoint import STATE_FILE
     from explorl.study.pricing import time_limit_lines
-    from explorl.training.checkpoint import STATE_FILE
 
     path = _spec(tmp_path, tiny_model, base_eval=False)
     out = tmp_path / "o"

@@ -13,13 +13,13 @@ from explorl import config as C
 from explorl import validation
 from explorl.config import builtin
 from explorl.outputs.runlog import read_metrics
+from explorl.policy.forward import response_logprobs
 from explorl.rollout.hf import HFEngine
 from explorl.rollout.multiturn import ToolEngine
 from explorl.tools import ToolCallError, ToolRunner, ToolSpec, call, schema
 from explorl.tools.calculator import calculator
 from explorl.tools.formats import LabFormat, make_format
 from explorl.training.batch import StepRows
-from explorl.training.forward import response_logprobs
 from explorl.training.metrics import tool_metrics
 
 HERE = os.path.abspath(__file__)

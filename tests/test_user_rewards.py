@@ -19,7 +19,7 @@ from conftest import TINY_LAB_CONFIG
 import explorl
 from explorl import config as C
 from explorl import validation
-from explorl.data.records import PromptRecord
+from explorl.records import PromptRecord
 from explorl.refs import RefError, anchor, load_ref
 from explorl.rewards import VerifierPool
 from explorl.rewards.functions import RewardSpec, Term, as_scorer, resolve_scorer, signature_of

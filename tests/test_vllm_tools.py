@@ -16,12 +16,12 @@ pytest.importorskip("vllm")
 from test_tools import TINY_MULTIPLY, USER_TOOLS, _lab, _Scripted, _tools_recipe  # noqa: E402
 
 from explorl.outputs.runlog import read_metrics  # noqa: E402
+from explorl.policy.forward import response_logprobs  # noqa: E402
 from explorl.rollout import vllm as V  # noqa: E402
 from explorl.rollout.multiturn import ToolEngine  # noqa: E402
 from explorl.rollout.seeding import mix_seed, row_keys  # noqa: E402
 from explorl.tools import ToolCallError, ToolRunner, ToolSpec  # noqa: E402
 from explorl.tools.formats import LabFormat  # noqa: E402
-from explorl.training.forward import response_logprobs  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

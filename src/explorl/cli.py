@@ -18,9 +18,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from explorl import __version__, cli_models, cli_recipes, validation
+from explorl import __version__, cli_models, cli_recipes, cli_study, validation
 from explorl import config as C
-from explorl.config import builtin
 from explorl.errors import ExplorlError
 from explorl.outputs.tables import print_tables, stacked
 
@@ -52,7 +51,7 @@ def _train(args) -> int:
         if args.max_steps is not None:
             data["max_steps"] = args.max_steps
         cfg = validation.from_dict(data)
-        from explorl.training.checkpoint import checkpoint_step, latest_checkpoint
+        from explorl.outputs.checkpoint import checkpoint_step, latest_checkpoint
 
         ckpt = latest_checkpoint(run_dir)
         if ckpt is not None and checkpoint_step(ckpt) >= cfg.max_steps:
@@ -185,48 +184,6 @@ def _report(args) -> int:
     return 0
 
 
-def _jobs(text: str) -> int | str:
-    return "auto" if text == "auto" else int(text)
-
-
-def _study(args) -> int:
-    from explorl.study import run_study
-
-    used = [f for f, on in (("--plan", args.plan), ("--pack", args.pack),
-                            ("--from", args.restore)) if on]
-    if len(used) > 1:  # each would silently ignore the other
-        raise C.ConfigError(f"explorl study: {' and '.join(used)} do not go together")
-    if (args.cost_from or args.calibrate) and not args.plan:
-        raise C.ConfigError("explorl study: --cost-from and --calibrate go with --plan")
-    if args.calibrate is not None and args.calibrate < 1:
-        raise C.ConfigError(f"--calibrate: must be ≥ 1 step, got {args.calibrate}")
-    if args.time_limit is not None and (args.plan or args.pack):
-        raise C.ConfigError(f"explorl study: --time-limit and {'--plan' if args.plan else '--pack'}"
-                            " do not go together (it limits training)")
-    limit = None
-    if args.time_limit is not None:
-        from explorl.study.jobs import parse_duration
-
-        try:
-            limit = parse_duration(args.time_limit)
-        except ValueError as e:
-            raise C.ConfigError(f"--time-limit: {e}") from None
-    if args.plan:
-        from explorl.study import plan_study
-
-        return plan_study(builtin.resolve(args.spec, "study"), quick=args.quick, jobs=args.jobs,
-                          recipes=args.recipes, cost_from=args.cost_from, out=args.out,
-                          calibrate=args.calibrate)
-    if args.pack:
-        from explorl.study.run import pack_study
-
-        return pack_study(builtin.resolve(args.spec, "study"), args.pack, quick=args.quick,
-                          out=args.out, recipes=args.recipes)
-    return run_study(builtin.resolve(args.spec, "study"), quick=args.quick, out=args.out,
-                     jobs=args.jobs, recipes=args.recipes, restore=args.restore,
-                     time_limit=limit)
-
-
 def _config(args) -> int:
     """Print the recipe reference (every key, type, default and meaning), or a resolved recipe."""
     if args.recipe:
@@ -260,6 +217,26 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name: str, **kwargs) -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=[debug], **kwargs)
 
+    _add_run_commands(add)
+    _add_reading_commands(add)
+
+    cli_study.add_parser(add)
+
+    c = add("config", help="print the recipe reference, or a resolved recipe")
+    c.add_argument("recipe", nargs="?",
+                   help="a recipe to resolve (base: files and defaults filled in); without one, "
+                        "print every key with its type, default and meaning")
+    c.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config field of the resolved recipe, e.g. optim.lr=1e-5")
+    c.set_defaults(fn=_config)
+    cli_recipes.add_parser(sub, [debug])
+    cli_models.add_parser(sub, [debug])
+    return p
+
+
+def _add_run_commands(add) -> None:
+    """``train``, ``eval`` and ``export``: the commands that load a model (``add(name, **kw)``
+    makes a subcommand's parser)."""
     t = add("train", help="train a policy from a recipe")
     t.add_argument("recipe", nargs="?",
                    help="a YAML recipe file, or a built-in recipe's name (quickstart, lab/dapo: "
@@ -323,6 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="config overrides (model.*, lab.*)")
     x.set_defaults(fn=_export)
 
+
+def _add_reading_commands(add) -> None:
+    """``passk``, ``fit`` and ``report``: the commands that read finished runs and evaluations."""
     k = add("passk", help="pass@k curves of several `explorl eval` outputs in one figure (e.g. "
                            "the model before and after RL)")
     k.add_argument("evals", nargs="+", metavar="[LABEL=]EVAL",
@@ -349,63 +329,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output directory for report.html, report.md, report.json and the PNGs "
                         "(default ./report)")
     r.set_defaults(fn=_report)
-
-    s = add(
-        "study", help="recipes × seeds on a lab task: train, eval, report, check the papers' claims"
-    )
-    s.add_argument("spec", help="a study spec file, or a built-in one's name (lab, subset_sum: "
-                                    "explorl recipes --studies)")
-    s.add_argument("--quick", action="store_true",
-                   help="apply the spec's quick: section (fewer seeds and steps: a pipeline check, "
-                        "2 min for the lab study on 2 idle cores)")
-    s.add_argument(
-        "--out", help="study directory (default runs/study-<name>[-quick]); rerun to continue it"
-    )
-    s.add_argument("--jobs", type=_jobs,
-                   help="runs trained at once, or auto (the cores this process may use; default: "
-                        "the spec's jobs)")
-    s.add_argument("--recipes", metavar="DIR",
-                   help="folder of the recipes the spec names without a path (default: the spec's "
-                        "recipe_dir, relative to the spec)")
-    s.add_argument("--plan", action="store_true",
-                   help="print the runs, steps, the estimated CPU-hours and wall-clock (from the "
-                        "measured rates of the study's model: --cost-from, --calibrate, the "
-                        "study's own runs or a cached calibration) and how far the study in "
-                        "--out has got; run nothing")
-    s.add_argument("--cost-from", nargs="+", metavar="PATH", default=None,
-                   help="with --plan: run or study directories of the same model whose measured "
-                        "CPU time prices the study (or the lab's committed study.json reports)")
-    s.add_argument("--calibrate", nargs="?", type=int, const=2, default=None, metavar="STEPS",
-                   help="with --plan: first measure the model's rates with STEPS (default 2) "
-                        "training steps of the study's first run, then a validation and an "
-                        "evaluation of one generation batch each, one job as the study runs "
-                        "it; cached per model and shape")
-    s.add_argument("--pack", metavar="FILE",
-                   help="write the finished runs' numbers (configs, metrics, per-problem counts; "
-                        "no weights) of the study in --out to FILE (.tar.xz) and exit: it "
-                        "continues on another machine with --from FILE")
-    s.add_argument("--from", dest="restore", metavar="FILE",
-                   help="first restore the finished runs of FILE (--pack's, or a published "
-                        "study's data.tar.xz) that --out lacks, then continue (a finished study "
-                        "is re-analysed without training)")
-    s.add_argument("--time-limit", metavar="DURATION",
-                   help="stop in time for a job's time limit (90s, 50m, 2h, 1h30m): says first "
-                        "whether the study's estimate (--plan's rates) fits it; no run starts "
-                        "that would not end before it (judged by the longest run finished so "
-                        "far), the running ones checkpoint and stop at it; exit 75 while runs "
-                        "remain (rerun, or --pack, to continue)")
-    s.set_defaults(fn=_study)
-
-    c = add("config", help="print the recipe reference, or a resolved recipe")
-    c.add_argument("recipe", nargs="?",
-                   help="a recipe to resolve (base: files and defaults filled in); without one, "
-                        "print every key with its type, default and meaning")
-    c.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a config field of the resolved recipe, e.g. optim.lr=1e-5")
-    c.set_defaults(fn=_config)
-    cli_recipes.add_parser(sub, [debug])
-    cli_models.add_parser(sub, [debug])
-    return p
 
 
 THEN = "--then"

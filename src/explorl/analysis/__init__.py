@@ -1,4 +1,5 @@
-"""Analysis of finished runs: the entropy–performance law and multi-run reports."""
+"""Reading runs back: a run's curves (``plots``), the entropy–performance law, multi-run reports
+and the unbiased pass@k estimator (``passk``)."""
 
 from explorl.analysis.entropy_law import (
     EntropyLawFit,

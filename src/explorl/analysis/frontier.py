@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from explorl.analysis.hull import beaten_by
+from explorl.analysis.passk import pass_at_k
 from explorl.analysis.runs import Run, new_figure, save_figure
-from explorl.eval.passk import pass_at_k
 
 BASELINE = "grpo"
 

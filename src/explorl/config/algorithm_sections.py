@@ -167,7 +167,7 @@ class AlgorithmConfig:
     ``logprob_chunk`` of tokens at a time through the output layer (forward and backward), so
     the full-vocabulary logits never exist: the same numbers in float32 (benchmarks/README.md
     has the memory it saves). Where the model's head is not known exactly (remote code, LoRA on
-    the output layer, an architecture outside the list in ``training/forward.py``) the logits
+    the output layer, an architecture outside the list in ``policy/forward.py``) the logits
     path runs instead and the device plan says why. False: always the logits path."""
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     """Rollout correction: importance weights for the rollout engine's sampling distribution."""

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from explorl.data.records import PromptRecord
 from explorl.errors import DataError
+from explorl.records import PromptRecord
 
 EXTENSIONS = (".jsonl", ".json", ".parquet")
 
@@ -148,7 +148,26 @@ def _row_to_record(
             f"{where}: field {field_name!r} must be {expected}, got {type(value).__name__}"
         )
 
-    # Prompt: verl's chat messages or plain text (`prompt`, else TRL/MATH's `problem`).
+    prompt_key, prompt = _prompt_of(row, where, prompt_key, missing, wrong)
+    gt_key, ground_truth = _ground_truth_of(row, where, answer_key, prompt, missing, wrong)
+
+    data_source = row.get("data_source")
+    if data_source is None:
+        data_source = data_source_default or "unknown"
+    elif not isinstance(data_source, str):
+        raise wrong("data_source", "a string", data_source)
+
+    # A column nested under a user's answer_key stays: the rest of that object may matter.
+    top = gt_key if "." not in gt_key or gt_key == "reward_model.ground_truth" else None
+    used = {prompt_key, "data_source", (top or "").split(".")[0]}
+    extra = {k: v for k, v in row.items() if k not in used}
+    return PromptRecord(prompt, ground_truth, data_source, index, extra, origin=where)
+
+
+def _prompt_of(row: dict, where: str, prompt_key: str | None, missing: Callable,
+               wrong: Callable) -> tuple[str, str | list[dict[str, str]]]:
+    """The row's prompt field and its prompt: verl's chat messages or plain text (``prompt``,
+    else TRL/MATH's ``problem``; ``prompt_key`` when given)."""
     if prompt_key is not None:
         if row.get(prompt_key) is None:
             raise missing(f"{prompt_key!r} (data.prompt_key)")
@@ -179,9 +198,14 @@ def _row_to_record(
         raise wrong(prompt_key, "a string or a list of {role, content} messages", prompt)
     elif not prompt.strip():
         raise DataError(f"{where}: field {prompt_key!r} is empty")
+    return prompt_key, prompt
 
-    # Ground truth: verl's reward_model.ground_truth, else `answer`, else `solution` (kept whole:
-    # the math verifier extracts its \boxed{} answer).
+
+def _ground_truth_of(row: dict, where: str, answer_key: str | None, prompt, missing: Callable,
+                     wrong: Callable) -> tuple[str, str]:
+    """The row's ground-truth field and the ground truth as text: verl's
+    ``reward_model.ground_truth``, else ``answer``, else ``solution`` (kept whole: the math
+    verifier extracts its \\boxed{} answer); ``answer_key`` when given."""
     if answer_key is not None:
         if _get(row, answer_key) is None:
             raise missing(f"{answer_key!r} (data.answer_key)")
@@ -208,18 +232,7 @@ def _row_to_record(
         raise wrong(gt_key, "a string, number or object", gt_value)
     if not ground_truth.strip() or gt_value == {}:
         raise DataError(f"{where}: field {gt_key!r} is empty (every response would score 0)")
-
-    data_source = row.get("data_source")
-    if data_source is None:
-        data_source = data_source_default or "unknown"
-    elif not isinstance(data_source, str):
-        raise wrong("data_source", "a string", data_source)
-
-    # A column nested under a user's answer_key stays: the rest of that object may matter.
-    top = gt_key if "." not in gt_key or gt_key == "reward_model.ground_truth" else None
-    used = {prompt_key, "data_source", (top or "").split(".")[0]}
-    extra = {k: v for k, v in row.items() if k not in used}
-    return PromptRecord(prompt, ground_truth, data_source, index, extra, origin=where)
+    return gt_key, ground_truth
 
 
 def load_prompts(

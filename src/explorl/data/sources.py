@@ -6,10 +6,10 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from explorl.data.files import load_many, records_from_rows
-from explorl.data.records import PromptRecord
 from explorl.errors import DataError
 from explorl.lab.registry import get_task, make_splits, parse_lab_spec
 from explorl.lab.rg import refusal
+from explorl.records import PromptRecord
 
 if TYPE_CHECKING:
     from explorl.config import RunConfig

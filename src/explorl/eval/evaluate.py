@@ -10,8 +10,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from explorl.analysis.passk import mean_at_n, pass_at_k_batch
 from explorl.analysis.runs import new_figure, save_figure
-from explorl.eval.passk import mean_at_n, pass_at_k_batch
 from explorl.files import write_text_atomic
 
 

@@ -34,6 +34,7 @@ from explorl.models import (
     resolve_dtype,
     resolve_model_path,
 )
+from explorl.outputs.checkpoint import latest_checkpoint
 from explorl.outputs.completions import prompt_text
 from explorl.outputs.progress_lines import ProgressLines
 from explorl.outputs.tables import print_tables, stacked
@@ -43,7 +44,6 @@ from explorl.rewards.rewarder import Rewarder
 from explorl.rollout.base import build_engine
 from explorl.rollout.progress import DecodeRate, listening, phase
 from explorl.rollout.seeding import mix_seed
-from explorl.training.checkpoint import latest_checkpoint
 from explorl.validation.references import DEFAULT_RESPONSE_LEN
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from explorl.eval.passk import pass_at_k
+from explorl.analysis.passk import pass_at_k
 from explorl.outputs.completions import completions_of
 from explorl.rollout.progress import phase
 from explorl.rollout.seeding import mix_seed

@@ -31,7 +31,6 @@ from typing import Any
 import torch
 
 from explorl.config import SPLIT_SIZES
-from explorl.data.records import PromptRecord
 from explorl.hf_compat import cache_kwarg, quiet_transformers
 from explorl.lab.registry import get_task, make_splits, task_params
 from explorl.lab.tasks import LabTask
@@ -45,6 +44,7 @@ from explorl.lab.tokenizer import (
     outside,
     save_lab_tokenizer,
 )
+from explorl.records import PromptRecord
 from explorl.rewards.functions import as_scorer
 
 log = logging.getLogger(__name__)

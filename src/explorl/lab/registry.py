@@ -10,9 +10,9 @@ import random
 from typing import Any
 
 from explorl.config import SPLIT_SIZES
-from explorl.data.records import PromptRecord
 from explorl.lab.rg import rg_task
 from explorl.lab.tasks import TASKS, LabTask, Problem
+from explorl.records import PromptRecord
 from explorl.refs import is_ref, load_ref
 from explorl.rewards.functions import Scheme, register_scheme
 

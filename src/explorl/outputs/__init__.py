@@ -1,1 +1,2 @@
-"""What a run writes: the metrics file and progress bar, completions, trackers and plots."""
+"""What a run writes: the metrics file and progress bar, completions, atomic checkpoints, trackers
+and console tables."""

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from explorl.data.records import PromptRecord
 from explorl.outputs.runlog import MetricsLog
+from explorl.records import PromptRecord
 
 SPLIT_SEED = {"train": 0, "val": 1}
 
@@ -54,7 +54,7 @@ def completions_of(step: int, split: str, records: Sequence[PromptRecord], texts
 
 
 def training_completions(step: int, collected, data: Sequence[PromptRecord]) -> list[Completion]:
-    """This rank's trained responses of a step (``rollout.collect.Collected``) as completions."""
+    """This rank's trained responses of a step (``training.collect.Collected``) as completions."""
     ro, sb = collected.rollouts, collected.batch
     records = [data[sb.prompt_indices[p]] for p in ro.prompt_index.tolist()]
     return completions_of(step, "train", records, ro.texts, collected.scores.tolist(),

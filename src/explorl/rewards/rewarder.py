@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from explorl.data.records import PromptRecord
+from explorl.records import PromptRecord
 from explorl.refs import search_dirs
 from explorl.rewards import to_reward
 from explorl.rewards.functions import SCHEMES, RewardSpec, Term

@@ -11,9 +11,9 @@ from typing import Callable
 
 import torch
 
+from explorl.policy.forward import response_logprobs
 from explorl.rollout.hf import left_pad
 from explorl.rollout.types import Rollouts
-from explorl.training.forward import response_logprobs
 
 
 class FakeEngine:

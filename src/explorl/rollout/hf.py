@@ -19,7 +19,7 @@ Where the time goes, and what the loop does about it (figures: benchmarks/README
   keys and values with the new token's (O(T²) copying over a response); ``_BufferedLayer``
   writes into buffers with room to grow and hands attention views of the filled part (the same
   numbers: the kernels read the same values through strides).
-- **A lean model call** (``rollout.lean``) for Llama-family models: the decoder's own ops on
+- **A lean model call** (``policy.lean``) for Llama-family models: the decoder's own ops on
   the model's weights, without transformers' per-call machinery; the same logits bit for bit.
 - **A static decode path** (``rollout.static``, ``rollout.hf.static``): on CUDA the decode step
   runs on preallocated buffers of fixed shape per batch-size bucket, replayed as one CUDA graph
@@ -45,7 +45,8 @@ except ImportError:  # older: the plain DynamicCache
 from explorl.adapters import for_sampling
 from explorl.config.sections import HFConfig
 from explorl.hf_compat import cache_kwarg
-from explorl.rollout.lean import lean_logits, lean_sampling_supported
+from explorl.policy.forward import position_ids
+from explorl.policy.lean import lean_logits, lean_sampling_supported
 from explorl.rollout.progress import step as report_decode_step
 from explorl.rollout.seeding import NoiseStream, row_keys
 from explorl.rollout.static import (
@@ -69,11 +70,6 @@ def left_pad(
     mask = torch.tensor([[False] * (width - len(s)) + [True] * len(s) for s in seqs],
                         dtype=torch.bool, device=device)
     return ids.reshape(len(seqs), width), mask.reshape(len(seqs), width)
-
-
-def position_ids(mask: torch.Tensor) -> torch.Tensor:
-    """Positions that ignore left padding: 0 at each row's first real token."""
-    return (mask.long().cumsum(-1) - 1).clamp_min(0)
 
 
 class _BufferedLayer(DynamicLayer or object):

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from explorl.rollout.lean import (
+from explorl.policy.lean import (
     _GLOBAL_HOOKS,
     _hooked,
     _norm,

@@ -9,7 +9,7 @@ one plain gradient step on a rollout copy θ′ lowers the probability of the st
 stage 2 samples the rest from θ′. The policy is trained on both stages; stage-2 old log-probs
 come from θ′, the model that sampled them. θ′ is one module kept for the whole run and
 refreshed from θ in place before each unlearning step (no per-step deep copy), and its loss
-runs through the trainer's packed forward (``explorl.training.forward``).
+runs through the trainer's packed forward (``explorl.policy.forward``).
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import torch
 
 from explorl.adapters import refresh_copy_, rollout_copy
 from explorl.config import EEPOControlConfig
+from explorl.policy.forward import response_logprobs
 from explorl.rollout.aepo import AEPOSampler
 from explorl.rollout.arpo import ARPOSampler
 from explorl.rollout.base import RolloutEngine
 from explorl.rollout.seeding import mix_seed
 from explorl.rollout.types import Rollouts
-from explorl.training.forward import response_logprobs
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]
 
@@ -111,30 +111,9 @@ def unlearn_step(
         with torch.enable_grad():
             for start in range(0, n_local, mb):
                 part = r.select(torch.arange(start, min(start + mb, n_local)))  # host: indices
-                mask = part.response_mask.float()  # (n, R)
-                logp, _ = response_logprobs(
-                    rollout_model,
-                    part.prompt_ids,
-                    part.prompt_mask,
-                    part.response_ids,
-                    part.token_mask,
-                    T,
-                    chunk_size=chunk_size,
-                    with_entropy=False,
-                )
-                p_clip = logp.float().exp().clamp(eps_l, 1 - eps_r)  # (n, R)
-                per_seq = (torch.log1p(-p_clip) * mask).sum(-1) / mask.sum(-1)  # (n,) token mean
-                L_part = per_seq.sum() / n_seq  # this chunk's share of the mean over sequences
-                (-L_part).backward()  # ascent on L = descent on −L
-                L += L_part.item()
+                L += _unlearn_backward(rollout_model, part, T, eps_l, eps_r, n_seq, chunk_size)
         if reduce is not None:  # one all-reduce of every gradient and L
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-            flat = reduce(
-                torch.cat([g.flatten().float() for g in grads] + [torch.tensor([L], device=device)])
-            )
-            L = float(flat[-1])
-            for p, g in zip(params, flat[:-1].split([p.numel() for p in params])):
-                p.grad = g.view_as(p).to(p.dtype)
+            L = _reduce_grads(params, L, reduce, device)
         with torch.no_grad():
             for p in params:
                 if p.grad is not None:
@@ -144,6 +123,40 @@ def unlearn_step(
             p.grad = None
         rollout_model.train(was_training)
     return L
+
+
+def _unlearn_backward(rollout_model: torch.nn.Module, part: Rollouts, T: float, eps_l: float,
+                      eps_r: float, n_seq: int, chunk_size: int) -> float:
+    """Backpropagate −(``part``'s share of L) (``unlearn_step``) into the parameters' gradients;
+    returns that share."""
+    mask = part.response_mask.float()  # (n, R)
+    logp, _ = response_logprobs(
+        rollout_model,
+        part.prompt_ids,
+        part.prompt_mask,
+        part.response_ids,
+        part.token_mask,
+        T,
+        chunk_size=chunk_size,
+        with_entropy=False,
+    )
+    p_clip = logp.float().exp().clamp(eps_l, 1 - eps_r)  # (n, R)
+    per_seq = (torch.log1p(-p_clip) * mask).sum(-1) / mask.sum(-1)  # (n,) token mean
+    L_part = per_seq.sum() / n_seq  # this chunk's share of the mean over sequences
+    (-L_part).backward()  # ascent on L = descent on −L
+    return L_part.item()
+
+
+def _reduce_grads(params: list[torch.nn.Parameter], L: float, reduce: Reduce,
+                  device: torch.device) -> float:
+    """One all-reduce of every gradient and of L (returned): the step is global."""
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = reduce(
+        torch.cat([g.flatten().float() for g in grads] + [torch.tensor([L], device=device)])
+    )
+    for p, g in zip(params, flat[:-1].split([p.numel() for p in params])):
+        p.grad = g.view_as(p).to(p.dtype)
+    return float(flat[-1])
 
 
 def _subset(

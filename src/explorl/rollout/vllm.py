@@ -23,7 +23,7 @@ What a response gets, compared with the ``hf`` engine (tests/test_rollout_vllm.p
   (``logprobs_mode="processed_logprobs"``; vLLM's default is before temperature). vLLM reports
   no entropy. With ``recompute`` (the default) one no-grad forward of ``model`` (the model
   that sampled: the policy, or EEPO's unlearned copy) over the responses
-  (``explorl.training.forward.response_logprobs``, the trainer's layout, under the caller's
+  (``explorl.policy.forward.response_logprobs``, the trainer's layout, under the caller's
   autocast)
   replaces old_logp and gives the entropy, so the engine ``logprobs_match_trainer`` and the
   trainer's ``algorithm.old_logp: auto`` needs no second pass in float32; the gap to vLLM's
@@ -64,12 +64,12 @@ import torch
 
 from explorl.adapters import is_adapted, merged_weights, plain
 from explorl.config.sections import VLLMConfig
+from explorl.policy.forward import response_logprobs
 from explorl.rollout.hf import left_pad
 from explorl.rollout.seeding import mix_seed
 from explorl.rollout.types import Rollouts
 from explorl.rollout.vllm_process import SleepCycle, preserved_process_state, quiet_vllm_logs
 from explorl.rollout.vllm_settings import ModelShape, engine_kwargs
-from explorl.training.forward import response_logprobs
 
 PROBE_LEN = 16  # tokens of the probe sequence scored after every push
 

@@ -13,8 +13,8 @@ import yaml
 
 from explorl import config as C
 from explorl import validation
+from explorl.outputs.checkpoint import latest_checkpoint
 from explorl.study.spec import StudyEvalSpec, StudySpec, resolve_recipe, spec_error, tuning_k
-from explorl.training.checkpoint import latest_checkpoint
 from explorl.training.plan import PLANNED_FIELDS
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from explorl import config as C
 from explorl.lab.registry import get_task
+from explorl.outputs.checkpoint import latest_checkpoint
 from explorl.study.plan import (
     RunPlan,
     base_folders,
@@ -50,7 +51,6 @@ from explorl.study.rates import (
     validations,
 )
 from explorl.study.spec import StudySpec
-from explorl.training.checkpoint import latest_checkpoint
 
 
 def reply_cap(cfg: C.RunConfig, unknown: float) -> float:

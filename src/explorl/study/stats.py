@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from explorl.eval.passk import pass_at_k
+from explorl.analysis.passk import pass_at_k
 
 LEVEL = 0.95
 POWER = 0.80

@@ -33,10 +33,10 @@ import torch
 
 from explorl.errors import ConfigError
 from explorl.rewards.pool import VerifierPool
-from explorl.rollout.collect import Collected, Draw
-from explorl.rollout.worker import ProcessWorker, ThreadWorker
 from explorl.training import sampling
 from explorl.training.batch import StepBatch
+from explorl.training.collect import Collected, Draw
+from explorl.training.worker import ProcessWorker, ThreadWorker
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class _Queued:
 
 def worker_kind(cfg, device: torch.device) -> str:
     """``rollout.async.worker``: ``auto`` is a process on the CPU with the ``hf`` engine and
-    max_staleness > 0, else a thread (rollout/worker.py says why)."""
+    max_staleness > 0, else a thread (training/worker.py says why)."""
     a = cfg.rollout.async_
     if a.worker == "auto":  # max_staleness 0 overlaps nothing: no process needed
         cpu_hf = device.type == "cpu" and cfg.rollout.engine == "hf"
@@ -74,7 +74,7 @@ def worker_kind(cfg, device: torch.device) -> str:
 
 def split_threads(cpu_threads: int | None, kind: str) -> tuple[int, int]:
     """(trainer, sampler) intra-op threads on the CPU while both phases run: a process worker
-    samples on one (rollout/worker.py), a thread worker on half of the cores; the trainer on
+    samples on one (training/worker.py), a thread worker on half of the cores; the trainer on
     ``model.cpu_threads`` when set, else on the other cores."""
     cores = os.cpu_count() or 2
     sampler = 1 if kind == "process" else (cpu_threads or max(1, cores // 2))

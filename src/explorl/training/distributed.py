@@ -28,7 +28,7 @@ import warnings
 import torch
 
 from explorl.models import resolve_device
-from explorl.training.forward import response_logprobs
+from explorl.policy.forward import response_logprobs
 
 
 class LogProbModule(torch.nn.Module):

@@ -18,7 +18,7 @@ from typing import Any
 from explorl import config as C
 from explorl import validation
 from explorl.errors import ExplorlError
-from explorl.training.checkpoint import NoCheckpoint, latest_checkpoint
+from explorl.outputs.checkpoint import NoCheckpoint, latest_checkpoint
 
 EXPERIMENT_KEYS = (
     "seed", "algorithm.loss", "algorithm.advantage", "model.path", "model.lora",

@@ -1,7 +1,7 @@
 """The training loop: setup, one step in numbered sections (CleanRL's shape), the loop, saving.
 
 Each phase lives in a module beside this one: 0. knobs (``control``), 1–2. sample and score
-(``rollout.collect``, ``rollout.two_stage``), 3. ``advantages``, 4. ``update``, 5. controllers,
+(``collect``, ``rollout.two_stage``), 3. ``advantages``, 4. ``update``, 5. controllers,
 6. log (``metrics``, ``eval.validate``). Data parallelism is a few explicit ``distributed``
 calls. docs/architecture.md has the data flow and where each concept lives.
 """
@@ -18,13 +18,13 @@ import torch
 
 from explorl import adapters, files, models, validation
 from explorl import config as C
+from explorl.analysis.plots import plot_run_safely
 from explorl.control import Knobs, bank_from_config
 from explorl.control.registry import controller_writes
 from explorl.data.order import DataOrder
 from explorl.data.sources import in_memory, load_split
 from explorl.eval.validate import validate
 from explorl.outputs.completions import training_completions
-from explorl.outputs.plots import plot_run_safely
 from explorl.outputs.record import RunOutputs
 from explorl.outputs.runlog import ProgressBar, json_default
 from explorl.rewards.pool import VerifierPool

@@ -16,8 +16,8 @@ from explorl.algorithms import aggregate, entropic_confident_term, kl_estimate
 from explorl.algorithms.contract import LossParams
 from explorl.algorithms.losses import entropy_agg, take_correction
 from explorl.config import RunConfig
+from explorl.policy.forward import response_logprobs
 from explorl.rollout.types import Rollouts
-from explorl.training.forward import response_logprobs
 
 
 def _add(sums: dict, key: str, value: torch.Tensor) -> None:

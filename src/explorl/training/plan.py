@@ -23,7 +23,7 @@ import torch
 from explorl.adapters import plain
 from explorl.config import RunConfig
 from explorl.models import resolve_dtype
-from explorl.training.forward import fused_head, pack_length, takes_custom_mask
+from explorl.policy.forward import fused_head, pack_length, takes_custom_mask
 
 CPU_MICRO_BATCH_ROWS = 64
 """``optim.micro_batch_size: null`` off CUDA: responses per forward/backward (the CPU lab's)."""

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from explorl.errors import EnvironmentFailed, ExplorlError, OutOfMemory
-from explorl.training.checkpoint import checkpoint_step, latest_checkpoint
+from explorl.outputs.checkpoint import checkpoint_step, latest_checkpoint
 from explorl.training.watch import RewardFailures, TrainingDiverged
 
 PREEMPTED = 75

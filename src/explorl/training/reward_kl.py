@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 
 from explorl.algorithms import kl_estimate
+from explorl.policy.forward import response_logprobs
 from explorl.rollout.types import Rollouts
 from explorl.training.batch import StepBatch
-from explorl.training.forward import response_logprobs
 
 
 @torch.no_grad()

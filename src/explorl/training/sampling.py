@@ -1,11 +1,11 @@
 """# 0–2 of a step for the loop and the rollout worker (``rollout.async``): the controllers decide
 the knobs and the prompts are drawn (``draw``, in the trainer's process), then the batch is
-sampled and scored with given weights (``sample``, ``rollout.collect``)."""
+sampled and scored with given weights (``sample``, ``collect``)."""
 
 from __future__ import annotations
 
-from explorl.rollout.collect import Collected, Draw, collect
 from explorl.rollout.progress import phase
+from explorl.training.collect import Collected, Draw, collect
 from explorl.training.metrics import timed
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from explorl.training.checkpoint import load_state, rng_state, save_checkpoint, set_rng_state
+from explorl.outputs.checkpoint import load_state, rng_state, save_checkpoint, set_rng_state
 from explorl.training.watch import TrainingDiverged
 
 log = logging.getLogger(__name__)

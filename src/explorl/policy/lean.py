@@ -107,7 +107,7 @@ def _scan(model: torch.nn.Module) -> tuple[bool, bool]:
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A boolean "may attend" mask as an additive one: 0 where allowed, the dtype's minimum
     elsewhere (the minimum rather than −inf keeps a fully masked row, padding, finite in the
-    softmax). Also the packed training layout's mask (``explorl.training.forward``)."""
+    softmax). Also the packed training layout's mask (``explorl.policy.forward``)."""
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
         ~allowed, torch.finfo(dtype).min)
 

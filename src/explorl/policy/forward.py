@@ -22,8 +22,12 @@ import torch
 
 from explorl.adapters import plain
 from explorl.algorithms.logprobs import logprobs_from_hidden, logprobs_from_logits
-from explorl.rollout.hf import position_ids
-from explorl.rollout.lean import additive_mask, lean_hidden, lean_training_supported
+from explorl.policy.lean import additive_mask, lean_hidden, lean_training_supported
+
+
+def position_ids(mask: torch.Tensor) -> torch.Tensor:
+    """Positions that ignore left padding: 0 at each row's first real token."""
+    return (mask.long().cumsum(-1) - 1).clamp_min(0)
 
 
 def takes_custom_mask(model: torch.nn.Module) -> bool:
@@ -202,32 +206,8 @@ def response_logprobs(
         if plan is not None and pack is None and plan["tokens"] > 0.9 * plan["padded_tokens"]:
             plan = None  # nothing shared, little padding: the plain layout is as cheap
     if plan is not None:
-        ids = _gather_tokens(plan, prompt_ids, response_ids)
-        labels = response_ids[response_mask]  # (M,)
-        if varlen:  # no mask: the positions restart at each sequence
-            inputs = {"input_ids": ids, "attention_mask": None}
-        else:
-            inputs = {"input_ids": ids,
-                      "attention_mask": additive_mask(plan["allowed"],
-                                                      getattr(model, "dtype", torch.float32))}
-        inputs.update(position_ids=plan["position_ids"], use_cache=False)
-        if head is None:
-            logits = model(**inputs).logits  # (B, L, V)
-            logits = logits.reshape(-1, logits.shape[-1])[plan["source"]]  # (M, V)
-            lp, h = logprobs_from_logits(logits[None], labels[None], temperature=T,
-                                         chunk_size=chunk_size, with_entropy=with_entropy)
-        else:
-            if not varlen and lean_training_supported(model):  # the same ops, bit for bit
-                hidden = lean_hidden(model, ids, inputs["attention_mask"], plan["position_ids"])
-            else:
-                hidden = head.body(**inputs).last_hidden_state  # (B, L, D)
-            hidden = hidden.reshape(-1, hidden.shape[-1])[
-                plan["source"]
-            ]  # (M, D): states predicting the tokens
-            lp, h = _from_hidden(head, hidden[None], labels[None], T, chunk_size, with_entropy)
-        logp = _unflatten(lp[0], response_mask)
-        ent = _unflatten(h[0], response_mask) if with_entropy else None
-        return logp, ent
+        return _packed_logprobs(model, head, plan, prompt_ids, response_ids, response_mask,
+                                varlen, T, chunk_size, with_entropy)
 
     # Padded layout. The last response column is never an input: no score depends on its state.
     P = prompt_ids.shape[1]
@@ -250,6 +230,40 @@ def response_logprobs(
     logp = logp * response_mask
     if ent is not None:
         ent = ent * response_mask
+    return logp, ent
+
+
+def _packed_logprobs(model, head: Head | None, plan: dict, prompt_ids: torch.Tensor,
+                     response_ids: torch.Tensor, response_mask: torch.Tensor, varlen: bool,
+                     T: float, chunk_size: int, with_entropy: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``response_logprobs`` in the packed layout ``plan`` (``_pack_plan``): (N, R) log-probs and
+    entropies, the packed rows' results scattered back to the responses' cells."""
+    ids = _gather_tokens(plan, prompt_ids, response_ids)
+    labels = response_ids[response_mask]  # (M,)
+    if varlen:  # no mask: the positions restart at each sequence
+        inputs = {"input_ids": ids, "attention_mask": None}
+    else:
+        inputs = {"input_ids": ids,
+                  "attention_mask": additive_mask(plan["allowed"],
+                                                  getattr(model, "dtype", torch.float32))}
+    inputs.update(position_ids=plan["position_ids"], use_cache=False)
+    if head is None:
+        logits = model(**inputs).logits  # (B, L, V)
+        logits = logits.reshape(-1, logits.shape[-1])[plan["source"]]  # (M, V)
+        lp, h = logprobs_from_logits(logits[None], labels[None], temperature=T,
+                                     chunk_size=chunk_size, with_entropy=with_entropy)
+    else:
+        if not varlen and lean_training_supported(model):  # the same ops, bit for bit
+            hidden = lean_hidden(model, ids, inputs["attention_mask"], plan["position_ids"])
+        else:
+            hidden = head.body(**inputs).last_hidden_state  # (B, L, D)
+        hidden = hidden.reshape(-1, hidden.shape[-1])[
+            plan["source"]
+        ]  # (M, D): states predicting the tokens
+        lp, h = _from_hidden(head, hidden[None], labels[None], T, chunk_size, with_entropy)
+    logp = _unflatten(lp[0], response_mask)
+    ent = _unflatten(h[0], response_mask) if with_entropy else None
     return logp, ent
 
 

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from explorl.adapters import copied_tensors, load_snapshot_, rollout_copy, snapshot
-from explorl.rollout.collect import Draw
+from explorl.training.collect import Draw
 
 # sample(step, draw, model, version) -> Collected: phases 1–2 of one step with ``model``, the
 # weights after ``version`` trainer steps.
