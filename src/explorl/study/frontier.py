@@ -48,7 +48,15 @@ from explorl.analysis.hull import (
     upper_hull,
     where,
 )
-from explorl.study.stats import LEVEL, Interval, crossed_interval, passk_diff, t_cdf
+from explorl.study.stats import (
+    DIFF,
+    LEVEL,
+    LEVEL_BOUNDS,
+    Interval,
+    crossed_interval,
+    one_sided_confidence,
+    passk_diff,
+)
 
 HULL_SURE = 0.975  # the hull test: outside (inside) in at least this fraction of replicates
 
@@ -147,22 +155,22 @@ def compare(x1: np.ndarray, xk: np.ndarray, g1: np.ndarray, gk: np.ndarray, *,
 
 
 def _confidence(iv: Interval) -> float:
-    """One-sided confidence that the quantity is above 0, from its t interval: P(T ≤ est/SE)."""
-    if not iv.se:
-        return 1.0 if iv.estimate > 0 else 0.0 if iv.estimate < 0 else 0.5
-    return t_cdf(iv.estimate / iv.se, iv.df if iv.df is not None else float("inf"))
+    """One-sided confidence that the quantity is above 0, by its interval's own rule
+    (``stats.one_sided_confidence``: ≥ 0.975 exactly when its 95% interval lies above 0)."""
+    return one_sided_confidence(iv)
 
 
 def _iv(estimate: float, d: np.ndarray, level: float) -> Interval:
     d = np.asarray(d, float)
     how = (f"t over {d.shape[0]} paired seeds × {d.shape[1]} problems, linearised at GRPO's "
            "frontier edge")
-    return crossed_interval(d, estimate=estimate, level=level, how=how)
+    return crossed_interval(d, estimate=estimate, level=level, how=how, bounds=DIFF)
 
 
 def mean_interval(a: np.ndarray) -> Interval:
-    """An arm's mean (seeds × problems) with its t interval (its bars on the figure)."""
-    return crossed_interval(np.atleast_2d(np.asarray(a, float)))
+    """An arm's mean (seeds × problems) with its t interval, clipped to [0, 1] (its bars on
+    the figure)."""
+    return crossed_interval(np.atleast_2d(np.asarray(a, float)), bounds=LEVEL_BOUNDS)
 
 
 def analyse_frontier(passk: dict[str, dict[int, np.ndarray]], seeds: dict[str, list[int]],
