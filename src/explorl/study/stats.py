@@ -477,3 +477,11 @@ def problem_passk(problems_jsonl: str | Path, k_list: list[int]) -> dict[int, np
     for k in k_list:
         out[k] = np.array([pass_at_k(m, r["n_correct"], k) for m, r in zip(n, rows)])
     return out
+
+
+def problem_counts(problems_jsonl: str | Path) -> np.ndarray:
+    """Per problem of one evaluation, (correct answers c, samples n): shape (2, problems)."""
+    rows = [json.loads(line) for line in Path(problems_jsonl).read_text().splitlines() if line]
+    return np.array([[r["n_correct"] for r in rows],
+                     [r["n_samples"] if "n_samples" in r else len(r["responses"]) for r in rows]],
+                    float)
