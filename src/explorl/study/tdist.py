@@ -7,7 +7,6 @@ import math
 from functools import lru_cache
 
 
-
 def _betacf(a: float, b: float, x: float) -> float:
     """The continued fraction of the regularised incomplete beta function (modified Lentz)."""
     tiny = 1e-300
