@@ -62,12 +62,12 @@ def test_one_arm_interval_by_hand_and_as_a_difference_with_nothing():
     a = np.array([[0.0, 1.0], [1.0, 1.0]])
     iv = mean_interval(a)  # the checkpoints' bars and intervals
     # seed means .5, 1: var .125 / 2 = .0625; MS_problem = 2·var(.5, 1) = .25 = MS_resid
-    # (residuals ±.25, one df): no problem part. SE = .25, df 1, t = 12.706
-    half = 12.7062047 * 0.25
-    assert (iv.estimate, iv.low, iv.high) == pytest.approx((0.75, 0.75 - half, 0.75 + half))
-    assert iv.df == pytest.approx(1)
+    # (residuals ±.25, one df): no problem part. SE = .25, df 1, t = 12.706: .75 ± 3.18,
+    # clipped to what a pass@k (a level) can be, [0, 1], and a difference, [−1, 1]
+    assert iv.se == pytest.approx(0.25) and iv.df == pytest.approx(1)
+    assert (iv.estimate, iv.low, iv.high) == pytest.approx((0.75, 0.0, 1.0))
     d = passk_diff(a, np.zeros_like(a), paired_seeds=True)  # the same array
-    assert (d.low, d.high) == pytest.approx((iv.low, iv.high))
+    assert (d.low, d.high) == pytest.approx((-1.0, 1.0)) and d.se == iv.se
 
 
 def test_means_differences_and_resolved_steps(cp):
