@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 
+import explorl.study.numbers as numbers
 from explorl import config as C
 from explorl.analysis import make_report
 from explorl.config import builtin
 from explorl.files import write_text_atomic
 from explorl.models import resolve_model_path
-from explorl.study import numbers
 from explorl.study.checkpoints import analyse_long
 from explorl.study.claims import evaluate_claims
 from explorl.study.cost import Rates, plan_text
