@@ -31,9 +31,10 @@ edge (a, b) at x fixed: d[s, p] = y_m − (1 − t)·y_a − t·y_b − F′·(x
 from the per-(seed, problem) pass@1 and pass@k of the three arms (the base model, one
 evaluation, the same in every seed), and its t interval over seeds with the problems' part
 gives the interval and the MDE. The hull test reports the one-sided confidence that the point
-lies outside, from the same t: of the gap at its pass@1 inside the range, of its pass@k over the
-frontier's highest left of it, of its pass@1 over GRPO's largest right of it: **outside** at ≥
-97.5%, **inside** at ≤ 2.5% (the 95% interval of that margin excludes 0), else **undecided**.
+lies outside, by the same interval's rule (``stats.one_sided_confidence``): of the gap at its
+pass@1 inside the range, of its pass@k over the frontier's highest left of it, of its pass@1
+over GRPO's largest right of it: **outside** at ≥ 97.5%, **inside** at ≤ 2.5% (the 95% interval
+of that margin excludes 0), else **undecided**.
 """
 
 from __future__ import annotations
