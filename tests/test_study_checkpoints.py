@@ -62,12 +62,12 @@ def test_one_arm_interval_by_hand_and_as_a_difference_with_nothing():
     a = np.array([[0.0, 1.0], [1.0, 1.0]])
     iv = mean_interval(a)  # the checkpoints' bars and intervals
     # seed means .5, 1: var .125 / 2 = .0625; MS_problem = 2·var(.5, 1) = .25 = MS_resid
-    # (residuals ±.25, one df): no problem part. SE = .25, df 1, t = 12.706
-    half = 12.7062047 * 0.25
-    assert (iv.estimate, iv.low, iv.high) == pytest.approx((0.75, 0.75 - half, 0.75 + half))
-    assert iv.df == pytest.approx(1)
+    # (residuals ±.25, one df): no problem part. SE = .25, df 1, t = 12.706: .75 ± 3.18,
+    # clipped to what a pass@k (a level) can be, [0, 1], and a difference, [−1, 1]
+    assert iv.se == pytest.approx(0.25) and iv.df == pytest.approx(1)
+    assert (iv.estimate, iv.low, iv.high) == pytest.approx((0.75, 0.0, 1.0))
     d = passk_diff(a, np.zeros_like(a), paired_seeds=True)  # the same array
-    assert (d.low, d.high) == pytest.approx((iv.low, iv.high))
+    assert (d.low, d.high) == pytest.approx((-1.0, 1.0)) and d.se == iv.se
 
 
 def test_means_differences_and_resolved_steps(cp):
@@ -79,8 +79,9 @@ def test_means_differences_and_resolved_steps(cp):
     d = cp.diff("m", 1, 5)  # (0.5, 0.5) on every problem and seed: no spread
     assert (d.estimate, d.low, d.high) == pytest.approx((0.5, 0.5, 0.5))
     d4 = cp.diff("m", 4, 5)  # (1, 0) per seed: no seed part; MS_problem 1, MS_resid 0:
-    # SE² = 1 / 4, df 1 → .5 ± 12.706·.5
-    assert (d4.estimate, d4.low, d4.high) == pytest.approx((0.5, 0.5 - 6.3531024, 0.5 + 6.3531024))
+    # SE² = 1 / 4, df 1 → .5 ± 12.706·.5, clipped to what a difference can be: [−1, 1]
+    assert (d4.estimate, d4.low, d4.high) == pytest.approx((0.5, -1.0, 1.0))
+    assert d4.se == pytest.approx(0.5)
     assert cp.diff("m", 1, 10).estimate == pytest.approx(0.0)
     assert cp.resolved("m", 1) == [5] and cp.resolved("m", 4) == []
     assert cp.resolved("late", 1) == []  # one seed decides nothing

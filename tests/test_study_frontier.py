@@ -134,8 +134,10 @@ def test_gap_interval_and_mde_by_hand():
     .125: MS_problem = 2 · .004375 = .00875, MS_resid = Σ resid² / 2 = .0075 / 2 = .00375, so
     σ²_problem / P = (.00875 − .00375) / 6 = .000833; SE² = .0064583, SE = .080364.
     Satterthwaite: df_problem = .005² / (.00875² / 2 + .00375² / 2) = .11034, df = .0064583² /
-    (.005625² / 1 + .000833² / .11034) = 1.26781. Interval .175 ± t(.975, df)·SE; MDE = (t(.975,
-    df) + t(.80, df))·SE."""
+    (.005625² / 1 + .000833² / .11034) = 1.26781 (reported). The interval takes a t quantile
+    per term: the seeds' at df S − 1 = 1, the problems' at its df rounded down, at least 1:
+    both t(.975, 1) = 12.706, so .175 ± 12.706·SE = [−.846, +1.196], clipped to [−.846, +1];
+    MDE = (t(.975, 1) + t(.80, 1))·SE."""
     d = np.array([[0.05, 0.15, 0.10], [0.25, 0.35, 0.15]])
     g1, gk = np.stack([_const(0.4), _const(0.6)]), np.stack([_const(0.6), _const(0.5)])
     got = compare(np.stack([_const(0.5)]), np.stack([0.55 + d]), g1, gk)[0]
@@ -146,8 +148,8 @@ def test_gap_interval_and_mde_by_hand():
     assert se == pytest.approx(0.080364, abs=1e-6) and df == pytest.approx(1.26781, abs=1e-5)
     assert iv.estimate == pytest.approx(0.175) and iv.se == pytest.approx(se)
     assert iv.df == pytest.approx(df)
-    assert iv.high - iv.estimate == pytest.approx(t_ppf(0.975, df) * se)
-    assert iv.mde == pytest.approx((t_ppf(0.975, df) + t_ppf(0.8, df)) * se)
+    assert iv.estimate - iv.low == pytest.approx(12.7062047 * se) and iv.high == 1.0
+    assert iv.mde == pytest.approx((t_ppf(0.975, 1) + t_ppf(0.8, 1)) * se)
     assert got["where_1"] == "above GRPO's pass@k range"  # .725 > the peak's .6
 
 
@@ -343,17 +345,18 @@ def test_frontier_table_rows_and_family_level():
 
 def test_the_hull_test_is_the_one_sided_t_confidence_of_the_margin():
     """GRPO (.3, .9), (.5, .7). A point at (.4, .8 + d) with d per (seed, problem) has gap_k =
-    mean(d): its outside-confidence is P(T_df ≤ gap / SE), the one-sided reading of gap_k's
-    own interval. Right of GRPO's largest pass@1 (x = .5 + d) the margin is its pass@1 over GRPO's
-    largest; left of the peak (x = .2), its pass@k over the peak's."""
-    from explorl.study.stats import t_cdf
+    mean(d): its outside-confidence is the q at which the two-sided interval of gap_k's own
+    terms (a t quantile per term) just reaches 0: t_half(terms, q) = gap. Right of GRPO's largest
+    pass@1 (x = .5 + d) the margin is its pass@1 over GRPO's largest; left of the peak (x = .2),
+    its pass@k over the peak's."""
+    from explorl.study.stats import t_half
 
     g1, gk = np.stack([_const(0.3), _const(0.5)]), np.stack([_const(0.9), _const(0.7)])
     d = np.array([[0.01, 0.03, 0.02], [0.00, 0.02, -0.01]])
     inner, right, left = compare(np.stack([_const(0.4), 0.5 + d, _const(0.2)]),
                                  np.stack([0.8 + d, _const(0.5), 0.9 + d]), g1, gk)
     iv = inner["gap_k"]
-    assert inner["outside"] == pytest.approx(t_cdf(iv.estimate / iv.se, iv.df))
+    assert t_half(iv.terms, inner["outside"]) == pytest.approx(iv.estimate, rel=1e-6)
     assert 0.5 < inner["outside"] < 0.975  # undecided: its 95% interval holds 0
     assert iv.low < 0 < iv.high
     assert right["where_k"].startswith("above") and right["outside"] == pytest.approx(
@@ -480,3 +483,72 @@ def test_the_figure_draws_a_point_its_own_method_beats_with_an_open_marker():
     (opened,) = [ln for ln in ax3.lines if ln.get_markerfacecolor() == "white"]
     assert list(opened.get_xdata()) == [0.60]
     plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- mixtures
+
+
+def _mixture_by_enumeration(ca: int, cb: int, n: int, k: int, lam: float) -> float:
+    """pass@k of drawing k responses, each from A with probability λ (else B), without
+    replacement from each run's n (c of them right): enumerate how many come from A."""
+    from math import comb
+
+    fail = sum(comb(k, j) * lam ** j * (1 - lam) ** (k - j)
+               * comb(n - ca, j) / comb(n, j) * comb(n - cb, k - j) / comb(n, k - j)
+               for j in range(k + 1))
+    return 1 - fail
+
+
+def test_a_per_sample_mixtures_pass_at_k_by_hand():
+    """n = 4, A right 2 times, B once, k = 2, λ = ½. A's (1 − p)^j estimates C(2, j)/C(4, j) =
+    1, ½, 1/6; B's C(3, j)/C(4, j) = 1, ¾, ½. Two samples: both from B (¼) fail with prob ½,
+    one each (½) with ½·¾, both from A (¼) with 1/6: fail = ⅛ + 3/16 + 1/24 = 17/48, pass@2 =
+    31/48 (the sampling enumerated agrees; and at 5 and 1 of 16, k = 8, λ = .3). At λ = 0 and 1
+    the mixture is B's and A's own pass@2, ½ and 5/6."""
+    from explorl.study.frontier import fail_estimates, mixture_passk
+
+    qa, qb = fail_estimates(np.array([2.0, 4.0]), 2), fail_estimates(np.array([1.0, 4.0]), 2)
+    assert qa == pytest.approx([1, 0.5, 1 / 6]) and qb == pytest.approx([1, 0.75, 0.5])
+    got = mixture_passk(qa, qb, np.array([0.0, 0.5, 1.0]))
+    assert got == pytest.approx([0.5, 31 / 48, 5 / 6])
+    assert got[1] == pytest.approx(_mixture_by_enumeration(2, 1, 4, 2, 0.5))
+    assert mixture_passk(fail_estimates(np.array([5.0, 16.0]), 8),
+                         fail_estimates(np.array([1.0, 16.0]), 8), np.array([0.3]))[0] == \
+        pytest.approx(_mixture_by_enumeration(5, 1, 16, 8, 0.3))
+    with pytest.raises(ValueError, match="at least 8 samples"):
+        fail_estimates(np.array([1.0, 4.0]), 8)
+
+
+def test_grpos_frontier_holds_its_per_sample_mixtures():
+    """Two problems, n = 4, k = 2, two seeds alike. GRPO at lr a: 2 and 2 right (pass@1 .5,
+    pass@2 5/6 on each: .8333); at lr b: 4 and 1 right (pass@1 (1 + .25)/2 = .625, pass@2 (1 +
+    .5)/2 = .75). Their chord at pass@1 .5625 reads (.8333 + .75)/2 = .7917; sampling each
+    response from a or b with λ = ½ reaches, on problem 1, fail = ¼·q_a(2)·1 = 1/24 (b never
+    fails it), on problem 2, fail = 17/48 (the previous test): pass@2 (23/24 + 31/48)/2 =
+    .8021. An arm at (.5625, .80) lies above the chord (+.0083) but below the mixture: its
+    gap_k is .80 − .8021 = −.0021, not +.0083."""
+    from explorl.study.frontier import analyse_frontier, fail_estimates, mixture_passk
+
+    def arrays(c):
+        c = np.array([c, c], float)  # two seeds alike
+        p1 = c / 4
+        p2 = 1 - np.array([[fail_estimates(np.array([x, 4.0]), 2)[2] for x in row] for row in c])
+        return {1: p1, 2: p2}, np.stack([c, np.full_like(c, 4.0)])
+
+    (pa, ca), (pb, cb) = arrays([2, 2]), arrays([4, 1])
+    arm = {1: np.full((2, 2), 0.5625), 2: np.full((2, 2), 0.80)}
+    pk = {"g@a": pa, "g@b": pb, "m@x": arm}
+    seeds = {n: [0, 1] for n in pk}
+    points = {"g": [("a", "g@a"), ("b", "g@b")], "m": [("x", "m@x")]}
+    chord = analyse_frontier(pk, seeds, points, "g", 2)
+    mixed = analyse_frontier(pk, seeds, points, "g", 2, counts={"g@a": ca, "g@b": cb})
+    assert not chord.mixed and mixed.mixed
+    half = (23 / 24 + 31 / 48) / 2
+    q = [fail_estimates(np.array([c, 4.0]), 2) for c in (2, 2, 4, 1)]
+    assert half == pytest.approx(np.mean([mixture_passk(q[0], q[2], np.array([0.5]))[0],
+                                          mixture_passk(q[1], q[3], np.array([0.5]))[0]]))
+    assert chord.points["m"][0].gap_k.estimate == pytest.approx(0.80 - (5 / 6 + 0.75) / 2)
+    got = mixed.points["m"][0].gap_k
+    assert got.estimate == pytest.approx(0.80 - half)
+    assert (0.5625, pytest.approx(half)) in [(x, y) for x, y in zip(mixed.hull.xs,
+                                                                     mixed.hull.ys)]

@@ -50,24 +50,27 @@ def test_variance_components_and_mde_by_hand():
     σ²_seed = (.135 − .015)/3 = .04, σ²_problem = (.035 − .015)/2 = .01, σ²_resid = .015.
     The interval's SE² = MS_seed/6 + (MS_problem − MS_resid)/6 = .0225 + .003333 = .0258333;
     Satterthwaite: df_problem = .02²/(.035²/2 + .015²/2) = .55172, df = .0258333²/(.0225²/1 +
-    .003333²/.55172) = 1.26781; MDE = (t(.975, df) + t(.80, df)) · .160728 = 1.45606. Projected
-    at S seeds: SE² = .01/3 + (.04 + .015/3)/S with df from (seed term, S − 1), (problem term,
-    2): 9 seeds are the fewest reaching .3; for .1 the problem term alone (.00333 > (.1/2.802)²
-    = .00127) is too much: None."""
+    .003333²/.55172) = 1.26781 (reported). MDE, a t pair per term: the seeds' at df 1, the
+    problems' at .55 counted as 1: (t(.975, 1) + t(.80, 1)) · .160728 = 14.0826 · .160728 =
+    2.26346. Projected at S seeds: the seeds' term (.04 + .015/3)/S at df S − 1, the problems'
+    .01/3 at df 2: √((t(.975, S−1) + t(.8, S−1))² · .045/S + 5.3634² · .003333): S = 4 gives
+    .539, S = 5 .469: 5 seeds are the fewest reaching .5; for .3 the problem term alone (5.3634 ·
+    √.003333 = .3097) is too much: None."""
     p = variance_components(np.array([[0.1, 0.3, 0.2], [0.5, 0.7, 0.3]]))
     assert (p.var_problem, p.var_seed, p.var_resid) == pytest.approx((0.01, 0.04, 0.015))
     assert p.se() == pytest.approx(0.0258333 ** 0.5, rel=1e-5)
     assert p.dof() == pytest.approx(1.26781, abs=1e-5)
     assert MDE_Z == pytest.approx(2.8016, abs=1e-4)
-    assert p.mde() == pytest.approx((t_ppf(0.975, p.dof()) + t_ppf(0.8, p.dof())) * p.se())
-    assert p.mde() == pytest.approx(1.45606, abs=1e-4)
-    assert p.seeds_for(0.3) == 9 and p.mde(seeds=9) <= 0.3 < p.mde(seeds=8)
-    assert p.seeds_for(0.1) is None
+    assert p.mde() == pytest.approx((t_ppf(0.975, 1) + t_ppf(0.8, 1)) * p.se())
+    assert p.mde() == pytest.approx(2.26346, abs=1e-4)
+    assert p.seeds_for(0.5) == 5 and p.mde(seeds=5) <= 0.5 < p.mde(seeds=4)
+    assert p.mde(seeds=4) == pytest.approx(0.539, abs=1e-3)
+    assert p.seeds_for(0.3) is None
     # more problems shrink the problem and residual terms only
     seed, prob = (0.04 + 0.015 / 300) / 2, 0.01 / 300
-    df = (seed + prob) ** 2 / (seed ** 2 / 1 + prob ** 2 / 299)
+    f = lambda df: t_ppf(0.975, df) + t_ppf(0.8, df)  # noqa: E731
     assert p.mde(seeds=2, problems=300) == pytest.approx(
-        (t_ppf(0.975, df) + t_ppf(0.8, df)) * (seed + prob) ** 0.5)
+        (f(1) ** 2 * seed + f(299) ** 2 * prob) ** 0.5)
 
 
 def test_one_seed_power_is_problem_variance_only():
@@ -734,11 +737,11 @@ def test_only_the_idle_method_of_a_family_claim_is_dropped():
 
 
 def test_rule_notes_give_the_t_tails_of_the_seeds():
-    """Where the seeds dominate, df = seeds − 1: t(.975, 3) = 3.18, t(.975, 7) = 2.36."""
+    """The seeds' term always has df = seeds − 1: t(.975, 3) = 3.18, t(.975, 7) = 2.36."""
     from explorl.study.claims import rule_notes
 
-    assert "so 4 seeds give t tails of 3.18 SEs" in " ".join(rule_notes(4).split())
-    assert "so 8 seeds give t tails of 2.36 SEs" in " ".join(rule_notes(8).split())
+    assert "so 4 seeds give it tails of 3.18 SEs" in " ".join(rule_notes(4).split())
+    assert "so 8 seeds give it tails of 2.36 SEs" in " ".join(rule_notes(8).split())
     assert "Monte-Carlo error is 0" in " ".join(rule_notes(4).split())
 
 

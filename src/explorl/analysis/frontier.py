@@ -105,11 +105,12 @@ def _draw_series(ax, s: Series, color: str, baseline: bool) -> bool:
 def draw_frontier(series: list[Series], path: Path, k: int, *, base: tuple[float, float] | None
                   = None, hull: list[tuple[float, float]] | None = None,
                   subtitle: str = "", split: str = "test", unit: str = "learning rate",
-                  labels: str = "") -> Path:
+                  labels: str = "", hull_label: str = "") -> Path:
     """pass@k against pass@1: the first series (the baseline) in black, the others in colour,
     each point labelled with its learning rate (``unit``: what the points sweep; ``labels``: what
     the labels say, default the unit), the base model as a star and the baseline's frontier
-    (``hull``: the points of its line, sorted by pass@1) dashed.
+    (``hull``: the points of its line, sorted by pass@1; with the study's per-sample mixtures a
+    curve, ``hull_label`` naming it after the baseline) dashed.
 
     Up to two methods share one panel with the baseline; more get a panel each (small
     multiples on the same axes, each with the baseline, its frontier and the base model), so
@@ -137,7 +138,7 @@ def draw_frontier(series: list[Series], path: Path, k: int, *, base: tuple[float
         open_marker |= _draw_series(ax, baseline, "black", True)
         if hull and len(hull) > 1:
             ax.plot(*zip(*hull), color="0.45", linestyle="--", linewidth=1.3, zorder=5,
-                    label=f"{baseline.label}'s frontier")
+                    label=f"{baseline.label}'s {hull_label or 'frontier'}")
         if base is not None:
             ax.plot([base[0]], [base[1]], marker="*", markersize=12, color="black",
                     linestyle="none", label="base (before RL)", zorder=5)

@@ -24,7 +24,7 @@ from explorl.study.frontier_report import draw as draw_frontier
 from explorl.study.horizon import COLLAPSE, Horizon, draw_horizon, entropy_horizon
 from explorl.study.numbers import fmt_value
 from explorl.study.plan import RunPlan, checkpoint_of
-from explorl.study.stats import Interval, passk_diff, problem_passk
+from explorl.study.stats import Interval, passk_diff, problem_counts, problem_passk
 from explorl.study.tables import cell
 
 
@@ -38,6 +38,9 @@ class Checkpoints:
     arms: list[str]
     got: dict[tuple[str, int, int], dict[int, np.ndarray]] = field(default_factory=dict)
     base: dict[int, np.ndarray] | None = None
+    # per (arm, step): {seed: (2, problems) correct answers and samples}; the base model's
+    counts: dict[tuple[str, int], dict[int, np.ndarray]] = field(default_factory=dict)
+    base_counts: np.ndarray | None = None
 
     def seeds(self, arm: str, kk: int, step: int) -> list[int]:
         return sorted(self.got.get((arm, kk, step), {}))
@@ -97,6 +100,7 @@ def checkpoint_passk(
             if path.exists():
                 for kk, v in problem_passk(path, [1, k]).items():
                     cp.got.setdefault((p.name, kk, st), {})[p.seed] = v
+                cp.counts.setdefault((p.name, st), {})[p.seed] = problem_counts(path)
     return cp
 
 
@@ -309,7 +313,7 @@ def training_frontier(cp: Checkpoints | None) -> Frontier | None:
     baseline's checkpoints."""
     if cp is None:
         return None
-    passk, seeds, points = {}, {}, {}
+    passk, seeds, points, counts = {}, {}, {}, {}
     for arm in sorted(cp.arms, key=lambda a: a != cp.baseline):
         for s in cp.steps:
             v1, vk = cp.got.get((arm, 1, s), {}), cp.got.get((arm, cp.k, s), {})
@@ -321,8 +325,12 @@ def training_frontier(cp: Checkpoints | None) -> Frontier | None:
                            cp.k: np.stack([vk[x] for x in both])}
             seeds[name] = both
             points.setdefault(arm, []).append((s, name))
+            c = cp.counts.get((arm, s), {})
+            if all(x in c for x in both):
+                counts[name] = np.stack([c[x] for x in both], axis=1)
     base = {kk: v.reshape(1, -1) for kk, v in cp.base.items()} if cp.base is not None else None
-    fr = analyse_frontier(passk, seeds, points, cp.baseline, cp.k, base)
+    fr = analyse_frontier(passk, seeds, points, cp.baseline, cp.k, base, counts,
+                          cp.base_counts)
     if fr is not None:
         fr.knob, fr.unit = "step", "checkpoint"
     return fr
@@ -342,11 +350,13 @@ class LongHorizon:
 
 def analyse_long(groups: dict, done: list[RunPlan], rows: list[str], steps: list[int], k: int,
                  baseline: str, base: dict[int, np.ndarray] | None, report: Path,
-                 task: str) -> LongHorizon:
+                 task: str, base_counts: np.ndarray | None = None) -> LongHorizon:
     """Everything ``eval.checkpoints`` adds to a study (``steps``: the checkpoints and the last
     step; ``groups``: row → its runs' curves; ``base``: the base model's per-problem pass@k)."""
     horizon = entropy_horizon(groups, steps, baseline)
     cp = checkpoint_passk(done, rows, k, baseline, base)
+    if cp is not None:
+        cp.base_counts = base_counts
     along = training_frontier(cp)
     figures = [*draw_frontier(along, report, f"lab:{task}, along training",
                               "frontier_training.png", f"The pass@1–pass@{k} frontier along "

@@ -28,20 +28,23 @@ RULE_NOTES = """\
 Each claim is judged by 95% intervals (`explorl/study/stats.py`), never by a threshold on means.
 A pass@k comparison is a mean over seeds and test problems (the same problems for every seed);
 its interval is a t interval whose variance holds the seeds' part (the spread of the per-seed
-means) and the problems' part (two-way ANOVA), with Satterthwaite's degrees of freedom: close
-to seeds − 1 where the seeds dominate, so {seeds} give t tails of {t:.2f} SEs rather than the
-normal's 1.96. Arms that ran the same seeds are paired by seed; the base model is one
-evaluation. Per-run quantities (entropy ratios, tracking bias) are paired by seed and get the t
-interval over seeds. These intervals involve no resampling: their Monte-Carlo error is 0. The
-law's R² bootstraps runs, with resamples added until its bounds' Monte-Carlo error (printed) is
-below 0.001. A condition is **shown** when its interval excludes the null on the claimed side
-by more than that error, **opposite** when it does so on the other side; a claim is **shown**
-when all its conditions are, **partial** when some are, **opposite**/**mixed** when some
-interval points the other way. The law's R² conditions are goodness-of-fit thresholds (R² >
-0.5), not effects. A pass@k condition also gives its minimum detectable effect (MDE: the
-difference it would detect with 80% power, from the interval's own SE and degrees of freedom;
-see Power); with several evaluation temperatures, a large-k claim is also judged with each arm
-at its own best one."""
+means) and the problems' part (two-way ANOVA), each part with its own t quantile: the seeds' at
+seeds − 1 degrees of freedom, so {seeds} give it tails of {t:.2f} SEs rather than the normal's
+1.96 (a single t at a pooled degrees of freedom covers less than 95% at 3-4 seeds). Differences
+of pass@k are clipped to [−1, 1], levels to [0, 1]. Arms that ran the same seeds are paired by
+seed; the base model is one evaluation. Per-run quantities (entropy ratios, tracking bias) are
+paired by seed and get the t interval over seeds. These intervals involve no resampling: their
+Monte-Carlo error is 0. The law's R² bootstraps runs, with resamples added until its bounds'
+Monte-Carlo error (printed) is below 0.001. A condition is **shown** when its interval excludes
+the null on the claimed side by more than that error, **opposite** when it does so on the other
+side; a claim is **shown** when all its conditions are, **partial** when some are,
+**opposite**/**mixed** when some interval points the other way. The law's R² conditions are
+goodness-of-fit thresholds (R² > 0.5), not effects. A pass@k condition also gives its minimum
+detectable effect (MDE: the difference it would detect with 80% power, from the interval's own
+variance terms; see Power); with several evaluation temperatures, a large-k claim is also judged
+with each arm at its own best one. A *not shown* is not evidence of no effect: it says the
+interval holds 0; an effect is absent only within the interval's bounds (and below the MDE, at
+80% power). Below the table, the number of decided verdicts chance alone would give."""
 
 
 def rule_notes(n_seeds: int) -> str:
@@ -362,6 +365,27 @@ def combine(verdicts: list[str]) -> str:
     if opposite:
         return "opposite"
     return "partial" if shown else "not shown"
+
+
+JUDGED = ("shown", "opposite", "mixed", "partial", "not shown")  # verdicts an interval gave
+CHANCE = 1 - 0.95  # a claim's chance of a decided verdict (shown or opposite) when nothing works
+
+
+def chance_line(claims: list[dict]) -> str:
+    """How many decided verdicts chance alone gives a table of claims: each claim judged
+    (``JUDGED``) reads *shown* or *opposite* with probability at most 5% when nothing works
+    (a condition's 95% interval; a frontier claim's family of points is Bonferroni-corrected to
+    95%), so the expected number is at most 0.05·m and the probability of at least one at most
+    1 − 0.95^m for m independent claims (claims sharing runs are correlated: that lowers the
+    second, not the first)."""
+    m = sum(c["verdict"] in JUDGED for c in claims)
+    shown = sum(c["verdict"] == "shown" for c in claims)
+    return (f"**By chance:** {m} claims judged here, {shown} shown. Were no method to change "
+            f"anything, each would read *shown* or *opposite* with probability at most "
+            f"{CHANCE:.0%}, so up to {CHANCE * m:.1f} such verdicts are expected by chance alone, "
+            f"and at least one with probability up to {1 - (1 - CHANCE) ** m:.0%} (independent "
+            "claims). One *shown* among many is weak evidence until another study (other seeds "
+            "or another task) finds it again.")
 
 
 def evaluate_claims(ev: Evidence) -> list[dict]:

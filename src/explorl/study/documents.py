@@ -13,7 +13,7 @@ from typing import Any
 
 from explorl.config import builtin
 from explorl.study.checkpoints import HORIZON_RULE, checkpoint_json, checkpoint_table
-from explorl.study.claims import rule_notes
+from explorl.study.claims import chance_line, rule_notes
 from explorl.study.frontier_report import claim_rule, frontier_json, frontier_table
 from explorl.study.horizon import horizon_json, horizon_lines
 from explorl.study.jobs import JobResult
@@ -92,7 +92,7 @@ def _claims_table(claims: list[dict]) -> list[str]:
     for c in claims:
         lines.append(f"| {c['id']} | {_md(c['claim'])} | {_md(c['paper'])} | {_md(c['numbers'])} "
                      f"| **{c['verdict']}** |")
-    return lines
+    return [*lines, "", chance_line(claims)]
 
 
 def _law_section(ev) -> list[str]:

@@ -3,8 +3,14 @@
 Every arm of a ``frontier`` spec trains at several learning rates; each (arm, lr) is one point
 (x, y) = (mean test pass@1, mean test pass@k) over its seeds and problems. The baseline's
 (GRPO's) points and the model before RL (GRPO's lr → 0 end, when it was evaluated) make its
-**frontier** F (``explorl.analysis.hull``): the non-dominated part of their upper concave hull,
-from its highest pass@k to its highest pass@1 (``pareto``); G(y) is its reverse. Each arm's
+**frontier** F (``explorl.analysis.hull``): the non-dominated part of the upper concave hull of
+what GRPO reaches, from its highest pass@k to its highest pass@1 (``pareto``); G(y) is its
+reverse. What GRPO reaches includes **per-sample mixtures** (``mixtures``): sampling each
+response from point A with probability λ, else from point B, has per problem p = λ·p_A + (1 −
+λ)·p_B, so its pass@1 is the chord's but its pass@k = 1 − (1 − p)^k lies above the chord
+(concave in λ); the hull of every pair's mixtures (and per-query mixes of those: the hull's
+chords) is what the study compares with. Each mixture's per-(seed, problem) pass@k is the
+unbiased estimate from the two runs' counts (``mixture_passk``). Each arm's
 own points make the arm's: a point that another learning rate of the same arm (or a mix of
 two) beats, with at least its pass@1 and more pass@k, is not part of the frontier the arm
 reaches (``beaten_by``).
@@ -25,13 +31,15 @@ edge (a, b) at x fixed: d[s, p] = y_m − (1 − t)·y_a − t·y_b − F′·(x
 from the per-(seed, problem) pass@1 and pass@k of the three arms (the base model, one
 evaluation, the same in every seed), and its t interval over seeds with the problems' part
 gives the interval and the MDE. The hull test reports the one-sided confidence that the point
-lies outside, from the same t: of the gap at its pass@1 inside the range, of its pass@k over the
-frontier's highest left of it, of its pass@1 over GRPO's largest right of it: **outside** at ≥
-97.5%, **inside** at ≤ 2.5% (the 95% interval of that margin excludes 0), else **undecided**.
+lies outside, by the same interval's rule (``stats.one_sided_confidence``): of the gap at its
+pass@1 inside the range, of its pass@k over the frontier's highest left of it, of its pass@1
+over GRPO's largest right of it: **outside** at ≥ 97.5%, **inside** at ≤ 2.5% (the 95% interval
+of that margin excludes 0), else **undecided**.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,9 +56,60 @@ from explorl.analysis.hull import (
     upper_hull,
     where,
 )
-from explorl.study.stats import LEVEL, Interval, crossed_interval, passk_diff, t_cdf
+from explorl.study.stats import (
+    DIFF,
+    LEVEL,
+    LEVEL_BOUNDS,
+    Interval,
+    crossed_interval,
+    one_sided_confidence,
+    passk_diff,
+)
 
 HULL_SURE = 0.975  # the hull test: outside (inside) in at least this fraction of replicates
+MIX_STEPS = 32  # per-sample mixtures of two points at λ = 1/32, 2/32, …, 31/32
+
+
+def fail_estimates(counts: np.ndarray, k: int) -> np.ndarray:
+    """Per problem, the unbiased estimates of (1 − p)^j for j = 0 … k from c correct of n
+    samples: C(n − c, j) / C(n, j) (the pass@k estimator's complement). ``counts``: (2, …) of
+    (c, n); returns (…, k + 1). Needs n ≥ k."""
+    c, n = np.asarray(counts, float)
+    if np.any(n < k):
+        raise ValueError(f"a mixture's pass@{k} needs at least {k} samples per problem, "
+                         f"some have {int(n.min())}")
+    out = np.ones(c.shape + (k + 1,))
+    for j in range(1, k + 1):
+        out[..., j] = out[..., j - 1] * np.clip(n - c - j + 1, 0, None) / (n - j + 1)
+    return out
+
+
+def mixture_passk(qa: np.ndarray, qb: np.ndarray, lam: np.ndarray) -> np.ndarray:
+    """Unbiased per-problem pass@k of the per-sample mixture (weight λ on A) of two
+    independent evaluations, from their ``fail_estimates`` (…, k + 1): 1 − Σ_j C(k, j) λ^j
+    (1 − λ)^{k−j} · q_A[j] · q_B[k − j] (j of the k samples from A). Returns (…, len(λ))."""
+    k = qa.shape[-1] - 1
+    j = np.arange(k + 1)
+    comb = np.array([math.comb(k, i) for i in j], float)
+    lam = np.asarray(lam, float)[:, None]
+    w = comb * lam ** j * (1 - lam) ** (k - j)  # (L, k + 1)
+    return 1.0 - (qa * qb[..., ::-1]) @ w.T
+
+
+def mixtures(g1: np.ndarray, q: np.ndarray, steps: int = MIX_STEPS
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample mixtures of every pair of points: ``g1`` (G, S, P) their pass@1, ``q`` (G, S,
+    P, k + 1) their ``fail_estimates``. Returns the mixtures' pass@1 and pass@k, each (M, S, P),
+    M = G(G − 1)/2 · (steps − 1)."""
+    lam = np.arange(1, steps) / steps
+    x1, xk = [], []
+    for a in range(len(g1)):
+        for b in range(a + 1, len(g1)):
+            xk.append(np.moveaxis(mixture_passk(q[a], q[b], lam), -1, 0))
+            x1.append(lam[:, None, None] * g1[a] + (1 - lam[:, None, None]) * g1[b])
+    if not x1:
+        return np.zeros((0,) + g1.shape[1:]), np.zeros((0,) + g1.shape[1:])
+    return np.concatenate(x1), np.concatenate(xk)
 
 
 # ----------------------------------------------------------------------------- the comparison
@@ -97,6 +156,7 @@ class Frontier:
     base: tuple[float, float] | None = None  # the model before RL: (pass@1, pass@k)
     knob: str = "lr"  # what the points sweep, as the documents name a value ("lr 5e-05")
     unit: str = "learning rate"  # and in words
+    mixed: bool = False  # GRPO's frontier holds the per-sample mixtures of its points
 
 
 LIFT = "base"  # the value naming the model before RL among the baseline's points (lr → 0)
@@ -147,31 +207,37 @@ def compare(x1: np.ndarray, xk: np.ndarray, g1: np.ndarray, gk: np.ndarray, *,
 
 
 def _confidence(iv: Interval) -> float:
-    """One-sided confidence that the quantity is above 0, from its t interval: P(T ≤ est/SE)."""
-    if not iv.se:
-        return 1.0 if iv.estimate > 0 else 0.0 if iv.estimate < 0 else 0.5
-    return t_cdf(iv.estimate / iv.se, iv.df if iv.df is not None else float("inf"))
+    """One-sided confidence that the quantity is above 0, by its interval's own rule
+    (``stats.one_sided_confidence``: ≥ 0.975 exactly when its 95% interval lies above 0)."""
+    return one_sided_confidence(iv)
 
 
 def _iv(estimate: float, d: np.ndarray, level: float) -> Interval:
     d = np.asarray(d, float)
     how = (f"t over {d.shape[0]} paired seeds × {d.shape[1]} problems, linearised at GRPO's "
            "frontier edge")
-    return crossed_interval(d, estimate=estimate, level=level, how=how)
+    return crossed_interval(d, estimate=estimate, level=level, how=how, bounds=DIFF)
 
 
 def mean_interval(a: np.ndarray) -> Interval:
-    """An arm's mean (seeds × problems) with its t interval (its bars on the figure)."""
-    return crossed_interval(np.atleast_2d(np.asarray(a, float)))
+    """An arm's mean (seeds × problems) with its t interval, clipped to [0, 1] (its bars on
+    the figure)."""
+    return crossed_interval(np.atleast_2d(np.asarray(a, float)), bounds=LEVEL_BOUNDS)
 
 
 def analyse_frontier(passk: dict[str, dict[int, np.ndarray]], seeds: dict[str, list[int]],
                      points: dict[str, list[tuple[Any, str]]], baseline: str, k: int,
-                     base: dict[int, np.ndarray] | None = None) -> Frontier | None:
+                     base: dict[int, np.ndarray] | None = None,
+                     counts: dict[str, np.ndarray] | None = None,
+                     base_counts: np.ndarray | None = None) -> Frontier | None:
     """The frontier of a study's sweep: ``points`` (arm → its (value, row name), the
     ``frontier_points`` of the spec) read from ``passk`` (row → k → (seeds, problems), rows in
     ``seeds[row]``'s order); ``base`` (k → the model before RL's per-problem pass@k, one
-    evaluation) joins the baseline's points as its lr → 0 end. Each arm is compared on the seeds
+    evaluation) joins the baseline's points as its lr → 0 end. With ``counts`` (row → (2,
+    seeds, problems): correct answers and samples, rows in the same order) for every baseline
+    row, and ``base_counts`` ((2, problems)) with ``base``, GRPO's frontier holds the
+    per-sample mixtures of its points (``mixtures``); without, only its points and their
+    chords (``Frontier.mixed`` says which). Each arm is compared on the seeds
     that every baseline point and every point of the arm finished; a row not finished yet is
     left out. None when fewer than two baseline points have finished, or no seed has finished
     at all of them."""
@@ -192,12 +258,29 @@ def analyse_frontier(passk: dict[str, dict[int, np.ndarray]], seeds: dict[str, l
             rows.append(np.broadcast_to(lift[kk], (len(common), len(lift[kk]))))
         return np.stack(rows)
 
+    mixed = (counts is not None and all(n in counts for _, n in g_pts)
+             and (lift is None or base_counts is not None))
+
+    def reach(common):
+        """The baseline's points (and the base model), then their mixtures: pass@1, pass@k."""
+        b1, bk = stack(g_pts, common, 1), stack(g_pts, common, k)
+        if not mixed:
+            return b1, bk
+        c = [counts[n][:, [seeds[n].index(s) for s in common]] for _, n in g_pts]
+        if lift is not None:
+            c.append(np.broadcast_to(np.asarray(base_counts, float)[:, None, :],
+                                     (2, len(common), base_counts.shape[-1])))
+        m1, mk = mixtures(b1, np.stack([fail_estimates(x, k) for x in c]))
+        return np.concatenate([b1, m1]), np.concatenate([bk, mk])
+
     g_seeds = sorted(set.intersection(*(set(seeds[n]) for _, n in g_pts)))
     if not g_seeds:  # no seed finished at every baseline point yet
         return None
+    out.mixed = mixed
+    r1, rk = reach(g_seeds)
+    out.hull = pareto(upper_hull(r1.mean(axis=(1, 2)), rk.mean(axis=(1, 2))))
     g1, gk = stack(g_pts, g_seeds, 1), stack(g_pts, g_seeds, k)
     gm1, gmk = g1.mean(axis=(1, 2)), gk.mean(axis=(1, 2))
-    out.hull = pareto(upper_hull(gm1, gmk))
     out.seeds[baseline] = g_seeds
     out.points[baseline] = []
     values = [v for v, _ in g_pts] + ([LIFT] if lift is not None else [])
@@ -217,7 +300,7 @@ def analyse_frontier(passk: dict[str, dict[int, np.ndarray]], seeds: dict[str, l
             continue
         out.seeds[arm] = common
         a1, ak = stack(pts, common, 1), stack(pts, common, k)
-        b1, bk = stack(g_pts, common, 1), stack(g_pts, common, k)
+        b1, bk = reach(common)
         m1 = a1.mean(axis=(1, 2))
         beaten = [None if b is None else tuple(pts[j][0] for j in b)
                   for b in own_beaten(a1, ak)]

@@ -24,24 +24,32 @@ LEFT_OUT = 0.05  # (old study.json files) a gap whose replicates left GRPO's ran
 FRONTIER_NOTES = """\
 {intro}; a point is its mean test pass@1 and
 pass@{k} over seeds and problems. GRPO's frontier is the non-dominated part of the upper concave
-hull of its points and the model before RL (GRPO's {zero} end, when it was evaluated): from the
-most pass@{k} to the most pass@1, the most pass@{k} a mix of them reaches at each pass@1; a
-{unit} below the chord of two others, or with less of both than another, does not define it,
-and its pass@1 range is that frontier's. **pass@{k} − frontier**: the point's pass@{k} minus
+hull of what GRPO reaches: its points, the model before RL (GRPO's {zero} end, when it was
+evaluated){mixtures}; from the most pass@{k} to the most pass@1, the most pass@{k} GRPO reaches
+at each pass@1. A {unit} below it, or with less of both than another, does not define it, and
+its pass@1 range is that frontier's. **pass@{k} − frontier**: the point's pass@{k} minus
 GRPO's frontier at the point's pass@1 (none outside its pass@1 range: no extrapolation);
 **pass@1 − frontier**: its pass@1 minus the most pass@1 GRPO reaches while keeping pass@{k} at
 the point's level. Intervals: each gap linearised at the point estimates (the frontier's edge
-at the point fixed), a 95% t interval over seeds whose variance holds the problems' part
-(Satterthwaite's df; no resampling); ± is the minimum detectable effect from the same SE and
-df. **hull test**: the one-sided confidence, from the same t, that the point lies outside
-every mix of GRPO's frontier points (more pass@1 *and* more pass@{k} than any of them reach
-together): *outside* at ≥ 97.5%, *inside* at ≤ 2.5%, else *undecided*. Next to a steep edge of
-GRPO's frontier (two {units} with almost the same pass@1) the linearised MDE is large; the
-interval is the judge. **beaten by its own**: the arm's other {unit} (or mix of two) that
-reaches at least the point's pass@1 with more pass@{k}, or (for arms other than GRPO) one with
-more pass@{k} (95% interval above 0) at a pass@1 not resolved below the point's; such a point is
-not part of the frontier the arm reaches (as GRPO's own beaten points are not part of GRPO's)
-and its claim does not judge it."""
+at the point fixed), a 95% t interval whose variance holds the seeds' part (t at seeds − 1
+degrees of freedom) and the problems' part (its own t), clipped to [−1, 1]; no resampling; ±
+is the minimum detectable effect from the same terms. **hull test**: the one-sided
+confidence, by the same interval's rule, that the point lies outside everything GRPO's
+frontier reaches (more pass@1 *and* more pass@{k}): *outside* at ≥ 97.5%, *inside* at ≤ 2.5%,
+else *undecided*. Next to a steep edge of GRPO's frontier (two {units} with almost the same
+pass@1) the linearised MDE is large; the interval is the judge. **beaten by its own**: the
+arm's other {unit} (or mix of two) that reaches at least the point's pass@1 with more
+pass@{k}, or (for arms other than GRPO) one with more pass@{k} (95% interval above 0) at a
+pass@1 not resolved below the point's; such a point is not part of the frontier the arm
+reaches (as GRPO's own beaten points are not part of GRPO's) and its claim does not judge
+it."""
+
+MIXTURES = (" and the per-sample mixtures of every two of them (each response sampled from one "
+            "with probability λ, else from the other, λ in steps of 1/32: per problem p = λ·p_A + "
+            "(1 − λ)·p_B, so pass@1 is the chord's but pass@{k} = 1 − (1 − p)^{k} lies above "
+            "it; each mixture's pass@{k} is estimated without bias per seed and problem from the "
+            "two runs' counts), and per-query mixes of those (the hull's chords)")
+CHORDS = " and per-query mixes of them (the hull's chords: the per-problem counts were not read)"
 
 CLAIM_RULE = """\
 A frontier claim ({id}-…) compares the frontier the arm reaches with GRPO's: it is judged at
@@ -145,8 +153,9 @@ ZEROS = {"learning rate": "learning rate → 0", "checkpoint": "step 0"}
 def frontier_notes(fr: Frontier) -> str:
     """``FRONTIER_NOTES`` in the words of what the points sweep."""
     intro = INTROS.get(fr.unit, f"Each arm's points are its {fr.unit}s")
+    mix = (MIXTURES if fr.mixed else CHORDS).format(k=fr.k)
     text = FRONTIER_NOTES.format(k=fr.k, intro=intro, unit=fr.unit, units=fr.unit + "s",
-                                 zero=ZEROS.get(fr.unit, f"{fr.knob} → 0"))
+                                 zero=ZEROS.get(fr.unit, f"{fr.knob} → 0"), mixtures=mix)
     return textwrap.fill(" ".join(text.split()), 96, break_on_hyphens=False)
 
 
@@ -208,7 +217,7 @@ def frontier_json(fr: Frontier | None) -> dict:
                 **{key: iv.to_json() if iv else None for key, iv in ivs.items()}}
 
     return {"k": fr.k, "baseline": fr.baseline, "knob": fr.knob, "base": fr.base, "seeds": fr.seeds,
-            "regime": regime(fr),
+            "regime": regime(fr), "mixtures": fr.mixed,
             "hull": list(zip(fr.hull.xs, fr.hull.ys)) if fr.hull else [],
             "points": {a: [point(p) for p in pts] for a, pts in fr.points.items()}}
 
@@ -229,6 +238,7 @@ def draw(fr: Frontier | None, out_dir: Path, subtitle: str = "", file: str = "fr
     if fr.hull:  # F: GRPO's non-dominated points (the base model its lr → 0 end), peak first
         hull = list(zip(fr.hull.xs, fr.hull.ys))
     draw_frontier(series, out_dir / file, fr.k, base=fr.base, hull=hull, subtitle=subtitle,
-                  unit=fr.unit, labels="training step" if fr.knob == "step" else "")
+                  unit=fr.unit, labels="training step" if fr.knob == "step" else "",
+                  hull_label="frontier (with per-sample mixtures)" if fr.mixed else "")
     return [(title or f"The pass@1–pass@{fr.k} frontier: every arm through its learning rates",
              file)]

@@ -7,6 +7,7 @@ import json
 import math
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -14,12 +15,13 @@ import yaml
 from explorl.analysis.entropy_law import FitError, fit_entropy_law, law_points
 from explorl.analysis.runs import Run, load_run
 from explorl.control.schedules import anneal_start
-from explorl.study.plan import RunPlan
+from explorl.study.plan import RunPlan, eval_done_at, final_evals, policy_evals
 from explorl.study.stats import (
     N_BOOT,
     Interval,
     bootstrap,
     percentile_mc_error,
+    problem_counts,
     problem_passk,
 )
 
@@ -257,6 +259,30 @@ def collect_passk(done: list[RunPlan], rows: list[str], k_list: list[int], folde
             seeds[name] = [s for s, _ in got]
             passk[name] = {k: np.stack([g[k] for _, g in got]) for k in k_list}
     return passk, seeds
+
+
+def collect_counts(done: list[RunPlan], rows: list[str], folder: str = "eval"
+                   ) -> dict[str, Any]:
+    """Per recipe: each run's per-problem (correct answers, samples) from
+    ``<folder>/problems.jsonl``, shape (2, seeds, problems), rows in seed order (as
+    ``collect_passk``'s)."""
+    import numpy as np
+
+    by_name: dict[str, list[tuple[int, Any]]] = {n: [] for n in rows}
+    for p in done:
+        by_name[p.name].append((p.seed, problem_counts(p.out / folder / "problems.jsonl")))
+    return {name: np.stack([c for _, c in sorted(got, key=lambda x: x[0])], axis=1)
+            for name, got in by_name.items() if got}
+
+
+def base_counts(out: Path, spec: Any, folder: str = "base") -> Any:
+    """The model before RL's per-problem (correct answers, samples) at the main evaluation
+    temperature (``stats.problem_counts``); None where it was not evaluated."""
+    for sub, e in policy_evals(final_evals(spec)):
+        d = out / folder / sub
+        if spec.base_eval and e.temperature == spec.eval.temperature and eval_done_at(d, e):
+            return problem_counts(d / "problems.jsonl")
+    return None
 
 
 def pooled_law(groups: dict[str, list[Run]], n_boot: int = N_BOOT) -> dict[str, Any]:

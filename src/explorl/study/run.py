@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+import explorl.study.numbers as numbers
 from explorl import config as C
 from explorl.analysis import make_report
 from explorl.config import builtin
@@ -131,14 +132,15 @@ def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: lis
     fr = None
     if spec.frontier.arms:  # the sweep's claims replace those of arms the study does not run
         fr = analyse_frontier(ev.passk, ev.seeds, frontier_points(spec), spec.frontier.baseline,
-                              frontier_k(spec), ev.base)
+                              frontier_k(spec), ev.base, numbers.collect_counts(done, rows),
+                              numbers.base_counts(out, spec))
         claims = frontier_claims(fr) + [c for c in claims if c["verdict"] != "not run"]
         figures = draw_frontier(fr, out / "report", f"lab:{spec.task}") + figures
     long = None
     if spec.eval.checkpoints:  # a long horizon: entropy and pass@k at each evaluated checkpoint
         long = analyse_long(groups, done, rows, [*spec.eval.checkpoints, spec.max_steps],
                             frontier_k(spec), spec.frontier.baseline, ev.base, out / "report",
-                            spec.task)
+                            spec.task, numbers.base_counts(out, spec))
         figures = long.figures + figures
         claims = [*[c for c in claims if c["id"].startswith("F-")], *long.claims,  # they
                   *[c for c in claims if not c["id"].startswith("F-")  # replace the claims

@@ -10,23 +10,32 @@ The problems are the same for every seed (the layout is crossed, not nested), so
     d[s, p] = μ + seed_s + problem_p + e[s, p],
     Var(mean d) = σ²_problem / P + σ²_seed / S + σ²_resid / (S·P),
 
-estimated without bias by two-way ANOVA mean squares:
+estimated without bias by two-way ANOVA mean squares as a sum of two terms:
 
-    SE² = MS_seed / (S·P) + max(0, MS_problem − MS_resid) / (S·P)
-        = var_s(mean_p d) / S + σ̂²_problem / P
+    SE² = A + B,  A = MS_seed / (S·P) = var_s(mean_p d) / S        (df S − 1)
+                  B = max(0, MS_problem − MS_resid) / (S·P)         (df of the difference)
 
 (the t interval over the seeds' means plus the problems' part, which seeds share and which
-their spread therefore never shows). Its degrees of freedom are Satterthwaite's: ≈ S − 1 where
-the seed term dominates, large where the problem term does. The 95% interval is the estimate
-± t_{0.975, df} · SE: exact t tails with few seeds, no resampling, no Monte-Carlo error.
+their spread therefore never shows). Each term gets its own t quantile (``t_half``):
+
+    half-width = √(t²_{0.975, S−1} · A + t²_{0.975, df_B} · B)
+
+so the seeds' term always carries the tails of S − 1 degrees of freedom. A single pooled t
+with Satterthwaite's df under-covers at few seeds: where the seeds dominate, a draw whose seed
+means happen to agree gives a small A, hence a large pooled df and a short quantile exactly
+when the SE is too small (3 seeds × 1024 problems, seeds carrying 70–95% of the variance:
+coverage 0.92–0.93). The per-term interval holds 0.95 or more there (``tests/test_study_stats``
+simulates it). Differences of pass@k are clipped to [−1, 1] and levels to [0, 1] (``bounds``):
+a bound beyond what a probability allows says nothing.
 
 - ``passk_diff``: two arms on the same problems (paired by seed when both ran the same seeds;
   the base model is one evaluation subtracted from every run);
 - ``crossed_interval``: the mean of any (seeds, problems) array, or of a linear combination;
 - ``seed_interval``: the mean over runs of a per-run number (an entropy ratio, a paired per-seed
   difference): the t interval over runs (df n − 1);
-- ``Power``: the variance components and the minimum detectable effect (MDE) of the same SE
-  and df the interval uses: MDE = (t_{0.975, df} + t_{0.80, df}) · SE.
+- ``Power``: the variance components and the minimum detectable effect (MDE) of the same terms
+  the interval uses: MDE = √(Σ (t_{0.975, df_i} + t_{0.80, df_i})² · v_i) (one term: (t_{0.975,
+  df} + t_{0.80, df}) · SE).
 
 The few bootstrapped quantities (a fit's R² over runs) report the Monte-Carlo error of their
 bounds (``percentile_mc_error``) and grow the number of resamples until it is below
@@ -40,12 +49,12 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
 from explorl.analysis.passk import pass_at_k
+from explorl.study.tdist import betainc, t_cdf, t_ppf  # noqa: F401  (betainc re-exported)
 
 LEVEL = 0.95
 POWER = 0.80
@@ -55,81 +64,31 @@ MAX_BOOT = 64000
 BOOT_SEED = 0
 
 
-# ----------------------------------------------------------------------------- Student's t
+# ----------------------------------------------------------------------------- intervals
+
+Terms = tuple[tuple[float, float], ...]  # variance terms (value, its degrees of freedom)
+DF_CAP = 1000  # a term's df above this counts as this (t 1.962 for ∞'s 1.960: a hair wider)
 
 
-def _betacf(a: float, b: float, x: float) -> float:
-    """The continued fraction of the regularised incomplete beta function (modified Lentz)."""
-    tiny = 1e-300
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 400):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < 1e-15:
-            break
-    return h
+def _df_key(df: float) -> float:
+    """A term's df for its quantile: rounded down (a smaller df gives a wider quantile) and
+    capped at ``DF_CAP``, so that the quantiles come from a small cache."""
+    if not math.isfinite(df) or df >= DF_CAP:
+        return float(DF_CAP)
+    return float(max(1, math.floor(df)))
 
 
-def betainc(a: float, b: float, x: float) -> float:
-    """The regularised incomplete beta function I_x(a, b)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    lbeta = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
-    front = math.exp(lbeta + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+def t_half(terms: Terms, q: float = 1 - (1 - LEVEL) / 2) -> float:
+    """Half-width of a sum of variance terms with a t quantile per term:
+    √(Σ t²_{q, df_i} · v_i). One term: t_{q, df} · SE, the usual t interval."""
+    return math.sqrt(sum(t_ppf(q, _df_key(df)) ** 2 * v for v, df in terms if v > 0))
 
 
-def t_cdf(t: float, df: float) -> float:
-    """P(T ≤ t) for Student's t with ``df`` (real, > 0; ∞: the normal) degrees of freedom."""
-    if math.isinf(df) or df > 1e7:
-        return 0.5 * math.erfc(-t / math.sqrt(2.0))
-    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t > 0 else tail
-
-
-@lru_cache(maxsize=4096)
-def t_ppf(q: float, df: float) -> float:
-    """The ``q`` quantile of Student's t with ``df`` degrees of freedom (bisection on
-    ``t_cdf`` to 1e-12; ∞: the normal's)."""
-    if not 0.0 < q < 1.0:
-        raise ValueError(f"a quantile needs 0 < q < 1, got {q}")
-    if q < 0.5:
-        return -t_ppf(1.0 - q, df)
-    if q == 0.5:
-        return 0.0
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < q:
-        lo, hi = hi, hi * 2.0
-        if hi > 1e12:
-            return math.inf
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if t_cdf(mid, df) < q:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo < 1e-12 * max(1.0, hi):
-            break
-    return 0.5 * (lo + hi)
+def mde_of(terms: Terms, level: float = LEVEL, power: float = POWER) -> float:
+    """Minimum detectable effect of a sum of variance terms: √(Σ (t_{1−α/2, df_i} +
+    t_{power, df_i})² · v_i); one term: (t_{1−α/2, df} + t_{power, df}) · SE."""
+    return math.sqrt(sum(mde_factor(_df_key(df), level, power) ** 2 * v
+                         for v, df in terms if v > 0))
 
 
 def mde_factor(df: float, level: float = LEVEL, power: float = POWER) -> float:
@@ -142,13 +101,11 @@ Z_POWER = t_ppf(POWER, math.inf)  # 0.842: 80% power
 MDE_Z = Z_ALPHA + Z_POWER  # 2.802: the MDE factor when the degrees of freedom are many
 
 
-# ----------------------------------------------------------------------------- intervals
-
-
 @dataclass(frozen=True)
 class Interval:
-    """A point estimate with its interval: ``se``, ``df`` for a t interval; ``mc_error``, the
-    Monte-Carlo error of the bounds of a bootstrapped one (0 for a t interval)."""
+    """A point estimate with its interval: ``se``, ``df`` (Satterthwaite's, descriptive) and
+    the variance ``terms`` of a t interval; ``mc_error``, the Monte-Carlo error of the bounds
+    of a bootstrapped one (0 for a t interval)."""
 
     estimate: float
     low: float
@@ -158,6 +115,7 @@ class Interval:
     se: float | None = None
     df: float | None = None
     mc_error: float = 0.0
+    terms: Terms | None = None
 
     @property
     def mde(self) -> float | None:
@@ -175,6 +133,8 @@ class Interval:
         out = {"estimate": self.estimate, "low": self.low, "high": self.high, "how": self.how}
         if self.se is not None:
             out |= {"se": self.se, "df": _finite(self.df)}
+        if self.terms:
+            out["terms"] = [[v, _finite(df)] for v, df in self.terms]
         out["mc_error"] = self.mc_error
         return out | ({"power": self.power.to_json()} if self.power is not None else {})
 
@@ -198,17 +158,45 @@ def verdict(iv: Interval | None, direction: int, null: float = 0.0) -> str:
     return "not shown"
 
 
+def one_sided_confidence(iv: Interval) -> float:
+    """The confidence that the quantity is above 0 by the interval's own rule: with the level
+    L at which its two-sided interval just reaches 0, (1 + L)/2 when the estimate is above 0,
+    (1 − L)/2 below (so ≥ 0.975 exactly when the 95% interval lies above 0)."""
+    est = iv.estimate
+    terms = iv.terms or (((iv.se or 0.0) ** 2, iv.df if iv.df is not None else math.inf),)
+    if not any(v > 0 for v, _ in terms):
+        return 1.0 if est > 0 else 0.0 if est < 0 else 0.5
+    if est == 0:
+        return 0.5
+    lo, hi = 0.5, 1.0 - 1e-12  # q = (1 + L)/2: the half-width grows with q
+    if t_half(terms, hi) <= abs(est):
+        q = hi
+    else:
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if t_half(terms, mid) < abs(est) else (lo, mid)
+        q = 0.5 * (lo + hi)
+    return q if est > 0 else 1.0 - q
+
+
 def t_interval(estimate: float, se: float, df: float, how: str, level: float = LEVEL,
-               power: Power | None = None) -> Interval:
-    """estimate ± t_{(1 + level)/2, df} · se."""
-    half = t_ppf(1 - (1 - level) / 2, df) * se if se > 0 else 0.0
-    return Interval(float(estimate), float(estimate - half), float(estimate + half), how,
-                    power=power, se=float(se), df=float(df))
+               power: Power | None = None, terms: Terms | None = None,
+               bounds: tuple[float, float] | None = None) -> Interval:
+    """estimate ± the half-width of ``terms`` at ``level`` (``t_half``; default one term,
+    se² with ``df``: t_{(1 + level)/2, df} · se), clipped to ``bounds`` (what the quantity
+    can be: [−1, 1] for a difference of probabilities)."""
+    terms = terms if terms is not None else ((float(se) ** 2, float(df)),)
+    half = t_half(terms, 1 - (1 - level) / 2) if se > 0 else 0.0
+    low, high = float(estimate - half), float(estimate + half)
+    if bounds is not None:
+        low, high = max(low, bounds[0]), min(high, bounds[1])
+    return Interval(float(estimate), low, high, how, power=power, se=float(se), df=float(df),
+                    terms=tuple((float(v), float(d)) for v, d in terms))
 
 
 def satterthwaite(terms: list[tuple[float, float]]) -> float:
     """Degrees of freedom of a sum of variance terms (value, its df): (Σ v)² / Σ v² / df;
-    ∞ when every term is 0 or has infinite df."""
+    ∞ when every term is 0 or has infinite df (descriptive: the interval uses ``t_half``)."""
     total = sum(v for v, _ in terms)
     den = sum(v * v / df for v, df in terms if v > 0 and math.isfinite(df))
     if total <= 0 or den <= 0:
@@ -238,12 +226,12 @@ class Power:
 
     A two-way crossed model without replication, d[s, p] = μ + seed_s + problem_p + e[s, p],
     with ANOVA estimators (``variance_components``). The interval's own variance ``se_obs``² =
-    MS_seed / (S·P) + max(0, MS_problem − MS_resid) / (S·P) and its Satterthwaite ``df`` give
-    the minimum detectable effect at the measured design: MDE = (t_{0.975, df} + t_{0.80, df})
-    · SE (two-sided 5%, 80% power). At another design (S′ seeds, P′ problems) the components
-    project SE²(S′, P′) = σ²_problem / P′ + (σ²_seed + σ²_resid / P′) / S′. With one seed the
-    seed and residual terms cannot be told apart: SE² = var(d over problems) / P, σ²_seed is
-    None (the MDE then ignores seed-to-seed variation; the documents say so).
+    MS_seed / (S·P) + max(0, MS_problem − MS_resid) / (S·P), its ``terms`` (each with its df)
+    give the minimum detectable effect at the measured design (``mde_of``: two-sided 5%, 80%
+    power). At another design (S′ seeds, P′ problems) the components project SE²(S′, P′) =
+    σ²_problem / P′ + (σ²_seed + σ²_resid / P′) / S′, the seeds' part with df S′ − 1. With one
+    seed the seed and residual terms cannot be told apart: SE² = var(d over problems) / P,
+    σ²_seed is None (the MDE then ignores seed-to-seed variation; the documents say so).
     """
 
     seeds: int
@@ -252,15 +240,15 @@ class Power:
     var_seed: float | None
     var_resid: float
     se_obs: float | None = None  # the interval's SE at the measured design
-    df: float | None = None  # and its degrees of freedom
+    df: float | None = None  # and its (Satterthwaite) degrees of freedom
     extra_var: float = 0.0  # SE² from another arm's seeds (unpaired arms), not projected
+    terms_obs: Terms | None = None  # the interval's variance terms at the measured design
 
     def _design(self, seeds: int | None, problems: int | None) -> tuple[int, int]:
         return seeds or self.seeds, problems or self.problems
 
     def _terms(self, s: int, p: int) -> list[tuple[float, float]]:
-        """The projected SE² as Satterthwaite terms: (seed part, df S − 1), (problem part,
-        df P − 1)."""
+        """The projected SE² as terms: (seed part, df S − 1), (problem part, df P − 1)."""
         seed = ((self.var_seed or 0.0) + self.var_resid / p) / s
         if self.var_seed is None:  # one seed: no seed term, the residual is the problems'
             return [(self.var_problem / p + self.var_resid / (s * p), max(p - 1, 1))]
@@ -269,6 +257,11 @@ class Power:
     def _observed(self, seeds: int | None, problems: int | None) -> bool:
         return self.se_obs is not None and self._design(seeds, problems) == (self.seeds,
                                                                                self.problems)
+
+    def terms(self, seeds: int | None = None, problems: int | None = None) -> Terms:
+        if self._observed(seeds, problems) and self.terms_obs is not None:
+            return self.terms_obs
+        return tuple(self._terms(*self._design(seeds, problems)))
 
     def se(self, seeds: int | None = None, problems: int | None = None) -> float:
         if self._observed(seeds, problems):
@@ -282,21 +275,21 @@ class Power:
         return satterthwaite(self._terms(*self._design(seeds, problems)))
 
     def mde(self, seeds: int | None = None, problems: int | None = None) -> float:
-        return mde_factor(self.dof(seeds, problems)) * self.se(seeds, problems)
+        return mde_of(self.terms(seeds, problems))
 
     def seeds_for(self, target: float, problems: int | None = None,
                   most: int = 1000) -> int | None:
         """The fewest seeds (≥ 2) whose projected MDE ≤ ``target`` at ``problems`` problems
-        (t quantiles at the projected df); None when no number up to ``most`` gets there (the
+        (``mde_of`` the projected terms); None when no number up to ``most`` gets there (the
         problem term alone is too large) or σ²_seed is unknown."""
         if self.var_seed is None:
             return None
         p = problems or self.problems
-        if MDE_Z * np.sqrt(self.var_problem / p) >= target:
+        if mde_of(((self.var_problem / p, max(p - 1, 1)),)) >= target:
             return None
+
         def reaches(s: int) -> bool:
-            terms = self._terms(s, p)
-            return mde_factor(satterthwaite(terms)) * np.sqrt(sum(v for v, _ in terms)) <= target
+            return mde_of(tuple(self._terms(s, p))) <= target
 
         for s in range(2, min(most, 100) + 1):  # seed by seed where a seed counts
             if reaches(s):
@@ -324,10 +317,21 @@ def _mean_squares(d: np.ndarray) -> tuple[float, float, float]:
             float((resid ** 2).sum() / ((s - 1) * (p - 1))))
 
 
+def crossed_terms(ms_s: float, ms_p: float, ms_r: float, s: int, p: int) -> Terms:
+    """The interval's variance terms of a (``s`` ≥ 2 seeds, ``p`` problems) layout from its
+    mean squares: (MS_seed / (S·P), df S − 1) and (max(0, MS_problem − MS_resid) / (S·P), the
+    Satterthwaite df of that difference of mean squares)."""
+    prob = max(0.0, ms_p - ms_r) / (s * p)
+    prob_df = ((ms_p - ms_r) ** 2 / (ms_p ** 2 / (p - 1) + ms_r ** 2 / ((s - 1) * (p - 1)))
+               if prob > 0 else math.inf)
+    return ((ms_s / (s * p), float(s - 1)), (prob, prob_df))
+
+
 def variance_components(d: np.ndarray, extra: tuple[float, float] | None = None) -> Power:
     """ANOVA estimates of σ²_problem, σ²_seed, σ²_resid of a (seeds, problems) array (negative
-    estimates clipped to 0, as usual) with the interval's SE and Satterthwaite df (see the
-    module docstring); ``extra``: (variance, df) of another arm's seed means (unpaired arms)."""
+    estimates clipped to 0, as usual) with the interval's SE, terms (``crossed_terms``) and
+    Satterthwaite df (see the module docstring); ``extra``: (variance, df) of another arm's
+    seed means (unpaired arms), a third term."""
     d = np.atleast_2d(np.asarray(d, float))
     s, p = d.shape
     if p < 2:
@@ -335,37 +339,37 @@ def variance_components(d: np.ndarray, extra: tuple[float, float] | None = None)
     ev, edf = extra if extra is not None else (0.0, math.inf)
     if s == 1:
         var = float(d[0].var(ddof=1))
-        terms = [(var / p, p - 1), (ev, edf)]
-        return Power(1, p, var, None, 0.0, float(np.sqrt(var / p + ev)), satterthwaite(terms),
-                     ev)
+        terms = ((var / p, float(p - 1)), (ev, edf))
+        return Power(1, p, var, None, 0.0, float(np.sqrt(var / p + ev)),
+                     satterthwaite(list(terms)), ev, terms)
     ms_s, ms_p, ms_r = _mean_squares(d)
-    seed_part = ms_s / (s * p)
-    prob_part = max(0.0, ms_p - ms_r) / (s * p)
-    # df of MS_problem − MS_resid (Satterthwaite for a difference of mean squares)
-    prob_df = ((ms_p - ms_r) ** 2 / (ms_p ** 2 / (p - 1) + ms_r ** 2 / ((s - 1) * (p - 1)))
-               if prob_part > 0 else math.inf)
-    terms = [(seed_part, s - 1), (prob_part, prob_df), (ev, edf)]
-    se = float(np.sqrt(seed_part + prob_part + ev))
+    terms = (*crossed_terms(ms_s, ms_p, ms_r, s, p), (ev, edf))
+    se = float(np.sqrt(sum(v for v, _ in terms)))
     return Power(s, p, max(0.0, (ms_p - ms_r) / s), max(0.0, (ms_s - ms_r) / p), ms_r, se,
-                 satterthwaite(terms), ev)
+                 satterthwaite(list(terms)), ev, terms)
+
+
+DIFF = (-1.0, 1.0)  # what a difference of probabilities (pass@k) can be
+LEVEL_BOUNDS = (0.0, 1.0)  # and a probability
 
 
 def crossed_interval(d: np.ndarray, *, estimate: float | None = None, level: float = LEVEL,
-                     how: str = "", extra: tuple[float, float] | None = None) -> Interval:
+                     how: str = "", extra: tuple[float, float] | None = None,
+                     bounds: tuple[float, float] | None = None) -> Interval:
     """The mean of a (seeds, problems) array (or ``estimate``, whose linearisation ``d`` is)
-    with its t interval (``variance_components``); with one problem, the t interval over
-    seeds alone."""
+    with its t interval (``variance_components``, a t quantile per term), clipped to
+    ``bounds``; with one problem, the t interval over seeds alone."""
     d = np.atleast_2d(np.asarray(d, float))
     s, p = d.shape
     est = float(d.mean()) if estimate is None else float(estimate)
     what = how or f"t over {s} seed{'s' if s != 1 else ''} × {p} problems"
     if p < 2:
         iv = seed_interval(list(d[:, 0]), level)
-        return Interval(est, est + iv.low - iv.estimate, est + iv.high - iv.estimate,
-                        what, se=iv.se, df=iv.df)
+        return t_interval(est, iv.se or 0.0, iv.df or math.inf, what, level, bounds=bounds)
     pw = variance_components(d, extra)
     df = pw.df if pw.df is not None else math.inf
-    return t_interval(est, float(pw.se_obs), df, f"{what} (df {_df_text(df)})", level, pw)
+    text = f"{what} (seeds' term t df {s - 1})" if s > 1 else f"{what} (df {_df_text(df)})"
+    return t_interval(est, float(pw.se_obs), df, text, level, pw, pw.terms_obs, bounds)
 
 
 def _df_text(df: float) -> str:
@@ -375,11 +379,12 @@ def _df_text(df: float) -> str:
 def passk_diff(a: np.ndarray, b: np.ndarray, *, paired_seeds: bool,
                level: float = LEVEL) -> Interval:
     """Mean pass@k of arm ``a`` minus arm ``b``: arrays (seeds, problems) over the same
-    problems (columns in the same order). Paired by seed row when ``paired_seeds`` (both arms
-    ran the same seeds, rows in the same order): the t interval of d = a − b; else ``b``'s
-    mean over its rows is subtracted from every run of ``a`` and ``b``'s own seed variance
-    (var of its row means / its rows) is added (none for a single evaluation such as the base
-    model, whose per-problem values then count with the problems)."""
+    problems (columns in the same order), the interval clipped to [−1, 1]. Paired by seed row
+    when ``paired_seeds`` (both arms ran the same seeds, rows in the same order): the t
+    interval of d = a − b; else ``b``'s mean over its rows is subtracted from every run of
+    ``a`` and ``b``'s own seed variance (var of its row means / its rows) is added (none for a
+    single evaluation such as the base model, whose per-problem values then count with the
+    problems)."""
     a, b = np.atleast_2d(np.asarray(a, float)), np.atleast_2d(np.asarray(b, float))
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"the two arms cover {a.shape[1]} and {b.shape[1]} problems")
@@ -387,12 +392,13 @@ def passk_diff(a: np.ndarray, b: np.ndarray, *, paired_seeds: bool,
         raise ValueError(f"paired seeds need as many runs per arm, got {a.shape[0]}, {b.shape[0]}")
     n_prob = a.shape[1]
     if paired_seeds:
-        return crossed_interval(a - b, level=level,
+        return crossed_interval(a - b, level=level, bounds=DIFF,
                                 how=f"t over {a.shape[0]} paired seeds × {n_prob} problems")
     extra = None
     if b.shape[0] > 1:
         extra = (float(b.mean(axis=1).var(ddof=1) / b.shape[0]), b.shape[0] - 1)
     return crossed_interval(a - b.mean(axis=0, keepdims=True), level=level, extra=extra,
+                            bounds=DIFF,
                             how=f"t over {a.shape[0]} seeds vs {b.shape[0]} × {n_prob} problems")
 
 
@@ -471,3 +477,11 @@ def problem_passk(problems_jsonl: str | Path, k_list: list[int]) -> dict[int, np
     for k in k_list:
         out[k] = np.array([pass_at_k(m, r["n_correct"], k) for m, r in zip(n, rows)])
     return out
+
+
+def problem_counts(problems_jsonl: str | Path) -> np.ndarray:
+    """Per problem of one evaluation, (correct answers c, samples n): shape (2, problems)."""
+    rows = [json.loads(line) for line in Path(problems_jsonl).read_text().splitlines() if line]
+    return np.array([[r["n_correct"] for r in rows],
+                     [r["n_samples"] if "n_samples" in r else len(r["responses"]) for r in rows]],
+                    float)

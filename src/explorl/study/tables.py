@@ -129,14 +129,15 @@ def temperature_tables(ev: Evidence | None) -> list[str]:
 
 POWER_NOTES = """\
 The minimum detectable effect (MDE) of a comparison is the true difference its 95% interval
-would exclude 0 for with 80% probability, from the interval's own SE and degrees of freedom:
-MDE = (t_0.975,df + t_0.80,df) · SE, where SE² = var_s(mean_p d) / S + σ²_problem / P for S
-seeds and P problems and df is Satterthwaite's (`explorl/study/stats.py`, `variance_components`;
-the base model counts as fixed). The three variances are the two-way ANOVA estimates from the
-per-problem, per-seed differences of the two arms. With one seed σ²_seed cannot be estimated
-and the MDE leaves it out. *Seeds for the target*: the fewest seeds whose projected MDE at this P
-(SE² = σ²_problem / P + (σ²_seed + σ²_resid / P) / S, t quantiles at its df) reaches the spec's
-`power.target_mde` (∞: the problem term alone exceeds it; add problems)."""
+would exclude 0 for with 80% probability, from the interval's own variance terms, each with its
+t quantiles: MDE = √(Σ (t_0.975,df_i + t_0.80,df_i)² · v_i), the terms var_s(mean_p d) / S (df
+S − 1) and σ²_problem / P (its own df) for S seeds and P problems (`explorl/study/stats.py`,
+`variance_components`; the base model counts as fixed). The three variances are the two-way
+ANOVA estimates from the per-problem, per-seed differences of the two arms. With one seed
+σ²_seed cannot be estimated and the MDE leaves it out. *Seeds for the target*: the fewest seeds
+whose projected MDE at this P (SE² = σ²_problem / P + (σ²_seed + σ²_resid / P) / S, the seeds'
+term at df S − 1) reaches the spec's `power.target_mde` (∞: the problem term alone exceeds it;
+add problems)."""
 
 
 def power_table(spec: StudySpec, ev: Evidence | None) -> list[str]:
