@@ -21,6 +21,12 @@ for the rollout correction) has them carried turn by turn, 0 on the results.
 Seeded draws: turn 1 uses the caller's seeds exactly; turn k > 1 of response j of prompt i
 draws from ``mix_seed(row key, k)``, so a response depends only on (seed, j), not the batch.
 
+**ARPO's look-ahead** (``rollout.arpo.entropy_at: after_result``): after a round's tool results,
+each response that got one samples the first ``window`` tokens of its next turn in one engine
+call, the branching reads their entropy, and the next call goes on from them (drawing from
+``mix_seed(row key, k, CONTINUE)``): a turn may take two engine calls, and no token is sampled
+twice. A branch copies its source as it was right after the result (``_Row.fork``).
+
 **Environments** (``rollout.environment``, ``tools.environments``): with an ``EnvRunner`` each
 response gets its own instance, reset with its prompt's record (``prompt_ids[i].record``, which
 ``models.PromptTokens.ids_of`` gives), and its calls run on that instance's state (``_Row.env``,
