@@ -130,11 +130,17 @@ def test_aepo_sampler_fills_each_budget_after_pre_monitoring():
 
     tok, model = _lab(lab_model_path("multiply", size="tiny", **TINY_MULTIPLY))
     engine, _ = _tool_engine(tok, _Scripted(), max_turns=3)
+    parsed, parse = [], engine.fmt.parse
+    engine.fmt.parse = lambda text: parsed.append(text) or parse(text)
     cfg = C.ARPOConfig(enabled=True, mode="aepo", initial_rollouts=2, beam_size=3,
                        branch_probability=0.3, entropy_weight=0.2, dynamic_initial=True)
     sampler = AEPOSampler(engine, cfg, vocab_size=model.config.vocab_size)
     prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in ("34*7=", "12*3=")]
     ro, m = sampler.sample(model, 0, prompts, [6, 5], 1.0, 24, seeds=[1, 2])
+    # every call answered is counted once, the probes' included (each call's text is read once)
+    assert m["tools/calls_run"] == len(parsed) > 0
+    assert m["tools/calls_run"] == (int(ro.tool_calls.sum()) - m["arpo/shared_calls"]
+                                    + m["aepo/probe_calls"])
     assert ro.prompt_index.tolist() == [0] * 6 + [1] * 5  # the probes are not in the batch
     assert 1 <= m["aepo/initial_mean"] <= 5.5
     assert m["arpo/branches"] + m["arpo/fresh"] == 11 - 2 * m["aepo/initial_mean"]
@@ -186,7 +192,11 @@ def test_aepo_recipe_trains(tmp_path):
     assert not [k for k in logged if not any(p.match(k) for p in patterns)]  # docs/metrics.md
     last = rows[-1]
     assert {"arpo/branches", "aepo/penalised_draws", "aepo/initial_mean", "loss/aepo_kept_frac",
-            "adv/aepo_scale_dev_mean", "adv/aepo_flip_frac"} <= set(last)
+            "adv/aepo_scale_dev_mean", "adv/aepo_flip_frac", "aepo/probe_calls",
+            "tools/calls_run"} <= set(last)
+    shared = last["arpo/shared_calls"]
+    assert last["tools/calls_run"] == pytest.approx(
+        last["tools/calls_mean"] * last["rollout/n_trained"] - shared + last["aepo/probe_calls"])
     assert last["rollout/n_samples"] == 4 * 4  # every prompt got its budget
     assert 1 <= last["aepo/initial_mean"] <= 4
     assert 0 <= last["loss/aepo_kept_frac"] <= last["loss/clip_frac"] + 1e-9

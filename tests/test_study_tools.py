@@ -34,6 +34,11 @@ def test_tool_numbers_by_hand():
                    "eval_calls_per_response": 0.9, "eval_call_frac": 0.8,
                    "eval_calls_per_correct": 1.5}
     assert set(tool_numbers([{"step": 1, "reward/mean": 0.5}], {}).values()) == {None}
+    # with ``tools/calls_run`` (what the sampler answered: here 3 of the trained responses'
+    # calls, one shared by a branch, and 2 of AEPO's probes) the run counts it as it is
+    recs[0]["tools/calls_run"] = 5.0
+    got = tool_numbers(recs, {"tools": tools})
+    assert (got["train_calls"], got["train_calls_counted"]) == (5 + 6, 10)
 
 
 def test_the_model_before_rl_is_evaluated_with_the_runs_tools():

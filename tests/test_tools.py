@@ -293,6 +293,8 @@ def test_tools_recipe_trains_and_resumes_exactly(multiply_model, tmp_path):
         assert k in last
     assert last["tokens/model_mean"] == last["response/length_mean"]
     assert any(r.get("tools/calls_mean", 0) > 0 for r in rows)
+    for r in (r for r in rows if "tools/calls_mean" in r):  # each call run, in a response
+        assert r["tools/calls_run"] == pytest.approx(r["tools/calls_mean"] * r["rollout/n_trained"])
     assert any(0 < r.get("reward/mean", 0) < 1 for r in rows)
     assert any(not torch.equal(before[k], v) for k, v in a.policy.named_parameters())
 

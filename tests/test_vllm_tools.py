@@ -267,5 +267,6 @@ def test_tools_and_arpo_recipes_train_on_vllm(lab, tmp_path):
     t.train()
     t.engine.close()
     last = read_metrics(tmp_path / "arpo")[-1]
-    assert {"arpo/branches", "arpo/fresh", "arpo/branch_frac", "tools/calls_mean"} <= set(last)
+    assert {"arpo/branches", "arpo/fresh", "arpo/branch_frac", "tools/calls_mean",
+            "arpo/delta_h_mean", "arpo/branch_rate", "tools/calls_run"} <= set(last)
     assert last["rollout/n_samples"] == 4 * 4  # every prompt got its budget

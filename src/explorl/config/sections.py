@@ -225,6 +225,12 @@ class ARPOConfig:
     """α: the weight of the entropy change ΔH in the branch probability."""
     entropy_window: int = 20
     """Tokens at the start of a turn whose entropies are summed into the turn's H."""
+    entropy_at: Literal["after_result", "call_turn"] = "after_result"
+    """Where ΔH = H − H_init is measured when a response gets a tool result. ``after_result``
+    (the paper's rule): the first ``entropy_window`` tokens sampled after the result (a
+    look-ahead, kept as the response's own next tokens). ``call_turn`` (the authors' code): the
+    turn that called the tool, sampled before the result; at a response's first call that is
+    its first turn, so ΔH = 0 there and the copy probability is β."""
     mode: Literal["arpo", "aepo"] = "arpo"
     """``aepo``: AEPO's dynamic entropy-balanced rollout (arXiv 2510.14545; docs/methods/aepo.md):
     copy iff clip((u + α·ΔH)·max(0, 1 − λ·c), 0, 1) ≥ β, c the prompt's consecutive rounds that

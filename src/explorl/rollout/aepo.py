@@ -13,7 +13,9 @@ set per prompt by entropy pre-monitoring. docs/methods/aepo.md has the rules and
    (each H as ARPO's: the window's entropy sum / log|V|). The prompt's global sampling is
    M = min(N, ⌊N·σ(s·(H_root − H̄_tool))⌋ + 1) (s ``budget_sharpness``): more responses from the
    prompt where the question is more uncertain than the tool results, more branches otherwise.
-   The probe is not trained on.
+   The probe is not trained on; its tool calls run, and ``tools/calls_run`` counts them.
+
+ΔH is measured as ``rollout.arpo.entropy_at`` says (``rollout/arpo.py``), for both rules.
 """
 
 from __future__ import annotations
@@ -72,6 +74,10 @@ class AEPOBranching(ARPOBranching):
         m, self.initial = [min(i, n) for i, n in zip(self.initial, n_samples)], None
         return m
 
+    def probability(self, src: _Row) -> float:
+        return aepo_branch_probability(self.delta_h(src), self.beta, self.alpha,
+                                       self.streak[src.prompt], self.penalty)
+
     def copies(self, u: float, src: _Row) -> bool:
         c = self.streak[src.prompt]
         self.penalised += c > 0
@@ -110,7 +116,8 @@ class AEPOSampler(ARPOSampler):
         self.engine, self.cfg = engine, cfg
         self.branching = AEPOBranching(cfg.initial_rollouts, cfg.beam_size,
                                        cfg.branch_probability, cfg.entropy_weight, vocab_size,
-                                       cfg.entropy_window, branch_penalty=cfg.branch_penalty)
+                                       cfg.entropy_window, cfg.entropy_at,
+                                       branch_penalty=cfg.branch_penalty)
 
     def monitor(self, policy, prompt_ids, budgets, temperature, max_new_tokens, seeds) -> list:
         """Per prompt M from one probe response each (its turns' H; see the module doc)."""
@@ -128,13 +135,16 @@ class AEPOSampler(ARPOSampler):
     def sample(self, policy, version, prompt_ids, budgets, temperature, max_new_tokens, seeds,
                *, unlearn=False, reduce=None):
         sync_s = sync_weights(self.engine, policy, version)
-        extra = {}
+        extra, probe_calls = {}, 0
         if self.cfg.dynamic_initial:
             m = self.monitor(policy, prompt_ids, budgets, temperature, max_new_tokens, seeds)
             self.branching.initial = m
+            probe_calls = self.engine.last_calls  # run, though the probes are not trained on
             extra["aepo/initial_mean"] = sum(m) / max(1, len(m))
+            extra["aepo/probe_calls"] = float(probe_calls)
         ro = self.engine.generate(policy, prompt_ids, budgets, temperature, max_new_tokens,
                                   seeds=seeds, branching=self.branching)
         m = self.branching.pop()
         m["arpo/branch_frac"] = m["arpo/branches"] / max(1, len(ro))
+        m["tools/calls_run"] = float(self.engine.last_calls + probe_calls)
         return ro, {**m, **extra, **({"time/weight_sync_s": sync_s} if sync_s else {})}

@@ -1,20 +1,24 @@
-"""ARPO's entropy-based adaptive rollout (Dong et al. 2025, arXiv 2507.19849 §3.1; the
-authors' ``vllm_rollout_with_tools.py``): branch extra partial rollouts where the policy is
-uncertain right after a tool result. docs/methods/arpo.md has the rules and a worked example.
+"""ARPO's entropy-based adaptive rollout (Dong et al. 2025, arXiv 2507.19849 §3.1): branch extra
+partial rollouts where the policy is uncertain right after a tool result. docs/methods/arpo.md
+has the rules and a worked example.
 
 For a prompt with a budget of N responses (``rollout.n_samples``, or a budget controller's):
 
 1. **Global sampling.** Turn 1 samples M = min(``initial_rollouts``, N) responses.
 2. **Entropy after a tool result.** For every turn of a response, H = Σ of the token entropies
-   (full vocabulary, at the sampling temperature) over the turn's first ``window`` tokens,
-   divided by log|V|. H_init is the response's first turn's; a turn that starts after a tool
-   result gives H_t and ΔH_t = H_t − H_init.
-3. **Branching.** When a turn ends in a tool call and the result is appended, each such response
-   (in order) may add up to ``beam_size − 1`` copies of itself while the prompt has fewer than N
-   responses: for each, draw u ~ U[0, 1) and copy iff clip(u − α·ΔH, 0, 1) ≤ β (α
-   ``entropy_weight``, β ``branch_probability``), i.e. with probability clip(β + α·ΔH, 0, 1).
-   ΔH is the turn that just called the tool (for the first turn, 0). A copy shares the
-   response's tokens so far and samples on with its own draws.
+   (full vocabulary, at the sampling temperature) over the turn's first w = ``entropy_window``
+   tokens, divided by log|V|. H_init is the response's first turn's. With ``entropy_at:
+   after_result`` (the paper's rule), each response that just got a tool result first samples
+   the first w tokens of its next turn (the look-ahead, kept as that turn's first tokens), and
+   ΔH = H of those tokens − H_init. With ``call_turn`` (the authors' code), ΔH is that of the
+   turn that just called the tool, whose first w tokens were sampled before the result: 0 at a
+   response's first call.
+3. **Branching.** Each response that just got a tool result (in order) may add up to
+   ``beam_size − 1`` copies of itself while the prompt has fewer than N responses: for each,
+   draw u ~ U[0, 1) and copy iff clip(u − α·ΔH, 0, 1) ≤ β (α ``entropy_weight``, β
+   ``branch_probability``), i.e. with probability clip(β + α·ΔH, 0, 1). A copy starts from the
+   response as it was right after the result (without the look-ahead) and samples its next turn
+   with its own draws.
 4. **Filling the budget.** A prompt with no response still going and fewer than N gets one new
    response from the prompt per round, until it has N (the partial sampling of N − M).
 
@@ -52,24 +56,37 @@ def copies(u: float, delta_h: float, beta: float, alpha: float) -> bool:
     return min(1.0, max(0.0, u - alpha * delta_h)) <= beta
 
 
+ENTROPY_AT = ("after_result", "call_turn")  # rollout.arpo.entropy_at: where ΔH is measured
+
+
 class ARPOBranching:
     """The branching rules ``ToolEngine.generate`` applies (``rollout.arpo``)."""
 
     def __init__(self, initial_rollouts: int, beam_size: int, branch_probability: float,
-                 entropy_weight: float, vocab_size: int, window: int = 20):
+                 entropy_weight: float, vocab_size: int, window: int = 20,
+                 entropy_at: str = "after_result"):
+        if entropy_at not in ENTROPY_AT:
+            raise ValueError(f"entropy_at: {entropy_at!r} is not one of {ENTROPY_AT}")
         self.M, self.k, self.window = initial_rollouts, beam_size, window
         self.beta, self.alpha = branch_probability, entropy_weight
+        self.look_ahead = entropy_at == "after_result"  # ToolEngine samples w tokens first
         self.log_v = math.log(vocab_size)
         self.branches = self.fresh = 0  # counted since the last ``pop``
         self.shared_calls = 0  # tool calls the branches copied with their source's tokens
+        self.draws: list[tuple[float, float]] = []  # (ΔH, P(copy)) of each draw since ``pop``
 
     def first(self, n_samples: list[int]) -> list[int]:
         """Global sampling: min(M, N) responses per prompt in turn 1."""
         return [min(self.M, n) for n in n_samples]
 
     def delta_h(self, row: _Row) -> float:
-        """ΔH of the row's last turn: (H_last − H_init) / log|V| (0 after one turn)."""
+        """ΔH = (H_last − H_init) / log|V|: the row's last turn (the look-ahead's after a result
+        with ``after_result``; the turn that called with ``call_turn``) against its first."""
         return (row.window[-1] - row.window[0]) / self.log_v
+
+    def probability(self, src: _Row) -> float:
+        """P(copy) of one draw for ``src`` (ARPO's; AEPO's overrides it)."""
+        return branch_probability(self.delta_h(src), self.beta, self.alpha)
 
     def copies(self, u: float, src: _Row) -> bool:
         """Whether draw ``u`` copies ``src`` (ARPO's rule; AEPO's overrides it)."""
@@ -77,7 +94,8 @@ class ARPOBranching:
 
     def expand(self, rows: list[_Row], live: list[int], budgets: list[int],
                seeds: list[int] | None, generator: torch.Generator | None) -> list[int]:
-        """Add the round's branches and new rows to ``rows``; return their indices."""
+        """Add the round's branches and new rows to ``rows``; return their indices. ``live``:
+        the rows that just got a tool result (a copy starts from ``fork`` where it has one)."""
         count = [0] * len(budgets)
         for r in rows:
             count[r.prompt] += 1
@@ -92,17 +110,19 @@ class ARPOBranching:
                 if per <= 0:
                     break
                 src = rows[s]
+                base = src.fork if src.fork is not None else src  # before any look-ahead
                 for c in range(per):
                     key = None if src.key is None else mix_seed(src.key, BRANCH_STREAM,
-                                                                src.turns, c)
+                                                                base.turns, c)
                     u = (uniform(key) if key is not None  # host: one draw for Python
                          else float(torch.rand((), generator=generator)))  # host
+                    self.draws.append((self.delta_h(src), self.probability(src)))
                     if not self.copies(u, src):
                         continue
-                    rows.append(src.copy(None if key is None else mix_seed(key, 1), s))
+                    rows.append(base.copy(None if key is None else mix_seed(key, 1), s))
                     added.append(len(rows) - 1)
                     made += 1
-                    self.shared_calls += src.calls  # run once, counted in both rows
+                    self.shared_calls += base.calls  # run once, counted in both rows
                 if made >= slots:
                     break
             self.branches += made
@@ -115,9 +135,21 @@ class ARPOBranching:
         return added
 
     def pop(self) -> dict[str, float]:
+        """The counts since the last call (docs/metrics.md); ΔH's and P's over the copy draws
+        (0 without draws)."""
+        d = len(self.draws)
+        dh = [h for h, _ in self.draws]
+        mean = sum(dh) / d if d else 0.0
         out = {"arpo/branches": float(self.branches), "arpo/fresh": float(self.fresh),
-               "arpo/shared_calls": float(self.shared_calls)}
+               "arpo/shared_calls": float(self.shared_calls), "arpo/draws": float(d),
+               "arpo/branch_rate": self.branches / d if d else 0.0,
+               "arpo/copy_prob_mean": sum(p for _, p in self.draws) / d if d else 0.0,
+               "arpo/delta_h_mean": mean,
+               "arpo/delta_h_std": (math.sqrt(sum((h - mean) ** 2 for h in dh) / d) if d
+                                    else 0.0),
+               "arpo/delta_h_zero_frac": sum(h == 0 for h in dh) / d if d else 0.0}
         self.branches = self.fresh = self.shared_calls = 0
+        self.draws = []
         return out
 
 
@@ -129,7 +161,7 @@ class ARPOSampler:
         self.engine = engine
         self.branching = ARPOBranching(cfg.initial_rollouts, cfg.beam_size,
                                        cfg.branch_probability, cfg.entropy_weight, vocab_size,
-                                       cfg.entropy_window)
+                                       cfg.entropy_window, cfg.entropy_at)
 
     def sample(self, policy, version, prompt_ids, budgets, temperature, max_new_tokens, seeds,
                *, unlearn=False, reduce=None):
@@ -138,5 +170,5 @@ class ARPOSampler:
                                   seeds=seeds, branching=self.branching)
         m = self.branching.pop()
         m["arpo/branch_frac"] = m["arpo/branches"] / max(1, len(ro))
+        m["tools/calls_run"] = float(self.engine.last_calls)
         return ro, {**m, **({"time/weight_sync_s": sync_s} if sync_s else {})}
-

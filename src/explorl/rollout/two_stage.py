@@ -50,7 +50,11 @@ class OneStage:
         ro = self.engine.generate(
             policy, prompt_ids, budgets, temperature, max_new_tokens, seeds=seeds
         )
-        return ro, {"time/weight_sync_s": sync_s} if sync_s else {}
+        out = {"time/weight_sync_s": sync_s} if sync_s else {}
+        calls = getattr(self.engine, "last_calls", None)  # a ToolEngine: the calls it ran
+        if calls is not None:
+            out["tools/calls_run"] = float(calls)
+        return ro, out
 
 
 def unlearn_step(

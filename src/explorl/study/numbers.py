@@ -137,25 +137,31 @@ def run_numbers(run: Run, cfg: dict, eval_summary: dict | None,
 
 
 def step_tool_calls(r: dict) -> tuple[int, int] | None:
-    """(tool calls in the step's trained responses, calls its ARPO branches copied with their
-    source's tokens) of a metrics row: ``tools/calls_mean`` × ``rollout/n_trained`` and
-    ``arpo/shared_calls``; the step ran the first less the second. None without tools."""
+    """(tool calls the step's sampler ran, tool calls in its trained responses) of a metrics row;
+    None without tools. The calls run: ``tools/calls_run`` (every call answered, AEPO's
+    pre-monitoring probes included, a call an ARPO branch copied once); a row logged before that
+    metric existed: ``tools/calls_mean`` × ``rollout/n_trained`` − ``arpo/shared_calls`` (the
+    same count without probes). In the trained responses: ``tools/calls_mean`` ×
+    ``rollout/n_trained``."""
     if "tools/calls_mean" not in r:
         return None
     n = float(r.get("rollout/n_trained", r.get("rollout/n_samples", 0.0)))
-    return round(float(r["tools/calls_mean"]) * n), round(float(r.get("arpo/shared_calls", 0.0)))
+    counted = round(float(r["tools/calls_mean"]) * n)
+    if "tools/calls_run" in r:
+        return round(float(r["tools/calls_run"])), counted
+    return counted - round(float(r.get("arpo/shared_calls", 0.0))), counted
 
 
 def tool_numbers(recs: list[dict], eval_summary: dict | None) -> dict[str, Any]:
     """A tool run's calls (None without tools): ``train_calls``, the tool calls its sampler ran
-    in training (``step_tool_calls``: a call an ARPO branch copied ran once);
+    in training (``step_tool_calls``: probes included, a call an ARPO branch copied once);
     ``train_calls_counted``, the calls in the trained responses; ``train_responses``; and the
     final evaluation's ``tools`` (calls per response, the share of responses that call, calls
     per correct answer; ``explorl eval``)."""
     calls = [c for c in map(step_tool_calls, recs) if c is not None]
     t = (eval_summary or {}).get("tools") or {}
-    return {"train_calls": sum(a - b for a, b in calls) if calls else None,
-            "train_calls_counted": sum(a for a, _ in calls) if calls else None,
+    return {"train_calls": sum(a for a, _ in calls) if calls else None,
+            "train_calls_counted": sum(b for _, b in calls) if calls else None,
             "train_responses": (sum(float(r.get("rollout/n_trained", r.get("rollout/n_samples",
                                                                            0.0)))
                                     for r in recs if "tools/calls_mean" in r) if calls else None),

@@ -87,9 +87,11 @@ def tool_tables(ev: Evidence | None, claims: list[dict], out: Path) -> list[str]
     lines += ["", "pass@k: unbiased, mean over seeds. **calls / response**: tool calls answered "
               "per sampled test response; **calls / correct answer**: all the test responses' "
               "calls ÷ the correct ones (what a correct answer costs in calls); **tool calls "
-              "run in training**: Σ over steps of `tools/calls_mean` × `rollout/n_trained` − "
-              "`arpo/shared_calls` (a call an ARPO branch copied with its source's tokens ran "
-              "once); **calls in the trained responses**: the same without the subtraction. "
+              "run in training**: Σ over steps of `tools/calls_run`, every call the sampler "
+              "answered (AEPO's pre-monitoring probes included; a call an ARPO branch copied "
+              "with its source's tokens ran once; a run logged without it: `tools/calls_mean` × "
+              "`rollout/n_trained` − `arpo/shared_calls`); **calls in the trained responses**: "
+              "`tools/calls_mean` × `rollout/n_trained`. "
               "The model before RL (**base**) is evaluated with the first recipe's tools."]
     others = [n for n in arms if n != BASELINE and BASELINE in ev.per_run]
     if others:
@@ -143,7 +145,7 @@ def calls_run(run: Run) -> tuple[list[int], list[float]]:
     for r in run.records:
         calls = step_tool_calls(r) if r.get("step", 0) >= 1 else None
         if calls is not None:
-            total += calls[0] - calls[1]
+            total += calls[0]
             steps.append(int(r["step"]))
             out.append(float(total))
     return steps, out
