@@ -363,6 +363,8 @@ def run_state(plan: RunPlan) -> str:
         for key in PLANNED_FIELDS:  # left to the device plan (None): whatever it chose
             if want["optim"][key] is None:
                 want["optim"][key] = found["optim"][key]
+        if plan.start is not None and _same_start(found["model"]["path"], plan.cfg.model.path):
+            found["model"]["path"] = want["model"]["path"]  # the study moved (--out, --from)
         if found != want:
             diff = ", ".join(f"{k}: {a!r} ≠ {b!r}" for k, a, b in _dict_diff(found, want)[:5])
             raise C.ConfigError(f"{out} holds a run with another configuration ({diff}); "
@@ -371,6 +373,13 @@ def run_state(plan: RunPlan) -> str:
     if s and s.get("steps") == plan.cfg.max_steps and not s.get("interrupted"):
         return "done"
     return "resume" if latest_checkpoint(out) is not None else "restart"
+
+
+def _same_start(found: str, want: str) -> bool:
+    """Whether a run's ``model.path`` is the start checkpoint it should start from, in a study
+    folder elsewhere: ``…/start/checkpoints/step-N`` alike (the start run's own configuration
+    is checked in its folder)."""
+    return Path(found).parts[-3:] == Path(want).parts[-3:]
 
 
 def _dict_diff(a: dict, b: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
