@@ -120,6 +120,8 @@ def test_study_trains_the_start_once_and_every_arm_from_it(tiny_model, tmp_path,
     base = json.loads((out / "base" / "eval" / "eval.json").read_text())
     assert str(ckpt) in json.dumps(base)  # the base row is the start's policy
     assert "start: grpo seed 0, 2 steps" in printed
+    md = (out / "study.md").read_text()
+    assert "start: `grpo` seed 0 after 2 steps" in md and "the base row is that policy" in md
 
     # Rerun: the start run is not trained again, nor are the arms.
     stamps = {p: p.stat().st_mtime_ns for p in [*out.glob("start/*.jsonl"),
@@ -144,3 +146,39 @@ def test_study_trains_the_start_once_and_every_arm_from_it(tiny_model, tmp_path,
     printed = capsys.readouterr().out
     assert "training it again" in printed and "WARNING" not in printed
     assert (other / "start" / "model.sha256").read_text().strip() == digest
+
+
+def test_plan_prices_the_start_run_first_at_its_models_rates(tiny_model, tmp_path, capsys):
+    """test_study_cost's spec and measured rates (a 10-step run: training 7200, validation
+    1080, evaluation 1200 CPU-s; the base model's evaluation 1200; one job keeps 5/11 cores
+    busy), two seeds, after a 4-step start run: training 4 × 720 = 2880, 2 validations (before
+    training, the last step) × 12 replies × 5 tokens × 6.0 = 720, no evaluation → 3600 CPU-s,
+    trained alone before the rest. The arms are priced at the start model's rates.
+    2 jobs: (3600 + 1200 + 9480) × 11/5 = 31416 s; 1 job: (3600 + 1200 + 2 × 9480) × 11/5
+    = 52272 s; CPU 23760 s."""
+    from test_study_cost import _fake_run, _spec
+
+    from explorl.study.pricing import estimate, models_of
+    from explorl.study.rates import from_runs, model_id
+
+    path = _spec(tmp_path, tiny_model, seeds=[0, 1], start={"recipe": "grpo", "steps": 4})
+    spec = S.load_spec(path)
+    plans = S.plan_runs(spec, path, tmp_path / "o")
+    start = plans[0].start
+    model = model_id(start.cfg)
+    assert model_id(plans[0].cfg) != model  # the arms' model.path is the start's checkpoint
+    assert list(models_of(plans)) == [model] and models_of(plans)[model] is start
+    _fake_run(tmp_path / "ref", start.cfg)
+    rates = {model: from_runs([tmp_path / "ref"], model, "r")}
+    est = estimate(spec, [], plans, rates, 2)
+    assert est.wall_s == pytest.approx(31416)
+    assert estimate(spec, [], plans, rates, 1).wall_s == pytest.approx(52272)
+    assert est.cpu.total() == pytest.approx(23760)
+    assert est.cpu.training == pytest.approx(2880 + 2 * 7200)
+
+    assert main(["study", str(path), "--out", str(tmp_path / "o"), "--plan", "--cost-from",
+                 str(tmp_path / "ref")]) == 0
+    printed = capsys.readouterr().out
+    assert f"start: grpo seed 0, 4 steps → {tmp_path / 'o' / 'start'}" in printed
+    assert "24 training steps" in printed  # 4 + 2 × 10
+    assert "total 6.6 " in printed  # 23760 CPU-s

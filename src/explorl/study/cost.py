@@ -176,7 +176,7 @@ def check_same_model(paths: list[Path], plans: list[RunPlan]) -> None:
             found[path] = report_model(json.loads(Path(path).read_text()))
         except (OSError, ValueError, AttributeError, TypeError):
             continue  # Rates.from_reports says what is wrong with it
-    mine = sorted({p.cfg.model.path for p in plans})
+    mine = sorted({(p.start or p).cfg.model.path for p in plans})  # a start's: its network
     for path, model in found.items():
         if model is not None and model not in mine:
             raise ConfigError(f"--cost-from {path}: its runs trained {model}, this study trains "
