@@ -57,7 +57,7 @@ from explorl.study.plan import (
 )
 from explorl.study.pricing import time_limit_lines
 from explorl.study.spec import StudySpec, auto_jobs, frontier_k, load_spec
-from explorl.study.start import run_start, work_left
+from explorl.study.start import has_weights, run_start, work_left
 from explorl.study.stats import problem_passk
 from explorl.study.tuning import (
     GridPoint,
@@ -383,7 +383,7 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
         for line in lines:
             log(line)
     if (start := plan_start(spec, spec_path, out)) is not None:  # before every other run
-        _build_models([start] if not complete(start.out) else [])
+        _build_models([] if has_weights(start) else [start])
         left = work_left(spec, spec_path, out, _chosen(spec, out))
         if (rc := run_start(start, spec, out, left, log, deadline, wall.tick)) is not None:
             wall.close()
