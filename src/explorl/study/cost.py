@@ -22,7 +22,15 @@ from pathlib import Path
 from explorl import config as C
 from explorl.errors import ConfigError
 from explorl.study.calibrate import calibrate as measure
-from explorl.study.plan import RunPlan, base_folders, plan_runs, plan_tuning, policy_evals
+from explorl.study.plan import (
+    RunPlan,
+    base_folders,
+    plan_runs,
+    plan_tuning,
+    policy_evals,
+    start_checkpoint_of,
+    with_start,
+)
 from explorl.study.pricing import cost_lines, find_rates, models_of
 from explorl.study.run import progress
 from explorl.study.spec import StudySpec, auto_jobs, load_spec
@@ -105,20 +113,23 @@ def _problems(cfg, split: str, max_problems: int | None) -> int:
 
 def estimate(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
              rates: Rates) -> dict[str, float]:
-    """CPU seconds of the tuning runs, the final runs and the evaluations of each model the
-    final runs start from (``base_folders``: the 9.6M lab model's at its cost factor)."""
+    """CPU seconds of the ``start`` run, the tuning runs, the final runs and the evaluations of
+    each model the final runs start from (``base_folders``: the 9.6M lab model's at its cost
+    factor)."""
     base = 0.0
     for p in base_folders(final).values() if spec.base_eval else ():
         base += sum(e.n * _problems(p.cfg, e.split, e.max_problems)
                     for _, e in policy_evals(p.evals)) * EVAL_CPU_S_PER_SAMPLE * rates.size(p)
-    return {"tuning": sum(run_cpu_s(p, rates) for p in tuning),
+    start = with_start(final)[: len(with_start(final)) - len(final)]
+    return {"start": sum(run_cpu_s(p, rates) for p in start),
+            "tuning": sum(run_cpu_s(p, rates) for p in tuning),
             "final": sum(run_cpu_s(p, rates) for p in final), "base": base}
 
 
 def plan_text(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
               rates: Rates | None, jobs: int) -> list[str]:
     """The lines ``explorl study SPEC --plan`` prints."""
-    steps = sum(p.cfg.max_steps for p in [*tuning, *final])
+    steps = sum(p.cfg.max_steps for p in with_start([*tuning, *final]))
     extend = (f", up to {spec.tuning.extend * len(spec.tune) * len(spec.tuning.seeds)} more "
               "where a choice is its grid's edge" if spec.tuning.extend else "")
     tuned = (f"{len(tuning)} tuning runs ({len(spec.tune)} grids × {len(spec.tuning.seeds)} "
@@ -126,7 +137,7 @@ def plan_text(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
     lines = [f"study {spec.name}: {tuned} + {len(final)} final runs "
              f"({len(final) // max(1, len(spec.seeds))} rows × {len(spec.seeds)} seeds); "
              f"{steps} training steps; {len(spec.eval.all_temperatures())} evaluation "
-             "temperature(s)"]
+             "temperature(s)", *start_lines(final)]
     if rates is None:
         return lines + ["(pass --cost-from REPORT/study.json for a CPU-hour estimate)"]
     got = estimate(spec, tuning, final, rates)
@@ -136,6 +147,14 @@ def plan_text(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
     for j in sorted({jobs, 2, 16}):
         lines.append(f"  ≈ {total / 3600 / j:.1f} h of wall-clock with {j} jobs on {j} free cores")
     return lines
+
+
+def start_lines(final: list[RunPlan]) -> list[str]:
+    """The ``start`` run of ``--plan`` (none without one)."""
+    return [f"start: {p.recipe.stem} seed {p.seed}, {p.cfg.max_steps} steps → {p.out}, trained "
+            f"first; every run starts from its final checkpoint {start_checkpoint_of(p)}, and "
+            "the base model's evaluation is of that policy"
+            for p in with_start(final)[: len(with_start(final)) - len(final)]]
 
 
 def report_model(data: dict) -> str | None:
@@ -157,7 +176,7 @@ def check_same_model(paths: list[Path], plans: list[RunPlan]) -> None:
             found[path] = report_model(json.loads(Path(path).read_text()))
         except (OSError, ValueError, AttributeError, TypeError):
             continue  # Rates.from_reports says what is wrong with it
-    mine = sorted({p.cfg.model.path for p in plans})
+    mine = sorted({(p.start or p).cfg.model.path for p in plans})  # a start's: its network
     for path, model in found.items():
         if model is not None and model not in mine:
             raise ConfigError(f"--cost-from {path}: its runs trained {model}, this study trains "
@@ -195,7 +214,7 @@ def plan_study(spec_path: str | Path, *, quick: bool = False, jobs: int | str | 
         for line in plan_text(spec, tuning, final, Rates.from_reports(reports), jobs):
             log(line)
     else:
-        for line in plan_text(spec, tuning, final, None, jobs)[:1]:
+        for line in plan_text(spec, tuning, final, None, jobs)[:1 + len(start_lines(final))]:
             log(line)
         rates = {}
         if calibrate:

@@ -103,7 +103,8 @@ def _tuned(run: Path, spec: StudySpec) -> bool:
 def packable(out: Path, spec: StudySpec, plans: list[RunPlan]) -> list[Path]:
     """The files to pack, relative to ``out``: each finished tuning run under ``out/tune/runs``
     and each finished run of ``plans`` (its run files and its evaluations' files), each finished
-    evaluation of the base model, and ``wall.json`` and ``tune/choices.json`` where they
+    evaluation of the base model, the finished ``start`` run (with its weights' digest,
+    ``model.sha256``), and ``wall.json`` and ``tune/choices.json`` where they
     exist."""
     files: list[Path] = []
     for run in sorted((out / "tune" / "runs").glob("*")) if spec.tune else []:
@@ -117,6 +118,8 @@ def packable(out: Path, spec: StudySpec, plans: list[RunPlan]) -> list[Path]:
         for folder, e in policy_evals(p.evals):
             if eval_done_at(out / name / folder, e):
                 files += [out / name / folder / f for f in EVAL_FILES]
+    if spec.start is not None and complete(out / "start"):  # its numbers and its weights' digest
+        files += [out / "start" / f for f in (*RUN_FILES, "model.sha256")]
     files += [f for f in (out / "wall.json", out / "tune" / "choices.json") if f.exists()]
     return sorted({f.relative_to(out) for f in files if f.exists()})
 
@@ -146,9 +149,11 @@ def pack(out: Path, files: list[Path], archive: Path, lab: dict[str, Path] | Non
 
 
 def _unit(rel: Path) -> Path:
-    """The folder restored as a whole: a run (``runs/x``, ``tune/runs/x``), a base evaluation
-    (``base/eval``, ``base-grpo_large/eval``), or the file itself (``wall.json``)."""
+    """The folder restored as a whole: a run (``runs/x``, ``tune/runs/x``, ``start``), a base
+    evaluation (``base/eval``, ``base-grpo_large/eval``), or the file itself (``wall.json``)."""
     parts = rel.parts
+    if parts[0] == "start":  # the start run: one folder
+        return Path(parts[0])
     if parts[0] in ("runs", "lab") or parts[0] == "base" or parts[0].startswith("base-"):
         return Path(*parts[:2]) if len(parts) > 2 else rel
     if parts[:2] == ("tune", "runs"):

@@ -148,7 +148,7 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
 
     intro = (f"Task `lab:{spec.task}`, {len(rows)} recipes × seeds {{{seeds}}}, {spec.max_steps} "
              f"steps each ({budget} per step for every recipe; DAPO's dynamic sampling adds "
-             "generation rounds, see rollouts / step). Overrides for every run: "
+             f"generation rounds, see rollouts / step).{start_note(spec)} Overrides for every run: "
              f"`{' '.join(spec.set) or '—'}`{_tuned_note(spec) if tuned else ''}. "
              f"Produced by `{cmd}` in {wall_s / 60:.1f} min of "
              f"wall-clock ({_jobs_text(jobs or [spec.jobs])} at a time, summed over "
@@ -249,6 +249,17 @@ def publish(out: Path, dest: Path) -> None:
     for p in (out / "report").iterdir():
         if p.suffix in (".md", ".png", ".json"):
             shutil.copy2(p, dest / "report" / p.name)
+
+
+def start_note(spec) -> str:
+    """The intro's sentence on a warm start (``start:``); empty without one."""
+    st = spec.start
+    if st is None:
+        return ""
+    extra = f" with `{' '.join(st.set)}`" if st.set else ""
+    return (f" Every run starts from one trained policy, not the task's model: start: "
+            f"`{st.recipe}` seed {st.seed} after {st.steps} steps{extra} (`start/`, its final "
+            "checkpoint); the base row is that policy.")
 
 
 def _tuned_note(spec) -> str:

@@ -261,15 +261,17 @@ def eta(results: list[JobResult], todo: int, workers: int) -> str:
 
 def base_eval_args(plan: RunPlan, spec: StudySpec, out: Path,
                    e: StudyEvalSpec | None = None, model: str | None = None) -> list[str]:
-    """``explorl eval`` of the task's lab model before RL (or of ``model``, a checkpoint of
-    ``plan``'s run), with the runs' evaluation protocol (``e``, default the spec's main one),
+    """``explorl eval`` of the model ``plan`` starts from before RL (the task's lab model, or
+    the ``start`` run's final checkpoint; or ``model``, a checkpoint of ``plan``'s run), with
+    the runs' evaluation protocol (``e``, default the spec's main one),
     lab section, response-length limit and tools (taken from ``plan``, any run of the study)."""
     e, cfg = e or spec.eval, plan.cfg
     ref = lab_ref(spec.task)
     length = cfg.rollout.max_response_len or get_task(ref[len("lab:"):]).max_response_len
     args = ["eval", model or cfg.model.path, "--data", ref, *_protocol(e), "--max-new-tokens",
             str(length), "--out", str(out)]
-    if model is not None:  # a checkpoint has no run config: the task comes from data.train
+    if model is not None or plan.start is not None:  # a checkpoint (a run's, or the start
+        # run's that every run starts from) has no run config: the task comes from data.train
         args += ["--set", f"data.train=[{ref}]"]
     for s in plan.sets:
         if s.startswith("lab."):

@@ -32,6 +32,8 @@ class RunPlan:
     """(folder under ``out``, protocol) of each evaluation of the final policy; the first is
     the main one (``eval``)."""
     value: Any = None  # a tuning run's grid value (None: a final run)
+    start: RunPlan | None = None
+    """The ``start`` run whose final policy this run starts from (None: the task's model)."""
 
     @property
     def key(self) -> str:
@@ -99,8 +101,8 @@ def lab_ref(task: str) -> str:
     return f"lab:{task}"
 
 
-def _rows(spec: StudySpec, spec_path: Path,
-          chosen: dict[str, Any]) -> list[tuple[str, Path, list[str], str]]:
+def _rows(spec: StudySpec, spec_path: Path, chosen: dict[str, Any],
+          out: Path) -> list[tuple[str, Path, list[str], str]]:
     """(name, recipe file, overrides, parent recipe name) of every recipe and variant, with the
     tuned values of ``chosen`` (a variant gets its recipe's choice before its own ``set``)."""
     rows: list[tuple[str, Path, list[str], str]] = []
@@ -130,6 +132,11 @@ def _rows(spec: StudySpec, spec_path: Path,
                                     *own.get(parent, []), *pick(parent), *v.set,
                                     *own.get(v.name, []), *pick(v.name), f"name={v.name}"],
                      parent))
+    if spec.start is not None:  # every row starts from the start run's final policy
+        last = [f"model.path={start_checkpoint(spec, out)}"]
+        rows = [(n, p, [*[s for s in sets if not s.startswith("name=")], *last,
+                        *[s for s in sets if s.startswith("name=")]], parent)
+                for n, p, sets, parent in rows]
     names = [r[0] for r in rows]
     named = [("recipe_set", k) for k in own] + [("tune", k) for k in spec.tune]
     named += [("frontier.arms", a) for a in spec.frontier.arms]
@@ -176,11 +183,20 @@ def frontier_points(spec: StudySpec) -> dict[str, list[tuple[Any, str]]]:
 
 
 def _load(spec_path: Path, name: str, path: Path, sets: list[str], steps: int,
-          seed: int) -> C.RunConfig:
+          seed: int, start: RunPlan | None = None) -> C.RunConfig:
+    """The run's config, validated. A run after a ``start`` one is checked with the start's
+    model (its checkpoint need not exist yet), then starts from the checkpoint."""
+    ckpt = f"model.path={start_checkpoint_of(start)}" if start is not None else None
+    if start is not None:
+        sets = [s for s in sets if s != ckpt] + [f"model.path={start.cfg.model.path}"]
     try:
-        return validation.load(path, sets, max_steps=steps, seed=seed)
+        cfg = validation.load(path, sets, max_steps=steps, seed=seed)
     except C.ConfigError as e:
         raise spec_error(spec_path, f"recipe {name} ({path}): {e}") from None
+    if start is None:
+        return cfg
+    return dataclasses.replace(cfg, model=dataclasses.replace(
+        cfg.model, path=str(start_checkpoint_of(start))))
 
 
 def plan_tuning(spec: StudySpec, spec_path: Path, out: Path,
@@ -189,7 +205,8 @@ def plan_tuning(spec: StudySpec, spec_path: Path, out: Path,
     is evaluated on the tuning split (``tuning_eval``). Validated here, before any work.
     ``chosen``: choices already made (the ``tuning.share`` sources'), shared with the others."""
     spec_path = Path(spec_path)
-    rows = {r[0]: r for r in _rows(spec, spec_path, chosen or {})}
+    rows = {r[0]: r for r in _rows(spec, spec_path, chosen or {}, out)}
+    start = plan_start(spec, spec_path, out)
     steps = spec.tuning.max_steps or spec.max_steps
     ev = [("eval", tuning_eval(spec))]
     plans = []
@@ -201,9 +218,10 @@ def plan_tuning(spec: StudySpec, spec_path: Path, out: Path,
                 pre = [s for s in sets if not s.startswith("name=")]
                 extra = [f"{grid.key}={value_text(value)}", "log.progress=false"]
                 extra += [s for s in sets if s.startswith("name=")]
-                cfg = _load(spec_path, where, path, [*pre, *extra], steps, seed)
+                cfg = _load(spec_path, where, path, [*pre, *extra], steps, seed, start)
                 folder = out / "tune" / "runs" / f"{name}@{value_text(value)}-seed{seed}"
-                plans.append(RunPlan(name, seed, path, [*pre, *extra], folder, cfg, ev, value))
+                plans.append(RunPlan(name, seed, path, [*pre, *extra], folder, cfg, ev, value,
+                                     start))
     return plans
 
 
@@ -215,7 +233,8 @@ def plan_runs(spec: StudySpec, spec_path: Path, out: Path,
     Each run's config is resolved and validated here, before any work starts.
     """
     spec_path = Path(spec_path)
-    rows = [(n, p, s) for n, p, s, _ in _rows(spec, spec_path, chosen or {})]
+    rows = [(n, p, s) for n, p, s, _ in _rows(spec, spec_path, chosen or {}, out)]
+    start = plan_start(spec, spec_path, out)
     seen: dict[str, int] = {}
     for name, _, _ in rows:
         seen[name] = seen.get(name, 0) + 1
@@ -228,14 +247,51 @@ def plan_runs(spec: StudySpec, spec_path: Path, out: Path,
     for seed in spec.seeds:
         for name, path, sets in rows:
             sets = [*sets, "log.progress=false"]
-            cfg = _load(spec_path, name, path, sets, spec.max_steps, seed)
+            cfg = _load(spec_path, name, path, sets, spec.max_steps, seed, start)
             _keeps_checkpoints(spec, spec_path, name, cfg)
             plans.append(RunPlan(name, seed, path, sets, out / "runs" / f"{name}-seed{seed}", cfg,
-                                 evals))
+                                 evals, start=start))
     if spec.frontier.arms:  # the baseline's frontier first, every seed of it
         first = {n for _, n in frontier_points(spec)[spec.frontier.baseline]}
         plans.sort(key=lambda p: p.name not in first)
     return plans
+
+
+START = "start"  # the start run's folder under the study's, and its name in the logs
+
+
+def start_checkpoint(spec: StudySpec, out: Path) -> Path:
+    """The checkpoint every run starts from: the ``start`` run's last, ``<out>/start/
+    checkpoints/step-<start.steps>`` (a Hugging Face folder: config, weights, tokenizer)."""
+    assert spec.start is not None
+    return out / START / "checkpoints" / f"step-{spec.start.steps}"
+
+
+def start_checkpoint_of(start: RunPlan) -> Path:
+    """The final checkpoint of the ``start`` run ``start`` (``start_checkpoint``)."""
+    return start.out / "checkpoints" / f"step-{start.cfg.max_steps}"
+
+
+def plan_start(spec: StudySpec, spec_path: Path, out: Path) -> RunPlan | None:
+    """The ``start`` run (None without one): its recipe on the task with the study's ``set``,
+    the recipe's ``recipe_set`` and ``start.set``, ``start.steps`` steps, its weights saved
+    (its last checkpoint is the others' model); no final evaluation of its own (the base
+    model's evaluation is of its final policy)."""
+    st = spec.start
+    if st is None:
+        return None
+    path = resolve_recipe(st.recipe, spec, "start.recipe", spec_path)
+    name = validation.load(path).name
+    sets = [f"model.path={lab_ref(spec.task)}", f"data.train=[{lab_ref(spec.task)}]", *spec.set,
+            *spec.recipe_set.get(name, []), *st.set, "log.progress=false", "log.save_model=true"]
+    cfg = _load(spec_path, f"start ({name})", path, sets, st.steps, st.seed)
+    return RunPlan(START, st.seed, path, sets, out / START, cfg)
+
+
+def with_start(plans: list[RunPlan]) -> list[RunPlan]:
+    """``plans`` after the start run they begin from (once), if any."""
+    starts = list({p.start.out: p.start for p in plans if p.start is not None}.values())
+    return [*starts, *plans]
 
 
 def _keeps_checkpoints(spec: StudySpec, spec_path: Path, name: str, cfg: C.RunConfig) -> None:
@@ -307,6 +363,8 @@ def run_state(plan: RunPlan) -> str:
         for key in PLANNED_FIELDS:  # left to the device plan (None): whatever it chose
             if want["optim"][key] is None:
                 want["optim"][key] = found["optim"][key]
+        if plan.start is not None and _same_start(found["model"]["path"], plan.cfg.model.path):
+            found["model"]["path"] = want["model"]["path"]  # the study moved (--out, --from)
         if found != want:
             diff = ", ".join(f"{k}: {a!r} ≠ {b!r}" for k, a, b in _dict_diff(found, want)[:5])
             raise C.ConfigError(f"{out} holds a run with another configuration ({diff}); "
@@ -315,6 +373,13 @@ def run_state(plan: RunPlan) -> str:
     if s and s.get("steps") == plan.cfg.max_steps and not s.get("interrupted"):
         return "done"
     return "resume" if latest_checkpoint(out) is not None else "restart"
+
+
+def _same_start(found: str, want: str) -> bool:
+    """Whether a run's ``model.path`` is the start checkpoint it should start from, in a study
+    folder elsewhere: ``…/start/checkpoints/step-N`` alike (the start run's own configuration
+    is checked in its folder)."""
+    return Path(found).parts[-3:] == Path(want).parts[-3:]
 
 
 def _dict_diff(a: dict, b: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:

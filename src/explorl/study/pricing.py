@@ -38,6 +38,7 @@ from explorl.study.plan import (
     eval_done_at,
     policy_evals,
     run_state,
+    with_start,
 )
 from explorl.study.rates import (
     TokenRates,
@@ -134,14 +135,15 @@ def estimate(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
     wall-clock at the measured ``parallel``, or (``free``) with each job's threads on free
     cores."""
     total, wall, upper = Cost(), 0.0, 0.0
-    for phase in (tuning, final):
+    start = with_start(final)[: len(with_start(final)) - len(final)]  # trained first, alone
+    for phase in (start, tuning, final):
         cpu = 0.0
         n = 0
         for p in phase:
             steps, evals = left(p) if left else (p.cfg.max_steps, True)
             if not steps and not evals:
                 continue
-            r = rates[model_id(p.cfg)]
+            r = rates[rated(p)]
             c = run_cost(p, r, steps=steps, evals=evals)
             total.add(c)
             cpu += c.total() / (threads_of(p.cfg) if free else r.parallel)
@@ -152,7 +154,7 @@ def estimate(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
             for folder, p in base_folders(final).items():
                 if base_left and not base_left(folder, p):
                     continue
-                r = rates[model_id(p.cfg)]
+                r = rates[rated(p)]
                 b = base_cost(p, r)
                 total.base += b
                 wall += b / (threads_of(p.cfg) if free else r.parallel)
@@ -160,11 +162,17 @@ def estimate(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
     return Estimate(total, wall, upper)
 
 
+def rated(plan: RunPlan) -> str:
+    """The model whose rates price ``plan``: its own (``model_id``), or for a run after a
+    ``start`` one, the start's (the same network, the start run's checkpoint)."""
+    return model_id((plan.start or plan).cfg)
+
+
 def models_of(plans: list[RunPlan]) -> dict[str, RunPlan]:
-    """Each model the plans train, with its first plan."""
+    """Each model the plans train, with its first plan (the ``start`` run first)."""
     out: dict[str, RunPlan] = {}
-    for p in plans:
-        out.setdefault(model_id(p.cfg), p)
+    for p in with_start(plans):
+        out.setdefault(rated(p), p)
     return out
 
 
@@ -220,7 +228,7 @@ def cost_lines(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
     free = estimate(spec, tuning, final, rates, jobs, free=True).wall_s
     c = est.cpu
     p = final[0]
-    r = rates[model_id(p.cfg)]
+    r = rates[rated(p)]
     L = min(r.length, reply_cap(p.cfg, r.length))
     step = (p.cfg.data.prompts_per_step * p.cfg.rollout.n_samples * L
             * (r.sample_s + r.update_s * p.cfg.optim.ppo_epochs))

@@ -213,10 +213,10 @@ def _add_run(s: _Sums, run: Path, cfg: C.RunConfig) -> None:
 
 def run_dirs(path: Path) -> list[Path]:
     """The run directories under ``path``: itself (a run: ``metrics.jsonl``), or a study's
-    ``runs/*`` and ``tune/runs/*``."""
+    ``runs/*``, ``tune/runs/*`` and ``start`` (its warm start run)."""
     if (path / "metrics.jsonl").exists():
         return [path]
-    return sorted(d for pattern in ("runs/*", "tune/runs/*") for d in path.glob(pattern)
+    return sorted(d for pattern in ("runs/*", "tune/runs/*", "start") for d in path.glob(pattern)
                   if (d / "metrics.jsonl").exists() and (d / "config.yaml").exists())
 
 

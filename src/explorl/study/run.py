@@ -49,13 +49,16 @@ from explorl.study.plan import (
     frontier_points,
     order_rows,
     plan_runs,
+    plan_start,
     plan_tuning,
     policy_evals,
     run_state,
     value_text,
+    with_start,
 )
 from explorl.study.pricing import time_limit_lines
 from explorl.study.spec import StudySpec, auto_jobs, frontier_k, load_spec
+from explorl.study.start import has_weights, run_start, work_left
 from explorl.study.stats import problem_passk
 from explorl.study.tuning import (
     GridPoint,
@@ -256,7 +259,7 @@ def study_files(out: Path) -> frozenset:
     """What the study in ``out`` holds so far: each run's metrics (a step appends to them) and
     each evaluation's files, with their modification times."""
     found = set()
-    for runs in ("runs/*", "tune/runs/*"):
+    for runs in ("runs/*", "tune/runs/*", "start"):
         for name in ("metrics.jsonl", "summary.json", "eval*/eval.json", "eval*/problems.jsonl"):
             found |= {(str(f), f.stat().st_mtime_ns) for f in out.glob(f"{runs}/{name}")}
     for name in ("eval.json", "problems.jsonl"):
@@ -381,6 +384,12 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
             lines = [f"--time-limit: no estimate of the study's cost ({e})"]
         for line in lines:
             log(line)
+    if (start := plan_start(spec, spec_path, out)) is not None:  # before every other run
+        _build_models([] if has_weights(start) else [start])
+        left = work_left(spec, spec_path, out, _chosen(spec, out))
+        if (rc := run_start(start, spec, out, left, log, deadline, wall.tick)) is not None:
+            wall.close()
+            return rc
     if spec.tune:
         _build_models([p for p in plan_tuning(spec, spec_path, out) if not complete(p.out)])
         got = run_tuning(spec, spec_path, out, log, deadline, on_done=wall.tick)
@@ -420,7 +429,7 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
     if spec.publish:
         dest = Path(spec.publish)  # relative to the working directory (the repository's root)
         publish(out, dest)
-        files, lab = packable(out, spec, plans), lab_models(plans, out / "lab")
+        files, lab = packable(out, spec, plans), lab_models(with_start(plans), out / "lab")
         n = pack(out, files, dest / "data.tar.xz", lab)
         log(f"published to {dest} (with data.tar.xz: {n} files of the finished runs)")
     log(f"wrote {out / 'study.md'}, {out / 'claims.md'}, {out / 'study.json'} and "
@@ -450,7 +459,8 @@ def pack_study(spec_path: str | Path, archive: str | Path, *, quick: bool = Fals
     plans = plan_runs(spec, spec_path, out, chosen) if chosen is not None else []
     files = packable(out, spec, plans)
     tuning = plan_tuning(spec, spec_path, out) if spec.tune else []
-    trained = [p for p in tuning + plans if (p.out / "summary.json").exists()]  # built models
+    trained = [p for p in with_start(tuning + plans)  # the models they were built from
+               if (p.out / "summary.json").exists()]
     pack(out, files, Path(archive), lab_models(trained, out / "lab"))
     runs = len({f.parent for f in files if f.name == "summary.json"})
     log(f"packed {runs} finished runs ({len(files)} files, "

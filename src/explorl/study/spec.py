@@ -122,6 +122,19 @@ class PowerSpec:
 
 
 @dataclass
+class StartSpec:
+    recipe: str = "grpo"
+    """The recipe of the run every arm starts from: a name under ``recipe_dir`` or a YAML path
+    (relative to the spec), as variants name theirs."""
+    seed: int = 0
+    """Its training seed."""
+    steps: int = 40
+    """Its training steps: every arm starts from its checkpoint of this step."""
+    set: list[str] = field(default_factory=list)
+    """Its ``key=value`` overrides (after the study's ``set`` and the recipe's ``recipe_set``)."""
+
+
+@dataclass
 class StudySpec:
     name: str = "study"
     """Study name (default output directory ``runs/study-<name>``)."""
@@ -146,9 +159,14 @@ class StudySpec:
     recipe's targets (e.g. ``{es_constant: [control.adaptive.schedule.target=0.19]}``). A
     variant gets those of the recipe it modifies, then its own ``set``, then any under its own
     name."""
+    start: StartSpec | None = None
+    """A warm start: this run is trained first (once, into ``<out>/start/``) and every run of
+    the study, tuning runs included, starts from its final checkpoint (``model.path``). None =
+    every run starts from the task's model."""
     base_eval: bool = True
-    """Evaluate the task's lab model before RL (the ``base`` row) with the final evaluation's
-    protocol: the reference of the pass@k comparisons."""
+    """Evaluate the model the runs start from before their RL (the ``base`` row: the task's
+    lab model, or the ``start`` run's final policy) with the final evaluation's protocol: the
+    reference of the pass@k comparisons."""
     eval: StudyEvalSpec = field(default_factory=StudyEvalSpec)
     """Final evaluation of each run's last checkpoint (``explorl eval``)."""
     tune: dict[str, TuneGrid] = field(default_factory=dict)
@@ -221,13 +239,18 @@ def load_spec(path: str | Path, quick: bool = False) -> StudySpec:
                 mine = {str(x).split("=", 1)[0].strip() for x in value or []}
                 data["set"] = [x for x in data.get("set") or []
                                if str(x).split("=", 1)[0].strip() not in mine] + list(value or [])
-            elif (key in ("eval", "tuning", "power", "frontier") and isinstance(value, dict)
+            elif (key in ("eval", "tuning", "power", "frontier", "start")
+                  and isinstance(value, dict)
                   and isinstance(data.get(key), dict)):
                 data[key] = {**data[key], **value}
             else:
                 data[key] = value
+    start = data.pop("start", None)
     try:
         spec = C.build(StudySpec, data)
+        if start is not None:  # built alone: an unknown key's error names its closest one
+            spec.start = C.build(StartSpec, start, "start") if isinstance(start, dict) else \
+                C.build(StudySpec, {"start": start}).start
     except C.ConfigError as e:
         raise spec_error(path, str(e)) from None
     ev = spec.eval
@@ -237,6 +260,7 @@ def load_spec(path: str | Path, quick: bool = False) -> StudySpec:
         ("seeds", len(set(spec.seeds)) == len(spec.seeds), f"seeds repeat: {spec.seeds}"),
         ("max_steps", spec.max_steps >= 1, "must be ≥ 1"),
         ("jobs", spec.jobs == "auto" or spec.jobs >= 1, "must be ≥ 1 or auto"),
+        ("start.steps", spec.start is None or spec.start.steps >= 1, "must be ≥ 1"),
         ("eval.n", ev.n >= 1, "must be ≥ 1"),
         ("eval.k", bool(ev.k) and all(1 <= k <= ev.n for k in ev.k),
          "every k must be in [1, eval.n]"),
