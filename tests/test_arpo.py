@@ -17,7 +17,6 @@ from explorl.outputs.runlog import read_metrics
 from explorl.policy.forward import response_logprobs
 from explorl.rollout.arpo import ARPOBranching, ARPOSampler, branch_probability, copies
 from explorl.rollout.multiturn import _Row
-from explorl.policy.forward import response_logprobs
 from explorl.rollout.types import Rollouts
 
 
