@@ -279,19 +279,9 @@ def analyse_frontier(passk: dict[str, dict[int, np.ndarray]], seeds: dict[str, l
     out.mixed = mixed
     r1, rk = reach(g_seeds)
     out.hull = pareto(upper_hull(r1.mean(axis=(1, 2)), rk.mean(axis=(1, 2))))
-    g1, gk = stack(g_pts, g_seeds, 1), stack(g_pts, g_seeds, k)
-    gm1, gmk = g1.mean(axis=(1, 2)), gk.mean(axis=(1, 2))
     out.seeds[baseline] = g_seeds
-    out.points[baseline] = []
-    values = [v for v, _ in g_pts] + ([LIFT] if lift is not None else [])
-    g_beaten = [None if b is None else tuple(values[j] for j in b) for b in beaten_by(gm1, gmk)]
-    for i, (v, n) in enumerate(g_pts):
-        p = Point(baseline, v, n, mean_interval(g1[i]), mean_interval(gk[i]),
-                  beaten_by=g_beaten[i])
-        if lift is not None:
-            p.base_1 = passk_diff(g1[i], lift[1][None], paired_seeds=False)
-            p.base_k = passk_diff(gk[i], lift[k][None], paired_seeds=False)
-        out.points[baseline].append(p)
+    out.points[baseline] = _baseline_points(baseline, g_pts, stack(g_pts, g_seeds, 1),
+                                            stack(g_pts, g_seeds, k), lift, k)
     for arm, pts in have.items():
         if arm == baseline or not pts:
             continue
@@ -310,6 +300,25 @@ def analyse_frontier(passk: dict[str, dict[int, np.ndarray]], seeds: dict[str, l
         out.points[arm] = [Point(arm, v, n, mean_interval(a1[i]), mean_interval(ak[i]),
                                  **got[i], beaten_by=beaten[i])
                            for i, (v, n) in enumerate(pts)]
+    return out
+
+
+def _baseline_points(baseline: str, g_pts: list, g1: np.ndarray, gk: np.ndarray,
+                     lift: dict | None, k: int) -> list[Point]:
+    """The baseline's own points (``g1``/``gk``: (points [+ the base model], seeds, problems)),
+    each with the points (or the base model) that beat it and, with ``lift``, its difference
+    from the model before RL."""
+    gm1, gmk = g1.mean(axis=(1, 2)), gk.mean(axis=(1, 2))
+    values = [v for v, _ in g_pts] + ([LIFT] if lift is not None else [])
+    g_beaten = [None if b is None else tuple(values[j] for j in b) for b in beaten_by(gm1, gmk)]
+    out = []
+    for i, (v, n) in enumerate(g_pts):
+        p = Point(baseline, v, n, mean_interval(g1[i]), mean_interval(gk[i]),
+                  beaten_by=g_beaten[i])
+        if lift is not None:
+            p.base_1 = passk_diff(g1[i], lift[1][None], paired_seeds=False)
+            p.base_k = passk_diff(gk[i], lift[k][None], paired_seeds=False)
+        out.append(p)
     return out
 
 

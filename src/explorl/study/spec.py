@@ -234,17 +234,7 @@ def load_spec(path: str | Path, quick: bool = False) -> StudySpec:
             raise spec_error(path, f"quick.{key}: unknown key{hint} "
                                    f"(valid keys here: {', '.join(SPEC_KEYS)})")
     if quick:
-        for key, value in overrides.items():
-            if key == "set":  # quick's overrides win; the spec's for the same key are dropped
-                mine = {str(x).split("=", 1)[0].strip() for x in value or []}
-                data["set"] = [x for x in data.get("set") or []
-                               if str(x).split("=", 1)[0].strip() not in mine] + list(value or [])
-            elif (key in ("eval", "tuning", "power", "frontier", "start")
-                  and isinstance(value, dict)
-                  and isinstance(data.get(key), dict)):
-                data[key] = {**data[key], **value}
-            else:
-                data[key] = value
+        _apply_quick(data, overrides)
     start = data.pop("start", None)
     try:
         spec = C.build(StudySpec, data)
@@ -288,6 +278,21 @@ def load_spec(path: str | Path, quick: bool = False) -> StudySpec:
         if not isinstance(sets, list) or not all(isinstance(x, str) for x in sets):
             raise spec_error(path, f"recipe_set.{key}: expected a list of key=value strings")
     return spec
+
+
+def _apply_quick(data: dict, overrides: dict) -> None:
+    """``quick:``'s keys into ``data``: ``set`` appended (its keys replace the spec's), the
+    mapping sections merged key by key, the rest replaced."""
+    for key, value in overrides.items():
+        if key == "set":  # quick's overrides win; the spec's for the same key are dropped
+            mine = {str(x).split("=", 1)[0].strip() for x in value or []}
+            data["set"] = [x for x in data.get("set") or []
+                           if str(x).split("=", 1)[0].strip() not in mine] + list(value or [])
+        elif (key in ("eval", "tuning", "power", "frontier", "start") and isinstance(value, dict)
+              and isinstance(data.get(key), dict)):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
 
 
 def _tuning_checks(spec: StudySpec) -> list[tuple[str, bool, str]]:

@@ -195,7 +195,7 @@ def _kept_groups(a, rows: StepRows, n_prompts: int, room: int) -> tuple[torch.Te
     DAPO's dynamic sampling the first ``room`` informative groups, else all ``n_prompts``."""
     pi = rows.group
     if not a.dynamic_sampling:
-        return torch.ones(len(pi), dtype=torch.bool), n_prompts
+        return torch.ones(len(pi), dtype=torch.bool, device=pi.device), n_prompts
     informative = informative_groups(getattr(rows, a.dynamic_sampling_metric), pi)
     keep_groups = sorted(set(pi[informative].tolist()))[:room]
     keep_t = torch.as_tensor(keep_groups, dtype=torch.long)  # host

@@ -67,7 +67,7 @@ def ordered(metrics: dict) -> dict:
 def timed(metrics: dict, key: str, cpu_key: str | None = None):
     """Add the seconds a phase takes to ``metrics[key]`` (verl's ``marked_timer``), and with
     ``cpu_key`` the process's CPU seconds (all threads) to ``metrics[cpu_key]``."""
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0, c0 = time.perf_counter(), (None if cpu_key is None else time.process_time())
     yield
     metrics[key] = metrics.get(key, 0.0) + time.perf_counter() - t0
     if cpu_key is not None:
