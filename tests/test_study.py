@@ -4,6 +4,7 @@ end."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -510,3 +511,23 @@ def test_run_numbers_anneal_ratio_and_beta_by_hand(tmp_path):
     assert nums["anneal_entropy_ratio"] == pytest.approx(0.8) and nums["anneal_beta"] == 0.9
     off = S.run_numbers(run, {"control": {"temperature": {**temp, "anneal": False}}}, None, [1])
     assert off["anneal_entropy_ratio"] is None and off["anneal_beta"] is None
+
+
+def test_a_run_saved_with_its_losss_own_agg_is_the_same_run_as_one_that_leaves_it_unset(tmp_path):
+    """Runs saved before ``algorithm.agg`` could be unset wrote the loss's own aggregation
+    (token-mean for ppo); a spec that leaves it unset plans the same run (its archive restores),
+    while another aggregation is still another configuration."""
+    path = _write(tmp_path, {"recipes": ["grpo"], "max_steps": 10})
+    spec = S.load_spec(path)
+    (plan,) = S.plan_runs(spec, path, tmp_path / "out")
+    assert plan.cfg.algorithm.agg is None
+    plan.out.mkdir(parents=True)
+    saved = dataclasses.replace(plan.cfg, algorithm=dataclasses.replace(plan.cfg.algorithm,
+                                                                        agg="token-mean"))
+    C.save(saved, plan.out / "config.yaml")
+    assert S.run_state(plan) == "restart"
+    other = dataclasses.replace(saved, algorithm=dataclasses.replace(saved.algorithm,
+                                                                     agg="seq-mean-token-sum"))
+    C.save(other, plan.out / "config.yaml")
+    with pytest.raises(C.ConfigError, match="another configuration"):
+        S.run_state(plan)

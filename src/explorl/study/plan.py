@@ -13,6 +13,7 @@ import yaml
 
 from explorl import config as C
 from explorl import validation
+from explorl.algorithms.losses import loss_agg
 from explorl.outputs.checkpoint import latest_checkpoint
 from explorl.study.spec import StudyEvalSpec, StudySpec, resolve_recipe, spec_error, tuning_k
 from explorl.training.plan import PLANNED_FIELDS
@@ -363,6 +364,8 @@ def run_state(plan: RunPlan) -> str:
         for key in PLANNED_FIELDS:  # left to the device plan (None): whatever it chose
             if want["optim"][key] is None:
                 want["optim"][key] = found["optim"][key]
+        for cfg in (found, want):  # an unset agg is the loss's own (runs saved before wrote it)
+            cfg["algorithm"]["agg"] = loss_agg(cfg["algorithm"]["loss"], cfg["algorithm"]["agg"])
         if plan.start is not None and _same_start(found["model"]["path"], plan.cfg.model.path):
             found["model"]["path"] = want["model"]["path"]  # the study moved (--out, --from)
         if found != want:
