@@ -6,7 +6,13 @@ from __future__ import annotations
 import torch
 
 from explorl.algorithms.covariance import masked_mean, per_token_advantages, token_covariance
-from explorl.algorithms.loss_terms import log_ratio, loss_metrics, num_selected, ppo_terms
+from explorl.algorithms.loss_terms import (
+    clipped_surrogate,
+    log_ratio,
+    loss_metrics,
+    num_selected,
+    ppo_terms,
+)
 from explorl.algorithms.spec import LossSpec
 
 
@@ -43,14 +49,8 @@ def aepo_loss(logp, old_logp, advantages, mask, cfg, generator=None, selection=N
     high = (1.0 + cfg.eps_high) * ratio / ratio.detach()  # value 1 + eps_high, with a gradient
     clipped = torch.where(ratio > 1.0 + cfg.eps_high, high,
                           ratio.clamp(min=1.0 - cfg.eps_low))  # (N, T)
-    pg1, pg2 = -adv * ratio, -adv * clipped
-    loss = torch.maximum(pg1, pg2)
-    clip_active = (pg2 > pg1) & mask
-    dual_active = torch.zeros_like(clip_active)
-    if cfg.clip_c is not None:
-        pg3 = -adv * cfg.clip_c
-        dual_active = (adv < 0) & (pg3 < loss) & mask
-        loss = torch.where(adv < 0, torch.minimum(loss, pg3), loss)
+    loss, clip_active, dual_active = clipped_surrogate(-adv * ratio, -adv * clipped, adv, mask,
+                                                       cfg)
     loss = torch.where(mask, loss, torch.zeros_like(loss))
     cov = token_covariance(logp, adv, mask)  # (N, T)
     metrics = loss_metrics(ratio, mask, clip_active, dual_active, cov, torch.zeros_like(mask))

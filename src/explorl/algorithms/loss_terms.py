@@ -24,18 +24,23 @@ def log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) ->
 def ppo_terms(logp, old_logp, adv, mask, cfg):
     """PPO-clip (+ dual clip) per token: returns (loss, ratio, clip_active, dual_active)."""
     ratio = torch.exp(log_ratio(logp, old_logp, mask))  # (N, T)
-    pg1 = -adv * ratio
-    pg2 = -adv * ratio.clamp(1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
+    loss, clip_active, dual_active = clipped_surrogate(
+        -adv * ratio, -adv * ratio.clamp(1.0 - cfg.eps_low, 1.0 + cfg.eps_high), adv, mask, cfg)
+    return loss, ratio, clip_active, dual_active
+
+
+def clipped_surrogate(pg1, pg2, adv, mask, cfg):
+    """max(pg1, pg2) (the unclipped and clipped surrogates), then the dual clip (Ye et al. 2020,
+    verl): for A < 0 the loss is capped at −A·c so a huge ratio on a bad token cannot dominate
+    the update. Returns (loss, clip_active, dual_active)."""
     loss = torch.maximum(pg1, pg2)
     clip_active = (pg2 > pg1) & mask
     dual_active = torch.zeros_like(clip_active)
     if cfg.clip_c is not None:
-        # Dual clip (Ye et al. 2020, verl): for A < 0 cap the loss at −A·c so a huge ratio
-        # on a bad token cannot dominate the update.
         pg3 = -adv * cfg.clip_c
         dual_active = (adv < 0) & (pg3 < loss) & mask
         loss = torch.where(adv < 0, torch.minimum(loss, pg3), loss)
-    return loss, ratio, clip_active, dual_active
+    return loss, clip_active, dual_active
 
 
 def loss_metrics(ratio, mask, clip_active, dual_active, cov, selected) -> dict[str, torch.Tensor]:
