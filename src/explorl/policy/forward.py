@@ -37,17 +37,7 @@ def takes_custom_mask(model: torch.nn.Module) -> bool:
     in every layer. Sliding-window and hybrid models build per-layer masks, flash/flex
     attention want other mask formats, and remote code may ignore the mask: they get 2-D masks.
     """
-    cfg = getattr(model, "config", None)
-    if cfg is None or not type(model).__module__.startswith("transformers."):
-        return False
-    if getattr(cfg, "_attn_implementation", None) not in ("sdpa", "eager") or not getattr(
-        cfg, "is_causal", True
-    ):
-        return False
-    layer_types = getattr(cfg, "layer_types", None)
-    if layer_types is not None:
-        return all(t == "full_attention" for t in layer_types)
-    return getattr(cfg, "sliding_window", None) is None
+    return _full_causal_attention(model, ("sdpa", "eager"))
 
 
 _PACK_LENGTH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its pack_length
@@ -148,17 +138,7 @@ def takes_varlen(model: torch.nn.Module) -> bool:
     it with a block mask built from the positions, as tests/test_fused_update.py uses).
     transformers' flash path reads packed positions in a batch of one row only, so the varlen
     layout is one row holding every sequence: no padding at all."""
-    cfg = getattr(model, "config", None)
-    if cfg is None or not type(model).__module__.startswith("transformers."):
-        return False
-    if getattr(cfg, "_attn_implementation", None) not in VARLEN_ATTENTION or not getattr(
-        cfg, "is_causal", True
-    ):
-        return False
-    layer_types = getattr(cfg, "layer_types", None)
-    if layer_types is not None:
-        return all(t == "full_attention" for t in layer_types)
-    return getattr(cfg, "sliding_window", None) is None
+    return _full_causal_attention(model, VARLEN_ATTENTION)
 
 
 VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention")
@@ -436,3 +416,19 @@ def _layout(
             add(b, 1, i, need)
     return {**seg, "fills": fills, "resp_pack": resp_pack, "resp_start": resp_start,
             "resp_prompt_end": resp_prompt_end}
+
+
+def _full_causal_attention(model, implementations) -> bool:
+    """A transformers model whose attention is one of ``implementations``, causal, and full
+    (no sliding window, no layer of another type)."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or not type(model).__module__.startswith("transformers."):
+        return False
+    if getattr(cfg, "_attn_implementation", None) not in implementations or not getattr(
+        cfg, "is_causal", True
+    ):
+        return False
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types is not None:
+        return all(t == "full_attention" for t in layer_types)
+    return getattr(cfg, "sliding_window", None) is None
