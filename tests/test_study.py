@@ -80,6 +80,8 @@ def test_spec_quick_section_replaces_keys_and_appends_set(tmp_path):
             {"recipes": [], "variants": [{"name": "v", "recipe": "grpo", "sett": []}]},
             "variants[0].sett: unknown key; did you mean 'variants[0].set'?",
         ),
+        ({"recipes": ["grpo"], "keep_finished": "some"},
+         "keep_finished: 'some' is not one of 'all', 'final'"),
     ],
 )
 def test_spec_errors_name_the_key(tmp_path, data, message):
@@ -531,3 +533,19 @@ def test_a_run_saved_with_its_losss_own_agg_is_the_same_run_as_one_that_leaves_i
     C.save(other, plan.out / "config.yaml")
     with pytest.raises(C.ConfigError, match="another configuration"):
         S.run_state(plan)
+
+
+@pytest.mark.parametrize("keep, left", [("all", [10, 20, 30]), ("final", [30])])
+def test_a_finished_run_keeps_only_its_final_checkpoint_when_asked(tmp_path, keep, left):
+    from explorl.outputs.checkpoint import STATE_FILE, list_checkpoints
+    from explorl.study.jobs import free_disk
+
+    path = _write(tmp_path, {"recipes": ["grpo"], "keep_finished": keep})
+    spec = S.load_spec(path)
+    plan = S.plan_runs(spec, path, tmp_path / "out")[0]
+    for step in (10, 20, 30):
+        d = plan.out / "checkpoints" / f"step-{step}"
+        d.mkdir(parents=True)
+        (d / STATE_FILE).write_bytes(b"state")
+    free_disk(plan, spec)
+    assert [int(p.name.split("-")[1]) for p in list_checkpoints(plan.out)] == left

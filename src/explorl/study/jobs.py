@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from explorl.lab.registry import get_task
+from explorl.outputs.checkpoint import list_checkpoints
 from explorl.study.plan import (
     RunPlan,
     checkpoint_of,
@@ -145,6 +146,7 @@ def execute(plan: RunPlan, spec: StudySpec, logs: Path, stop: threading.Event,
         if state != "done" or not eval_done_at(plan.out / folder, e):
             commands.append(eval_args(plan, spec, i))
     if not commands:
+        free_disk(plan, spec)
         return JobResult(plan, "skipped", state)
     if deadline is not None and not deadline.allows():
         return JobResult(plan, "deferred", "the time limit")
@@ -171,7 +173,19 @@ def execute(plan: RunPlan, spec: StudySpec, logs: Path, stop: threading.Event,
         return JobResult(plan, "interrupted", f"exit code {rc}", seconds)
     if rc != 0 or run_state(plan) != "done" or not eval_done(plan, spec):
         return JobResult(plan, "failed", f"exit code {rc}; log {log}", seconds)
+    free_disk(plan, spec)
     return JobResult(plan, "done", state, seconds)
+
+
+def free_disk(plan: RunPlan, spec: StudySpec) -> list[Path]:
+    """With ``keep_finished: final``, remove a finished run's checkpoints but its last (every
+    evaluation of them is done); the removed ones."""
+    if spec.keep_finished != "final":
+        return []
+    stale = list_checkpoints(plan.out)[:-1]
+    for ckpt in stale:
+        shutil.rmtree(ckpt, ignore_errors=True)
+    return stale
 
 
 def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,

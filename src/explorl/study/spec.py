@@ -169,6 +169,10 @@ class StudySpec:
     reference of the pass@k comparisons."""
     eval: StudyEvalSpec = field(default_factory=StudyEvalSpec)
     """Final evaluation of each run's last checkpoint (``explorl eval``)."""
+    keep_finished: Literal["all", "final"] = "all"
+    """What a finished run (trained, every evaluation done) keeps on disk: ``all`` the
+    checkpoints ``log.keep_checkpoints`` left, or only its ``final`` one (a real model's
+    checkpoint is its weights and optimizer state: 1.6 GB for a 135M model)."""
     tune: dict[str, TuneGrid] = field(default_factory=dict)
     """Per recipe or variant: one knob and its grid, run on ``tuning.seeds`` and judged on
     ``tuning.split``; the final runs use the chosen value (a variant also gets the choice of the
