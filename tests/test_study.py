@@ -549,3 +549,15 @@ def test_a_finished_run_keeps_only_its_final_checkpoint_when_asked(tmp_path, kee
         (d / STATE_FILE).write_bytes(b"state")
     free_disk(plan, spec)
     assert [int(p.name.split("-")[1]) for p in list_checkpoints(plan.out)] == left
+
+
+def test_jobs_start_with_every_seed_of_the_baseline(tmp_path):
+    from explorl.study.jobs import baseline_first
+
+    path = _write(tmp_path, {"recipes": ["grpo"], "seeds": [0, 1, 2],
+                             "variants": [{"name": "v", "recipe": "grpo",
+                                           "set": ["optim.lr=2e-5"]}]})
+    plans = S.plan_runs(S.load_spec(path), path, tmp_path / "out")
+    assert [p.key for p in plans][:2] == ["grpo-seed0", "v-seed0"]  # planned seed by seed
+    assert [(p.name, p.seed) for p in baseline_first(plans)] == [
+        ("grpo", 0), ("grpo", 1), ("grpo", 2), ("v", 0), ("v", 1), ("v", 2)]
