@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import yaml
+from transformers import AutoTokenizer
 from conftest import tiny_config
 
 from explorl import config as C
@@ -102,6 +103,7 @@ def test_eval_fit_report(recipe, tiny_model, tmp_path, capsys):
     assert (runs[0] / "plots" / "entropy_law.png").is_file()
 
     problems = [json.loads(line) for line in (ev / "problems.jsonl").read_text().splitlines()]
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
     assert [p["index"] for p in problems] == list(range(6))
     for p in problems:  # every response with its score; n_correct is pass@k's c
         assert len(p["responses"]) == len(p["scores"]) == 4
@@ -109,6 +111,11 @@ def test_eval_fit_report(recipe, tiny_model, tmp_path, capsys):
         a, b = p["prompt"].removesuffix("=").split("+")
         assert p["ground_truth"] == str(int(a) + int(b))
         assert p["greedy_score"] == float(p["greedy_response"].strip() == p["ground_truth"])
+        # the policy's tokens of each response: its text's tokens, and the end token if it
+        # stopped before the limit
+        tok_lens = [len(tok(r, add_special_tokens=False)["input_ids"]) for r in p["responses"]]
+        assert all(n in (t, t + 1) for n, t in zip(p["lengths"], tok_lens, strict=True)), \
+            (p["lengths"], tok_lens)
     assert sum(p["n_correct"] for p in problems) / 24 == pytest.approx(o["pass@1"])
     assert sum(p["greedy_score"] for p in problems) / 6 == pytest.approx(o["greedy_accuracy"])
     capsys.readouterr()

@@ -164,10 +164,12 @@ def run_eval(
             pidx, scores = got.ro.prompt_index.tolist(), got.correct
             g_texts, g_scores = got.greedy_texts, got.greedy_correct
             used = got.ro.tool_calls.tolist() if got.ro.tool_calls is not None else None
+            lens = got.ro.lengths.tolist()
             for i, rec in enumerate(chunk):
                 mine = [(t, sc) for t, sc, p in zip(got.ro.texts, scores, pidx) if p == i]
                 correct.append([sc > 0 for _, sc in mine])
                 row = problem_row(start + i, rec, mine, g_texts[i], g_scores[i])
+                row["lengths"] = [n_tok for n_tok, p in zip(lens, pidx) if p == i]
                 if used is not None:
                     calls.append([c for c, p in zip(used, pidx) if p == i])
                     row["tool_calls"] = calls[-1]
