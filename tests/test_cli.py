@@ -9,8 +9,8 @@ import sys
 
 import pytest
 import yaml
-from transformers import AutoTokenizer
 from conftest import tiny_config
+from transformers import AutoTokenizer
 
 from explorl import config as C
 from explorl.cli import main
