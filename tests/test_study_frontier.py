@@ -386,6 +386,27 @@ def test_the_frontier_figure_gives_each_method_its_panel_beyond_two(tmp_path):
     assert Image.open(four).size == (1134, 612)
 
 
+def test_the_single_panel_legend_fits_inside_the_figure(tmp_path, monkeypatch):
+    """The legend beside a single panel (1.9 in of margin) holds the frontier's long name
+    ("grpo's frontier (with per-sample mixtures)", wrapped) within the figure's right edge."""
+    from explorl.analysis import frontier as F
+
+    edges = []
+
+    def keep(fig, path, dpi=90):
+        fig.canvas.draw()
+        (legend,) = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+        edges.append((legend.get_window_extent().x1, fig.bbox.x1))
+
+    monkeypatch.setattr(F, "save_figure", keep)
+    pts = [F.FPoint(0.5, 0.9, tag="250"), F.FPoint(0.55, 0.8, tag="500")]
+    F.draw_frontier([F.Series("grpo", pts), F.Series("kl_cov_x5", pts)], tmp_path / "one.png",
+                    64, base=(0.4, 0.97), hull=[(0.4, 0.97), (0.5, 0.9), (0.55, 0.8)],
+                    hull_label="frontier (with per-sample mixtures)")
+    right, width = edges[0]
+    assert right <= width
+
+
 def test_the_frontier_figure_titles_say_what_the_labels_are(tmp_path, monkeypatch):
     """The title names what the point labels give (the unit, or ``labels``), in the single panel
     and above the small multiples (where the legend's names once leaked into it)."""

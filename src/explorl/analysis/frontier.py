@@ -131,6 +131,8 @@ def draw_frontier(series: list[Series], path: Path, k: int, *, base: tuple[float
     xlabel = f"{split} pass@1 (mean over seeds and problems; bars: 95% intervals)"
     open_marker = False
     beaten_label = "\n".join(textwrap.wrap(BEATEN.format(units=unit + "s"), 24))
+    # wrapped as that one, so that the single panel's legend fits the margin beside it
+    hull_name = "\n".join(textwrap.wrap(f"{baseline.label}'s {hull_label or 'frontier'}", 24))
     for n, ax in enumerate(axes.flat):
         if n >= len(panels):
             ax.set_axis_off()
@@ -138,7 +140,7 @@ def draw_frontier(series: list[Series], path: Path, k: int, *, base: tuple[float
         open_marker |= _draw_series(ax, baseline, "black", True)
         if hull and len(hull) > 1:
             ax.plot(*zip(*hull), color="0.45", linestyle="--", linewidth=1.3, zorder=5,
-                    label=f"{baseline.label}'s {hull_label or 'frontier'}")
+                    label=hull_name)
         if base is not None:
             ax.plot([base[0]], [base[1]], marker="*", markersize=12, color="black",
                     linestyle="none", label="base (before RL)", zorder=5)
