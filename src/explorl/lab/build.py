@@ -23,7 +23,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,8 +31,9 @@ from typing import Any
 import torch
 
 from explorl.config import SPLIT_SIZES
-from explorl.hf_compat import cache_kwarg, quiet_transformers
+from explorl.hf_compat import quiet_transformers
 from explorl.lab.registry import get_task, make_splits, task_params
+from explorl.lab.sampling import LabModel, sample  # noqa: F401 (sample: also read from here)
 from explorl.lab.tasks import LabTask
 from explorl.lab.tokenizer import (
     CHARS,
@@ -251,11 +252,29 @@ def task_alphabet(task: LabTask, splits: dict[str, list[PromptRecord]]) -> str:
     return task.alphabet
 
 
+@dataclass(frozen=True)
+class _WarmStart:
+    """Where SFT stopped: its step count, last loss, and the accuracy checks on the way."""
+
+    steps: int
+    loss: float
+    history: list[dict[str, float]]
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """The built model's accuracies, sampled with fresh seeds (not the stopping rule's)."""
+
+    greedy: float
+    greedy_by: dict[str, float]
+    sampled: float
+    sampled_by: dict[str, float]
+    sampled_samples: int
+    train_sampled: float
+
+
 def _build(task: LabTask, params: dict[str, Any], cfg: BuildConfig, out: Path) -> None:
     """Initialise, warm-start by SFT, measure, and save the model into ``out``."""
-    import transformers
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     t0 = time.perf_counter()
     scorer = as_scorer(task.check)
 
@@ -265,7 +284,29 @@ def _build(task: LabTask, params: dict[str, Any], cfg: BuildConfig, out: Path) -
     splits = make_splits(
         task, seed=cfg.split_seed, n_train=cfg.n_train, n_val=cfg.n_val, n_test=cfg.n_test, **params
     )
-    alphabet = task_alphabet(task, splits)
+    lab = _initialise(task, task_alphabet(task, splits), check, cfg)
+    train = _sft_examples(lab, splits["train"], cfg)
+    sft = _warm_start(lab, train, splits["val"], cfg)
+    measured = _measure(lab, splits, cfg)
+    _save_model(lab, out)
+    meta = _lab_json(lab, params, cfg, sft, measured, seconds=time.perf_counter() - t0)
+    (out / "lab.json").write_text(json.dumps(meta, indent=2) + "\n")
+    log.info(
+        "  lab model %s ready in %.0f s: %d parameters, sampled val accuracy %.3f, greedy %.3f",
+        getattr(task, "name", task),
+        meta["build_seconds"],
+        meta["n_params"],
+        measured.sampled,
+        measured.greedy,
+    )
+
+
+def _initialise(
+    task: LabTask, alphabet: str, check: Callable[[str, PromptRecord], bool], cfg: BuildConfig
+) -> LabModel:
+    """The tokenizer of ``alphabet`` and a Llama model with weights drawn from ``cfg.seed``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     tok = lab_tokenizer(model_max_length=cfg.max_positions, alphabet=alphabet)
     pad_id, eos_id = tok.convert_tokens_to_ids(PAD), tok.convert_tokens_to_ids(EOS)
     config = LlamaConfig(
@@ -285,50 +326,47 @@ def _build(task: LabTask, params: dict[str, Any], cfg: BuildConfig, out: Path) -
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         model = LlamaForCausalLM(config)
-    n_params = sum(p.numel() for p in model.parameters())
+    return LabModel(task, model, tok, alphabet, pad_id, eos_id, check)
 
-    def encode(text: str) -> list[int]:
-        return tok(text, add_special_tokens=False)["input_ids"]
 
-    train = [(encode(r.prompt), encode(r.extra["solution"]) + [eos_id]) for r in splits["train"]]
+def _sft_examples(
+    lab: LabModel, records: list[PromptRecord], cfg: BuildConfig
+) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, solution ids + EOS) of each training record, checked to fit the model;
+    sets ``lab.max_new`` from the longest solution."""
+    train = [(lab.encode(r.prompt), lab.encode(r.extra["solution"]) + [lab.eos_id])
+             for r in records]
     too_long = max(len(p) + len(s) for p, s in train)
     if too_long > cfg.max_positions:
         raise ValueError(
-            f"a {task.name} example has {too_long} tokens > max_positions={cfg.max_positions}"
+            f"a {lab.task.name} example has {too_long} tokens > max_positions={cfg.max_positions}"
         )
-    max_new = max(len(s) for _, s in train) + 4  # room for a longer (wrong) answer
+    lab.max_new = max(len(s) for _, s in train) + 4  # room for a longer (wrong) answer
+    return train
 
-    def accuracy(
-        records: list[PromptRecord], n: int, temperature: float, seed: int
-    ) -> tuple[float, dict[str, float]]:
-        """Fraction of ``n`` samples per record that pass the task check; and per difficulty."""
-        recs = [r for r in records for _ in range(n)]
-        texts = sample(
-            model,
-            [encode(r.prompt) for r in recs],
-            temperature=temperature,
-            max_new_tokens=max_new,
-            eos_id=eos_id,
-            pad_id=pad_id,
-            vocab=tok.convert_ids_to_tokens,
-            generator=torch.Generator().manual_seed(seed),
-        )
-        by_diff = defaultdict(list)
-        for text, r in zip(texts, recs):
-            by_diff[r.extra["difficulty"]].append(check(text, r))
-        hits = [h for v in by_diff.values() for h in v]
-        return sum(hits) / len(hits), {
-            str(k): round(sum(v) / len(v), 4) for k, v in sorted(by_diff.items())
-        }
 
-    # SFT: cross-entropy on the response tokens and EOS; prompt and padding are masked out.
+def _sft_tensors(
+    train: list[tuple[list[int], list[int]]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded input ids (N, L); labels (N, L), the response tokens and EOS with prompt
+    and padding masked out (-100); and each example's length (N,)."""
     L = max(len(p) + len(s) for p, s in train)
     ids = torch.full((len(train), L), pad_id)  # (N, L), right-padded
     labels = torch.full((len(train), L), -100)  # (N, L)
     for i, (p, s) in enumerate(train):
         ids[i, : len(p) + len(s)] = torch.tensor(p + s)
         labels[i, len(p) : len(p) + len(s)] = torch.tensor(s)
-    lengths = (ids != pad_id).sum(-1)
+    return ids, labels, (ids != pad_id).sum(-1)
+
+
+def _warm_start(
+    lab: LabModel, train: list[tuple[list[int], list[int]]], val: list[PromptRecord],
+    cfg: BuildConfig,
+) -> _WarmStart:
+    """SFT (cross-entropy on the response tokens and EOS) until a check's sampled val accuracy
+    reaches ``cfg.target_accuracy``, or for ``cfg.max_steps``. Leaves the model in eval mode."""
+    model, pad_id = lab.model, lab.pad_id
+    ids, labels, lengths = _sft_tensors(train, pad_id)
     g = torch.Generator().manual_seed(cfg.seed)
     opt = torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98)
@@ -356,7 +394,7 @@ def _build(task: LabTask, params: dict[str, Any], cfg: BuildConfig, out: Path) -
         loss = res.loss.item()
         if step % cfg.check_every == 0 or step == cfg.max_steps:
             model.eval()
-            acc, _ = accuracy(splits["val"], cfg.check_samples, 1.0, cfg.seed + step)
+            acc, _ = lab.accuracy(val, cfg.check_samples, 1.0, cfg.seed + step)
             model.train()
             history.append(
                 {"step": step, "loss": round(loss, 4), "val_sampled_accuracy": round(acc, 4)}
@@ -364,7 +402,7 @@ def _build(task: LabTask, params: dict[str, Any], cfg: BuildConfig, out: Path) -
             log.info(
                 "  lab model %s: SFT step %d/%d  loss %.3f  sampled val accuracy %.3f "
                 "(stops at %.2f)",
-                task.name,
+                lab.task.name,
                 step,
                 cfg.max_steps,
                 loss,
@@ -374,115 +412,59 @@ def _build(task: LabTask, params: dict[str, Any], cfg: BuildConfig, out: Path) -
             if acc >= cfg.target_accuracy:
                 break
     model.eval()
+    return _WarmStart(step, loss, history)
 
-    # Final measurement with fresh sampling seeds (not the ones the stopping rule saw).
-    greedy, greedy_by = accuracy(splits["val"], 1, 0.0, cfg.seed)
-    sampled, sampled_by = accuracy(splits["val"], cfg.eval_samples, 1.0, cfg.seed + 10**6)
+
+def _measure(lab: LabModel, splits: dict[str, list[PromptRecord]], cfg: BuildConfig) -> _Measured:
+    """Final measurement with fresh sampling seeds (not the ones the stopping rule saw)."""
+    greedy, greedy_by = lab.accuracy(splits["val"], 1, 0.0, cfg.seed)
+    sampled, sampled_by = lab.accuracy(splits["val"], cfg.eval_samples, 1.0, cfg.seed + 10**6)
     n_tr = min(len(splits["train"]), cfg.n_val)
-    train_sampled, _ = accuracy(
+    train_sampled, _ = lab.accuracy(
         splits["train"][:n_tr], cfg.check_samples, 1.0, cfg.seed + 2 * 10**6
     )
+    return _Measured(greedy, greedy_by, sampled, sampled_by,
+                     cfg.eval_samples * len(splits["val"]), train_sampled)
 
-    model.generation_config.pad_token_id = pad_id
-    model.generation_config.eos_token_id = eos_id
+
+def _save_model(lab: LabModel, out: Path) -> None:
+    """The model (config.json, generation_config.json, model.safetensors) and tokenizer."""
+    lab.model.generation_config.pad_token_id = lab.pad_id
+    lab.model.generation_config.eos_token_id = lab.eos_id
     with quiet_transformers():  # no "Writing model shards" bar between the build's own lines
-        model.save_pretrained(out)  # config.json, generation_config.json, model.safetensors
-    save_lab_tokenizer(tok, out)
-    meta = {
-        "task": task.name,
+        lab.model.save_pretrained(out)
+    save_lab_tokenizer(lab.tok, out)
+
+
+def _lab_json(
+    lab: LabModel, params: dict[str, Any], cfg: BuildConfig, sft: _WarmStart, measured: _Measured,
+    *, seconds: float,
+) -> dict[str, Any]:
+    """``lab.json``: the build settings, where SFT stopped and the measured accuracies."""
+    import transformers
+
+    return {
+        "task": lab.task.name,
         "params": params,
-        "alphabet": alphabet,
-        "max_response_len": task.max_response_len,
+        "alphabet": lab.alphabet,
+        "max_response_len": lab.task.max_response_len,
         "build": dataclasses.asdict(cfg),
         "build_version": BUILD_VERSION,
         "seed": cfg.seed,
         "split_seed": cfg.split_seed,
-        "n_params": n_params,
-        "sft_steps": step,
-        "final_loss": round(loss, 4),
-        "val_greedy_accuracy": round(greedy, 4),
-        "val_sampled_accuracy": round(sampled, 4),
-        "val_sampled_samples": cfg.eval_samples * len(splits["val"]),
-        "val_greedy_accuracy_by_difficulty": greedy_by,
-        "val_sampled_accuracy_by_difficulty": sampled_by,
-        "train_sampled_accuracy": round(train_sampled, 4),
-        "max_new_tokens": max_new,
-        "history": history,
-        "build_seconds": round(time.perf_counter() - t0, 1),
+        "n_params": sum(p.numel() for p in lab.model.parameters()),
+        "sft_steps": sft.steps,
+        "final_loss": round(sft.loss, 4),
+        "val_greedy_accuracy": round(measured.greedy, 4),
+        "val_sampled_accuracy": round(measured.sampled, 4),
+        "val_sampled_samples": measured.sampled_samples,
+        "val_greedy_accuracy_by_difficulty": measured.greedy_by,
+        "val_sampled_accuracy_by_difficulty": measured.sampled_by,
+        "train_sampled_accuracy": round(measured.train_sampled, 4),
+        "max_new_tokens": lab.max_new,
+        "history": sft.history,
+        "build_seconds": round(seconds, 1),
         "torch_num_threads": torch.get_num_threads(),
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
     }
-    (out / "lab.json").write_text(json.dumps(meta, indent=2) + "\n")
-    log.info(
-        "  lab model %s ready in %.0f s: %d parameters, sampled val accuracy %.3f, greedy %.3f",
-        getattr(task, "name", task),
-        meta["build_seconds"],
-        n_params,
-        sampled,
-        greedy,
-    )
-
-
-@torch.no_grad()
-def sample(
-    model: torch.nn.Module,
-    prompts: list[list[int]],
-    *,
-    temperature: float,
-    max_new_tokens: int,
-    eos_id: int,
-    pad_id: int,
-    vocab,
-    generator: torch.Generator,
-    batch_size: int = 512,
-) -> list[str]:
-    """Sample one response per prompt (``temperature == 0``: greedy); text up to EOS.
-
-    A plain KV-cached loop rather than ``generate``: it draws from an explicit generator, so
-    the build never touches the global RNG. ``vocab`` maps a list of ids to their characters.
-    """
-    texts: list[str] = []
-    cache_name = cache_kwarg(model)
-    for c in range(0, len(prompts), batch_size):
-        chunk = prompts[c : c + batch_size]
-        B, P = len(chunk), max(len(p) for p in chunk)
-        ids = torch.full((B, P), pad_id)  # (B, P), left-padded
-        mask = torch.zeros(B, P, dtype=torch.long)
-        for i, p in enumerate(chunk):
-            ids[i, P - len(p) :] = torch.tensor(p)
-            mask[i, P - len(p) :] = 1
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, P)
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
-        cache = getattr(out, cache_name)
-        next_pos = pos[:, -1:] + 1  # (B, 1)
-        done = torch.zeros(B, dtype=torch.bool)
-        new = []
-        for t in range(max_new_tokens):
-            logits = out.logits[:, -1].float()  # (B, V)
-            if temperature == 0:
-                tok = logits.argmax(-1)
-            else:
-                tok = torch.multinomial(
-                    torch.softmax(logits / temperature, -1), 1, generator=generator
-                )[:, 0]
-            tok = torch.where(done, torch.full_like(tok, pad_id), tok)
-            new.append(tok)
-            done |= tok == eos_id
-            if done.all() or t == max_new_tokens - 1:
-                break
-            mask = torch.cat([mask, torch.ones(B, 1, dtype=torch.long)], 1)
-            out = model(
-                input_ids=tok[:, None],
-                attention_mask=mask,
-                position_ids=next_pos,
-                use_cache=True,
-                **{cache_name: cache},
-            )
-            cache = getattr(out, cache_name)
-            next_pos = next_pos + 1
-        gen = torch.stack(new, 1).tolist()  # (B, R)
-        for row in gen:
-            row = row[: row.index(eos_id)] if eos_id in row else row
-            texts.append("".join(t for t in vocab(row) if t not in SPECIALS))
-    return texts
