@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -101,16 +103,8 @@ def run_eval(
     """Evaluate ``model`` on ``data``; write ``eval.json`` (the totals; with tools, ``tools``:
     the calls per response), ``problems.jsonl`` (each problem's responses, scores and, with
     tools, tool calls: docs/completions.md) and ``passk.png`` into ``out_dir``."""
-    counts = [("--n", n), ("--max-problems", max_problems), ("--max-new-tokens", max_new_tokens),
-              *(("--k", k) for k in k_list)]
-    for flag, value in counts:
-        if value is not None and value < 1:
-            raise C.ConfigError(f"{flag}: must be ≥ 1, got {value}")
-    if not 0 <= temperature <= 100:  # also NaN
-        raise C.ConfigError(f"--temperature: must be in [0, 100], got {temperature}")
-    k_list = sorted({k for k in k_list if k <= n})
-    if not k_list:
-        raise C.ConfigError(f"--k: every k exceeds --n {n}")
+    k_list = _check_flags(n=n, k_list=k_list, temperature=temperature, max_problems=max_problems,
+                          max_new_tokens=max_new_tokens)
     weights, tok_dir, cfg, base = resolve_model(model, overrides)
     # Data and verifier before the model: a bad file or name fails in seconds.
     records = load_split(data, cfg, split)[: max_problems or None]
@@ -130,11 +124,74 @@ def run_eval(
     engine = build_engine(
         cfg, tokenizer, engine_path, resolve_dtype(cfg.model.dtype, device)
     )  # rollout.engine
-    correct: list[list[bool]] = []
-    calls: list[list[int]] = []  # per problem, per response: tool calls answered (with tools)
-    greedy: list[bool] = []
-    problems: list[dict] = []  # one row of problems.jsonl per problem
     t0, cpu0 = time.perf_counter(), time.process_time()
+    got = _sample_problems(
+        _Sampling(cfg=cfg, tokenizer=tokenizer, engine=engine, policy=policy, rewarder=rewarder,
+                  n=n, temperature=temperature, max_new=max_new, seed=seed),
+        records, batch_problems=batch_problems, progress=progress, t0=t0)
+    summary = _summarize(got, records, k_list)
+    summary["settings"] = {"model": model, "data": list(data), "split": split, "n": n, "k": k_list,
+                           "temperature": temperature, "max_new_tokens": max_new, "verifier": name,
+                           "seed": seed, "seconds": time.perf_counter() - t0,
+                           "cpu_seconds": time.process_time() - cpu0}
+    out_dir = Path(out_dir)
+    # eval.json last: a study takes it as the mark of a finished evaluation
+    write_text_atomic(out_dir / "problems.jsonl", (json.dumps(row) + "\n" for row in got.problems))
+    plot_passk(summary, out_dir / "passk.png")
+    write_eval_json(summary, out_dir / "eval.json")
+    _print_table(summary)
+    return summary
+
+
+def _check_flags(*, n: int, k_list: list[int], temperature: float, max_problems: int | None,
+                 max_new_tokens: int | None) -> list[int]:
+    """The counts ≥ 1 and the temperature in range, else a ConfigError naming the flag; the
+    k's up to ``n``, sorted and without repeats."""
+    counts = [("--n", n), ("--max-problems", max_problems), ("--max-new-tokens", max_new_tokens),
+              *(("--k", k) for k in k_list)]
+    for flag, value in counts:
+        if value is not None and value < 1:
+            raise C.ConfigError(f"{flag}: must be ≥ 1, got {value}")
+    if not 0 <= temperature <= 100:  # also NaN
+        raise C.ConfigError(f"--temperature: must be in [0, 100], got {temperature}")
+    k_list = sorted({k for k in k_list if k <= n})
+    if not k_list:
+        raise C.ConfigError(f"--k: every k exceeds --n {n}")
+    return k_list
+
+
+@dataclass(frozen=True)
+class _Sampling:
+    """How each problem is answered: the model, its engine and verifier, and the sampling."""
+
+    cfg: C.RunConfig
+    tokenizer: Any
+    engine: Any
+    policy: Any
+    rewarder: Rewarder
+    n: int
+    temperature: float
+    max_new: int
+    seed: int
+
+
+@dataclass
+class _Answers:
+    """What the evaluation collected, one entry per problem in record order."""
+
+    correct: list[list[bool]] = field(default_factory=list)
+    calls: list[list[int]] = field(default_factory=list)
+    """Per problem, per response: tool calls answered (with tools; else empty)."""
+    greedy: list[bool] = field(default_factory=list)
+    problems: list[dict] = field(default_factory=list)
+    """One row of problems.jsonl per problem."""
+
+
+def _sample_problems(how: _Sampling, records: list, *, batch_problems: int, progress: bool,
+                     t0: float) -> _Answers:
+    """n sampled responses and a greedy one per problem, scored, ``batch_problems`` problems at
+    a time under a progress bar (off a terminal: plain lines, log.progress_every_s)."""
+    cfg, got = how.cfg, _Answers()
     columns = (TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("eta"), TimeRemainingColumn(), TextColumn("[dim]{task.fields[decode]}"))
     rate = DecodeRate(time.perf_counter)
@@ -144,7 +201,7 @@ def run_eval(
         bar.update(task, decode=rate.text())
 
     def render(prompt) -> list[int]:
-        return render_prompt(tokenizer, prompt, cfg.model.use_chat_template)
+        return render_prompt(how.tokenizer, prompt, cfg.model.use_chat_template)
 
     # Off a terminal the bar draws nothing: plain lines instead (log.progress_every_s)
     lines = (ProgressLines("eval problems", len(records), every_s=cfg.log.progress_every_s)
@@ -156,46 +213,49 @@ def run_eval(
         for start in range(0, len(records), batch_problems):
             chunk = records[start: start + batch_problems]
             ids = [Prompt(render(r.prompt), r, render) for r in chunk]  # records: for envs
-            seeds = [mix_seed(seed, EVAL_STREAM, start + i) for i in range(len(chunk))]
-            with phase(f"sampling {len(chunk)} problems", len(chunk) * (n + 1)):  # + greedy
-                got = answer(engine=engine, policy=policy, pool=pool, rewarder=rewarder,
-                             records=chunk, ids=ids, n=n, temperature=temperature,
-                             max_new_tokens=max_new, seeds=seeds, greedy=True)
-            pidx, scores = got.ro.prompt_index.tolist(), got.correct
-            g_texts, g_scores = got.greedy_texts, got.greedy_correct
-            used = got.ro.tool_calls.tolist() if got.ro.tool_calls is not None else None
-            lens = got.ro.lengths.tolist()
-            for i, rec in enumerate(chunk):
-                mine = [(t, sc) for t, sc, p in zip(got.ro.texts, scores, pidx) if p == i]
-                correct.append([sc > 0 for _, sc in mine])
-                row = problem_row(start + i, rec, mine, g_texts[i], g_scores[i])
-                row["lengths"] = [n_tok for n_tok, p in zip(lens, pidx) if p == i]
-                if used is not None:
-                    calls.append([c for c, p in zip(used, pidx) if p == i])
-                    row["tool_calls"] = calls[-1]
-                problems.append(row)
-            greedy += [s > 0 for s in g_scores]
+            seeds = [mix_seed(how.seed, EVAL_STREAM, start + i) for i in range(len(chunk))]
+            with phase(f"sampling {len(chunk)} problems", len(chunk) * (how.n + 1)):  # + greedy
+                batch = answer(engine=how.engine, policy=how.policy, pool=pool,
+                               rewarder=how.rewarder, records=chunk, ids=ids, n=how.n,
+                               temperature=how.temperature, max_new_tokens=how.max_new,
+                               seeds=seeds, greedy=True)
+            _collect(got, start, chunk, batch)
             bar.update(task, advance=len(chunk))
             if lines is not None:
                 secs = max(1e-9, time.perf_counter() - t0)
                 lines.done(start + len(chunk), [f"{lines.tokens / secs:,.0f} tok/s"])
-    summary = summarize(correct, [r.data_source for r in records], k_list)
-    if calls:  # a run without tools writes no `tools` section
-        summary["tools"] = tool_summary(calls, correct)
-    summary["overall"]["greedy_accuracy"] = sum(greedy) / max(1, len(greedy))
+    return got
+
+
+def _collect(got: _Answers, start: int, chunk: list, batch) -> None:
+    """Add one batch's answers (``answer``'s result for ``chunk``, the problems from index
+    ``start``) to ``got``."""
+    pidx, scores = batch.ro.prompt_index.tolist(), batch.correct
+    g_texts, g_scores = batch.greedy_texts, batch.greedy_correct
+    used = batch.ro.tool_calls.tolist() if batch.ro.tool_calls is not None else None
+    lens = batch.ro.lengths.tolist()
+    for i, rec in enumerate(chunk):
+        mine = [(t, sc) for t, sc, p in zip(batch.ro.texts, scores, pidx) if p == i]
+        got.correct.append([sc > 0 for _, sc in mine])
+        row = problem_row(start + i, rec, mine, g_texts[i], g_scores[i])
+        row["lengths"] = [n_tok for n_tok, p in zip(lens, pidx) if p == i]
+        if used is not None:
+            got.calls.append([c for c, p in zip(used, pidx) if p == i])
+            row["tool_calls"] = got.calls[-1]
+        got.problems.append(row)
+    got.greedy += [s > 0 for s in g_scores]
+
+
+def _summarize(got: _Answers, records: list, k_list: list[int]) -> dict:
+    """pass@k and mean@n overall and per data source, with greedy accuracy beside them; with
+    tools, the ``tools`` section."""
+    summary = summarize(got.correct, [r.data_source for r in records], k_list)
+    if got.calls:  # a run without tools writes no `tools` section
+        summary["tools"] = tool_summary(got.calls, got.correct)
+    summary["overall"]["greedy_accuracy"] = sum(got.greedy) / max(1, len(got.greedy))
     for src in summary["by_source"]:
-        flags = [g for g, r in zip(greedy, records) if r.data_source == src]
+        flags = [g for g, r in zip(got.greedy, records) if r.data_source == src]
         summary["by_source"][src]["greedy_accuracy"] = sum(flags) / max(1, len(flags))
-    summary["settings"] = {"model": model, "data": list(data), "split": split, "n": n, "k": k_list,
-                           "temperature": temperature, "max_new_tokens": max_new, "verifier": name,
-                           "seed": seed, "seconds": time.perf_counter() - t0,
-                           "cpu_seconds": time.process_time() - cpu0}
-    out_dir = Path(out_dir)
-    # eval.json last: a study takes it as the mark of a finished evaluation
-    write_text_atomic(out_dir / "problems.jsonl", (json.dumps(row) + "\n" for row in problems))
-    plot_passk(summary, out_dir / "passk.png")
-    write_eval_json(summary, out_dir / "eval.json")
-    _print_table(summary)
     return summary
 
 
