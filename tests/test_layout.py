@@ -201,7 +201,6 @@ MAX_FUNCTION_LINES = 80
 LONG_FUNCTIONS = frozenset({
     "study/documents.py:write_documents",
     "rewards/pool.py:_run",
-    "validation/checks.py:_cross_checks",
     "training/update.py:run",
     "policy/forward.py:_pack_plan",
     "study/run.py:run_study",

@@ -46,14 +46,16 @@ AEPO_ONLY = ("branch_penalty", "dynamic_initial", "budget_sharpness")
 """``rollout.arpo`` fields only AEPO's rollout (``mode: aepo``) reads."""
 
 
-# (path, predicate, message) checks of relations between fields, run after the ranges.
 def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
-    a, r, e = c.algorithm, c.rollout, c.control.eepo
-    stale = r.async_.enabled and r.async_.max_staleness > 0
-    pk, n_group = a.passk_k, _smallest_group(c)
-    arpo_defaults = {f.name: f.default for f in dataclasses.fields(r.arpo)}
-    tools = bool(r.tools or r.environment)  # multi-turn tool rollouts
-    tools_key = "rollout.tools" if r.tools else "rollout.environment"
+    """(path, predicate, message) checks of relations between fields, run after the ranges;
+    the first one that fails is reported."""
+    return [*_data_checks(c), *_engine_checks(c), *_tool_checks(c), *_update_checks(c),
+            *_count_checks(c), *_model_checks(c)]
+
+
+def _data_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
+    """The run's name, its training data and the reward's limits."""
+    r = c.rollout
     return [
         ("name", bool(c.name.strip()) and "/" not in c.name and "\\" not in c.name,
          f"must be a non-empty name without '/' (it names the run directory), got {c.name!r}"),
@@ -66,6 +68,14 @@ def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
         ("reward.step_timeout_s",
          c.reward.step_timeout_s is None or c.reward.step_timeout_s >= c.reward.timeout_s,
          "must be ≥ reward.timeout_s (one response's limit)"),
+    ]
+
+
+def _engine_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
+    """Settings the chosen rollout engine must be able to honour."""
+    a, r, e = c.algorithm, c.rollout, c.control.eepo
+    stale = r.async_.enabled and r.async_.max_staleness > 0
+    return [
         ("rollout.vllm.recompute", r.engine != "vllm" or r.vllm.recompute
          or (a.old_logp != "sampler" and not e.enabled and not r.arpo.enabled),
          "false leaves entropy unknown (vLLM reports none): it needs algorithm.old_logp auto or "
@@ -80,6 +90,17 @@ def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
         ("rollout.hf.static", r.engine == "hf" or r.hf.static == "auto",
          f"is a setting of the hf engine, and rollout.engine is {r.engine!r}: nothing reads it "
          "(leave it at auto, or use rollout.engine: hf)"),
+    ]
+
+
+def _tool_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
+    """Multi-turn tool rollouts and environments, ARPO and AEPO: what each needs, what cannot
+    run beside them, and their settings left at the defaults when nothing reads them."""
+    r, e = c.rollout, c.control.eepo
+    arpo_defaults = {f.name: f.default for f in dataclasses.fields(r.arpo)}
+    tools = bool(r.tools or r.environment)  # multi-turn tool rollouts
+    tools_key = "rollout.tools" if r.tools else "rollout.environment"
+    return [
         *[(f"rollout.{k}", tools or getattr(r, k) == getattr(RolloutConfig, k),
            "is a setting of multi-turn tool rollouts, and rollout.tools is empty (no "
            f"rollout.environment): nothing reads it (leave it at {getattr(RolloutConfig, k)!r}, "
@@ -113,6 +134,14 @@ def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
          "is the slope of entropy pre-monitoring, and rollout.arpo.dynamic_initial is false: "
          f"nothing reads it (leave it at {arpo_defaults['budget_sharpness']!r}, or set "
          "dynamic_initial: true)"),
+    ]
+
+
+def _update_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
+    """The policy update (advantage shaping, rollout correction, clipping) and the asynchronous
+    worker: methods that cannot run together, bounds only some modes read."""
+    a, r, e = c.algorithm, c.rollout, c.control.eepo
+    return [
         ("algorithm.aepo_adv_weight", not (a.aepo_adv_weight and a.entropy_shaping_alpha),
          "cannot run with algorithm.entropy_shaping_alpha: both reshape each token's advantage "
          "from its entropy (AEPO scales it, Cheng et al. add to it); set one to 0"),
@@ -133,6 +162,15 @@ def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
           "dual-clipped token could not be a Clip-Cov candidate); set algorithm.clip_c: null "
           "with loss clip_cov")),
         ("algorithm.clip_cov_ub", a.clip_cov_ub > a.clip_cov_lb, "must be > algorithm.clip_cov_lb"),
+    ]
+
+
+def _count_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
+    """Counts against each other: eval's k's, trackers named once, pass@k's k and the
+    advantage's needs against the smallest group of responses."""
+    a = c.algorithm
+    pk, n_group = a.passk_k, _smallest_group(c)
+    return [
         ("eval.k", all(k <= c.eval.n_samples for k in c.eval.k),
          "every k must be ≤ eval.n_samples"),
         ("log.report_to", len(set(c.log.report_to)) == len(c.log.report_to),
@@ -143,6 +181,12 @@ def _cross_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
          f"pkpo_loo needs k < n in every group (the smallest group has {n_group} responses)"),
         ("algorithm.advantage", a.advantage != "grpo_passk" or n_group >= 2,
          "grpo_passk needs at least 2 responses in every group"),
+    ]
+
+
+def _model_checks(c: RunConfig) -> list[tuple[str, bool, str]]:
+    """LoRA and torch.compile against the precision and the distributed strategy."""
+    return [
         ("model.lora.enabled", not (c.model.lora.enabled and c.model.pure_low_precision),
          "LoRA keeps the frozen base in model.dtype already and its adapters are float32 master "
          "weights; model.pure_low_precision would round the adapters' small updates away: set "
