@@ -205,7 +205,6 @@ LONG_FUNCTIONS = frozenset({
     "policy/forward.py:_pack_plan",
     "study/run.py:run_study",
     "study/numbers.py:run_numbers",
-    "analysis/frontier.py:draw_frontier",
 })
 
 

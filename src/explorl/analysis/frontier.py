@@ -117,18 +117,10 @@ def draw_frontier(series: list[Series], path: Path, k: int, *, base: tuple[float
     that nine methods' lines and intervals do not cover one another."""
     baseline, others = series[0], series[1:]
     panels = [others] if len(others) <= 2 else [[s] for s in others]
-    ncols = 1 if len(panels) == 1 else min(3, len(panels))
-    nrows = -(-len(panels) // ncols)
+    fig, axes, nrows, ncols = _panel_grid(len(panels))
     single = len(panels) == 1
-    fig, axes = new_figure(nrows, ncols, width=7.6 if single else 4.2,
-                           height=5.2 if single else 3.4, suptitle=not single)
-    if single:
-        fig.subplots_adjust(left=0.1, right=1 - 1.9 / 7.6, top=0.87)  # the legend beside it
-    else:  # two lines of title above the panels' own
-        fig.subplots_adjust(top=1 - 1.0 / (3.4 * nrows))
-    xlim, ylim = _limits(series, base)
+    limits = _limits(series, base)
     title = f"pass@1–pass@{k} frontier" + (f": {subtitle}" if subtitle else "")
-    xlabel = f"{split} pass@1 (mean over seeds and problems; bars: 95% intervals)"
     open_marker = False
     beaten_label = "\n".join(textwrap.wrap(BEATEN.format(units=unit + "s"), 24))
     # wrapped as that one, so that the single panel's legend fits the margin beside it
@@ -137,21 +129,10 @@ def draw_frontier(series: list[Series], path: Path, k: int, *, base: tuple[float
         if n >= len(panels):
             ax.set_axis_off()
             continue
-        open_marker |= _draw_series(ax, baseline, "black", True)
-        if hull and len(hull) > 1:
-            ax.plot(*zip(*hull), color="0.45", linestyle="--", linewidth=1.3, zorder=5,
-                    label=hull_name)
-        if base is not None:
-            ax.plot([base[0]], [base[1]], marker="*", markersize=12, color="black",
-                    linestyle="none", label="base (before RL)", zorder=5)
-        for s in panels[n]:
-            i = others.index(s)
-            open_marker |= _draw_series(ax, s, f"C{i % 10}", False)
-        ax.set_xlim(*xlim)
-        ax.set_ylim(*ylim)
-        ax.grid(alpha=0.3)
+        open_marker |= _draw_panel(ax, baseline, panels[n], others, limits, base=base, hull=hull,
+                                   hull_name=hull_name)
         if single:
-            ax.set_xlabel(xlabel)
+            ax.set_xlabel(f"{split} pass@1 (mean over seeds and problems; bars: 95% intervals)")
             ax.set_ylabel(f"{split} pass@{k}")
             ax.set_title(title + f"\n(labels: the {labels or unit})", fontsize="medium")
             if open_marker:
@@ -167,25 +148,72 @@ def draw_frontier(series: list[Series], path: Path, k: int, *, base: tuple[float
         if n // ncols == nrows - 1 or n + ncols >= len(panels):
             ax.set_xlabel(f"{split} pass@1")
     if not single:
-        handles, names = axes.flat[0].get_legend_handles_labels()
-        keep = [(h, lab) for h, lab in zip(handles, names) if lab != others[0].label]
-        if open_marker:
-            from matplotlib.lines import Line2D
-
-            keep.append((Line2D([], [], linestyle="none", marker="o", markerfacecolor="white",
-                                markeredgecolor="0.3"), beaten_label))
         fig.suptitle(f"{title}\n(one panel per method, on the same axes; labels: the "
                      f"{labels or unit}; "
                      "bars: 95% intervals over seeds and problems)", fontsize="medium")
-        spare = [ax for ax in axes.flat[len(panels):]]
-        if spare:  # the legend in the first empty cell, else in a row below the panels
-            spare[0].legend(*zip(*keep), loc="center", fontsize="small", frameon=False)
-        else:
-            fig.subplots_adjust(bottom=0.55 / (3.4 * nrows) + 0.12 / nrows)
-            fig.legend(*zip(*keep), loc="lower center", ncol=len(keep), fontsize="x-small",
-                       frameon=False)
+        _shared_legend(fig, axes, len(panels), nrows, skip=others[0].label,
+                       beaten_label=beaten_label if open_marker else None)
     save_figure(fig, path, dpi=90)
     return path
+
+
+def _panel_grid(n_panels: int):
+    """``(figure, axes, rows, columns)``: one panel, with room for the legend beside it; or up
+    to three columns of small multiples, with two lines of title above the panels' own."""
+    ncols = 1 if n_panels == 1 else min(3, n_panels)
+    nrows = -(-n_panels // ncols)
+    single = n_panels == 1
+    fig, axes = new_figure(nrows, ncols, width=7.6 if single else 4.2,
+                           height=5.2 if single else 3.4, suptitle=not single)
+    if single:
+        fig.subplots_adjust(left=0.1, right=1 - 1.9 / 7.6, top=0.87)  # the legend beside it
+    else:  # two lines of title above the panels' own
+        fig.subplots_adjust(top=1 - 1.0 / (3.4 * nrows))
+    return fig, axes, nrows, ncols
+
+
+def _draw_panel(ax, baseline: Series, panel: list[Series], others: list[Series], limits,
+                *, base: tuple[float, float] | None, hull: list[tuple[float, float]] | None,
+                hull_name: str) -> bool:
+    """One panel: the baseline, its frontier (labelled ``hull_name``), the base model and
+    ``panel``'s series (coloured by their place in ``others``) on the shared ``limits``. True
+    when a point is drawn open (beaten)."""
+    open_marker = _draw_series(ax, baseline, "black", True)
+    if hull and len(hull) > 1:
+        ax.plot(*zip(*hull), color="0.45", linestyle="--", linewidth=1.3, zorder=5,
+                label=hull_name)
+    if base is not None:
+        ax.plot([base[0]], [base[1]], marker="*", markersize=12, color="black",
+                linestyle="none", label="base (before RL)", zorder=5)
+    for s in panel:
+        i = others.index(s)
+        open_marker |= _draw_series(ax, s, f"C{i % 10}", False)
+    xlim, ylim = limits
+    ax.set_xlim(*xlim)
+    ax.set_ylim(*ylim)
+    ax.grid(alpha=0.3)
+    return open_marker
+
+
+def _shared_legend(fig, axes, n_panels: int, nrows: int, *, skip: str,
+                   beaten_label: str | None) -> None:
+    """The small multiples' one legend (the first panel's entries but ``skip``, the method
+    drawn there; with ``beaten_label``, the open marker's entry): in the first empty cell, else
+    in a row below the panels."""
+    handles, names = axes.flat[0].get_legend_handles_labels()
+    keep = [(h, lab) for h, lab in zip(handles, names) if lab != skip]
+    if beaten_label is not None:
+        from matplotlib.lines import Line2D
+
+        keep.append((Line2D([], [], linestyle="none", marker="o", markerfacecolor="white",
+                            markeredgecolor="0.3"), beaten_label))
+    spare = [ax for ax in axes.flat[n_panels:]]
+    if spare:  # the legend in the first empty cell, else in a row below the panels
+        spare[0].legend(*zip(*keep), loc="center", fontsize="small", frameon=False)
+    else:
+        fig.subplots_adjust(bottom=0.55 / (3.4 * nrows) + 0.12 / nrows)
+        fig.legend(*zip(*keep), loc="lower center", ncol=len(keep), fontsize="x-small",
+                   frameon=False)
 
 
 # ----------------------------------------------------------------------------- from runs
