@@ -15,6 +15,7 @@ import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
+from typing import Any
 
 from explorl import refs
 from explorl.rewards.functions import Context, RewardSpec, load_reward, scheme_modules
@@ -116,6 +117,36 @@ class _Worker:
     warming: bool = False
     deadline: float = math.inf
     """When the first of ``items`` (or the warm-up) must have answered."""
+
+
+@dataclass
+class _Call:
+    """One ``score`` call's progress in the workers: what is left to verify, what came back."""
+
+    spec: Any
+    responses: list[str]
+    gts: list[str]
+    ctxs: list
+    budget: float
+    """The call's seconds (``step_timeout_s`` or ``call_budget``), from a worker being ready."""
+    deadline: float
+    """When the budget runs out; inf until a worker has warmed the verifier."""
+    pending: deque[list[int]]
+    """Chunks of indices not yet handed to a worker."""
+    scores: list[float]
+    left: int
+    """Responses neither answered nor failed."""
+    timeouts: int = 0
+    errors: int = 0
+    start_failures: int = 0
+    problem: str | None = None
+    """The first failed response's reason, for the log."""
+    failures: dict[int, str] = field(default_factory=dict)
+    answered: set[int] = field(default_factory=set)
+
+    @property
+    def n(self) -> int:
+        return len(self.responses)
 
 
 class VerifierPool:
@@ -264,132 +295,153 @@ class VerifierPool:
             raise
 
     def _run(self, spec, responses: list[str], gts: list[str], ctxs: list) -> ScoreResult:
-        n = len(responses)
-        scores, timeouts, errors = [0.0] * n, 0, 0
-        size = max(1, min(_MAX_CHUNK, math.ceil(n / (self.num_workers * _CHUNKS_PER_WORKER))))
-        pending = deque(list(range(s, min(s + size, n))) for s in range(0, n, size))
-        left, start_failures = n, 0
-        budget = self.step_timeout_s or call_budget(self.timeout_s, n, self.num_workers)
-        # The budget runs from the moment a worker can verify (a cold pool first imports).
-        warm = any(spec in w.specs for w in self._workers)
-        call_deadline = time.monotonic() + budget if warm else math.inf
-        problem = None  # the first failed response's reason, for the log
-        failures: dict[int, str] = {}
-        answered: set[int] = set()
-
-        while left:
-            # 1. Hand a chunk to every idle worker. Only idle workers: a busy one is not reading
-            # its pipe, so a large send could block us past a deadline.
-            for w in list(self._workers):
-                if w.items or not pending:
-                    continue
-                chunk = pending.popleft()
-                try:
-                    w.conn.send((spec, [(i, responses[i], gts[i], ctxs[i]) for i in chunk]))
-                except (OSError, ValueError):  # died while idle
-                    pending.appendleft(chunk)
-                    self._replace(w)
-                    continue
-                w.items.extend(chunk)
-                w.warming = spec not in w.specs
-                w.deadline = time.monotonic() + (
-                    self.startup_timeout_s if w.warming else self.timeout_s
-                )
-
-            # 2. Wait for answers, deaths, or the nearest deadline.
+        """Hand out chunks, wait, collect the answers and replace failed workers, until every
+        response is answered, failed, or cut by the call's budget."""
+        call = self._new_call(spec, responses, gts, ctxs)
+        while call.left:
+            self._hand_out(call)
+            # Wait for answers, deaths, or the nearest deadline.
             busy = [w for w in self._workers if w.items]
             if not busy:  # the idle workers had died (replaced above): hand the work out again
-                start_failures += 1
-                if start_failures < _MAX_START_FAILURES:
+                call.start_failures += 1
+                if call.start_failures < _MAX_START_FAILURES:
                     continue
-                raise RuntimeError(f"verifier workers died {start_failures} times before "
+                raise RuntimeError(f"verifier workers died {call.start_failures} times before "
                                    f"{describe(spec)} could be sent to them")
-            timeout = max(0.0, min(min(w.deadline for w in busy), call_deadline) - time.monotonic())
+            timeout = max(0.0, min(min(w.deadline for w in busy), call.deadline)
+                          - time.monotonic())
             wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout)
-
-            # 3. Collect answers; kill and replace workers that died or overran.
             for w in busy:
-                dead = False
-                try:
-                    while w.items and w.conn.poll():
-                        msg = w.conn.recv()
-                        if msg[0] == "ready":
-                            w.warming = False
-                            w.specs.add(spec)
-                            call_deadline = min(call_deadline, time.monotonic() + budget)
-                            if msg[1] is not None:
-                                log.error("%s failed to load in a worker: %s", describe(spec),
-                                          msg[1])
-                        else:
-                            i, s, why = msg
-                            w.items.popleft()
-                            answered.add(i)
-                            scores[i], errors, left = s, errors + (why is not None), left - 1
-                            problem = problem or why
-                            if why is not None:
-                                failures[i] = why
-                        # The worker starts its next item the moment it answers this one.
-                        w.deadline = time.monotonic() + self.timeout_s
-                except (EOFError, OSError):
-                    dead = True
-                if not w.items:
-                    continue
-                dead = dead or not w.proc.is_alive()
-                overran = time.monotonic() >= w.deadline
-                if not (dead or overran):
-                    continue
-                if w.warming:  # no response is to blame; retry the chunk on a fresh worker
-                    start_failures += 1
-                    log.warning(
-                        "verifier worker failed to start %s (%s)",
-                        describe(spec),
-                        "died" if dead else "timed out",
-                    )
-                    pending.appendleft(list(w.items))
-                else:
-                    lost = w.items.popleft()  # the response it was working on
-                    failures[lost] = ("the worker died (crash or memory limit)" if dead else
-                                      f"timed out after {self.timeout_s:g} s")
-                    problem = problem or (failures[lost] if dead else None)  # timeouts: below
-                    left -= 1
-                    timeouts, errors = timeouts + (not dead), errors + dead
-                    if w.items:
-                        pending.appendleft(list(w.items))
-                w.items.clear()
-                self._replace(w)
-
-            if left and time.monotonic() >= call_deadline:
-                # Out of budget: what is still queued or in a worker scores 0 as a timeout.
-                cut = sum(len(c) for c in pending) + sum(len(w.items) for w in self._workers)
-                log.warning(
-                    "%s: the call's budget of %.1f s ran out with %d of %d responses "
-                    "unverified (scored 0, counted as timeouts); raise reward.step_timeout_s or "
-                    "reward.num_workers", describe(spec), budget, cut, n,
-                )
-                for w in list(self._workers):
-                    if w.items:
-                        failures.update({i: "the call's time budget ran out" for i in w.items})
-                        w.items.clear()
-                        self._replace(w)
-                failures.update({i: "the call's time budget ran out" for c in pending for i in c})
-                pending.clear()
-                timeouts, left = timeouts + cut, 0
-
-            if start_failures >= _MAX_START_FAILURES:
+                self._collect(call, w)
+            if call.left and time.monotonic() >= call.deadline:
+                self._cut_at_budget(call)
+            if call.start_failures >= _MAX_START_FAILURES:
                 # Not a bad response but a broken environment: training on all-zero rewards
                 # would hide it.
                 raise RuntimeError(
-                    f"verifier workers failed to start {start_failures} times for "
+                    f"verifier workers failed to start {call.start_failures} times for "
                     f"{describe(spec)} "
                     f"(a worker must import and warm the verifier within "
                     f"{self.startup_timeout_s} s)"
                 )
+        # None expected: a response never scores a bare 0.0, without a reason.
+        for i in set(range(call.n)) - call.answered - set(call.failures):
+            call.failures[i] = "the worker died (crash or memory limit)"
+            call.errors += 1
+        problem = report_failures(spec, call.n, call.errors, call.timeouts, call.problem,
+                                  self.timeout_s)
+        return ScoreResult(call.scores, call.timeouts, call.errors, problem, call.failures)
 
-        for i in set(range(n)) - answered - set(failures):  # none expected: never a bare 0.0
-            failures[i] = "the worker died (crash or memory limit)"
-            errors += 1
-        problem = report_failures(spec, n, errors, timeouts, problem, self.timeout_s)
-        return ScoreResult(scores, timeouts, errors, problem, failures)
+    def _new_call(self, spec, responses: list[str], gts: list[str], ctxs: list) -> _Call:
+        """The call's chunks and budget; the budget runs from the moment a worker can verify
+        (a cold pool first imports)."""
+        n = len(responses)
+        size = max(1, min(_MAX_CHUNK, math.ceil(n / (self.num_workers * _CHUNKS_PER_WORKER))))
+        budget = self.step_timeout_s or call_budget(self.timeout_s, n, self.num_workers)
+        warm = any(spec in w.specs for w in self._workers)
+        return _Call(
+            spec, responses, gts, ctxs, budget=budget,
+            deadline=time.monotonic() + budget if warm else math.inf,
+            pending=deque(list(range(s, min(s + size, n))) for s in range(0, n, size)),
+            scores=[0.0] * n, left=n,
+        )
+
+    def _hand_out(self, call: _Call) -> None:
+        """Hand a chunk to every idle worker. Only idle workers: a busy one is not reading its
+        pipe, so a large send could block us past a deadline."""
+        for w in list(self._workers):
+            if w.items or not call.pending:
+                continue
+            chunk = call.pending.popleft()
+            try:
+                w.conn.send((call.spec, [(i, call.responses[i], call.gts[i], call.ctxs[i])
+                                         for i in chunk]))
+            except (OSError, ValueError):  # died while idle
+                call.pending.appendleft(chunk)
+                self._replace(w)
+                continue
+            w.items.extend(chunk)
+            w.warming = call.spec not in w.specs
+            w.deadline = time.monotonic() + (
+                self.startup_timeout_s if w.warming else self.timeout_s
+            )
+
+    def _collect(self, call: _Call, w: _Worker) -> None:
+        """Collect ``w``'s answers; kill and replace it if it died or overran."""
+        dead = False
+        try:
+            while w.items and w.conn.poll():
+                self._take(call, w, w.conn.recv())
+                # The worker starts its next item the moment it answers this one.
+                w.deadline = time.monotonic() + self.timeout_s
+        except (EOFError, OSError):
+            dead = True
+        if not w.items:
+            return
+        dead = dead or not w.proc.is_alive()
+        overran = time.monotonic() >= w.deadline
+        if dead or overran:
+            self._retire(call, w, dead)
+
+    def _take(self, call: _Call, w: _Worker, msg) -> None:
+        """One message from ``w``: its warm-up finished (``"ready"``), or a response's score."""
+        if msg[0] == "ready":
+            w.warming = False
+            w.specs.add(call.spec)
+            call.deadline = min(call.deadline, time.monotonic() + call.budget)
+            if msg[1] is not None:
+                log.error("%s failed to load in a worker: %s", describe(call.spec), msg[1])
+            return
+        i, s, why = msg
+        w.items.popleft()
+        call.answered.add(i)
+        call.scores[i], call.errors, call.left = s, call.errors + (why is not None), call.left - 1
+        call.problem = call.problem or why
+        if why is not None:
+            call.failures[i] = why
+
+    def _retire(self, call: _Call, w: _Worker, dead: bool) -> None:
+        """Kill and replace a worker that died or overran. Warming, no response is to blame:
+        its chunk is retried on a fresh worker; else the response it was on fails and the rest
+        of its chunk is handed out again."""
+        if w.warming:
+            call.start_failures += 1
+            log.warning(
+                "verifier worker failed to start %s (%s)",
+                describe(call.spec),
+                "died" if dead else "timed out",
+            )
+            call.pending.appendleft(list(w.items))
+        else:
+            lost = w.items.popleft()  # the response it was working on
+            call.failures[lost] = ("the worker died (crash or memory limit)" if dead else
+                                   f"timed out after {self.timeout_s:g} s")
+            # timeouts: reported by report_failures
+            call.problem = call.problem or (call.failures[lost] if dead else None)
+            call.left -= 1
+            call.timeouts, call.errors = call.timeouts + (not dead), call.errors + dead
+            if w.items:
+                call.pending.appendleft(list(w.items))
+        w.items.clear()
+        self._replace(w)
+
+    def _cut_at_budget(self, call: _Call) -> None:
+        """Out of budget: what is still queued or in a worker scores 0 as a timeout."""
+        cut = sum(len(c) for c in call.pending) + sum(len(w.items) for w in self._workers)
+        log.warning(
+            "%s: the call's budget of %.1f s ran out with %d of %d responses "
+            "unverified (scored 0, counted as timeouts); raise reward.step_timeout_s or "
+            "reward.num_workers", describe(call.spec), call.budget, cut, call.n,
+        )
+        for w in list(self._workers):
+            if w.items:
+                call.failures.update({i: "the call's time budget ran out" for i in w.items})
+                w.items.clear()
+                self._replace(w)
+        call.failures.update({i: "the call's time budget ran out"
+                              for c in call.pending for i in c})
+        call.pending.clear()
+        call.timeouts, call.left = call.timeouts + cut, 0
 
     def close(self) -> None:
         """Stop the workers (idempotent)."""
