@@ -46,6 +46,20 @@ from explorl.training.optim import micro_batch_sizes
 from explorl.training.reward_kl import reference_kl_sums
 
 
+@dataclasses.dataclass
+class _Tally:
+    """What one update's optimizer steps and forking masks add up to."""
+
+    grad_norm_sum: torch.Tensor
+    """Σ of the finite steps' gradient norms (on the device: no host sync per step)."""
+    n_opt: int = 0
+    """Optimizer steps taken."""
+    n_bad: int = 0
+    """Steps skipped for a non-finite gradient (not counting fp16's overflow steps)."""
+    masks: int = 0
+    """Forking masks taken (one per mini-batch with ``algorithm.entropy_mask_ratio``)."""
+
+
 class PolicyUpdate:
     """The optimizer side of a step: the wrapped policy forward, AdamW, its schedule, the
     reference."""
@@ -135,8 +149,7 @@ class PolicyUpdate:
             return None
         n_mb = min(o.mini_batches, N)
         state = self.shuffle_gen.get_state()
-        order = (torch.randperm(N, generator=self.shuffle_gen)  # host: what run() would draw
-                 if n_mb > 1 or o.ppo_epochs > 1 else torch.arange(N))  # host
+        order = self._row_order(N, n_mb)  # host: what run() would draw
         mb = order.tensor_split(n_mb)[0]
         if self._micro_plan(sb.rows, mb)[1] != 1:
             self.shuffle_gen.set_state(state)  # not folded: run() draws the order itself
@@ -213,34 +226,26 @@ class PolicyUpdate:
             }, {}
         loss_fn = LOSSES[a.loss]
         lcfg = LossParams.build(a, knobs)  # the one record of what the loss reads (§7d)
-        lengths = rows.length
-        if a.mask_truncated:  # overlong filtering: out of the loss and its denominators
-            keep = ~rows.truncated[sb.local].to(ro.response_mask.device)  # (n,)
-            ro = dataclasses.replace(ro, response_mask=ro.response_mask & keep[:, None])
-            if ro.tool_mask is not None:  # the whole row leaves the forward too
-                ro = dataclasses.replace(ro, tool_mask=ro.tool_mask & keep[:, None])
-            lengths = lengths * ~rows.truncated
+        ro, lengths = self._mask_truncated(ro, sb)
         max_len = a.agg_max_len or cfg.rollout.max_response_len
         n_mb = min(o.mini_batches, N)
         # host: global row -> this rank's row, or -1
         local_row = torch.full((N,), -1, dtype=torch.long)  # host
         local_row[sb.local] = torch.arange(len(sb.local))  # host
         sums: dict[str, torch.Tensor] = {}
-        n_opt, n_bad, grad_norm_sum = 0, 0, torch.zeros((), device=self.device)
+        tally = _Tally(grad_norm_sum=torch.zeros((), device=self.device))
         adv = adv.to(self.device)
         entropic = cfg.control.entropic.enabled
         confident = self.before.confident_counts(ro, sb, N) if entropic else None
         corr = step_correction(a.rollout_correction, ro, sb.local, N, self.dist)  # §7a, or None
         mask_sums: dict[str, float] = {}  # forking-mask metrics (global), summed over mini-batches
-        n_masks = 0
         self.scorer.train()
         first, self._first = self._first, None  # the recompute's forward of mini-batch 1
         for epoch in range(o.ppo_epochs):
             if epoch == 0 and first is not None:
                 order = first["order"]  # drawn by the recompute
             else:
-                order = (torch.randperm(N, generator=self.shuffle_gen)  # host: global row order
-                         if n_mb > 1 or o.ppo_epochs > 1 else torch.arange(N))  # host
+                order = self._row_order(N, n_mb)
             for k_mb, mb in enumerate(order.tensor_split(n_mb)):
                 pre = None
                 if epoch == 0 and k_mb == 0 and first is not None:
@@ -252,43 +257,78 @@ class PolicyUpdate:
                     seq_denom=(lengths[mb] > 0).sum(),
                     max_len=max_len,
                 )
-                mine = local_row[mb]
-                for _attempt in range(MemoryGuard.MAX_RETRIES + 2):  # the last OOM raises
-                    saved = ({k: v.clone() for k, v in sums.items()}, dict(mask_sums))
-                    try:
-                        n_masks += self._accumulate(ro, adv, mb, mine, rows, agg, lcfg, loss_fn,
-                                                    corr, confident, sums, mask_sums, pre)
-                        break
-                    except OOM_ERRORS as e:  # drop the mini-batch's partial gradients and sums
-                        pre = None  # the retry runs its forward again, in smaller pieces
-                        self.optimizer.zero_grad(set_to_none=True)
-                        for d, old in zip((sums, mask_sums), saved):
-                            d.clear()
-                            d.update(old)
-                        self.memory.on_oom(e, self.step)  # halves, or raises OutOfMemory
-                if self.scaler:
-                    self.scaler.unscale_(self.optimizer)
-                gn = self.dist.clip_grad_norm_(self.scorer, o.max_grad_norm).detach().float()
-                # A non-finite loss or gradient never reaches the weights (one host sync per
-                # optimizer step; the norm is global, so every rank skips together). Under fp16 the
-                # scaler's own overflow steps lower its scale and are not counted as bad.
-                if bool(torch.isfinite(gn)):
-                    if self.scaler:
-                        self.scaler.step(self.optimizer)
-                    else:
-                        self.optimizer.step()
-                    self.scheduler.step()
-                    n_opt += 1
-                    grad_norm_sum += gn
-                elif not self.scaler:
-                    n_bad += 1
-                if self.scaler:
-                    self.scaler.update()
+                tally.masks += self._accumulate_retrying(
+                    ro, adv, mb, local_row[mb], rows, agg, lcfg, loss_fn, corr, confident, sums,
+                    mask_sums, pre)
+                self._optimizer_step(tally)
         self.optimizer.zero_grad(set_to_none=True)
-        out = {"grad/norm": float(grad_norm_sum) / max(1, n_opt) if n_opt else float("nan"),
-               "train/optimizer_steps": float(n_opt), "train/nonfinite_updates": float(n_bad),
+        return self._metrics(tally, mask_sums, corr), {k: float(v) for k, v in sums.items()}
+
+    def _mask_truncated(self, ro: Rollouts, sb: StepBatch) -> tuple[Rollouts, torch.Tensor]:
+        """The rollouts and the global rows' response lengths, with ``algorithm.mask_truncated``
+        (overlong filtering) the truncated responses out of the loss and its denominators."""
+        rows, lengths = sb.rows, sb.rows.length
+        if self.cfg.algorithm.mask_truncated:
+            keep = ~rows.truncated[sb.local].to(ro.response_mask.device)  # (n,)
+            ro = dataclasses.replace(ro, response_mask=ro.response_mask & keep[:, None])
+            if ro.tool_mask is not None:  # the whole row leaves the forward too
+                ro = dataclasses.replace(ro, tool_mask=ro.tool_mask & keep[:, None])
+            lengths = lengths * ~rows.truncated
+        return ro, lengths
+
+    def _row_order(self, N: int, n_mb: int) -> torch.Tensor:
+        """An epoch's order of the N global rows (host): drawn from ``shuffle_gen`` when there
+        is more than one mini-batch or epoch, else as they are."""
+        return (torch.randperm(N, generator=self.shuffle_gen)
+                if n_mb > 1 or self.cfg.optim.ppo_epochs > 1 else torch.arange(N))
+
+    def _accumulate_retrying(self, ro, adv, mb, mine, rows, agg, lcfg, loss_fn, corr, confident,
+                             sums, mask_sums, pre) -> int:
+        """``_accumulate``, run again in smaller micro-batches after an out-of-memory error
+        (``MemoryGuard``), with the mini-batch's partial gradients and sums dropped first."""
+        for _attempt in range(MemoryGuard.MAX_RETRIES + 2):  # the last OOM raises
+            saved = ({k: v.clone() for k, v in sums.items()}, dict(mask_sums))
+            try:
+                return self._accumulate(ro, adv, mb, mine, rows, agg, lcfg, loss_fn, corr,
+                                        confident, sums, mask_sums, pre)
+            except OOM_ERRORS as e:  # drop the mini-batch's partial gradients and sums
+                pre = None  # the retry runs its forward again, in smaller pieces
+                self.optimizer.zero_grad(set_to_none=True)
+                for d, old in zip((sums, mask_sums), saved):
+                    d.clear()
+                    d.update(old)
+                self.memory.on_oom(e, self.step)  # halves, or raises OutOfMemory
+        return 0
+
+    def _optimizer_step(self, tally: _Tally) -> None:
+        """Clip the gradients and step, when their global norm is finite."""
+        o = self.cfg.optim
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        gn = self.dist.clip_grad_norm_(self.scorer, o.max_grad_norm).detach().float()
+        # A non-finite loss or gradient never reaches the weights (one host sync per
+        # optimizer step; the norm is global, so every rank skips together). Under fp16 the
+        # scaler's own overflow steps lower its scale and are not counted as bad.
+        if bool(torch.isfinite(gn)):
+            if self.scaler:
+                self.scaler.step(self.optimizer)
+            else:
+                self.optimizer.step()
+            self.scheduler.step()
+            tally.n_opt += 1
+            tally.grad_norm_sum += gn
+        elif not self.scaler:
+            tally.n_bad += 1
+        if self.scaler:
+            self.scaler.update()
+
+    def _metrics(self, tally: _Tally, mask_sums: dict[str, float], corr) -> dict:
+        """The update's metrics, the same on every rank."""
+        n_opt = tally.n_opt
+        out = {"grad/norm": float(tally.grad_norm_sum) / max(1, n_opt) if n_opt else float("nan"),
+               "train/optimizer_steps": float(n_opt), "train/nonfinite_updates": float(tally.n_bad),
                "train/lr": float(self.scheduler.get_last_lr()[0])}
         out.update(self.memory.metrics())
-        out.update({k: v / n_masks for k, v in mask_sums.items()})  # means over the mini-batches
+        out.update({k: v / tally.masks for k, v in mask_sums.items()})  # means over mini-batches
         out.update(corr.metrics if corr is not None else {})
-        return out, {k: float(v) for k, v in sums.items()}
+        return out
