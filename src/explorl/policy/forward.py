@@ -284,37 +284,78 @@ def _pack_plan(prompt_ids, prompt_mask, response_mask, pack_tokens: int,
     device = prompt_ids.device
     N, P = prompt_ids.shape
     R = response_mask.shape[1]
+    lengths = _plain_padding(prompt_mask, response_mask)
+    if lengths is None:
+        return None
+    group_l = _row_groups(prompt_ids, prompt_mask, share)
+    p_len_l, r_len_l = (x.tolist() for x in lengths)
+    order = sorted(range(N), key=group_l.__getitem__)  # stable: a prompt's responses stay in order
+    lay = _even_layout(order, group_l, p_len_l, r_len_l, pack_tokens)
+    B, L = len(lay["fills"]), max(lay["fills"])
+    token_src, position, seg_of, owner_of = _token_tables(lay, p_len_l, N, P, R, B, L)
+    source = _predicting_states(lay, r_len_l, L)
+
+    def t(x: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(x).to(device)
+
+    allowed = _block_mask(t(seg_of).view(B, L), t(owner_of).view(B, L)) if share else None
+    # Varlen: padding sits at position 0, each padding token a sequence of its own.
+    return {
+        "token_src": t(token_src).view(B, L),
+        "position_ids": t(position).view(B, L),
+        "allowed": allowed,
+        "source": t(source),
+        "tokens": B * L,
+        "padded_tokens": N * (P + R - 1),
+    }
+
+
+def _plain_padding(prompt_mask, response_mask) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The prompts' and responses' lengths (N,) when the padding is plain: prompts
+    right-aligned, responses a prefix of their row; else None."""
+    P, R = prompt_mask.shape[1], response_mask.shape[1]
     p_len = prompt_mask.sum(-1)  # (N,)
     r_len = response_mask.sum(-1)  # (N,)
-    # Plain padding only: prompts right-aligned, responses a prefix of their row.
-    cols_p = torch.arange(P, device=device)
-    cols_r = torch.arange(R, device=device)
+    cols_p = torch.arange(P, device=prompt_mask.device)
+    cols_r = torch.arange(R, device=prompt_mask.device)
     if not (torch.equal(prompt_mask, cols_p[None, :] >= P - p_len[:, None])
             and torch.equal(response_mask, cols_r[None, :] < r_len[:, None])):
         return None
-    # Rows with the same prompt (ids and length) share one encoding of it. Small tables are
-    # grouped on the host; large ones (long prompts, many rows) by torch.unique where they are,
-    # rather than copying every token id to Python. The numbering is the same either way.
+    return p_len, r_len
+
+
+def _row_groups(prompt_ids, prompt_mask, share: bool) -> list[int]:
+    """Each row's group: rows with the same prompt (ids and length) share one encoding of it
+    (without ``share``, every row its own). Small tables are grouped on the host; large ones
+    (long prompts, many rows) by torch.unique where they are, rather than copying every token
+    id to Python. The numbering is the same either way."""
     key = prompt_ids.masked_fill(~prompt_mask, -1)
     if not share:
-        group_l = list(range(N))
-    elif key.numel() <= _HOST_GROUPING_MAX:
-        group_l = _prompt_groups(key.tolist())
-    else:
-        group_l = torch.unique(key, dim=0, return_inverse=True)[1].tolist()
-    p_len_l, r_len_l = p_len.tolist(), r_len.tolist()
+        return list(range(prompt_ids.shape[0]))
+    if key.numel() <= _HOST_GROUPING_MAX:
+        return _prompt_groups(key.tolist())
+    return torch.unique(key, dim=0, return_inverse=True)[1].tolist()
 
-    order = sorted(range(N), key=group_l.__getitem__)  # stable: a prompt's responses stay in order
-    lay = _layout(order, group_l, p_len_l, r_len_l, pack_tokens)
-    if len(lay["fills"]) > 1:  # even out the rows: padding to the longest row is wasted work
-        even = _layout(order, group_l, p_len_l, r_len_l, -(-sum(lay["fills"]) // len(lay["fills"])))
+
+def _even_layout(order: list[int], group: list[int], p_len: list[int], r_len: list[int],
+                 pack_tokens: int) -> dict:
+    """``_layout`` into rows of ``pack_tokens``; then, with more than one row, the rows evened
+    out when that takes no more of them: padding to the longest row is wasted work."""
+    lay = _layout(order, group, p_len, r_len, pack_tokens)
+    if len(lay["fills"]) > 1:
+        even = _layout(order, group, p_len, r_len, -(-sum(lay["fills"]) // len(lay["fills"])))
         if len(even["fills"]) == len(lay["fills"]):
             lay = even
-    seg_pack, seg_start, seg_kind, seg_row, seg_len, resp_pack, resp_start, resp_prompt_end = (
-        np.asarray(lay[k], dtype=np.int64)
-        for k in ("pack", "start", "kind", "row", "len", "resp_pack", "resp_start",
-                  "resp_prompt_end"))
-    B, L = len(lay["fills"]), max(lay["fills"])
+    return lay
+
+
+def _token_tables(lay: dict, p_len_l: list[int], N: int, P: int, R: int, B: int,
+                  L: int) -> tuple[np.ndarray, ...]:
+    """Per position of the packed (B*L) layout: its token's source in
+    ``cat([prompt_ids.flatten(), response_ids.flatten()])``, its position id, its segment and
+    its segment's prompt segment (``owner``); padding 0, 0, -1, -1."""
+    seg_pack, seg_start, seg_kind, seg_row, seg_len = (
+        np.asarray(lay[k], dtype=np.int64) for k in ("pack", "start", "kind", "row", "len"))
     S = len(seg_len)
     p_len_n = np.asarray(p_len_l, dtype=np.int64)
     tok_seg = np.repeat(np.arange(S, dtype=np.int64), seg_len)  # (T_tot,) each token's segment
@@ -335,35 +376,30 @@ def _pack_plan(prompt_ids, prompt_mask, response_mask, pack_tokens: int,
     owner_of = np.full(B * L, -1, dtype=np.int64)
     token_src[flat], position[flat] = src, pos
     seg_of[flat], owner_of[flat] = tok_seg, seg_prompt[tok_seg]
-    # The state predicting response token t of row i: the prompt's last token for t = 0,
-    # else response token t - 1 of the row's own segment (rows in order, as
-    # ``response_ids[response_mask]``).
+    return token_src, position, seg_of, owner_of
+
+
+def _predicting_states(lay: dict, r_len_l: list[int], L: int) -> np.ndarray:
+    """The position in (B*L) of the state predicting response token t of row i: the prompt's
+    last token for t = 0, else response token t - 1 of the row's own segment (rows in order,
+    as ``response_ids[response_mask]``)."""
+    resp_pack, resp_start, resp_prompt_end = (
+        np.asarray(lay[k], dtype=np.int64) for k in ("resp_pack", "resp_start", "resp_prompt_end"))
     r_len_n = np.asarray(r_len_l, dtype=np.int64)
-    ri = np.repeat(np.arange(N, dtype=np.int64), r_len_n)
+    ri = np.repeat(np.arange(len(r_len_n), dtype=np.int64), r_len_n)
     ti = np.arange(len(ri), dtype=np.int64) - (np.cumsum(r_len_n) - r_len_n)[ri]
     base = resp_pack[ri] * L
-    source = np.where(ti == 0, base + resp_prompt_end[ri] - 1, base + resp_start[ri] + ti - 1)
+    return np.where(ti == 0, base + resp_prompt_end[ri] - 1, base + resp_start[ri] + ti - 1)
 
-    def t(x: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(x).to(device)
 
-    allowed = None
-    if share:
-        seg_of_t, owner_of_t = t(seg_of).view(B, L), t(owner_of).view(B, L)
-        causal = torch.ones(L, L, dtype=torch.bool, device=device).tril_()
-        q_seg, k_seg = seg_of_t[:, :, None], seg_of_t[:, None, :]
-        allowed = (k_seg == q_seg) | (k_seg == owner_of_t[:, :, None])  # own segment or prompt
-        allowed &= causal  # padding (segment −1) attends to padding: no row is empty
-        allowed = allowed[:, None]
-    # Varlen: padding sits at position 0, each padding token a sequence of its own.
-    return {
-        "token_src": t(token_src).view(B, L),
-        "position_ids": t(position).view(B, L),
-        "allowed": allowed,
-        "source": t(source),
-        "tokens": B * L,
-        "padded_tokens": N * (P + R - 1),
-    }
+def _block_mask(seg_of: torch.Tensor, owner_of: torch.Tensor) -> torch.Tensor:
+    """(B, 1, L, L): a token attends, causally, to its own segment and its prompt's."""
+    L = seg_of.shape[1]
+    causal = torch.ones(L, L, dtype=torch.bool, device=seg_of.device).tril_()
+    q_seg, k_seg = seg_of[:, :, None], seg_of[:, None, :]
+    allowed = (k_seg == q_seg) | (k_seg == owner_of[:, :, None])  # own segment or prompt
+    allowed &= causal  # padding (segment −1) attends to padding: no row is empty
+    return allowed[:, None]
 
 
 _HOST_GROUPING_MAX = 1 << 16
