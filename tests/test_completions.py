@@ -48,7 +48,8 @@ def test_fields_are_documented():
     assert doc_fields("## completions.jsonl") == FIELDS
     assert set(doc_fields("## problems.jsonl")) == {
         "index", "data_source", "prompt", "ground_truth", "n_correct", "responses", "scores",
-        "greedy_response", "greedy_score", "lengths", "tool_calls"}  # tool_calls: runs with tools only
+        "greedy_response", "greedy_score", "lengths",
+        "tool_calls"}  # tool_calls: runs with tools only
 
 
 def test_rows_from_records_and_chat_prompts():
