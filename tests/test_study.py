@@ -554,10 +554,13 @@ def test_a_finished_run_keeps_only_its_final_checkpoint_when_asked(tmp_path, kee
 def test_jobs_start_with_every_seed_of_the_baseline(tmp_path):
     from explorl.study.jobs import baseline_first
 
-    path = _write(tmp_path, {"recipes": ["grpo"], "seeds": [0, 1, 2],
+    # the baseline is the first recipe, whatever its name (real/grpo's is real-grpo)
+    path = _write(tmp_path, {"recipes": ["e3", "grpo"], "seeds": [0, 1, 2],
                              "variants": [{"name": "v", "recipe": "grpo",
                                            "set": ["optim.lr=2e-5"]}]})
-    plans = S.plan_runs(S.load_spec(path), path, tmp_path / "out")
-    assert [p.key for p in plans][:2] == ["grpo-seed0", "v-seed0"]  # planned seed by seed
-    assert [(p.name, p.seed) for p in baseline_first(plans)] == [
-        ("grpo", 0), ("grpo", 1), ("grpo", 2), ("v", 0), ("v", 1), ("v", 2)]
+    spec = S.load_spec(path)
+    plans = S.plan_runs(spec, path, tmp_path / "out")
+    assert [p.key for p in plans][:3] == ["e3-seed0", "grpo-seed0", "v-seed0"]  # seed by seed
+    assert [(p.name, p.seed) for p in baseline_first(plans, spec)] == [
+        ("e3", 0), ("e3", 1), ("e3", 2), ("grpo", 0), ("v", 0), ("grpo", 1), ("v", 1),
+        ("grpo", 2), ("v", 2)]

@@ -33,7 +33,6 @@ from explorl.study.plan import (
 )
 from explorl.study.spec import StudyEvalSpec, StudySpec, auto_jobs
 
-BASELINE = "grpo"  # the arm every other is compared with
 THEN = "--then"  # explorl.cli.THEN: separates commands run in turn in one process
 
 
@@ -198,7 +197,7 @@ def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
     ``deadline``, jobs that would not end before it are deferred, and at it the running ones
     are sent SIGTERM (they checkpoint and stop; ``deadline.reached`` says so)."""
     t0 = time.perf_counter()
-    plans = baseline_first(plans)
+    plans = baseline_first(plans, spec)
     stop = threading.Event()
     running: dict = {}
     timer = None
@@ -246,12 +245,16 @@ def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
     return results
 
 
-def baseline_first(plans: list[RunPlan]) -> list[RunPlan]:
-    """The order the jobs start in: every seed of the baseline (``BASELINE``) first, then the
-    rest seed by seed. The baseline's spread over seeds is what sizes the study (its power
-    table), so it is measured before the arms it is compared with; a study stopped part-way
-    holds whole seeds of the others."""
-    return sorted(plans, key=lambda p: p.name != BASELINE)  # stable: seed order kept
+def baseline_first(plans: list[RunPlan], spec: StudySpec) -> list[RunPlan]:
+    """The order the jobs start in: every seed of the baseline (the spec's first recipe, the one
+    the arms are compared with) first, then the rest seed by seed. The baseline's spread over
+    seeds is what sizes the study (its power table), so it is measured before the arms; a study
+    stopped part-way holds whole seeds of the others. A frontier study keeps its own order
+    (``plan_runs``: the baseline's points first)."""
+    if spec.frontier.arms or not plans:
+        return plans
+    first = plans[0].name
+    return sorted(plans, key=lambda p: p.name != first)  # stable: seed order kept
 
 
 def time_limit_note(results: list[JobResult]) -> str | None:
