@@ -62,9 +62,8 @@ class Checkpoints:
         common = sorted(set(a) & set(b))
         if not common:
             return None
-        return passk_diff(
-            np.stack([a[s] for s in common]), np.stack([b[s] for s in common]), paired_seeds=True
-        )
+        return passk_diff(np.stack([a[s] for s in common]), np.stack([b[s] for s in common]),
+                          paired_seeds=True)
 
     def resolved(self, arm: str, kk: int) -> list[int]:
         """The steps where ``arm`` − the baseline excludes 0 (on 2 seeds or more)."""
@@ -77,13 +76,8 @@ class Checkpoints:
         return out
 
 
-def checkpoint_passk(
-    done: list[RunPlan],
-    rows: list[str],
-    k: int,
-    baseline: str = "grpo",
-    base: dict[int, np.ndarray] | None = None,
-) -> Checkpoints | None:
+def checkpoint_passk(done: list[RunPlan], rows: list[str], k: int, baseline: str = "grpo",
+                     base: dict[int, np.ndarray] | None = None) -> Checkpoints | None:
     """Read every finished run's checkpoint evaluations (``eval_step<s>``) and final one; None
     when the study evaluated no intermediate checkpoint. ``base``: k → (1, problems) or
     (problems,), the base model at the main temperature (step 0)."""
@@ -118,42 +112,26 @@ def checkpoint_table(cp: Checkpoints | None) -> list[str]:
         lines.append("| " + " | ".join([name, *cells]) + " |")
     start = ""
     if cp.base is not None:
-        start = (
-            f" Step 0 is the base model: pass@1 {cp.base[1].mean():.3f}, pass@{k} "
-            f"{cp.base[k].mean():.3f}."
-        )
+        start = (f" Step 0 is the base model: pass@1 {cp.base[1].mean():.3f}, pass@{k} "
+                 f"{cp.base[k].mean():.3f}.")
     lines += ["", "Each checkpoint evaluated with the final protocol (mean over seeds)." + start]
-    others = [
-        n
-        for n in cp.arms
-        if n != cp.baseline and any((cp.baseline, 1, st) in cp.got for st in cols)
-    ]
+    others = [n for n in cp.arms
+              if n != cp.baseline and any((cp.baseline, 1, st) in cp.got for st in cols)]
     if not others:
         return lines
-    head = [
-        "arm",
-        *[f"− {cp.baseline}, pass@{kk} step {st}" for kk in (1, k) for st in cols],
-        "pass@1 resolved at steps",
-        f"pass@{k} resolved at steps",
-    ]
+    head = ["arm", *[f"− {cp.baseline}, pass@{kk} step {st}" for kk in (1, k) for st in cols],
+            "pass@1 resolved at steps", f"pass@{k} resolved at steps"]
     lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in others:
         cells = [cell(cp.diff(name, kk, st)) for kk in (1, k) for st in cols]
-        n = max(
-            (len(set(cp.seeds(name, 1, s)) & set(cp.seeds(cp.baseline, 1, s))) for s in cols),
-            default=0,
-        )
-        where = [
-            ", ".join(map(str, cp.resolved(name, kk))) or "none" if n >= 2 else "one seed"
-            for kk in (1, k)
-        ]
+        n = max((len(set(cp.seeds(name, 1, s)) & set(cp.seeds(cp.baseline, 1, s)))
+                 for s in cols), default=0)
+        where = [", ".join(map(str, cp.resolved(name, kk))) or "none" if n >= 2 else "one seed"
+                 for kk in (1, k)]
         lines.append("| " + " | ".join([name, *cells, *where]) + " |")
-    return lines + [
-        "",
-        f"Differences with {cp.baseline} on the seeds both finished: 95% "
-        "t interval over seeds with the problems' part (paired), ± the MDE; **resolved at "
-        "steps**: where that interval excludes 0 (2 seeds or more).",
-    ]
+    return lines + ["", f"Differences with {cp.baseline} on the seeds both finished: 95% "
+                    "t interval over seeds with the problems' part (paired), ± the MDE; "
+                    "**resolved at steps**: where that interval excludes 0 (2 seeds or more)."]
 
 
 def checkpoint_json(cp: Checkpoints | None) -> dict | None:
@@ -163,26 +141,15 @@ def checkpoint_json(cp: Checkpoints | None) -> dict | None:
     for name in cp.arms:
         per = {}
         for kk in (1, cp.k):
-            at = {
-                str(s): {"mean": iv.to_json(), "seeds": cp.seeds(name, kk, s)}
-                | (
-                    {"minus_baseline": d.to_json()}
-                    if (d := cp.diff(name, kk, s)) is not None and name != cp.baseline
-                    else {}
-                )
-                for s in cp.steps
-                if (iv := cp.interval(name, kk, s)) is not None
-            }
-            per[f"pass@{kk}"] = {
-                "at": at,
-                "resolved_at": cp.resolved(name, kk) if name != cp.baseline else [],
-            }
+            at = {str(s): {"mean": iv.to_json(), "seeds": cp.seeds(name, kk, s)}
+                  | ({"minus_baseline": d.to_json()}
+                     if (d := cp.diff(name, kk, s)) is not None and name != cp.baseline else {})
+                  for s in cp.steps if (iv := cp.interval(name, kk, s)) is not None}
+            per[f"pass@{kk}"] = {"at": at, "resolved_at": cp.resolved(name, kk)
+                                 if name != cp.baseline else []}
         arms[name] = per
-    base = (
-        {f"pass@{kk}": float(v.mean()) for kk, v in cp.base.items()}
-        if cp.base is not None
-        else None
-    )
+    base = ({f"pass@{kk}": float(v.mean()) for kk, v in cp.base.items()}
+            if cp.base is not None else None)
     return {"steps": cp.steps, "k": cp.k, "baseline": cp.baseline, "base": base, "arms": arms}
 
 
@@ -207,36 +174,16 @@ def draw_checkpoints(cp: Checkpoints | None, out_dir: Path) -> list[tuple[str, s
             lo = [iv.estimate - iv.low for _, iv in pts]
             hi = [iv.high - iv.estimate for _, iv in pts]
             if cp.base is not None:  # every arm starts from the base model
-                ax.plot(
-                    [0, xs[0]],
-                    [cp.base[kk].mean(), ys[0]],
-                    color=color,
-                    linewidth=1.0,
-                    linestyle=":",
-                )
+                ax.plot([0, xs[0]], [cp.base[kk].mean(), ys[0]], color=color, linewidth=1.0,
+                        linestyle=":")
             n = max(len(cp.seeds(arm, kk, s)) for s, _ in pts)
-            h = ax.errorbar(
-                xs,
-                ys,
-                yerr=[lo, hi],
-                color=color,
-                marker="o",
-                markersize=4,
-                linewidth=2.0 if arm == cp.baseline else 1.4,
-                capsize=3,
-                label=f"{arm} ({n} seed{'s' if n > 1 else ''})",
-            )
+            h = ax.errorbar(xs, ys, yerr=[lo, hi], color=color, marker="o", markersize=4,
+                            linewidth=2.0 if arm == cp.baseline else 1.4, capsize=3,
+                            label=f"{arm} ({n} seed{'s' if n > 1 else ''})")
             handles.setdefault(arm, h)
         if cp.base is not None:
-            b = ax.plot(
-                [0],
-                [cp.base[kk].mean()],
-                marker="s",
-                color="0.35",
-                markersize=7,
-                linestyle="none",
-                label="base model",
-            )[0]
+            b = ax.plot([0], [cp.base[kk].mean()], marker="s", color="0.35", markersize=7,
+                        linestyle="none", label="base model")[0]
             handles.setdefault("base model", b)
         ax.set_xlabel("training step")
         ax.set_ylabel(f"test pass@{kk}")
@@ -244,11 +191,8 @@ def draw_checkpoints(cp: Checkpoints | None, out_dir: Path) -> list[tuple[str, s
         ax.grid(alpha=0.3)
         step_axes(ax)
     axes[0][1].legend(handles.values(), [h.get_label() for h in handles.values()], fontsize="small")
-    fig.suptitle(
-        f"Test pass@1 and pass@{cp.k} at the evaluated checkpoints (bars: 95% "
-        "t intervals over seeds and problems)",
-        fontsize="medium",
-    )
+    fig.suptitle(f"Test pass@1 and pass@{cp.k} at the evaluated checkpoints (bars: 95% "
+                 "t intervals over seeds and problems)", fontsize="medium")
     save_figure(fig, out_dir / "horizon_passk.png", dpi=90)
     return [(f"Test pass@1 and pass@{cp.k} at each checkpoint", "horizon_passk.png")]
 

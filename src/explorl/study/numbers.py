@@ -67,58 +67,74 @@ def run_numbers(run: Run, cfg: dict, eval_summary: dict | None,
     overall = (eval_summary or {}).get("overall", {})
     for k in k_list:
         out[f"eval_pass@{k}"] = overall.get(f"pass@{k}")
-
-    # Tracking: steps after the first 10% (the controllers' warm-up), where a target is logged.
-    tracked = [(float(r["entropy/mean"]), float(r["control/target_entropy"])) for r in recs[w:]
-               if "control/target_entropy" in r]
-    out["tracked_entropy_mean"] = _mean(H[w:])
-    out["H0"] = (float(recs[0]["control/target_entropy"])
-                 if recs and "control/target_entropy" in recs[0] else None)
-    if tracked:
-        target = statistics.fmean(t for _, t in tracked)
-        out["tracking_error"] = statistics.fmean(abs(h - t) for h, t in tracked)
-        out["tracking_bias"] = statistics.fmean(h - t for h, t in tracked)
-        out["target_mean"] = target
-        out["tracking_rel_bias"] = out["tracking_bias"] / target if target else None
-    else:
-        for key in ("tracking_error", "tracking_bias", "target_mean", "tracking_rel_bias"):
-            out[key] = None
-
-    # E3 annealing: entropy over the last 10% of steps vs the 10% of steps before the phase starts.
-    t = cfg.get("control", {}).get("temperature", {})
-    start = (anneal_start(n, t.get("annealing_ratio", 0.0))
-             if t.get("enabled") and t.get("anneal") else None)
-    out["anneal_beta"] = t.get("beta") if start is not None else None  # β = 1: a flat target
-    if start is not None and start - 1 >= w:
-        pre = H[start - 1 - w: start - 1]
-        out["anneal_entropy_ratio"] = statistics.fmean(H[-w:]) / statistics.fmean(pre)
-    else:
-        out["anneal_entropy_ratio"] = None
-
+    out.update(_tracking(recs, H, w))
+    out.update(_anneal(cfg, H, n, w))
     # EEPO: stage-2 minus stage-1 entropy on the steps where the unlearning step ran.
     active = [r for r in recs if "eepo/active" in r]
     on = [r for r in active
           if r["eepo/active"] >= 0.5 and "entropy/stage1" in r and "entropy/stage2" in r]
     out["eepo_active_frac"] = len(on) / len(active) if active else None
     out["eepo_dH"] = _mean([float(r["entropy/stage2"]) - float(r["entropy/stage1"]) for r in on])
-
     out.update(tool_numbers(recs, eval_summary))
+    out.update(_timing(recs))
+    out.update(_law(run))
+    return out
 
-    # Seconds per training step, validation excluded (it runs every eval.every steps): the
-    # median, which a suspended process or a slow checkpoint write does not move.
+
+def _tracking(recs: list[dict], H: list[float], w: int) -> dict[str, Any]:
+    """Tracking: the steps after the first 10% (the controllers' warm-up), where a target is
+    logged: mean |H − target|, mean H − target, the mean target, the bias ÷ the target."""
+    tracked = [(float(r["entropy/mean"]), float(r["control/target_entropy"])) for r in recs[w:]
+               if "control/target_entropy" in r]
+    out: dict[str, Any] = {"tracked_entropy_mean": _mean(H[w:])}
+    out["H0"] = (float(recs[0]["control/target_entropy"])
+                 if recs and "control/target_entropy" in recs[0] else None)
+    if not tracked:
+        return out | dict.fromkeys(("tracking_error", "tracking_bias", "target_mean",
+                                    "tracking_rel_bias"))
+    target = statistics.fmean(t for _, t in tracked)
+    out["tracking_error"] = statistics.fmean(abs(h - t) for h, t in tracked)
+    out["tracking_bias"] = statistics.fmean(h - t for h, t in tracked)
+    out["target_mean"] = target
+    out["tracking_rel_bias"] = out["tracking_bias"] / target if target else None
+    return out
+
+
+def _anneal(cfg: dict, H: list[float], n: int, w: int) -> dict[str, Any]:
+    """E3 annealing: β, and the entropy over the last 10% of steps ÷ over the 10% of steps
+    before the phase starts."""
+    t = cfg.get("control", {}).get("temperature", {})
+    start = (anneal_start(n, t.get("annealing_ratio", 0.0))
+             if t.get("enabled") and t.get("anneal") else None)
+    out = {"anneal_beta": t.get("beta") if start is not None else None}  # β = 1: a flat target
+    if start is not None and start - 1 >= w:
+        pre = H[start - 1 - w: start - 1]
+        out["anneal_entropy_ratio"] = statistics.fmean(H[-w:]) / statistics.fmean(pre)
+    else:
+        out["anneal_entropy_ratio"] = None
+    return out
+
+
+def _timing(recs: list[dict]) -> dict[str, Any]:
+    """Seconds per training step without validation (it runs every eval.every steps): the
+    median, which a suspended process or a slow checkpoint write does not move; CPU seconds of
+    the training process per step, on the steps without a validation (its CPU time is not
+    separated), and over the whole run: the same-budget cost in CPU time."""
     walls = [float(r["time/step_s"]) - float(r.get("time/val_s", 0.0))
              for r in recs if "time/step_s" in r]
-    out["step_s"] = statistics.median(walls) if walls else None
+    return {"step_s": statistics.median(walls) if walls else None,
+            "cpu_step_s": _mean([float(r["time/cpu_s"]) for r in recs
+                                 if "time/cpu_s" in r and "time/val_s" not in r]),
+            "cpu_run_s": (sum(float(r["time/cpu_s"]) for r in recs)
+                          if recs and all("time/cpu_s" in r for r in recs) else None)}
 
-    # CPU seconds of the training process per step, on the steps without a validation (its
-    # CPU time is not separated), and over the whole run: the same-budget cost in CPU time.
-    out["cpu_step_s"] = _mean([float(r["time/cpu_s"]) for r in recs
-                               if "time/cpu_s" in r and "time/val_s" not in r])
-    out["cpu_run_s"] = (sum(float(r["time/cpu_s"]) for r in recs)
-                        if recs and all("time/cpu_s" in r for r in recs) else None)
-    # Entropy–performance law on (training-batch entropy, val accuracy) at the validation steps.
+
+def _law(run: Run) -> dict[str, Any]:
+    """The entropy–performance law on (training-batch entropy, val accuracy) at the validation
+    steps: the full fit's R² and ceiling; the early fit's RMSE on the later points against
+    persistence's, and its error at the last one."""
     steps, Hv, Rv = law_points(run)
-    out["law_points"] = len(Hv)
+    out: dict[str, Any] = {"law_points": len(Hv)}
     for key in ("law_r2", "law_rmse", "law_naive_rmse", "law_final_error", "law_ceiling"):
         out[key] = None
     try:

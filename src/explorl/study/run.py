@@ -23,6 +23,7 @@ from explorl.models import resolve_model_path
 from explorl.study.checkpoints import analyse_long
 from explorl.study.claims import evaluate_claims
 from explorl.study.data import complete, lab_models, pack, packable, unpack
+from explorl.study.declared import as_claim
 from explorl.study.documents import publish, write_documents
 from explorl.study.evidence import Evidence
 from explorl.study.figures import draw_figures
@@ -130,7 +131,8 @@ def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: lis
     per_run, groups = collect(done, rows, spec.eval.k)
     table = build_table(rows, per_run, spec.eval.k)
     ev = gather_evidence(out, spec, done, rows, per_run, groups, plans)
-    claims = evaluate_claims(ev)
+    claims = evaluate_claims(ev, None if spec.claims is None else [as_claim(d) for d in
+                                                                   spec.claims])
     figures = draw_figures(groups, out / "report", ev)
     fr = None
     if spec.frontier.arms:  # the sweep's claims replace those of arms the study does not run
@@ -352,37 +354,16 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
         # A study started in the background (`nohup … &` from a script) inherits SIGINT ignored;
         # `kill -INT` must still stop it cleanly (the runs checkpoint; rerun to continue).
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    if jobs is not None:
-        if jobs != "auto" and (not isinstance(jobs, int) or jobs < 1):
-            raise C.ConfigError(f"--jobs must be ≥ 1 or auto, got {jobs}")
-        spec.jobs = jobs
-    if spec.jobs == "auto":
-        spec.jobs = auto_jobs()
-    if recipes is not None:
-        if not Path(recipes).is_dir():
-            raise C.ConfigError(f"--recipes {recipes}: not a directory")
-        spec.recipe_dir = str(Path(recipes).resolve())
+    _command_line(spec, jobs, recipes)
     out = Path(out) if out else Path("runs") / f"study-{spec.name}{'-quick' if quick else ''}"
     plan_runs(spec, spec_path, out)  # every config checked before the tuning runs start
     if restore is not None:
-        got = unpack(Path(restore), out)
-        lab = [u for u in got if u.startswith("lab/")]
-        runs = [u for u in got if u not in lab and not u.endswith(".json")]
-        log(f"restored {len(runs)} finished runs and evaluations from {restore} into {out}"
-            + (f", and the lab model {', '.join(u[4:] for u in lab)} they started from"
-               if lab else ""))
+        _restore(Path(restore), out, log)
     tuned: dict[str, list[GridPoint]] = {}
     wall = Wall(out, spec.jobs)
     deadline = Deadline.after(time_limit) if time_limit else None
     if time_limit:  # before any work: does what is left fit (from the measured rates)?
-        chosen = _chosen(spec, out)
-        tuning = plan_tuning(spec, spec_path, out) if spec.tune and chosen is None else []
-        try:
-            lines = time_limit_lines(spec, tuning, plan_runs(spec, spec_path, out, chosen or {}),
-                                     out, spec.jobs, time_limit)
-        except (C.ConfigError, OSError, ValueError, KeyError) as e:  # no estimate: still run
-            lines = [f"--time-limit: no estimate of the study's cost ({e})"]
-        for line in lines:
+        for line in _time_limit_lines(spec, spec_path, out, time_limit):
             log(line)
     if (start := plan_start(spec, spec_path, out)) is not None:  # before every other run
         _build_models([] if has_weights(start) else [start])
@@ -403,7 +384,6 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
     log(f"study {spec.name}{' (quick)' if quick else ''}: {len(plans)} runs ({todo} to train, "
         f"{len(plans) - todo} finished), {spec.max_steps} steps each, {spec.jobs} at a time "
         f"→ {out}")
-
     _build_models([p for p in plans if states[p.key] != "done"])  # a re-analysis builds none
     if spec.base_eval:
         for folder, p in base_folders(plans).items():
@@ -412,20 +392,70 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
             if not run_base_eval(p, spec, out / folder, out / "logs"):
                 log(f"the base model's evaluation failed; see {out / 'logs' / folder}.log")
     results = run_jobs(plans, spec, out / "logs", log, deadline, on_done=wall.tick)
-    if results is not None and deadline is not None and (note := time_limit_note(results)):
+    if (rc := _stopped(results, deadline, log)) is not None:
         wall.close()
-        log(note)
-        return EXIT_TIME_LIMIT
-    if results is None or any(r.status == "interrupted" for r in results):
-        wall.close()
-        log("interrupted; rerun the same command to continue")
-        return 130
+        return rc
     failed = [r for r in results if r.status == "failed"]
     # Wall-clock adds up over the invocations that built this study (a rerun that only resumes
     # or re-analyses does not reset it).
-    wall_s = wall.close()
-    payload = analyse(out, spec, spec_path, quick, plans, failed, wall_s, tuned,
+    payload = analyse(out, spec, spec_path, quick, plans, failed, wall.close(), tuned,
                       wall_jobs(out))
+    return _finish(out, spec, plans, payload, failed, log)
+
+
+def _command_line(spec: StudySpec, jobs: int | str | None, recipes: str | Path | None) -> None:
+    """``--jobs`` (an int or ``auto``) and ``--recipes`` into ``spec``."""
+    if jobs is not None:
+        if jobs != "auto" and (not isinstance(jobs, int) or jobs < 1):
+            raise C.ConfigError(f"--jobs must be ≥ 1 or auto, got {jobs}")
+        spec.jobs = jobs
+    if spec.jobs == "auto":
+        spec.jobs = auto_jobs()
+    if recipes is not None:
+        if not Path(recipes).is_dir():
+            raise C.ConfigError(f"--recipes {recipes}: not a directory")
+        spec.recipe_dir = str(Path(recipes).resolve())
+
+
+def _restore(archive: Path, out: Path, log: Callable[[str], None]) -> None:
+    """``--from``: the archive's finished runs (and lab models) the study directory lacks."""
+    got = unpack(archive, out)
+    lab = [u for u in got if u.startswith("lab/")]
+    runs = [u for u in got if u not in lab and not u.endswith(".json")]
+    log(f"restored {len(runs)} finished runs and evaluations from {archive} into {out}"
+        + (f", and the lab model {', '.join(u[4:] for u in lab)} they started from"
+           if lab else ""))
+
+
+def _time_limit_lines(spec: StudySpec, spec_path: Path, out: Path,
+                      time_limit: float) -> list[str]:
+    """Whether what is left fits ``--time-limit`` (from the measured rates), before any work."""
+    chosen = _chosen(spec, out)
+    tuning = plan_tuning(spec, spec_path, out) if spec.tune and chosen is None else []
+    try:
+        return time_limit_lines(spec, tuning, plan_runs(spec, spec_path, out, chosen or {}),
+                                out, spec.jobs, time_limit)
+    except (C.ConfigError, OSError, ValueError, KeyError) as e:  # no estimate: still run
+        return [f"--time-limit: no estimate of the study's cost ({e})"]
+
+
+def _stopped(results: list[JobResult] | None, deadline: Deadline | None,
+             log: Callable[[str], None]) -> int | None:
+    """The exit code of final runs stopped by ``--time-limit`` or interrupted; None when every
+    run ended (finished or failed)."""
+    if results is not None and deadline is not None and (note := time_limit_note(results)):
+        log(note)
+        return EXIT_TIME_LIMIT
+    if results is None or any(r.status == "interrupted" for r in results):
+        log("interrupted; rerun the same command to continue")
+        return 130
+    return None
+
+
+def _finish(out: Path, spec: StudySpec, plans: list[RunPlan], payload: dict,
+            failed: list[JobResult], log: Callable[[str], None]) -> int:
+    """Publish (``spec.publish``: the documents and the runs' archive), log the claims; the
+    exit code."""
     if spec.publish:
         dest = Path(spec.publish)  # relative to the working directory (the repository's root)
         publish(out, dest)

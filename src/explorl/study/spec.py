@@ -13,6 +13,7 @@ import yaml
 
 from explorl import config as C
 from explorl.lab import TASKS, parse_lab_spec
+from explorl.study.declared import Declared, check_claims, parse_claims
 
 
 @dataclass
@@ -186,6 +187,13 @@ class StudySpec:
     jobs: int | Literal["auto"] = 2
     """Runs trained at once (one torch thread each): the number of cores; ``auto`` = the cores
     this process may use."""
+    claims: list[Declared] | None = None
+    """The claims the study judges, each a library claim by id (``check: 8a``) or declared:
+    id, claim, paper, the arm(s) (``arms:`` gives one claim per arm), ``vs`` (an arm, or
+    ``base``), the quantity (``pass@<k>``, ``margin@<k>`` = pass@k − pass@1, ``entropy_ratio``,
+    ``run:<key>``, ``ratio:<key>``; ``<k>`` may be ``max``), the claimed ``side`` (1, −1, or 0:
+    within ±``null``) and ``null``; several under ``conditions:``
+    (``explorl.study.declared``). None = the library's exploration claims (``CLAIMS``)."""
     publish: str | None = None
     """Directory (relative to the working directory; the built-in specs name the repository's
     ``docs/lab-study/…``) that receives study.md, claims.md, study.json and the report's markdown
@@ -235,13 +243,14 @@ def load_spec(path: str | Path, quick: bool = False) -> StudySpec:
                                    f"(valid keys here: {', '.join(SPEC_KEYS)})")
     if quick:
         _apply_quick(data, overrides)
-    start = data.pop("start", None)
+    start, claims = data.pop("start", None), data.pop("claims", None)
     try:
         spec = C.build(StudySpec, data)
         if start is not None:  # built alone: an unknown key's error names its closest one
             spec.start = C.build(StartSpec, start, "start") if isinstance(start, dict) else \
                 C.build(StudySpec, {"start": start}).start
-    except C.ConfigError as e:
+        spec.claims = None if claims is None else parse_claims(claims)
+    except (C.ConfigError, ValueError) as e:
         raise spec_error(path, str(e)) from None
     ev = spec.eval
     checks = [
@@ -265,6 +274,7 @@ def load_spec(path: str | Path, quick: bool = False) -> StudySpec:
          "evaluation)"),
         *_tuning_checks(spec),
         *_frontier_checks(spec),
+        *check_claims(spec.claims or [], arm_names(spec), ev.k),
     ]
     for key, ok, msg in checks:
         if not ok:
@@ -340,6 +350,29 @@ def _frontier_checks(spec: StudySpec) -> list[tuple[str, bool, str]]:
         ("frontier.arms", not set(f.arms) & set(spec.tune),
          f"a swept arm cannot also be tuned: {sorted(set(f.arms) & set(spec.tune))}"),
     ]
+
+
+def value_text(value: Any) -> str:
+    """A grid value as an override's right-hand side that YAML reads back as the same value
+    (``5e-05`` would read as a string: floats keep a mantissa dot, ``5.0e-05``)."""
+    if isinstance(value, float):
+        text = repr(value)
+        if "e" in text and "." not in text.split("e")[0]:
+            mantissa, exp = text.split("e")
+            text = f"{mantissa}.0e{exp}"
+        return text
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def arm_names(spec: StudySpec) -> list[str]:
+    """The study's arms as its tables name them: each recipe's name, each variant's, and each
+    frontier arm's points (``<arm>@<value>``, ``plan.point_name``)."""
+    names = [Path(r).stem for r in spec.recipes] + [v.name for v in spec.variants]
+    swept = [n for n in names if n in spec.frontier.arms]
+    return [n for n in names if n not in swept] + [
+        f"{a}@{value_text(v)}" for a in swept for v in spec.frontier.values]
 
 
 def frontier_k(spec: StudySpec) -> int:

@@ -12,9 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from explorl.analysis.runs import Run, new_figure, save_figure, step_axes
-from explorl.study.evidence import Evidence, safe_call
+from explorl.study.evidence import Evidence
 from explorl.study.numbers import Stat, step_tool_calls
-from explorl.study.stats import Interval, seed_interval
 from explorl.study.tables import cell
 
 BASELINE = "tools"  # the lab tool recipe: trajectory-level GRPO with the calculator
@@ -47,16 +46,6 @@ def base_tools(out: Path) -> dict | None:
         return json.loads((out / "base" / "eval" / "eval.json").read_text()).get("tools")
     except (OSError, ValueError):
         return None
-
-
-def ratio(ev: Evidence, a: str, b: str, key: str) -> Interval | None:
-    """Mean over the seeds both ran of ``a``'s ``key`` ÷ ``b``'s, with its t interval."""
-    ra, rb = ev.runs(a), ev.runs(b)
-    vals = []
-    for s in sorted(set(ra) & set(rb)):
-        x, y = safe_call(lambda r: r[key], ra[s]), safe_call(lambda r: r[key], rb[s])
-        vals.append(None if x is None or not y else x / y)
-    return seed_interval(vals)
 
 
 def _fmt(stat: Stat, digits: int) -> str:
@@ -109,7 +98,7 @@ def tool_tables(ev: Evidence | None, claims: list[dict], out: Path) -> list[str]
             d = ev.pair(name, BASELINE, lambda r: r["train_calls"])
             tc.append("—" if d is None else f"**{d.fmt(0)}**" if d.low > 0 or d.high < 0
                       else d.fmt(0))
-            r = ratio(ev, name, BASELINE, "train_calls")
+            r = ev.ratio(name, BASELINE, "train_calls")
             rc = ("—" if r is None else f"**{r.fmt_abs()}**" if r.low > 1 or r.high < 1
                   else r.fmt_abs())
             lines.append(f"| {name} | " + " | ".join(pk + tc + [rc]) + " |")
@@ -133,7 +122,7 @@ def tool_json(ev: Evidence | None, out: Path) -> dict:
             d = {f"pass@{k}": ev.pk(name, BASELINE, k) for k in _ks(ev)}
             d |= {key: ev.pair(name, BASELINE, lambda r, key=key: r[key]) for key, _, _ in
                   COLUMNS}
-            d["train_calls_ratio"] = ratio(ev, name, BASELINE, "train_calls")
+            d["train_calls_ratio"] = ev.ratio(name, BASELINE, "train_calls")
             got["vs_" + BASELINE][name] = {k: None if v is None else v.to_json()
                                            for k, v in d.items()}
     return got
