@@ -143,6 +143,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("validation", "analysis"),  # checking a recipe; reading runs back
     ("eval",),  # validation's sampling routine, explorl eval
     ("training",),  # the trainer and its phases
+    ("report",),  # a study's report: numbers, intervals, claims, tables, figures, documents
     ("study",),  # lab studies (runs the command line as child processes)
     ("integrations", "api", "docs", "cli_models", "cli_recipes", "cli_study", "cli", "__main__",
      "explorl"),

@@ -14,9 +14,9 @@ import yaml
 from explorl import config as C
 from explorl import study as S
 from explorl.config import builtin
-from explorl.study.claims import evaluate_claims
-from explorl.study.declared import as_claim, parse_claims
-from explorl.study.evidence import Evidence
+from explorl.report.claims import evaluate_claims
+from explorl.report.declared import as_claim, parse_claims
+from explorl.report.evidence import Evidence
 
 T2 = 4.302653  # t quantile 0.975 at 2 degrees of freedom (3 seeds)
 

@@ -14,10 +14,10 @@ from explorl import config as C
 from explorl import study as S
 from explorl.analysis.runs import load_run
 from explorl.config import builtin
+from explorl.report.numbers import tool_numbers
+from explorl.report.tools_report import calls_run, tool_tables
 from explorl.study.jobs import base_eval_args
-from explorl.study.numbers import tool_numbers
 from explorl.study.plan import base_folders
-from explorl.study.tools_report import calls_run, tool_tables
 
 SPEC = builtin.folder("study") / "tools_arpo.yaml"
 

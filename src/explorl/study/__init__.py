@@ -39,10 +39,11 @@ The study runs the command line only as a child process (``python -m explorl``),
 ``explorl.cli`` imports this package, not the reverse.
 """
 
-from explorl.study.claims import CLAIMS, Claim, Evidence, Precondition, combine, evaluate_claims
+from explorl.report.claims import CLAIMS, Claim, Evidence, Precondition, combine, evaluate_claims
+from explorl.report.numbers import Stat, build_table, columns, run_numbers
+from explorl.report.stats import Power
 from explorl.study.cost import plan_study
 from explorl.study.jobs import JobResult, eval_args, execute, job_command, train_args
-from explorl.study.numbers import Stat, build_table, columns, run_numbers
 from explorl.study.plan import RunPlan, eval_done, order_rows, plan_runs, plan_tuning, run_state
 from explorl.study.run import analyse, run_study
 from explorl.study.spec import (
@@ -55,7 +56,6 @@ from explorl.study.spec import (
     load_spec,
     resolve_recipe,
 )
-from explorl.study.stats import Power
 
 __all__ = [
     "Evidence", "Power", "PowerSpec", "TuneGrid", "TuningSpec", "plan_tuning",

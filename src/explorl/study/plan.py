@@ -15,13 +15,13 @@ from explorl import config as C
 from explorl import validation
 from explorl.algorithms.losses import loss_agg
 from explorl.outputs.checkpoint import latest_checkpoint
+from explorl.report.numbers import value_text
 from explorl.study.spec import (
     StudyEvalSpec,
     StudySpec,
     resolve_recipe,
     spec_error,
     tuning_k,
-    value_text,
 )
 from explorl.training.plan import PLANNED_FIELDS
 

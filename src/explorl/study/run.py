@@ -12,24 +12,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-import explorl.study.numbers as numbers
 from explorl import config as C
-from explorl.analysis import make_report
 from explorl.config import builtin
 from explorl.files import write_text_atomic
 from explorl.models import resolve_model_path
-from explorl.study.checkpoints import analyse_long
-from explorl.study.claims import evaluate_claims
+from explorl.report.documents import publish
+from explorl.study.analyse import analyse
 from explorl.study.data import complete, lab_models, pack, packable, unpack
-from explorl.study.declared import as_claim
-from explorl.study.documents import publish, write_documents
-from explorl.study.evidence import Evidence
-from explorl.study.figures import draw_figures
-from explorl.study.frontier import analyse_frontier
-from explorl.study.frontier_report import draw as draw_frontier
-from explorl.study.frontier_report import frontier_claims
 from explorl.study.jobs import (
     EXIT_TIME_LIMIT,
     Deadline,
@@ -39,28 +28,20 @@ from explorl.study.jobs import (
     run_jobs,
     time_limit_note,
 )
-from explorl.study.numbers import build_table, collect, collect_passk, pooled_law
 from explorl.study.plan import (
     RunPlan,
     base_folders,
-    base_of,
     eval_done,
-    eval_done_at,
-    final_evals,
-    frontier_points,
-    order_rows,
     plan_runs,
     plan_start,
     plan_tuning,
-    policy_evals,
     run_state,
     value_text,
     with_start,
 )
 from explorl.study.pricing import time_limit_lines
-from explorl.study.spec import StudySpec, auto_jobs, frontier_k, load_spec
+from explorl.study.spec import StudySpec, auto_jobs, load_spec
 from explorl.study.start import has_weights, run_start, work_left
-from explorl.study.stats import problem_passk
 from explorl.study.tuning import (
     GridPoint,
     beyond_edge,
@@ -69,92 +50,6 @@ from explorl.study.tuning import (
     grid_table,
     tuning_markdown,
 )
-
-
-def gather_evidence(out: Path, spec: StudySpec, done: list[RunPlan], rows: list[str],
-                    per_run: dict[str, list[dict]], groups: dict,
-                    plans: list[RunPlan] | None = None) -> Evidence:
-    """Per-problem pass@k of every finished run and of each model they start from before RL
-    (``base_folders`` of ``plans``, default ``done``) at each evaluation temperature, with the
-    per-run numbers and the pooled law."""
-    ks = spec.eval.k
-    passk, seeds = collect_passk(done, rows, ks)
-    evals = policy_evals(final_evals(spec))  # the checkpoints' have their own table
-
-    def base_at(folder: str) -> dict[float, dict[int, np.ndarray]]:
-        got = {}
-        for sub, e in evals:
-            d = out / folder / sub
-            if spec.base_eval and eval_done_at(d, e):
-                got[e.temperature] = {k: v[None, :] for k, v in
-                                      problem_passk(d / "problems.jsonl", ks).items()}
-        return got
-
-    main = base_at("base")
-    ev = Evidence(per_run, passk, seeds, main.get(spec.eval.temperature), sorted(set(ks)),
-                  pooled_law(groups), temperature=spec.eval.temperature,
-                  stand_ins=stand_ins(spec))
-    if len(spec.eval.all_temperatures()) > 1:
-        for folder, e in evals:
-            ev.passk_t[e.temperature] = collect_passk(done, rows, ks, folder)[0]
-        ev.base_t = main
-    for name, folder in base_of(plans or done).items():
-        if folder != "base" and name in passk:
-            ev.base_for[name] = folder
-            got = base_at(folder)
-            if spec.eval.temperature in got:
-                ev.bases[folder] = got
-    return ev
-
-
-def stand_ins(spec: StudySpec) -> dict[str, list[str]]:
-    """Each tuned recipe's variants whose every override sets its tuned knob (``eepo_open``:
-    EEPO at another α), not the ablations that switch parts of it off."""
-    out: dict[str, list[str]] = {}
-    for v in spec.variants:
-        grid = spec.tune.get(v.recipe)
-        if grid and v.set and all(s.split("=", 1)[0].strip() == grid.key for s in v.set):
-            out.setdefault(v.recipe, []).append(v.name)
-    return out
-
-
-def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: list[RunPlan],
-            failed: list[JobResult], wall_s: float, tuned: dict | None = None,
-            jobs: list[int] | None = None) -> dict:
-    """Report (``explorl report``), per-run numbers, table, claims, figures and documents."""
-    bad = {j.plan.key for j in failed}
-    done = [p for p in plans if p.key not in bad and eval_done(p, spec)]
-    if not done:
-        raise RuntimeError("no run of the study finished; see the logs under " + str(out / "logs"))
-    make_report([p.out for p in done], out / "report")
-    rows = [n for n in order_rows(spec, plans) if any(p.name == n for p in done)]
-    per_run, groups = collect(done, rows, spec.eval.k)
-    table = build_table(rows, per_run, spec.eval.k)
-    ev = gather_evidence(out, spec, done, rows, per_run, groups, plans)
-    claims = evaluate_claims(ev, None if spec.claims is None else [as_claim(d) for d in
-                                                                   spec.claims])
-    figures = draw_figures(groups, out / "report", ev)
-    fr = None
-    if spec.frontier.arms:  # the sweep's claims replace those of arms the study does not run
-        fr = analyse_frontier(ev.passk, ev.seeds, frontier_points(spec), spec.frontier.baseline,
-                              frontier_k(spec), ev.base, numbers.collect_counts(done, rows),
-                              numbers.base_counts(out, spec))
-        claims = frontier_claims(fr) + [c for c in claims if c["verdict"] != "not run"]
-        figures = draw_frontier(fr, out / "report", f"lab:{spec.task}") + figures
-    long = None
-    if spec.eval.checkpoints:  # a long horizon: entropy and pass@k at each evaluated checkpoint
-        long = analyse_long(groups, done, rows, [*spec.eval.checkpoints, spec.max_steps],
-                            frontier_k(spec), spec.frontier.baseline, ev.base, out / "report",
-                            spec.task, numbers.base_counts(out, spec))
-        figures = long.figures + figures
-        claims = [*[c for c in claims if c["id"].startswith("F-")], *long.claims,  # they
-                  *[c for c in claims if not c["id"].startswith("F-")  # replace the claims
-                    and (c["verdict"] != "not run" or not long.claims)]]  # not run
-    cfg0 = done[0].cfg
-    budget = f"{cfg0.data.prompts_per_step} prompts × {cfg0.rollout.n_samples} samples"
-    return write_documents(out, spec, spec_path, quick, rows, table, claims, figures, per_run,
-                           failed, wall_s, budget, ev, tuned or {}, jobs, frontier=fr,
-                           long=long)
 
 
 def run_tuning(spec: StudySpec, spec_path: Path, out: Path, log: Callable[[str], None],

@@ -13,7 +13,8 @@ import yaml
 
 from explorl import config as C
 from explorl.lab import TASKS, parse_lab_spec
-from explorl.study.declared import Declared, check_claims, parse_claims
+from explorl.report.declared import Declared, check_claims, parse_claims
+from explorl.report.numbers import value_text
 
 
 @dataclass
@@ -181,7 +182,7 @@ class StudySpec:
     the documents compare each with GRPO and with the method."""
     frontier: FrontierSpec = field(default_factory=FrontierSpec)
     """The pass@1–pass@k frontier: arms swept over one knob (the learning rate), each compared
-    with the baseline's frontier (``explorl.study.frontier``)."""
+    with the baseline's frontier (``explorl.report.frontier``)."""
     power: PowerSpec = field(default_factory=PowerSpec)
     """The power table: minimum detectable effects and the seeds a target needs."""
     jobs: int | Literal["auto"] = 2
@@ -193,7 +194,7 @@ class StudySpec:
     ``base``), the quantity (``pass@<k>``, ``margin@<k>`` = pass@k − pass@1, ``entropy_ratio``,
     ``run:<key>``, ``ratio:<key>``; ``<k>`` may be ``max``), the claimed ``side`` (1, −1, or 0:
     within ±``null``) and ``null``; several under ``conditions:``
-    (``explorl.study.declared``). None = the library's exploration claims (``CLAIMS``)."""
+    (``explorl.report.declared``). None = the library's exploration claims (``CLAIMS``)."""
     publish: str | None = None
     """Directory (relative to the working directory; the built-in specs name the repository's
     ``docs/lab-study/…``) that receives study.md, claims.md, study.json and the report's markdown
@@ -350,20 +351,6 @@ def _frontier_checks(spec: StudySpec) -> list[tuple[str, bool, str]]:
         ("frontier.arms", not set(f.arms) & set(spec.tune),
          f"a swept arm cannot also be tuned: {sorted(set(f.arms) & set(spec.tune))}"),
     ]
-
-
-def value_text(value: Any) -> str:
-    """A grid value as an override's right-hand side that YAML reads back as the same value
-    (``5e-05`` would read as a string: floats keep a mantissa dot, ``5.0e-05``)."""
-    if isinstance(value, float):
-        text = repr(value)
-        if "e" in text and "." not in text.split("e")[0]:
-            mantissa, exp = text.split("e")
-            text = f"{mantissa}.0e{exp}"
-        return text
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
 
 
 def arm_names(spec: StudySpec) -> list[str]:

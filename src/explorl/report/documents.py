@@ -12,22 +12,19 @@ from pathlib import Path
 from typing import Any
 
 from explorl.config import builtin
-from explorl.study.checkpoints import HORIZON_RULE, checkpoint_json, checkpoint_table
-from explorl.study.claims import chance_line, rule_notes
-from explorl.study.frontier_report import claim_rule, frontier_json, frontier_table
-from explorl.study.horizon import horizon_json, horizon_lines
-from explorl.study.jobs import JobResult
-from explorl.study.numbers import Stat, columns
-from explorl.study.spec import StudySpec
-from explorl.study.tables import (
+from explorl.report.checkpoints import HORIZON_RULE, checkpoint_json, checkpoint_table
+from explorl.report.claims import chance_line, rule_notes
+from explorl.report.frontier_report import claim_rule, frontier_json, frontier_table
+from explorl.report.horizon import horizon_json, horizon_lines
+from explorl.report.numbers import Stat, columns
+from explorl.report.tables import (
     ablation_tables,
     base_rows,
     passk_tables,
     power_table,
     temperature_tables,
 )
-from explorl.study.tools_report import tool_json, tool_tables
-from explorl.study.tuning import tuning_markdown
+from explorl.report.tools_report import tool_json, tool_tables
 
 
 def _round(x: Any) -> Any:
@@ -113,16 +110,17 @@ def _law_section(ev) -> list[str]:
     return out + [""]
 
 
-def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, rows: list[str],
+def write_documents(out: Path, spec, spec_path: Path, quick: bool, rows: list[str],
                     table: dict[str, dict[str, Stat]], claims: list[dict],
                     figures: list[tuple[str, str]], per_run: dict[str, list[dict]],
-                    failed: list[JobResult], wall_s: float, budget: str, ev=None,
+                    failed: list, wall_s: float, budget: str, ev=None,
                     tuned: dict | None = None, jobs: list[int] | None = None, *,
-                    frontier=None, long=None) -> dict:
+                    frontier=None, long=None, tuning_md: list[str] | None = None) -> dict:
     """Write study.md, claims.md and study.json into ``out``; returns the study.json payload.
     ``jobs``: the job counts its invocations ran with (default the spec's); ``frontier``: the
     sweep's ``Frontier``; ``long``: entropy, pass@k and the frontier at intermediate
-    checkpoints (``checkpoints.LongHorizon``)."""
+    checkpoints (``checkpoints.LongHorizon``); ``tuning_md``: the Tuning section's lines.
+    ``spec`` is the study's ``StudySpec``; ``failed`` its failed jobs (``JobResult``)."""
     cols = columns(spec.eval.k)
     table_json = {name: {k: dataclasses.asdict(s) for k, s in table[name].items()}
                   for name in rows}
@@ -146,8 +144,8 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
                + "; ".join(f"{j.plan.key} ({j.detail})" for j in failed), ""]
     md += ["## Summary (mean ± std over seeds)", "", *_summary(spec, rows, table, per_run, cols),
            ""]
-    for title, lines in _sections(out, spec, ev, claims, tuned, frontier, long, claims_md, rules,
-                                  figures):
+    for title, lines in _sections(out, spec, ev, claims, tuning_md or [], frontier, long,
+                                  claims_md, rules, figures):
         md += [f"## {title}", "", *lines] + ([""] if title != "Ablations" else [])
     md += ["## Reproducing", "",
            (f"`{cmd}` reruns nothing that is finished; with a fresh `--out` it retrains every run "
@@ -166,7 +164,7 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
     return payload
 
 
-def _summary(spec: StudySpec, rows: list[str], table: dict[str, dict[str, Stat]],
+def _summary(spec, rows: list[str], table: dict[str, dict[str, Stat]],
              per_run: dict[str, list[dict]], cols: list) -> list[str]:
     """The summary table (mean ± std over seeds) and its column notes."""
     header = ["recipe", "seeds", *[title for _, title, _, _ in cols]]
@@ -180,7 +178,7 @@ def _summary(spec: StudySpec, rows: list[str], table: dict[str, dict[str, Stat]]
                                             split=spec.eval.split, maxp=maxp)]
 
 
-def _rules(spec: StudySpec, claims: list[dict], frontier, long) -> str:
+def _rules(spec, claims: list[dict], frontier, long) -> str:
     """How the claims are judged: the rule notes, and the frontier's and the long horizon's."""
     rules = rule_notes(len(spec.seeds))
     if frontier_table(frontier):
@@ -193,7 +191,7 @@ def _rules(spec: StudySpec, claims: list[dict], frontier, long) -> str:
     return rules
 
 
-def _sections(out: Path, spec: StudySpec, ev, claims: list[dict], tuned: dict | None, frontier,
+def _sections(out: Path, spec, ev, claims: list[dict], tuning_md: list[str], frontier,
               long, claims_md: list[str], rules: str,
               figures: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
     """study.md's sections between the summary and Reproducing, in order, each (title, lines);
@@ -201,7 +199,7 @@ def _sections(out: Path, spec: StudySpec, ev, claims: list[dict], tuned: dict | 
     cp, horizon, along = ((long.checkpoints, long.horizon, long.along) if long
                           else (None, None, None))
     got = [
-        ("Tuning", tuning_markdown(spec, tuned) if tuned else []),
+        ("Tuning", tuning_md),
         (f"The pass@1–pass@{frontier.k if frontier else 'k'} frontier", frontier_table(frontier)),
         ("Checkpoints", checkpoint_table(cp)),
         (f"The pass@1–pass@{along.k if along else 'k'} frontier along training",
@@ -223,9 +221,9 @@ def _sections(out: Path, spec: StudySpec, ev, claims: list[dict], tuned: dict | 
     return [(title, lines) for title, lines in got if lines]
 
 
-def _payload(out: Path, spec: StudySpec, spec_path: Path, quick: bool, cols: list,
+def _payload(out: Path, spec, spec_path: Path, quick: bool, cols: list,
              rows: list[str], table_json: dict, claims: list[dict],
-             per_run: dict[str, list[dict]], failed: list[JobResult], tuned: dict | None, ev,
+             per_run: dict[str, list[dict]], failed: list, tuned: dict | None, ev,
              frontier, long) -> dict:
     """study.json's numbers (the fingerprint and the timing join them)."""
     cp, horizon, along = ((long.checkpoints, long.horizon, long.along) if long

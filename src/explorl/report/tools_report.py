@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from explorl.analysis.runs import Run, new_figure, save_figure, step_axes
-from explorl.study.evidence import Evidence
-from explorl.study.numbers import Stat, step_tool_calls
-from explorl.study.tables import cell
+from explorl.report.evidence import Evidence
+from explorl.report.numbers import Stat, step_tool_calls
+from explorl.report.tables import cell
 
 BASELINE = "tools"  # the lab tool recipe: trajectory-level GRPO with the calculator
 CLAIM = ("ARPO (Dong et al. 2025) reports better accuracy than trajectory-level RL while using "

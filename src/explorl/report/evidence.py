@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from explorl.study.stats import Interval, passk_diff, seed_interval
+from explorl.report.stats import Interval, passk_diff, seed_interval
 
 # The per-run numbers (``numbers.run_numbers``, with ``build_table``'s overheads) a declared
 # claim may name (``run:<key>``, ``ratio:<key>``).

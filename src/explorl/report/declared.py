@@ -26,9 +26,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from explorl.study.claims import CLAIMS, Claim, Cond
-from explorl.study.evidence import RUN_KEYS, Evidence
-from explorl.study.stats import Interval
+from explorl.report.claims import CLAIMS, Claim, Cond
+from explorl.report.evidence import RUN_KEYS, Evidence
+from explorl.report.stats import Interval
 
 QUANTITIES = {
     "pass@<k>": "pass@k at k (a k of eval.k, or max: the largest), arm − vs",

@@ -17,15 +17,14 @@ from pathlib import Path
 import numpy as np
 
 from explorl.analysis.runs import new_figure, save_figure, step_axes
-from explorl.study.claims import E3, EM, Cond, combine
-from explorl.study.frontier import Frontier, analyse_frontier, mean_interval
-from explorl.study.frontier_report import PAPERS, frontier_claims
-from explorl.study.frontier_report import draw as draw_frontier
-from explorl.study.horizon import COLLAPSE, Horizon, draw_horizon, entropy_horizon
-from explorl.study.numbers import fmt_value
-from explorl.study.plan import RunPlan, checkpoint_of
-from explorl.study.stats import Interval, passk_diff, problem_counts, problem_passk
-from explorl.study.tables import cell
+from explorl.report.claims import E3, EM, Cond, combine
+from explorl.report.frontier import Frontier, analyse_frontier, mean_interval
+from explorl.report.frontier_report import PAPERS, frontier_claims
+from explorl.report.frontier_report import draw as draw_frontier
+from explorl.report.horizon import COLLAPSE, Horizon, draw_horizon, entropy_horizon
+from explorl.report.numbers import fmt_value
+from explorl.report.stats import Interval, passk_diff
+from explorl.report.tables import cell
 
 
 @dataclass
@@ -74,28 +73,6 @@ class Checkpoints:
             if d is not None and len(common) >= 2 and (d.low > 0 or d.high < 0):
                 out.append(s)
         return out
-
-
-def checkpoint_passk(done: list[RunPlan], rows: list[str], k: int, baseline: str = "grpo",
-                     base: dict[int, np.ndarray] | None = None) -> Checkpoints | None:
-    """Read every finished run's checkpoint evaluations (``eval_step<s>``) and final one; None
-    when the study evaluated no intermediate checkpoint. ``base``: k → (1, problems) or
-    (problems,), the base model at the main temperature (step 0)."""
-    steps = sorted({s for p in done for f, _ in p.evals if (s := checkpoint_of(f)) is not None})
-    if not steps:
-        return None
-    last = max(p.cfg.max_steps for p in done)
-    cp = Checkpoints([*steps, last], k, baseline, list(rows))
-    if base is not None and 1 in base and k in base:
-        cp.base = {kk: np.asarray(base[kk], float).reshape(-1) for kk in (1, k)}
-    for p in done:
-        for st in cp.steps:
-            path = p.out / ("eval" if st == last else f"eval_step{st}") / "problems.jsonl"
-            if path.exists():
-                for kk, v in problem_passk(path, [1, k]).items():
-                    cp.got.setdefault((p.name, kk, st), {})[p.seed] = v
-                cp.counts.setdefault((p.name, st), {})[p.seed] = problem_counts(path)
-    return cp
 
 
 def checkpoint_table(cp: Checkpoints | None) -> list[str]:
@@ -292,13 +269,12 @@ class LongHorizon:
     figures: list[tuple[str, str]]
 
 
-def analyse_long(groups: dict, done: list[RunPlan], rows: list[str], steps: list[int], k: int,
-                 baseline: str, base: dict[int, np.ndarray] | None, report: Path,
-                 task: str, base_counts: np.ndarray | None = None) -> LongHorizon:
+def analyse_long(groups: dict, cp: Checkpoints | None, steps: list[int], k: int, baseline: str,
+                 report: Path, task: str, base_counts: np.ndarray | None = None) -> LongHorizon:
     """Everything ``eval.checkpoints`` adds to a study (``steps``: the checkpoints and the last
-    step; ``groups``: row → its runs' curves; ``base``: the base model's per-problem pass@k)."""
+    step; ``groups``: row → its runs' curves; ``cp``: pass@k at the checkpoints, the study's
+    ``analyse.checkpoint_passk``)."""
     horizon = entropy_horizon(groups, steps, baseline)
-    cp = checkpoint_passk(done, rows, k, baseline, base)
     if cp is not None:
         cp.base_counts = base_counts
     along = training_frontier(cp)

@@ -54,7 +54,7 @@ from pathlib import Path
 import numpy as np
 
 from explorl.analysis.passk import pass_at_k
-from explorl.study.tdist import betainc, t_cdf, t_ppf  # noqa: F401  (betainc re-exported)
+from explorl.report.tdist import betainc, t_cdf, t_ppf  # noqa: F401  (betainc re-exported)
 
 LEVEL = 0.95
 POWER = 0.80

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from explorl.analysis.frontier import FPoint, Series, draw_frontier
-from explorl.study.claims import Cond
-from explorl.study.frontier import Frontier, Point
-from explorl.study.plan import value_text
-from explorl.study.tables import cell
+from explorl.report.claims import Cond
+from explorl.report.frontier import Frontier, Point
+from explorl.report.numbers import value_text
+from explorl.report.tables import cell
 
 PAPERS = {  # the paper whose method an arm runs, by the recipe its name starts with
     "kl_cov": "Entropy Mechanism §4.4", "clip_cov": "Entropy Mechanism §4.4",

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from explorl.study.evidence import Evidence
-from explorl.study.stats import Interval, t_ppf, verdict
+from explorl.report.evidence import Evidence
+from explorl.report.stats import Interval, t_ppf, verdict
 
 EEPO_ACTIVE = 0.10  # EEPO's claim needs the gate open on at least this fraction of steps
 NEAR_H0 = 0.15  # E3 TS: H final / H0 − 1 within ±this
@@ -25,7 +25,7 @@ LAW_R2 = 0.5  # the law "fits" when the interval of R² lies above this (a fit, 
 SAME_BUDGET = 0.01  # budgets: rollouts / step within 1% of the no-budget run's
 
 RULE_NOTES = """\
-Each claim is judged by 95% intervals (`explorl/study/stats.py`), never by a threshold on means.
+Each claim is judged by 95% intervals (`explorl/report/stats.py`), never by a threshold on means.
 A pass@k comparison is a mean over seeds and test problems (the same problems for every seed);
 its interval is a t interval whose variance holds the seeds' part (the spread of the per-seed
 means) and the problems' part (two-way ANOVA), each part with its own t quantile: the seeds' at

@@ -3,26 +3,19 @@ columns ``columns``)."""
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import yaml
-
 from explorl.analysis.entropy_law import FitError, fit_entropy_law, law_points
-from explorl.analysis.runs import Run, load_run
+from explorl.analysis.runs import Run
 from explorl.control.schedules import anneal_start
-from explorl.study.plan import RunPlan, eval_done_at, final_evals, policy_evals
-from explorl.study.stats import (
+from explorl.report.stats import (
     N_BOOT,
     Interval,
     bootstrap,
     percentile_mc_error,
-    problem_counts,
-    problem_passk,
 )
 
 WINDOW = 0.1  # "initial" / "final" = mean over the first / last 10% of steps (at least one)
@@ -35,6 +28,20 @@ def _w(n: int) -> int:
 
 def _mean(xs: list[float]) -> float | None:
     return statistics.fmean(xs) if xs else None
+
+
+def value_text(value: Any) -> str:
+    """A grid value as an override's right-hand side that YAML reads back as the same value
+    (``5e-05`` would read as a string: floats keep a mantissa dot, ``5.0e-05``)."""
+    if isinstance(value, float):
+        text = repr(value)
+        if "e" in text and "." not in text.split("e")[0]:
+            mantissa, exp = text.split("e")
+            text = f"{mantissa}.0e{exp}"
+        return text
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def fmt_value(x: float | None, digits: int = 3) -> str:
@@ -186,24 +193,6 @@ def tool_numbers(recs: list[dict], eval_summary: dict | None) -> dict[str, Any]:
             "eval_calls_per_correct": t.get("calls_per_correct")}
 
 
-def collect(done: list[RunPlan], rows: list[str],
-            k_list: list[int]) -> tuple[dict[str, list[dict]], dict[str, list[Run]]]:
-    """Per recipe: each finished run's numbers (with its seed and parameter count) and its
-    loaded ``Run``, in ``done`` order."""
-    per_run: dict[str, list[dict]] = {n: [] for n in rows}
-    groups: dict[str, list[Run]] = {n: [] for n in rows}
-    for p in done:
-        run = load_run(p.out)
-        cfg = yaml.safe_load((p.out / "config.yaml").read_text())
-        ev = json.loads((p.out / "eval" / "eval.json").read_text())
-        nums = run_numbers(run, cfg, ev, k_list)
-        summary = json.loads((p.out / "summary.json").read_text())
-        nums.update(seed=p.seed, n_params=summary.get("n_params"))
-        per_run[p.name].append(nums)
-        groups[p.name].append(run)
-    return per_run, groups
-
-
 @dataclass
 class Stat:
     """Mean and sample standard deviation over seeds (std None with one value)."""
@@ -263,48 +252,6 @@ def build_table(rows: list[str], per_run: dict[str, list[dict]],
                                  if cpu and r.get("cpu_step_s") is not None else None)
         table[name] = {key: Stat.of([r.get(key) for r in runs]) for key, *_ in columns(k_list)}
     return table
-
-
-def collect_passk(done: list[RunPlan], rows: list[str], k_list: list[int], folder: str = "eval"
-                  ) -> tuple[dict[str, dict[int, Any]], dict[str, list[int]]]:
-    """Per recipe: k → per-problem pass@k (seeds × problems, rows in seed order) from each
-    run's ``<folder>/problems.jsonl``; and the seed of each row."""
-    import numpy as np
-
-    by_name: dict[str, list[tuple[int, dict]]] = {n: [] for n in rows}
-    for p in done:
-        by_name[p.name].append((p.seed, problem_passk(p.out / folder / "problems.jsonl", k_list)))
-    passk, seeds = {}, {}
-    for name, got in by_name.items():
-        if got:
-            got.sort(key=lambda x: x[0])
-            seeds[name] = [s for s, _ in got]
-            passk[name] = {k: np.stack([g[k] for _, g in got]) for k in k_list}
-    return passk, seeds
-
-
-def collect_counts(done: list[RunPlan], rows: list[str], folder: str = "eval"
-                   ) -> dict[str, Any]:
-    """Per recipe: each run's per-problem (correct answers, samples) from
-    ``<folder>/problems.jsonl``, shape (2, seeds, problems), rows in seed order (as
-    ``collect_passk``'s)."""
-    import numpy as np
-
-    by_name: dict[str, list[tuple[int, Any]]] = {n: [] for n in rows}
-    for p in done:
-        by_name[p.name].append((p.seed, problem_counts(p.out / folder / "problems.jsonl")))
-    return {name: np.stack([c for _, c in sorted(got, key=lambda x: x[0])], axis=1)
-            for name, got in by_name.items() if got}
-
-
-def base_counts(out: Path, spec: Any, folder: str = "base") -> Any:
-    """The model before RL's per-problem (correct answers, samples) at the main evaluation
-    temperature (``stats.problem_counts``); None where it was not evaluated."""
-    for sub, e in policy_evals(final_evals(spec)):
-        d = out / folder / sub
-        if spec.base_eval and e.temperature == spec.eval.temperature and eval_done_at(d, e):
-            return problem_counts(d / "problems.jsonl")
-    return None
 
 
 def pooled_law(groups: dict[str, list[Run]], n_boot: int = N_BOOT) -> dict[str, Any]:
