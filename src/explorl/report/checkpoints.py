@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from explorl.analysis.runs import new_figure, save_figure, step_axes
-from explorl.report.claims import E3, EM, Cond, combine
+from explorl.report.claims import E3, EM, Cond, Precondition, claim_row
 from explorl.report.frontier import Frontier, analyse_frontier, mean_interval
 from explorl.report.frontier_report import PAPERS, frontier_claims
 from explorl.report.frontier_report import draw as draw_frontier
@@ -193,16 +193,11 @@ def horizon_claims(h: Horizon | None, cp: Checkpoints | None) -> list[dict]:
 
     def row(id_: str, claim: str, paper: str, needs: list[str], conds: list[Cond],
             seeds: int, after: str = "") -> dict:
-        r = {"id": id_, "claim": claim, "paper": paper, "needs": needs}
+        head = {"id": id_, "claim": claim, "paper": paper, "needs": needs}
         if seeds < 2:
-            return r | {"numbers": f"not testable: {seeds} seed{'s' if seeds != 1 else ''}"
-                                   f"{' shared with ' + base if needs[1:] else ''}",
-                        "conditions": [], "verdict": "n/a"}
-        return r | {"numbers": "; ".join(c.text() for c in conds) + after,
-                    "conditions": [{"label": c.label, "direction": c.direction, "null": c.null,
-                                    "interval": c.iv.to_json() if c.iv else None,
-                                    "verdict": c.verdict} for c in conds],
-                    "verdict": combine([c.verdict for c in conds])}
+            conds = Precondition(f"{seeds} seed{'s' if seeds != 1 else ''}"
+                                 f"{' shared with ' + base if needs[1:] else ''}")
+        return claim_row(head, conds, after)
 
     out.append(row("H-collapse", f"{base}'s entropy collapses over {last} steps (falls by "
                    f"{1 - COLLAPSE:.0%} or more)", f"{EM} §2; {E3} Fig. 1", [base],

@@ -368,20 +368,27 @@ def chance_line(claims: list[dict]) -> str:
 def judge(c: Claim, ev: Evidence) -> dict:
     """One claim's row: its conditions, intervals and verdict (``not run`` when its recipes
     are not in the study, ``n/a`` when a precondition fails)."""
-    row = {"id": c.id, "claim": c.claim, "paper": c.paper, "needs": list(c.needs)}
+    head = {"id": c.id, "claim": c.claim, "paper": c.paper, "needs": list(c.needs)}
     missing = [n for n in c.needs if not ev.per_run.get(n)]
     if missing:
-        return row | {"numbers": f"recipes not in this study: {', '.join(missing)}",
-                      "conditions": [], "verdict": "not run"}
-    conds = c.check(ev)
+        return head | {"numbers": f"recipes not in this study: {', '.join(missing)}",
+                       "conditions": [], "verdict": "not run"}
+    return claim_row(head, c.check(ev))
+
+
+def claim_row(head: dict, conds: list[Cond] | Precondition, after: str = "",
+              verdict: str | None = None) -> dict:
+    """A claims table row: ``head`` (id, claim, paper, needs) with the conditions' numbers
+    (``after`` appended), their intervals and the verdict (``combine``'s unless given); ``n/a``
+    with the reason for a ``Precondition``."""
     if isinstance(conds, Precondition):
-        return row | {"numbers": f"not testable: {conds.reason}", "conditions": [],
-                      "verdict": "n/a"}
-    return row | {"numbers": "; ".join(x.text() for x in conds),
-                  "conditions": [{"label": x.label, "direction": x.direction, "null": x.null,
-                                  "interval": x.iv.to_json() if x.iv else None,
-                                  "verdict": x.verdict} for x in conds],
-                  "verdict": combine([x.verdict for x in conds])}
+        return head | {"numbers": f"not testable: {conds.reason}", "conditions": [],
+                       "verdict": "n/a"}
+    return head | {"numbers": "; ".join(x.text() for x in conds) + after,
+                   "conditions": [{"label": x.label, "direction": x.direction, "null": x.null,
+                                   "interval": x.iv.to_json() if x.iv else None,
+                                   "verdict": x.verdict} for x in conds],
+                   "verdict": verdict or combine([x.verdict for x in conds])}
 
 
 def evaluate_claims(ev: Evidence, claims: list[Claim] | None = None) -> list[dict]:
