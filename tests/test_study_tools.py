@@ -145,7 +145,7 @@ def test_fake_tool_study_reports_calls_and_judges_arpos_claim(tmp_path):
     assert tools["base"]["calls_per_response"] == 0.2
 
     md = (out / "study.md").read_text()
-    assert "## Tool use" in md and "**Claim A1.**" in md and "Verdict: **shown**" in md
+    assert "## Tool use" in md and "| A1 | ARPO reaches" in md
     assert "| **base** | — | 0.062 | 0.250 | 0.200 | 0.200 | 0.250 | — | — |" in md
     assert "| tools | 3 | 0.500 | 1.000 | 0.900 ± 0.000 | 0.900 ± 0.000 | 1.800 ± 0.000 | 192 ± 0" \
            " | 192 ± 0 |" in md
@@ -168,7 +168,7 @@ def test_aepos_claim_is_judged_against_arpo(tmp_path):
 
 def test_no_tool_arms_no_tool_section():
     ev = S.Evidence({"grpo": [{"seed": 0, "train_calls": None}]})
-    assert tool_tables(ev, [], Path("/nonexistent")) == []
+    assert tool_tables(ev, Path("/nonexistent")) == []
     assert "A1" not in {c["id"] for c in S.evaluate_claims(ev)}  # no spec claims: the library's
 
 

@@ -207,7 +207,7 @@ def _sections(out: Path, spec, ev, claims: list[dict], tuning_md: list[str], fro
         ("Entropy over training", horizon_lines(horizon)),
         (f"pass@k on the {spec.eval.split} split ({spec.eval.n} samples per problem, "
          f"T = {spec.eval.temperature})", passk_tables(ev)),
-        ("Tool use", tool_tables(ev, claims, out)),
+        ("Tool use", tool_tables(ev, out)),
         ("Evaluation temperature", temperature_tables(ev)),
         ("Claims", [*claims_md, "", rules]),
         ("Ablations", ablation_tables(spec, ev)),
@@ -249,7 +249,7 @@ def _payload(out: Path, spec, spec_path: Path, quick: bool, cols: list,
         **({"horizon": horizon_json(horizon)} if horizon is not None else {}),
         **({"checkpoints": checkpoint_json(cp)} if cp is not None else {}),
         **({"frontier_along_training": frontier_json(along)} if along is not None else {}),
-        **({"tools": tool_json(ev, out)} if tool_tables(ev, claims, out) else {}),
+        **({"tools": tool_json(ev, out)} if tool_tables(ev, out) else {}),
     }
 
 
