@@ -402,14 +402,6 @@ def passk_diff(a: np.ndarray, b: np.ndarray, *, paired_seeds: bool,
                             how=f"t over {a.shape[0]} seeds vs {b.shape[0]} × {n_prob} problems")
 
 
-def paired_power(a: np.ndarray, b: np.ndarray, *, paired_seeds: bool) -> Power:
-    """``Power`` of the difference of arm ``a`` and arm ``b`` as ``passk_diff`` compares them."""
-    iv = passk_diff(a, b, paired_seeds=paired_seeds)
-    if iv.power is None:
-        raise ValueError("power needs at least 2 problems")
-    return iv.power
-
-
 # ----------------------------------------------------------------------------- bootstraps
 
 
