@@ -14,6 +14,7 @@ from explorl import config as C
 from explorl import study as S
 from explorl.analysis.runs import load_run
 from explorl.config import builtin
+from explorl.report.evidence import RUN_KEYS
 from explorl.report.numbers import tool_numbers
 from explorl.report.tools_report import calls_run, tool_tables
 from explorl.study.jobs import base_eval_args
@@ -128,6 +129,9 @@ def test_fake_tool_study_reports_calls_and_judges_arpos_claim(tmp_path):
     out, plans, payload = _fake_study(tmp_path, ["tools", "arpo"])
 
     assert [c["id"] for c in payload["claims"]] == ["A1"]
+    # every per-run number a run has is one a declared claim may name (run:<key>), and no more
+    keys = set(payload["runs"]["tools-seed0"]) - {"seed", "n_params", "eval_pass@1", "eval_pass@4"}
+    assert keys == set(RUN_KEYS)
     (a1,) = payload["claims"]
     assert a1["needs"] == ["tools", "arpo"]
     assert a1["verdict"] == "shown"
