@@ -58,6 +58,9 @@ GOOD = {"id": "M", "claim": "c", "arm": "kl_cov", "vs": "grpo", "quantity": "mar
     ({"check": "3b"}, "claims.3b.check: 3b needs arms this study does not run: clip_cov, "
                       "clip_cov_more, kl_cov_strong"),
     ({"check": "1", "id": "x"}, "claims[0]: a library claim (check) takes no other key"),
+    ({"check": "frontier"}, "claims.frontier.check: the frontier claims need frontier.arms in "
+                            "the spec"),
+    ({"check": "horizn"}, "claims[0].check: no library claim 'horizn'; did you mean 'horizon'?"),
     ({"id": "M", "claim": "c", "conditions": [{**{k: v for k, v in GOOD.items()
                                                  if k not in ("id", "claim")}, "lable": "x"}]},
      "claims[0].conditions[0].lable: unknown key; did you mean 'label'?"),
@@ -81,6 +84,9 @@ def test_repeated_ids_and_a_good_section(tmp_path):
                                       ("M-kl_cov_x5", "kl_cov_x5 widens", "kl_cov_x5"),
                                       ("1", "", None)]
     assert S.load_spec(_spec(tmp_path, None)).claims is None  # no section: the library's
+    long = S.load_spec(_spec(tmp_path, [{"check": "horizon"}, {"check": "along"}],
+                             max_steps=10, eval={"n": 8, "k": [1, 8], "checkpoints": [5]}))
+    assert [d.check for d in long.claims] == ["horizon", "along"]
 
 
 def test_shipped_specs_declare_their_endpoints():

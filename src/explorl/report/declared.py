@@ -2,7 +2,10 @@
 that ``claims.evaluate_claims`` judges like the library's.
 
 An entry either selects a claim of the library by its id (``check: 8a``: the claims whose logic
-is more than one comparison, such as EEPO's open gate or the law's fit) or declares one::
+is more than one comparison, such as EEPO's open gate or the law's fit), or the claims of a
+section of the spec (``check: frontier``: the sweep's F-claims; ``along``: the T-claims of the
+frontier along training; ``horizon``: the long horizon's H- and L-claims; ``SECTIONS``), or
+declares one::
 
     - id: "P1-{arm}"              # {arm}: one claim per arm of ``arms``
       claim: "{arm} raises pass@1 over GRPO at the last step"
@@ -40,6 +43,8 @@ QUANTITIES = {
 ENTRY_KEYS = ("id", "claim", "paper", "arms", "conditions", "check", "arm", "vs", "quantity",
               "side", "null", "label")
 CONDITION_KEYS = ("arm", "vs", "quantity", "side", "null", "label")
+SECTIONS = {"frontier": "frontier.arms", "along": "eval.checkpoints",
+            "horizon": "eval.checkpoints"}  # section claims → the spec key that makes them
 _QUANTITY = re.compile(r"^(pass|margin)@(\d+|max)$|^entropy_ratio$|^(run|ratio):(.+)$")
 
 
@@ -130,7 +135,7 @@ def parse_claims(raw: Any) -> list[Declared]:
     arm; a ``ValueError`` naming the key path (and the closest valid key) on bad input."""
     if not isinstance(raw, list):
         raise ValueError(f"claims: expected a list of claims, got {raw!r}")
-    library = [c.id for c in CLAIMS]
+    library = [c.id for c in CLAIMS] + list(SECTIONS)
     out: list[Declared] = []
     for i, entry in enumerate(raw):
         where = f"claims[{i}]"
@@ -178,14 +183,18 @@ def parse_claims(raw: Any) -> list[Declared]:
     return out
 
 
-def check_claims(claims: list[Declared], arms: list[str], k_list: list[int]
-                 ) -> list[tuple[str, bool, str]]:
+def check_claims(claims: list[Declared], arms: list[str], k_list: list[int],
+                 sections: set[str]) -> list[tuple[str, bool, str]]:
     """(key, ok, message) of each declared claim against the spec: its arms run in the study,
-    its k are evaluated, its library claims' arms run."""
+    its k are evaluated, its library claims' arms run, its sections' claims have their section
+    (``sections``: the keys of ``SECTIONS`` the spec sets)."""
     by_id = {c.id: c for c in CLAIMS}
     checks = []
-    for i, d in enumerate(claims):
-        if d.check:
+    for d in claims:
+        if d.check in SECTIONS:
+            checks.append((f"claims.{d.id}.check", d.check in sections,
+                           f"the {d.check} claims need {SECTIONS[d.check]} in the spec"))
+        elif d.check:
             miss = [n for n in by_id[d.check].needs if n not in arms]
             checks.append((f"claims.{d.id}.check", not miss,
                            f"{d.check} needs arms this study does not run: {', '.join(miss)}"))

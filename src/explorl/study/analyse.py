@@ -15,7 +15,7 @@ from explorl.analysis import make_report
 from explorl.analysis.runs import Run, load_run
 from explorl.report.checkpoints import Checkpoints, analyse_long
 from explorl.report.claims import evaluate_claims
-from explorl.report.declared import as_claim
+from explorl.report.declared import SECTIONS, as_claim
 from explorl.report.documents import write_documents
 from explorl.report.evidence import Evidence
 from explorl.report.figures import draw_figures
@@ -100,15 +100,23 @@ def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: lis
     per_run, groups = collect(done, rows, spec.eval.k)
     table = build_table(rows, per_run, spec.eval.k)
     ev = gather_evidence(out, spec, done, rows, per_run, groups, plans)
-    claims = evaluate_claims(ev, None if spec.claims is None else [as_claim(d) for d in
-                                                                   spec.claims])
+    declared = spec.claims
+
+    def wants(section: str, section_claims: list[dict]) -> list[dict]:
+        """A section's claims: all of them without ``claims:``, else if it selects them."""
+        return section_claims if declared is None or any(d.check == section for d in declared) \
+            else []
+
+    claims = evaluate_claims(ev, None if declared is None else [
+        as_claim(d) for d in declared if d.check not in SECTIONS])
     figures = draw_figures(groups, out / "report", ev)
     fr = None
     if spec.frontier.arms:  # the sweep's claims replace those of arms the study does not run
         fr = analyse_frontier(ev.passk, ev.seeds, frontier_points(spec), spec.frontier.baseline,
                               frontier_k(spec), ev.base, collect_counts(done, rows),
                               base_counts(out, spec))
-        claims = frontier_claims(fr) + [c for c in claims if c["verdict"] != "not run"]
+        claims = wants("frontier", frontier_claims(fr)) + [c for c in claims
+                                                           if c["verdict"] != "not run"]
         figures = draw_frontier(fr, out / "report", f"lab:{spec.task}") + figures
     long = None
     if spec.eval.checkpoints:  # a long horizon: entropy and pass@k at each evaluated checkpoint
@@ -117,9 +125,11 @@ def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: lis
                             frontier_k(spec), spec.frontier.baseline, out / "report", spec.task,
                             base_counts(out, spec))
         figures = long.figures + figures
-        claims = [*[c for c in claims if c["id"].startswith("F-")], *long.claims,  # they
-                  *[c for c in claims if not c["id"].startswith("F-")  # replace the claims
-                    and (c["verdict"] != "not run" or not long.claims)]]  # not run
+        got = [*wants("along", [c for c in long.claims if c["id"].startswith("T-")]),
+               *wants("horizon", [c for c in long.claims if not c["id"].startswith("T-")])]
+        claims = [*[c for c in claims if c["id"].startswith("F-")], *got,  # they replace the
+                  *[c for c in claims if not c["id"].startswith("F-")  # claims not run
+                    and (c["verdict"] != "not run" or not got)]]
     cfg0 = done[0].cfg
     budget = f"{cfg0.data.prompts_per_step} prompts × {cfg0.rollout.n_samples} samples"
     return write_documents(out, spec, spec_path, quick, rows, table, claims, figures, per_run,

@@ -275,7 +275,9 @@ def load_spec(path: str | Path, quick: bool = False) -> StudySpec:
          "evaluation)"),
         *_tuning_checks(spec),
         *_frontier_checks(spec),
-        *check_claims(spec.claims or [], arm_names(spec), ev.k),
+        *check_claims(spec.claims or [], arm_names(spec), ev.k,
+                      ({"frontier"} if spec.frontier.arms else set())
+                      | ({"along", "horizon"} if ev.checkpoints else set())),
     ]
     for key, ok, msg in checks:
         if not ok:
