@@ -130,7 +130,8 @@ def test_the_margin_and_the_entropy_ratio_by_hand():
     """Margin kl_cov − grpo: d[s, p] = c_s, no problem part: 0.25 ± t(2)·0.05/√3 = ±0.1242:
     [0.126, 0.374], above 0: shown. pass@1: every difference 0, the interval [0, 0]: not shown.
     Entropy ratio: paired differences 0.3, 0.2, 0.3: 0.2667 ± t(2)·0.0577/√3 = ±0.1434: shown;
-    claimed below GRPO's instead: opposite. Final reward within ±0.05: differences 0.01, −0.01,
+    claimed below GRPO's instead: opposite; MDE (t(2) + t_0.8(2))·0.0577/√3 = 0.179. Final
+    reward within ±0.05: differences 0.01, −0.01,
     0: 0 ± t(2)·0.01/√3 = ±0.0248, inside: shown; within ±0.02: not shown. Train calls ÷
     grpo's: 0.5 ± t(2)·0.1/√3 = ±0.2484, below 1: shown."""
     got = _judge([
@@ -164,11 +165,15 @@ def test_the_margin_and_the_entropy_ratio_by_hand():
         T2 * sd / math.sqrt(3), abs=1e-5)
     assert (up["verdict"], down["verdict"], got["E"]["verdict"]) == ("shown", "opposite",
                                                                      "mixed")
+    # its MDE: (t_{0.975, 2} + t_{0.8, 2}) · SE = (4.3027 + 1.0607) · 0.0577/√3 = 0.1788
+    assert up["interval"]["power"]["mde"] == pytest.approx((T2 + 1.060660) * sd / math.sqrt(3),
+                                                           abs=1e-5)
+    assert "; MDE 0.179)" in got["E"]["numbers"]
     wide, narrow = got["R"]["conditions"]
     assert wide["interval"]["high"] == pytest.approx(T2 * 0.01 / math.sqrt(3), abs=1e-6)
     assert (wide["verdict"], narrow["verdict"], got["R"]["verdict"]) == ("shown", "not shown",
                                                                          "partial")
-    assert "(within ±0.05: shown)" in got["R"]["numbers"]
+    assert "(within ±0.05: shown; MDE 0.031)" in got["R"]["numbers"]
     (c,) = got["C"]["conditions"]
     assert c["label"] == "kl_cov ÷ grpo, train_calls"
     assert (c["interval"]["estimate"], c["interval"]["high"]) == pytest.approx(

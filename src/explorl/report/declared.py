@@ -19,11 +19,13 @@ declares one::
 Several conditions go under ``conditions:`` (each with ``arm``, ``vs``, ``quantity``, ``side``,
 ``null``, ``label``). Every quantity is an interval of ``study.stats``: pass@k and the coverage
 margin are crossed t intervals over seeds and problems, paired by seed (clipped to [−1, 1]);
-per-run numbers are t intervals over seeds, paired by seed when there is a ``vs``.
+per-run numbers are t intervals over seeds, paired by seed when there is a ``vs``, with their
+minimum detectable effect (``with_mde``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 from dataclasses import dataclass, field
@@ -31,7 +33,7 @@ from typing import Any
 
 from explorl.report.claims import CLAIMS, Claim, Cond
 from explorl.report.evidence import RUN_KEYS, Evidence
-from explorl.report.stats import Interval
+from explorl.report.stats import Interval, Power
 
 QUANTITIES = {
     "pass@<k>": "pass@k at k (a k of eval.k, or max: the largest), arm − vs",
@@ -229,9 +231,20 @@ def measure(ev: Evidence, c: Condition) -> Interval | None:
         return ev.margin(c.arm, c.vs, _k(q, ev))
     key = q.partition(":")[2] or q
     if q.startswith("ratio:"):
-        return ev.ratio(c.arm, c.vs, key)
+        return with_mde(ev.ratio(c.arm, c.vs, key))
     get = lambda r: r.get(key)  # noqa: E731
-    return ev.one(c.arm, get) if c.vs is None else ev.pair(c.arm, c.vs, get)
+    return with_mde(ev.one(c.arm, get) if c.vs is None else ev.pair(c.arm, c.vs, get))
+
+
+def with_mde(iv: Interval | None) -> Interval | None:
+    """A per-run quantity's t interval over S seeds with its minimum detectable effect
+    (``Power`` of a seeds-only design: (t_{0.975, S−1} + t_{0.8, S−1}) · SE); as it was with
+    one seed (no spread)."""
+    if iv is None or not iv.se or iv.df is None or not iv.terms:
+        return iv
+    n = int(round(iv.df)) + 1
+    return dataclasses.replace(iv, power=Power(n, 1, 0.0, iv.se ** 2 * n, 0.0, se_obs=iv.se,
+                                               df=iv.df, terms_obs=iv.terms))
 
 
 def label(c: Condition, ev: Evidence) -> str:
