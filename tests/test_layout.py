@@ -143,6 +143,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("validation", "analysis"),  # checking a recipe; reading runs back
     ("eval",),  # validation's sampling routine, explorl eval
     ("training",),  # the trainer and its phases
+    ("report",),  # a study's report: numbers, intervals, claims, tables, figures, documents
     ("study",),  # lab studies (runs the command line as child processes)
     ("integrations", "api", "docs", "cli_models", "cli_recipes", "cli_study", "cli", "__main__",
      "explorl"),
@@ -198,11 +199,7 @@ def test_no_cycle_between_packages():
 MAX_FUNCTION_LINES = 80
 # The functions still over MAX_FUNCTION_LINES, each to be split into named steps. The list only
 # shrinks: a new long function fails, and so does a listed one that is no longer long (strike it).
-LONG_FUNCTIONS = frozenset({
-    "study/documents.py:write_documents",
-    "study/run.py:run_study",
-    "study/numbers.py:run_numbers",
-})
+LONG_FUNCTIONS: frozenset[str] = frozenset()
 
 
 def _long_functions() -> dict[str, int]:

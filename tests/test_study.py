@@ -449,7 +449,7 @@ def test_pooled_law_recovers_a_known_law_per_size(tmp_path):
 
     from explorl.analysis.entropy_law import ACCURACY_KEY, ENTROPY_KEY
     from explorl.analysis.runs import Run
-    from explorl.study.numbers import pooled_law
+    from explorl.report.numbers import pooled_law
 
     def run(i, a, b, size):
         recs = [{"step": s, ENTROPY_KEY: h, ACCURACY_KEY: -a * math.exp(h) + b}

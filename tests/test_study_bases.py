@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from explorl import study as S
+from explorl.report.evidence import Evidence
+from explorl.report.tables import passk_tables, temperature_tables
 from explorl.study.cost import Rates, estimate
 from explorl.study.data import _unit, packable
-from explorl.study.evidence import Evidence
 from explorl.study.plan import base_folders, base_of
-from explorl.study.tables import passk_tables, temperature_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "src" / "explorl" / "studies" / "subset_sum_v3.yaml"
@@ -121,7 +121,7 @@ def test_an_arm_whose_own_base_is_missing_reads_none_not_the_study_base():
 
 
 def test_pass_at_k_figure_draws_each_base_and_subtracts_each_arms_own(tmp_path, monkeypatch):
-    import explorl.study.figures as F
+    import explorl.report.figures as F
 
     kept = []
     monkeypatch.setattr(F, "save_figure", lambda fig, path, dpi=100: kept.append(fig))
@@ -139,7 +139,7 @@ def test_pass_at_k_figure_draws_each_base_and_subtracts_each_arms_own(tmp_path, 
 def test_gathered_evidence_compares_each_arm_with_its_own_base_or_with_none(tmp_path):
     """From a study folder: grpo_large's "− base" reads base-grpo_large; without that
     evaluation it reads none, never the small model's base."""
-    from explorl.study.run import gather_evidence
+    from explorl.study.analyse import gather_evidence
 
     spec, plans = _plans(tmp_path)
     done = [p for p in plans if p.name in ("grpo", "grpo_large")]

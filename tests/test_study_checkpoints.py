@@ -1,4 +1,4 @@
-"""pass@k at a long horizon's checkpoints (``explorl.study.checkpoints``): the means, the
+"""pass@k at a long horizon's checkpoints (``explorl.report.checkpoints``): the means, the
 one-arm interval, the paired difference with the baseline, the steps where it is resolved, the
 table, the JSON and the figure, against numbers worked out by hand."""
 
@@ -11,14 +11,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from explorl.study.checkpoints import (
-    checkpoint_json,
-    checkpoint_passk,
-    checkpoint_table,
-    draw_checkpoints,
-)
-from explorl.study.frontier import mean_interval
-from explorl.study.stats import passk_diff
+from explorl.report.checkpoints import checkpoint_json, checkpoint_table, draw_checkpoints
+from explorl.report.frontier import mean_interval
+from explorl.report.stats import passk_diff
+from explorl.study.analyse import checkpoint_passk
 
 N = 4  # samples per problem: pass@1 = c/4, pass@4 = 1 when c ≥ 1
 
@@ -127,8 +123,8 @@ def _run(name, seed, entropies):
 def test_horizon_claims_by_hand():
     """GRPO falls to 0.2 of its start (collapses); m ends 0.6 above it in entropy ratio and
     (1, 0) pass@4 above it per problem on both seeds; one-seed arms are n/a."""
-    from explorl.study.checkpoints import Checkpoints, horizon_claims
-    from explorl.study.horizon import entropy_horizon
+    from explorl.report.checkpoints import Checkpoints, horizon_claims
+    from explorl.report.horizon import entropy_horizon
 
     groups = {"grpo": [_run("grpo", 0, [1, 1, 0.8, 0.6, 0.5, 0.4, 0.3, 0.1]),
                        _run("grpo", 1, [2, 2, 1.6, 1.2, 1.0, 0.8, 0.4, 0.4])],
@@ -167,8 +163,8 @@ def test_the_frontier_along_training_by_hand():
     """GRPO's checkpoints (0.4, 0.9) at step 5 and (0.6, 0.7) at 10: its frontier at pass@1 0.5
     is the chord's 0.8. m at step 5 (0.5, 0.85) lies 0.05 above it; m at step 10 (0.5, 0.80) is
     beaten by m's own step 5 and not judged. Every problem and seed alike: no spread."""
-    from explorl.study.checkpoints import Checkpoints, training_frontier
-    from explorl.study.frontier_report import claim_rule, frontier_claims, frontier_table
+    from explorl.report.checkpoints import Checkpoints, training_frontier
+    from explorl.report.frontier_report import claim_rule, frontier_claims, frontier_table
 
     cp = Checkpoints([5, 10], 4, "grpo", ["grpo", "m"])
     values = {("grpo", 5): (0.4, 0.9), ("grpo", 10): (0.6, 0.7), ("m", 5): (0.5, 0.85),

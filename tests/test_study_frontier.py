@@ -1,4 +1,4 @@
-"""The pass@1–pass@k frontier (``explorl.study.frontier``): GRPO's hull, the interpolation both
+"""The pass@1–pass@k frontier (``explorl.report.frontier``): GRPO's hull, the interpolation both
 ways, the hull test, the t intervals and the MDE, each against numbers worked out by hand."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from explorl.analysis.frontier import run_points
 from explorl.analysis.hull import beaten_by, dominated, pareto
 from explorl.analysis.report import write_report
 from explorl.analysis.runs import load_run
-from explorl.study.frontier import (
+from explorl.report.frontier import (
     Frontier,
     Point,
     analyse_frontier,
@@ -23,8 +23,8 @@ from explorl.study.frontier import (
     upper_hull,
     where,
 )
-from explorl.study.frontier_report import frontier_claims, frontier_json, frontier_table
-from explorl.study.stats import Interval, t_ppf
+from explorl.report.frontier_report import frontier_claims, frontier_json, frontier_table
+from explorl.report.stats import Interval, t_ppf
 
 # The pilot's GRPO points (held-out task, 200 steps): (pass@1, pass@64) at lr 1e-4, 5e-5,
 # 2.5e-5, 1.25e-5 = A, B, C, D.
@@ -349,7 +349,7 @@ def test_the_hull_test_is_the_one_sided_t_confidence_of_the_margin():
     terms (a t quantile per term) just reaches 0: t_half(terms, q) = gap. Right of GRPO's largest
     pass@1 (x = .5 + d) the margin is its pass@1 over GRPO's largest; left of the peak (x = .2),
     its pass@k over the peak's."""
-    from explorl.study.stats import t_half
+    from explorl.report.stats import t_half
 
     g1, gk = np.stack([_const(0.3), _const(0.5)]), np.stack([_const(0.9), _const(0.7)])
     d = np.array([[0.01, 0.03, 0.02], [0.00, 0.02, -0.01]])
@@ -448,7 +448,7 @@ def test_regime_from_grpos_points_by_hand():
     keeps pass@64 (−0.007 [−0.017, +0.003] does not lie below 0): learns, and 1e-4 narrows.
     A point gaining +0.05 [+0.03, +0.07] while losing −0.04 [−0.06, −0.02] and another with
     nothing resolved: trades (0.04 ≤ 0.05). Nothing resolved anywhere: changes little."""
-    from explorl.study.frontier_report import regime
+    from explorl.report.frontier_report import regime
 
     held_out = [_base_pt(1e-4, (-0.007, -0.03, 0.02), (-0.201, -0.256, -0.148)),
                 _base_pt(5e-5, (0.012, -0.01, 0.03), (-0.113, -0.156, -0.074)),
@@ -526,7 +526,7 @@ def test_a_per_sample_mixtures_pass_at_k_by_hand():
     one each (½) with ½·¾, both from A (¼) with 1/6: fail = ⅛ + 3/16 + 1/24 = 17/48, pass@2 =
     31/48 (the sampling enumerated agrees; and at 5 and 1 of 16, k = 8, λ = .3). At λ = 0 and 1
     the mixture is B's and A's own pass@2, ½ and 5/6."""
-    from explorl.study.frontier import fail_estimates, mixture_passk
+    from explorl.report.frontier import fail_estimates, mixture_passk
 
     qa, qb = fail_estimates(np.array([2.0, 4.0]), 2), fail_estimates(np.array([1.0, 4.0]), 2)
     assert qa == pytest.approx([1, 0.5, 1 / 6]) and qb == pytest.approx([1, 0.75, 0.5])
@@ -548,7 +548,7 @@ def test_grpos_frontier_holds_its_per_sample_mixtures():
     fails it), on problem 2, fail = 17/48 (the previous test): pass@2 (23/24 + 31/48)/2 =
     .8021. An arm at (.5625, .80) lies above the chord (+.0083) but below the mixture: its
     gap_k is .80 − .8021 = −.0021, not +.0083."""
-    from explorl.study.frontier import analyse_frontier, fail_estimates, mixture_passk
+    from explorl.report.frontier import analyse_frontier, fail_estimates, mixture_passk
 
     def arrays(c):
         c = np.array([c, c], float)  # two seeds alike

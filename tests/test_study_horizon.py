@@ -1,4 +1,4 @@
-"""Entropy over a long horizon (``explorl.study.horizon``): the windows, the ratios, their seed
+"""Entropy over a long horizon (``explorl.report.horizon``): the windows, the ratios, their seed
 intervals, the collapse verdict and where an arm parts from the baseline, against numbers
 worked out by hand."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from explorl.analysis.runs import Run
-from explorl.study.horizon import (
+from explorl.report.horizon import (
     draw_horizon,
     entropy_horizon,
     horizon_json,

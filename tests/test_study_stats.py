@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from explorl.study.stats import (
+from explorl.report.stats import (
     Interval,
     passk_diff,
     problem_passk,
@@ -36,7 +36,7 @@ def test_two_problem_interval_by_hand():
     """One seed, a = [1, 0], b = [0, 0]: d = [1, 0], mean ½, var over problems ½, SE = √(½/2) =
     ½, df = P − 1 = 1: the t interval is ½ ± 12.706·½ = [−5.85, +6.85], which a difference of
     probabilities clips to [−1, +1]."""
-    from explorl.study.stats import crossed_interval
+    from explorl.report.stats import crossed_interval
 
     d = np.array([[1.0, 0.0]])
     raw = crossed_interval(d)
@@ -48,7 +48,7 @@ def test_two_problem_interval_by_hand():
 
 def test_levels_clip_to_probabilities():
     """An arm's mean pass@k near 1 with a wide interval: its upper end stops at 1."""
-    from explorl.study.frontier import mean_interval
+    from explorl.report.frontier import mean_interval
 
     iv = mean_interval(np.array([[1.0, 0.9], [1.0, 1.0]]))
     assert iv.high == 1.0 and iv.low < iv.estimate < 1.0
@@ -100,7 +100,7 @@ def test_problem_passk_uses_the_unbiased_estimator(tmp_path):
 def test_t_quantiles_and_cdf_against_tables():
     """Student's t from the incomplete beta function: table values of t(.975, df) and
     t(.80, df), the CDF at 2 with 5 df, and the normal's at df = ∞."""
-    from explorl.study.stats import t_cdf, t_ppf
+    from explorl.report.stats import t_cdf, t_ppf
 
     assert t_ppf(0.975, 1) == pytest.approx(12.7062047, abs=1e-6)
     assert t_ppf(0.975, 3) == pytest.approx(3.1824463, abs=1e-6)
@@ -126,7 +126,7 @@ def test_seed_interval_is_the_t_interval_over_runs():
 def test_crossed_variance_holds_the_problems_part_the_seed_means_miss():
     """d[s, p] = problem_p only (every seed the same): the seed means agree exactly, so a t
     over seeds alone would give SE 0; the crossed SE is √(var_p / P) from the problems' part."""
-    from explorl.study.stats import crossed_interval
+    from explorl.report.stats import crossed_interval
 
     prob = np.array([0.1, -0.2, 0.3, 0.0, 0.05])
     iv = crossed_interval(np.tile(prob, (4, 1)))
@@ -167,7 +167,7 @@ def _null_coverage(seeds: int, problems: int, share: float, *, n: int, bimodal: 
     """Share of ``n`` null studies whose 95% interval (``crossed_terms`` and ``t_half``, the
     interval ``crossed_interval`` builds; ``pooled``: the older rule, one t at the terms'
     Satterthwaite df) holds 0."""
-    from explorl.study.stats import crossed_terms, satterthwaite, t_half, t_ppf
+    from explorl.report.stats import crossed_terms, satterthwaite, t_half, t_ppf
 
     hit = 0
     for mean, ms_s, ms_p, ms_r in _nulls(n, seeds, problems, share, bimodal=bimodal):
@@ -182,7 +182,7 @@ def _null_coverage(seeds: int, problems: int, share: float, *, n: int, bimodal: 
 
 def test_the_interval_is_the_one_the_coverage_test_simulates():
     """``crossed_interval``'s bounds are the estimate ± ``t_half`` of ``crossed_terms``."""
-    from explorl.study.stats import _mean_squares, crossed_interval, crossed_terms, t_half
+    from explorl.report.stats import _mean_squares, crossed_interval, crossed_terms, t_half
 
     d = np.random.default_rng(3).normal(0, 1, (3, 40)) + np.array([[0.5], [-0.2], [0.1]])
     iv = crossed_interval(d)
@@ -222,7 +222,7 @@ def test_the_mde_is_the_intervals_own():
     interval's own terms: the seeds' with df 3, the problems' with its own df."""
     import math
 
-    from explorl.study.stats import DF_CAP, t_ppf
+    from explorl.report.stats import DF_CAP, t_ppf
 
     rng = np.random.default_rng(2)
     a = rng.random((4, 50))
@@ -236,7 +236,7 @@ def test_the_mde_is_the_intervals_own():
 def test_a_bootstrapped_bound_reports_its_monte_carlo_error():
     """The bootstrap doubles its replicates until the bounds' MC error is below the target;
     a verdict needs the bound to clear the null by more than that error."""
-    from explorl.study.stats import bootstrap, percentile_mc_error
+    from explorl.report.stats import bootstrap, percentile_mc_error
 
     x = np.random.default_rng(0).normal(0.0, 1.0, 200)
     reps, lo, hi, err = bootstrap(lambda w: w @ x / len(x), len(x), first=500, target=0.004)

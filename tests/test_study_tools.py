@@ -14,10 +14,11 @@ from explorl import config as C
 from explorl import study as S
 from explorl.analysis.runs import load_run
 from explorl.config import builtin
+from explorl.report.evidence import RUN_KEYS
+from explorl.report.numbers import tool_numbers
+from explorl.report.tools_report import calls_run, tool_tables
 from explorl.study.jobs import base_eval_args
-from explorl.study.numbers import tool_numbers
 from explorl.study.plan import base_folders
-from explorl.study.tools_report import calls_run, tool_tables
 
 SPEC = builtin.folder("study") / "tools_arpo.yaml"
 
@@ -106,7 +107,9 @@ def _fake_study(tmp_path, recipes):
         "name": "tools_fake", "task": "multiply", "recipe_dir": str(builtin.folder("recipe") /
                                                                   "lab"),
         "recipes": recipes, "seeds": SEEDS, "max_steps": 3,
-        "eval": {"n": N, "k": [1, 4], "split": "test"}}))
+        "eval": {"n": N, "k": [1, 4], "split": "test"},
+        "claims": [c for c in yaml.safe_load(SPEC.read_text())["claims"]  # the shipped spec's
+                   if {x[k] for x in c["conditions"] for k in ("arm", "vs")} <= set(recipes)]}))
     spec = S.load_spec(path)
     out = tmp_path / "study"
     plans = S.plan_runs(spec, path, out)
@@ -121,12 +124,16 @@ def test_fake_tool_study_reports_calls_and_judges_arpos_claim(tmp_path):
     """tools: pass@1 0.5 on every problem, 3 × 64 calls run per run (192). arpo: pass@1 0.75
     on average (24, 25 and 23 of 32), 192 − 3 × (32, 30, 34) = 96, 102, 90 calls run: −96 against
     GRPO, paired t over 3 seeds ±4.303 · 6/√3 = ±14.9; ratio (0.5 + 0.53125 + 0.46875)/3 = 0.5.
-    Claim A1: more pass@1 and fewer calls, both resolved: shown; and the exploration claims,
-    none of whose recipes ran, are left out."""
+    Claim A1 (declared in the shipped spec): more pass@1 and fewer calls, both resolved: shown;
+    no claim of the library is judged."""
     out, plans, payload = _fake_study(tmp_path, ["tools", "arpo"])
 
     assert [c["id"] for c in payload["claims"]] == ["A1"]
+    # every per-run number a run has is one a declared claim may name (run:<key>), and no more
+    keys = set(payload["runs"]["tools-seed0"]) - {"seed", "n_params", "eval_pass@1", "eval_pass@4"}
+    assert keys == set(RUN_KEYS)
     (a1,) = payload["claims"]
+    assert a1["needs"] == ["tools", "arpo"]
     assert a1["verdict"] == "shown"
     p1, calls = a1["conditions"]
     assert p1["interval"]["estimate"] == pytest.approx(24 / 32 - 0.5)
@@ -142,7 +149,7 @@ def test_fake_tool_study_reports_calls_and_judges_arpos_claim(tmp_path):
     assert tools["base"]["calls_per_response"] == 0.2
 
     md = (out / "study.md").read_text()
-    assert "## Tool use" in md and "**Claim A1.**" in md and "Verdict: **shown**" in md
+    assert "## Tool use" in md and "| A1 | ARPO reaches" in md
     assert "| **base** | — | 0.062 | 0.250 | 0.200 | 0.200 | 0.250 | — | — |" in md
     assert "| tools | 3 | 0.500 | 1.000 | 0.900 ± 0.000 | 0.900 ± 0.000 | 1.800 ± 0.000 | 192 ± 0" \
            " | 192 ± 0 |" in md
@@ -165,8 +172,8 @@ def test_aepos_claim_is_judged_against_arpo(tmp_path):
 
 def test_no_tool_arms_no_tool_section():
     ev = S.Evidence({"grpo": [{"seed": 0, "train_calls": None}]})
-    assert tool_tables(ev, [], Path("/nonexistent")) == []
-    assert "A1" not in {c["id"] for c in S.evaluate_claims(ev)}
+    assert tool_tables(ev, Path("/nonexistent")) == []
+    assert "A1" not in {c["id"] for c in S.evaluate_claims(ev)}  # no spec claims: the library's
 
 
 def test_the_archive_keeps_each_responses_tool_calls():

@@ -21,13 +21,13 @@ from conftest import TINY_LAB_CONFIG
 from explorl import config as C
 from explorl import study as S
 from explorl.cli import main
+from explorl.report.evidence import Evidence
+from explorl.report.figures import highlighted
+from explorl.report.stats import MDE_Z, passk_diff, t_ppf, variance_components
+from explorl.report.tables import ablation_tables, passk_tables, power_table, temperature_tables
 from explorl.study import data as data_mod
-from explorl.study.evidence import Evidence
-from explorl.study.figures import highlighted
 from explorl.study.jobs import JobResult
 from explorl.study.plan import final_evals, plan_tuning, value_text
-from explorl.study.stats import MDE_Z, passk_diff, t_ppf, variance_components
-from explorl.study.tables import ablation_tables, passk_tables, power_table, temperature_tables
 from explorl.study.tuning import GridPoint, grid_table, pick, tuning_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -397,7 +397,7 @@ def test_pass_at_k_figure_highlights_by_result():
     few = Evidence({}, {n: passk[n] for n in ("grpo", "a", "b")}, {}, None, [km])
     assert highlighted(few) == ["grpo", "a", "b"]
     # an arm that trained the same runs as an earlier one is drawn once, under both names
-    from explorl.study.figures import twin_labels
+    from explorl.report.figures import twin_labels
 
     per_run = {n: [{"seed": 0, "final_entropy": v, "final_reward": v}]
                for n, v in [("grpo", 0.5), ("a", 0.9), ("a2", 0.9), ("b", 0.1)]}
@@ -642,7 +642,7 @@ def test_wall_clock_counts_each_finished_job_so_a_killed_invocation_keeps_its_ti
 def test_an_invocation_that_only_reanalyses_adds_no_wall_clock(tmp_path):
     """Re-publishing a finished study leaves its recorded cost (and its archive) alone; a step
     logged or an evaluation written in the invocation counts."""
-    from explorl.study.documents import _jobs_text
+    from explorl.report.documents import _jobs_text
     from explorl.study.run import add_wall, study_files, wall_jobs
 
     run = tmp_path / "runs" / "grpo-seed0"
@@ -738,7 +738,7 @@ def test_only_the_idle_method_of_a_family_claim_is_dropped():
 
 def test_rule_notes_give_the_t_tails_of_the_seeds():
     """The seeds' term always has df = seeds − 1: t(.975, 3) = 3.18, t(.975, 7) = 2.36."""
-    from explorl.study.claims import rule_notes
+    from explorl.report.claims import rule_notes
 
     assert "so 4 seeds give it tails of 3.18 SEs" in " ".join(rule_notes(4).split())
     assert "so 8 seeds give it tails of 2.36 SEs" in " ".join(rule_notes(8).split())
@@ -810,8 +810,8 @@ def test_study_data_keeps_counts_restores_unfinished_and_refuses_escapes(tmp_pat
     """problems.jsonl keeps each row's counts (n_samples = the responses' number) and pass@k is
     unchanged; unpacking replaces a partial local run, keeps a finished one, and refuses a
     member outside the study folder."""
+    from explorl.report.stats import problem_passk
     from explorl.study.data import counts_only, pack, unpack
-    from explorl.study.stats import problem_passk
 
     rows = [{"index": 0, "prompt": "1+1", "n_correct": 1, "responses": ["2", "3", "4"],
              "scores": [1, 0, 0]}, {"index": 1, "prompt": "2+2", "n_correct": 0,
@@ -886,7 +886,7 @@ def test_packed_lab_model_is_installed_where_missing_and_a_different_build_refus
 
 
 def test_stand_ins_are_variants_of_a_tuned_knob_not_ablations():
-    from explorl.study.run import stand_ins
+    from explorl.study.analyse import stand_ins
 
     for name in ("countdown_v3.yaml", "subset_sum_v3.yaml"):
         spec = S.load_spec(ROOT / "src" / "explorl" / "studies" / name)
@@ -900,7 +900,7 @@ def test_study_flags_that_would_ignore_each_other_are_refused(capsys):
 
 
 def test_study_header_says_which_every_run_overrides_the_tuning_replaces(tmp_path):
-    from explorl.study.documents import _tuned_note
+    from explorl.report.documents import _tuned_note
 
     spec = S.load_spec(_tuned_spec(tmp_path, set=["optim.lr=1.0e-4", "eval.every=10"]))
     assert _tuned_note(spec) == " (the tuned settings replace `optim.lr`: see Tuning)"

@@ -15,7 +15,7 @@ learning rate of a method.
   and more pass@k. Such a point is not part of the frontier the method reaches (``beaten_by``).
 
 F and G are defined on the points' own ranges only: no extrapolation. Used by the study's
-frontier comparison (``explorl.study.frontier``) and the frontier figure
+frontier comparison (``explorl.report.frontier``) and the frontier figure
 (``explorl.analysis.frontier``).
 """
 

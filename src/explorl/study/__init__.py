@@ -9,8 +9,8 @@ gets. Each (recipe, seed) trains in its own process (``python -m explorl train``
 thread, ``jobs`` at a time; then ``explorl eval`` samples its final policy (n = 16 at T = 1 on
 the test split by default). A finished run is not rerun and an interrupted one resumes, so
 rerunning the command continues a study. Then ``explorl report`` overlays the runs, and the
-study computes its table (``columns``) and the claims (``CLAIMS``) into ``study.md``,
-``claims.md`` and ``study.json``.
+report computes its table (``columns``) and judges the claims (the spec's ``claims:``, or the
+library's ``CLAIMS``) into ``study.md``, ``claims.md`` and ``study.json``.
 
 Modules, in the order a study uses them:
 
@@ -23,26 +23,19 @@ Modules, in the order a study uses them:
 - ``jobs``: each run's train-then-eval process, ``jobs`` at a time, skipping finished work;
 - ``tuning``: each ``tune:`` grid's table and the chosen value (validation pass@k, ties to
   pass@1); the final runs train the choice on fresh seeds;
-- ``numbers``: per-run numbers and the per-recipe table over seeds;
-- ``stats``: t intervals over seeds and problems and the power (minimum detectable effect)
-  of a comparison;
-- ``evidence``: what the claims read, per evaluation temperature;
-- ``claims``: the claims, their rules and every threshold;
-- ``frontier``, ``frontier_report``: a ``frontier`` sweep's points against GRPO's pass@1–pass@k
-  frontier (hull, gaps both ways, hull test, intervals), its table, claims and figure;
-- ``figures``: the claims' figures;
-- ``tables``, ``documents``: study.md (pass@k, temperatures, power, ablations), claims.md,
-  study.json, the published copy;
+- ``analyse``: the finished runs' numbers and per-problem pass@k handed to the report
+  (``explorl.report``: intervals, the claims the spec declares, tables, figures, documents);
 - ``run``: ``run_study``, the whole pipeline.
 
 The study runs the command line only as a child process (``python -m explorl``), never by import:
 ``explorl.cli`` imports this package, not the reverse.
 """
 
-from explorl.study.claims import CLAIMS, Claim, Evidence, Precondition, combine, evaluate_claims
+from explorl.report.claims import CLAIMS, Claim, Evidence, Precondition, combine, evaluate_claims
+from explorl.report.numbers import Stat, build_table, columns, run_numbers
+from explorl.report.stats import Power
 from explorl.study.cost import plan_study
 from explorl.study.jobs import JobResult, eval_args, execute, job_command, train_args
-from explorl.study.numbers import Stat, build_table, columns, run_numbers
 from explorl.study.plan import RunPlan, eval_done, order_rows, plan_runs, plan_tuning, run_state
 from explorl.study.run import analyse, run_study
 from explorl.study.spec import (
@@ -55,7 +48,6 @@ from explorl.study.spec import (
     load_spec,
     resolve_recipe,
 )
-from explorl.study.stats import Power
 
 __all__ = [
     "Evidence", "Power", "PowerSpec", "TuneGrid", "TuningSpec", "plan_tuning",

@@ -15,7 +15,14 @@ from explorl import config as C
 from explorl import validation
 from explorl.algorithms.losses import loss_agg
 from explorl.outputs.checkpoint import latest_checkpoint
-from explorl.study.spec import StudyEvalSpec, StudySpec, resolve_recipe, spec_error, tuning_k
+from explorl.report.numbers import value_text
+from explorl.study.spec import (
+    StudyEvalSpec,
+    StudySpec,
+    resolve_recipe,
+    spec_error,
+    tuning_k,
+)
 from explorl.training.plan import PLANNED_FIELDS
 
 
@@ -40,20 +47,6 @@ class RunPlan:
     def key(self) -> str:
         label = "" if self.value is None else f"@{value_text(self.value)}"
         return f"{self.name}{label}-seed{self.seed}"
-
-
-def value_text(value: Any) -> str:
-    """A grid value as an override's right-hand side that YAML reads back as the same value
-    (``5e-05`` would read as a string: floats keep a mantissa dot, ``5.0e-05``)."""
-    if isinstance(value, float):
-        text = repr(value)
-        if "e" in text and "." not in text.split("e")[0]:
-            mantissa, exp = text.split("e")
-            text = f"{mantissa}.0e{exp}"
-        return text
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
 
 
 def eval_folder(temperature: float, main: float) -> str:

@@ -12,23 +12,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-import explorl.study.numbers as numbers
 from explorl import config as C
-from explorl.analysis import make_report
 from explorl.config import builtin
 from explorl.files import write_text_atomic
 from explorl.models import resolve_model_path
-from explorl.study.checkpoints import analyse_long
-from explorl.study.claims import evaluate_claims
+from explorl.report.documents import publish
+from explorl.study.analyse import analyse
 from explorl.study.data import complete, lab_models, pack, packable, unpack
-from explorl.study.documents import publish, write_documents
-from explorl.study.evidence import Evidence
-from explorl.study.figures import draw_figures
-from explorl.study.frontier import analyse_frontier
-from explorl.study.frontier_report import draw as draw_frontier
-from explorl.study.frontier_report import frontier_claims
 from explorl.study.jobs import (
     EXIT_TIME_LIMIT,
     Deadline,
@@ -38,28 +28,20 @@ from explorl.study.jobs import (
     run_jobs,
     time_limit_note,
 )
-from explorl.study.numbers import build_table, collect, collect_passk, pooled_law
 from explorl.study.plan import (
     RunPlan,
     base_folders,
-    base_of,
     eval_done,
-    eval_done_at,
-    final_evals,
-    frontier_points,
-    order_rows,
     plan_runs,
     plan_start,
     plan_tuning,
-    policy_evals,
     run_state,
     value_text,
     with_start,
 )
 from explorl.study.pricing import time_limit_lines
-from explorl.study.spec import StudySpec, auto_jobs, frontier_k, load_spec
+from explorl.study.spec import StudySpec, auto_jobs, load_spec
 from explorl.study.start import has_weights, run_start, work_left
-from explorl.study.stats import problem_passk
 from explorl.study.tuning import (
     GridPoint,
     beyond_edge,
@@ -68,91 +50,6 @@ from explorl.study.tuning import (
     grid_table,
     tuning_markdown,
 )
-
-
-def gather_evidence(out: Path, spec: StudySpec, done: list[RunPlan], rows: list[str],
-                    per_run: dict[str, list[dict]], groups: dict,
-                    plans: list[RunPlan] | None = None) -> Evidence:
-    """Per-problem pass@k of every finished run and of each model they start from before RL
-    (``base_folders`` of ``plans``, default ``done``) at each evaluation temperature, with the
-    per-run numbers and the pooled law."""
-    ks = spec.eval.k
-    passk, seeds = collect_passk(done, rows, ks)
-    evals = policy_evals(final_evals(spec))  # the checkpoints' have their own table
-
-    def base_at(folder: str) -> dict[float, dict[int, np.ndarray]]:
-        got = {}
-        for sub, e in evals:
-            d = out / folder / sub
-            if spec.base_eval and eval_done_at(d, e):
-                got[e.temperature] = {k: v[None, :] for k, v in
-                                      problem_passk(d / "problems.jsonl", ks).items()}
-        return got
-
-    main = base_at("base")
-    ev = Evidence(per_run, passk, seeds, main.get(spec.eval.temperature), sorted(set(ks)),
-                  pooled_law(groups), temperature=spec.eval.temperature,
-                  stand_ins=stand_ins(spec))
-    if len(spec.eval.all_temperatures()) > 1:
-        for folder, e in evals:
-            ev.passk_t[e.temperature] = collect_passk(done, rows, ks, folder)[0]
-        ev.base_t = main
-    for name, folder in base_of(plans or done).items():
-        if folder != "base" and name in passk:
-            ev.base_for[name] = folder
-            got = base_at(folder)
-            if spec.eval.temperature in got:
-                ev.bases[folder] = got
-    return ev
-
-
-def stand_ins(spec: StudySpec) -> dict[str, list[str]]:
-    """Each tuned recipe's variants whose every override sets its tuned knob (``eepo_open``:
-    EEPO at another α), not the ablations that switch parts of it off."""
-    out: dict[str, list[str]] = {}
-    for v in spec.variants:
-        grid = spec.tune.get(v.recipe)
-        if grid and v.set and all(s.split("=", 1)[0].strip() == grid.key for s in v.set):
-            out.setdefault(v.recipe, []).append(v.name)
-    return out
-
-
-def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: list[RunPlan],
-            failed: list[JobResult], wall_s: float, tuned: dict | None = None,
-            jobs: list[int] | None = None) -> dict:
-    """Report (``explorl report``), per-run numbers, table, claims, figures and documents."""
-    bad = {j.plan.key for j in failed}
-    done = [p for p in plans if p.key not in bad and eval_done(p, spec)]
-    if not done:
-        raise RuntimeError("no run of the study finished; see the logs under " + str(out / "logs"))
-    make_report([p.out for p in done], out / "report")
-    rows = [n for n in order_rows(spec, plans) if any(p.name == n for p in done)]
-    per_run, groups = collect(done, rows, spec.eval.k)
-    table = build_table(rows, per_run, spec.eval.k)
-    ev = gather_evidence(out, spec, done, rows, per_run, groups, plans)
-    claims = evaluate_claims(ev)
-    figures = draw_figures(groups, out / "report", ev)
-    fr = None
-    if spec.frontier.arms:  # the sweep's claims replace those of arms the study does not run
-        fr = analyse_frontier(ev.passk, ev.seeds, frontier_points(spec), spec.frontier.baseline,
-                              frontier_k(spec), ev.base, numbers.collect_counts(done, rows),
-                              numbers.base_counts(out, spec))
-        claims = frontier_claims(fr) + [c for c in claims if c["verdict"] != "not run"]
-        figures = draw_frontier(fr, out / "report", f"lab:{spec.task}") + figures
-    long = None
-    if spec.eval.checkpoints:  # a long horizon: entropy and pass@k at each evaluated checkpoint
-        long = analyse_long(groups, done, rows, [*spec.eval.checkpoints, spec.max_steps],
-                            frontier_k(spec), spec.frontier.baseline, ev.base, out / "report",
-                            spec.task, numbers.base_counts(out, spec))
-        figures = long.figures + figures
-        claims = [*[c for c in claims if c["id"].startswith("F-")], *long.claims,  # they
-                  *[c for c in claims if not c["id"].startswith("F-")  # replace the claims
-                    and (c["verdict"] != "not run" or not long.claims)]]  # not run
-    cfg0 = done[0].cfg
-    budget = f"{cfg0.data.prompts_per_step} prompts × {cfg0.rollout.n_samples} samples"
-    return write_documents(out, spec, spec_path, quick, rows, table, claims, figures, per_run,
-                           failed, wall_s, budget, ev, tuned or {}, jobs, frontier=fr,
-                           long=long)
 
 
 def run_tuning(spec: StudySpec, spec_path: Path, out: Path, log: Callable[[str], None],
@@ -352,37 +249,16 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
         # A study started in the background (`nohup … &` from a script) inherits SIGINT ignored;
         # `kill -INT` must still stop it cleanly (the runs checkpoint; rerun to continue).
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    if jobs is not None:
-        if jobs != "auto" and (not isinstance(jobs, int) or jobs < 1):
-            raise C.ConfigError(f"--jobs must be ≥ 1 or auto, got {jobs}")
-        spec.jobs = jobs
-    if spec.jobs == "auto":
-        spec.jobs = auto_jobs()
-    if recipes is not None:
-        if not Path(recipes).is_dir():
-            raise C.ConfigError(f"--recipes {recipes}: not a directory")
-        spec.recipe_dir = str(Path(recipes).resolve())
+    _command_line(spec, jobs, recipes)
     out = Path(out) if out else Path("runs") / f"study-{spec.name}{'-quick' if quick else ''}"
     plan_runs(spec, spec_path, out)  # every config checked before the tuning runs start
     if restore is not None:
-        got = unpack(Path(restore), out)
-        lab = [u for u in got if u.startswith("lab/")]
-        runs = [u for u in got if u not in lab and not u.endswith(".json")]
-        log(f"restored {len(runs)} finished runs and evaluations from {restore} into {out}"
-            + (f", and the lab model {', '.join(u[4:] for u in lab)} they started from"
-               if lab else ""))
+        _restore(Path(restore), out, log)
     tuned: dict[str, list[GridPoint]] = {}
     wall = Wall(out, spec.jobs)
     deadline = Deadline.after(time_limit) if time_limit else None
     if time_limit:  # before any work: does what is left fit (from the measured rates)?
-        chosen = _chosen(spec, out)
-        tuning = plan_tuning(spec, spec_path, out) if spec.tune and chosen is None else []
-        try:
-            lines = time_limit_lines(spec, tuning, plan_runs(spec, spec_path, out, chosen or {}),
-                                     out, spec.jobs, time_limit)
-        except (C.ConfigError, OSError, ValueError, KeyError) as e:  # no estimate: still run
-            lines = [f"--time-limit: no estimate of the study's cost ({e})"]
-        for line in lines:
+        for line in _time_limit_lines(spec, spec_path, out, time_limit):
             log(line)
     if (start := plan_start(spec, spec_path, out)) is not None:  # before every other run
         _build_models([] if has_weights(start) else [start])
@@ -403,7 +279,6 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
     log(f"study {spec.name}{' (quick)' if quick else ''}: {len(plans)} runs ({todo} to train, "
         f"{len(plans) - todo} finished), {spec.max_steps} steps each, {spec.jobs} at a time "
         f"→ {out}")
-
     _build_models([p for p in plans if states[p.key] != "done"])  # a re-analysis builds none
     if spec.base_eval:
         for folder, p in base_folders(plans).items():
@@ -412,20 +287,70 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
             if not run_base_eval(p, spec, out / folder, out / "logs"):
                 log(f"the base model's evaluation failed; see {out / 'logs' / folder}.log")
     results = run_jobs(plans, spec, out / "logs", log, deadline, on_done=wall.tick)
-    if results is not None and deadline is not None and (note := time_limit_note(results)):
+    if (rc := _stopped(results, deadline, log)) is not None:
         wall.close()
-        log(note)
-        return EXIT_TIME_LIMIT
-    if results is None or any(r.status == "interrupted" for r in results):
-        wall.close()
-        log("interrupted; rerun the same command to continue")
-        return 130
+        return rc
     failed = [r for r in results if r.status == "failed"]
     # Wall-clock adds up over the invocations that built this study (a rerun that only resumes
     # or re-analyses does not reset it).
-    wall_s = wall.close()
-    payload = analyse(out, spec, spec_path, quick, plans, failed, wall_s, tuned,
+    payload = analyse(out, spec, spec_path, quick, plans, failed, wall.close(), tuned,
                       wall_jobs(out))
+    return _finish(out, spec, plans, payload, failed, log)
+
+
+def _command_line(spec: StudySpec, jobs: int | str | None, recipes: str | Path | None) -> None:
+    """``--jobs`` (an int or ``auto``) and ``--recipes`` into ``spec``."""
+    if jobs is not None:
+        if jobs != "auto" and (not isinstance(jobs, int) or jobs < 1):
+            raise C.ConfigError(f"--jobs must be ≥ 1 or auto, got {jobs}")
+        spec.jobs = jobs
+    if spec.jobs == "auto":
+        spec.jobs = auto_jobs()
+    if recipes is not None:
+        if not Path(recipes).is_dir():
+            raise C.ConfigError(f"--recipes {recipes}: not a directory")
+        spec.recipe_dir = str(Path(recipes).resolve())
+
+
+def _restore(archive: Path, out: Path, log: Callable[[str], None]) -> None:
+    """``--from``: the archive's finished runs (and lab models) the study directory lacks."""
+    got = unpack(archive, out)
+    lab = [u for u in got if u.startswith("lab/")]
+    runs = [u for u in got if u not in lab and not u.endswith(".json")]
+    log(f"restored {len(runs)} finished runs and evaluations from {archive} into {out}"
+        + (f", and the lab model {', '.join(u[4:] for u in lab)} they started from"
+           if lab else ""))
+
+
+def _time_limit_lines(spec: StudySpec, spec_path: Path, out: Path,
+                      time_limit: float) -> list[str]:
+    """Whether what is left fits ``--time-limit`` (from the measured rates), before any work."""
+    chosen = _chosen(spec, out)
+    tuning = plan_tuning(spec, spec_path, out) if spec.tune and chosen is None else []
+    try:
+        return time_limit_lines(spec, tuning, plan_runs(spec, spec_path, out, chosen or {}),
+                                out, spec.jobs, time_limit)
+    except (C.ConfigError, OSError, ValueError, KeyError) as e:  # no estimate: still run
+        return [f"--time-limit: no estimate of the study's cost ({e})"]
+
+
+def _stopped(results: list[JobResult] | None, deadline: Deadline | None,
+             log: Callable[[str], None]) -> int | None:
+    """The exit code of final runs stopped by ``--time-limit`` or interrupted; None when every
+    run ended (finished or failed)."""
+    if results is not None and deadline is not None and (note := time_limit_note(results)):
+        log(note)
+        return EXIT_TIME_LIMIT
+    if results is None or any(r.status == "interrupted" for r in results):
+        log("interrupted; rerun the same command to continue")
+        return 130
+    return None
+
+
+def _finish(out: Path, spec: StudySpec, plans: list[RunPlan], payload: dict,
+            failed: list[JobResult], log: Callable[[str], None]) -> int:
+    """Publish (``spec.publish``: the documents and the runs' archive), log the claims; the
+    exit code."""
     if spec.publish:
         dest = Path(spec.publish)  # relative to the working directory (the repository's root)
         publish(out, dest)

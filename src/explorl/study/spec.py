@@ -12,7 +12,10 @@ from typing import Any, Literal
 import yaml
 
 from explorl import config as C
+from explorl.config.recipes import read_recipe
 from explorl.lab import TASKS, parse_lab_spec
+from explorl.report.declared import Declared, check_claims, parse_claims
+from explorl.report.numbers import value_text
 
 
 @dataclass
@@ -184,12 +187,19 @@ class StudySpec:
     the documents compare each with GRPO and with the method."""
     frontier: FrontierSpec = field(default_factory=FrontierSpec)
     """The pass@1–pass@k frontier: arms swept over one knob (the learning rate), each compared
-    with the baseline's frontier (``explorl.study.frontier``)."""
+    with the baseline's frontier (``explorl.report.frontier``)."""
     power: PowerSpec = field(default_factory=PowerSpec)
     """The power table: minimum detectable effects and the seeds a target needs."""
     jobs: int | Literal["auto"] = 2
     """Runs trained at once (one torch thread each): the number of cores; ``auto`` = the cores
     this process may use."""
+    claims: list[Declared] | None = None
+    """The claims the study judges, each a library claim by id (``check: 8a``) or declared:
+    id, claim, paper, the arm(s) (``arms:`` gives one claim per arm), ``vs`` (an arm, or
+    ``base``), the quantity (``pass@<k>``, ``margin@<k>`` = pass@k − pass@1, ``entropy_ratio``,
+    ``run:<key>``, ``ratio:<key>``; ``<k>`` may be ``max``), the claimed ``side`` (1, −1, or 0:
+    within ±``null``) and ``null``; several under ``conditions:``
+    (``explorl.report.declared``). None = the library's exploration claims (``CLAIMS``)."""
     publish: str | None = None
     """Directory (relative to the working directory; the built-in specs name the repository's
     ``docs/lab-study/…``) that receives study.md, claims.md, study.json and the report's markdown
@@ -239,13 +249,14 @@ def load_spec(path: str | Path, quick: bool = False) -> StudySpec:
                                    f"(valid keys here: {', '.join(SPEC_KEYS)})")
     if quick:
         _apply_quick(data, overrides)
-    start = data.pop("start", None)
+    start, claims = data.pop("start", None), data.pop("claims", None)
     try:
         spec = C.build(StudySpec, data)
         if start is not None:  # built alone: an unknown key's error names its closest one
             spec.start = C.build(StartSpec, start, "start") if isinstance(start, dict) else \
                 C.build(StudySpec, {"start": start}).start
-    except C.ConfigError as e:
+        spec.claims = None if claims is None else parse_claims(claims)
+    except (C.ConfigError, ValueError) as e:
         raise spec_error(path, str(e)) from None
     ev = spec.eval
     checks = [
@@ -269,6 +280,9 @@ def load_spec(path: str | Path, quick: bool = False) -> StudySpec:
          "evaluation)"),
         *_tuning_checks(spec),
         *_frontier_checks(spec),
+        *check_claims(spec.claims or [], arm_names(spec, path), ev.k,
+                      ({"frontier"} if spec.frontier.arms else set())
+                      | ({"along", "horizon"} if ev.checkpoints else set())),
     ]
     for key, ok, msg in checks:
         if not ok:
@@ -344,6 +358,29 @@ def _frontier_checks(spec: StudySpec) -> list[tuple[str, bool, str]]:
         ("frontier.arms", not set(f.arms) & set(spec.tune),
          f"a swept arm cannot also be tuned: {sorted(set(f.arms) & set(spec.tune))}"),
     ]
+
+
+def arm_names(spec: StudySpec, spec_path: Path | None = None) -> list[str]:
+    """The study's arms as its tables name them: each recipe's own ``name`` (real/grpo's is
+    ``real-grpo``; its file's stem without ``spec_path`` or when the recipe cannot be read: that
+    error is the run plan's), each variant's, and each frontier arm's points (``<arm>@<value>``,
+    ``plan.point_name``)."""
+    names = [_recipe_name(r, spec, spec_path) for r in spec.recipes] + [
+        v.name for v in spec.variants]
+    swept = [n for n in names if n in spec.frontier.arms]
+    return [n for n in names if n not in swept] + [
+        f"{a}@{value_text(v)}" for a in swept for v in spec.frontier.values]
+
+
+def _recipe_name(ref: str, spec: StudySpec, spec_path: Path | None) -> str:
+    if spec_path is not None:
+        try:
+            name = read_recipe(resolve_recipe(ref, spec, "recipes", spec_path)).get("name")
+        except (C.ConfigError, OSError, ValueError):
+            name = None
+        if isinstance(name, str) and name:
+            return name
+    return Path(ref).stem
 
 
 def frontier_k(spec: StudySpec) -> int:

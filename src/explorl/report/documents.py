@@ -12,22 +12,19 @@ from pathlib import Path
 from typing import Any
 
 from explorl.config import builtin
-from explorl.study.checkpoints import HORIZON_RULE, checkpoint_json, checkpoint_table
-from explorl.study.claims import chance_line, rule_notes
-from explorl.study.frontier_report import claim_rule, frontier_json, frontier_table
-from explorl.study.horizon import horizon_json, horizon_lines
-from explorl.study.jobs import JobResult
-from explorl.study.numbers import Stat, columns
-from explorl.study.spec import StudySpec
-from explorl.study.tables import (
+from explorl.report.checkpoints import HORIZON_RULE, checkpoint_json, checkpoint_table
+from explorl.report.claims import chance_line, rule_notes
+from explorl.report.frontier_report import claim_rule, frontier_json, frontier_table
+from explorl.report.horizon import horizon_json, horizon_lines
+from explorl.report.numbers import Stat, columns
+from explorl.report.tables import (
     ablation_tables,
     base_rows,
     passk_tables,
     power_table,
     temperature_tables,
 )
-from explorl.study.tools_report import tool_json, tool_tables
-from explorl.study.tuning import tuning_markdown
+from explorl.report.tools_report import tool_json, tool_tables
 
 
 def _round(x: Any) -> Any:
@@ -113,40 +110,27 @@ def _law_section(ev) -> list[str]:
     return out + [""]
 
 
-def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, rows: list[str],
+def write_documents(out: Path, spec, spec_path: Path, quick: bool, rows: list[str],
                     table: dict[str, dict[str, Stat]], claims: list[dict],
                     figures: list[tuple[str, str]], per_run: dict[str, list[dict]],
-                    failed: list[JobResult], wall_s: float, budget: str, ev=None,
+                    failed: list, wall_s: float, budget: str, ev=None,
                     tuned: dict | None = None, jobs: list[int] | None = None, *,
-                    frontier=None, long=None) -> dict:
+                    frontier=None, long=None, tuning_md: list[str] | None = None) -> dict:
     """Write study.md, claims.md and study.json into ``out``; returns the study.json payload.
     ``jobs``: the job counts its invocations ran with (default the spec's); ``frontier``: the
     sweep's ``Frontier``; ``long``: entropy, pass@k and the frontier at intermediate
-    checkpoints (``checkpoints.LongHorizon``)."""
-    checkpoints, horizon, along = ((long.checkpoints, long.horizon, long.along) if long
-                                   else (None, None, None))
+    checkpoints (``checkpoints.LongHorizon``); ``tuning_md``: the Tuning section's lines.
+    ``spec`` is the study's ``StudySpec``; ``failed`` its failed jobs (``JobResult``)."""
     cols = columns(spec.eval.k)
-    timing = {k for k, _, _, t in cols if t}
     table_json = {name: {k: dataclasses.asdict(s) for k, s in table[name].items()}
                   for name in rows}
-    fp = fingerprint(table_json, claims, timing)
-    seeds = ", ".join(map(str, spec.seeds))
-    a_run = next((runs[0] for runs in per_run.values() if runs), {})
+    fp = fingerprint(table_json, claims, {k for k, _, _, t in cols if t})
     cmd = f"explorl study {builtin.display(spec_path, 'study')}" + (" --quick" if quick else "")
     title_quick = " (quick)" if quick else ""
-
     claims_md = _claims_table(claims)
-    header = ["recipe", "seeds", *[title for _, title, _, _ in cols]]
-    table_md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for name in rows:
-        cells = [name, str(len(per_run.get(name, [])))]
-        cells += [table[name][k].fmt(d) for k, _, d, _ in cols]
-        table_md.append("| " + " | ".join(_md(c) for c in cells) + " |")
-    maxp = f" (first {spec.eval.max_problems} problems)" if spec.eval.max_problems else ""
-    variants = [f"- `{v.name}` = `{v.recipe}` + `{' '.join(v.set)}`"
-                + (f": {v.why}" if v.why else "") for v in spec.variants]
-
-    intro = (f"Task `lab:{spec.task}`, {len(rows)} recipes × seeds {{{seeds}}}, {spec.max_steps} "
+    rules = _rules(spec, claims, frontier, long)
+    intro = (f"Task `lab:{spec.task}`, {len(rows)} recipes × seeds "
+             f"{{{', '.join(map(str, spec.seeds))}}}, {spec.max_steps} "
              f"steps each ({budget} per step for every recipe; DAPO's dynamic sampling adds "
              f"generation rounds, see rollouts / step).{start_note(spec)} Overrides for every run: "
              f"`{' '.join(spec.set) or '—'}`{_tuned_note(spec) if tuned else ''}. "
@@ -158,49 +142,11 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
     if failed:
         md += ["**Incomplete:** these runs failed and are missing from the tables: "
                + "; ".join(f"{j.plan.key} ({j.detail})" for j in failed), ""]
-    md += ["## Summary (mean ± std over seeds)", "", *table_md, "", COLUMN_NOTES.format(
-        n=spec.eval.n, T=spec.eval.temperature, split=spec.eval.split, maxp=maxp), ""]
-    if tuned:
-        md += ["## Tuning", "", *tuning_markdown(spec, tuned), ""]
-    front = frontier_table(frontier)
-    if front:
-        md += [f"## The pass@1–pass@{frontier.k} frontier", "", *front, ""]
-    if checkpoints is not None:
-        md += ["## Checkpoints", "", *checkpoint_table(checkpoints), ""]
-    along_md = frontier_table(along)
-    if along_md:
-        md += [f"## The pass@1–pass@{along.k} frontier along training", "", *along_md, ""]
-    if horizon is not None:
-        md += ["## Entropy over training", "", *horizon_lines(horizon), ""]
-    passk_md = passk_tables(ev)
-    if passk_md:
-        md += [f"## pass@k on the {spec.eval.split} split ({spec.eval.n} samples per problem, "
-               f"T = {spec.eval.temperature})", "", *passk_md, ""]
-    tools = tool_tables(ev, claims, out)
-    if tools:
-        md += ["## Tool use", "", *tools, ""]
-    temps = temperature_tables(ev)
-    if temps:
-        md += ["## Evaluation temperature", "", *temps, ""]
-    rules = rule_notes(len(spec.seeds)) + ("\n\n" + claim_rule(frontier) if front else "")
-    if along_md:
-        rules += "\n\n" + claim_rule(along, "T")
-    if any(c["id"] == "H-collapse" for c in claims):
-        rules += "\n\n" + HORIZON_RULE.format(k=checkpoints.k if checkpoints else "k")
-    md += ["## Claims", "", *claims_md, "", rules, ""]
-    abl = ablation_tables(spec, ev)
-    if abl:
-        md += ["## Ablations", "", *abl]
-    power = power_table(spec, ev)
-    if power:
-        md += ["## Power", "", *power, ""]
-    md += ["## The entropy–performance law across runs", "", *_law_section(ev)]
-    if variants:
-        md += ["## Variants", "", *variants, ""]
-    if figures:
-        md += ["## Figures", ""]
-        for title, file in figures:
-            md += [f"### {title}", "", f"![{title}](report/{file})", ""]
+    md += ["## Summary (mean ± std over seeds)", "", *_summary(spec, rows, table, per_run, cols),
+           ""]
+    for title, lines in _sections(out, spec, ev, claims, tuning_md or [], frontier, long,
+                                  claims_md, rules, figures):
+        md += [f"## {title}", "", *lines] + ([""] if title != "Ablations" else [])
     md += ["## Reproducing", "",
            (f"`{cmd}` reruns nothing that is finished; with a fresh `--out` it retrains every run "
             "and reproduces every number above except the timing columns (wall-clock). "
@@ -209,7 +155,80 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
     (out / "study.md").write_text("\n".join(md))
     (out / "claims.md").write_text("\n".join([f"# Claims: lab study {spec.name}{title_quick}", "",
                                               *claims_md, "", rules, ""]))
-    payload = {
+    payload = _payload(out, spec, spec_path, quick, cols, rows, table_json, claims, per_run,
+                       failed, tuned, ev, frontier, long) | {
+        "fingerprint": fp,
+        "timing": {"wall_s": wall_s, "model_params": next(
+            (runs[0] for runs in per_run.values() if runs), {}).get("n_params")}}
+    (out / "study.json").write_text(json.dumps(_round(payload), indent=1) + "\n")
+    return payload
+
+
+def _summary(spec, rows: list[str], table: dict[str, dict[str, Stat]],
+             per_run: dict[str, list[dict]], cols: list) -> list[str]:
+    """The summary table (mean ± std over seeds) and its column notes."""
+    header = ["recipe", "seeds", *[title for _, title, _, _ in cols]]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name in rows:
+        cells = [name, str(len(per_run.get(name, [])))]
+        cells += [table[name][k].fmt(d) for k, _, d, _ in cols]
+        lines.append("| " + " | ".join(_md(c) for c in cells) + " |")
+    maxp = f" (first {spec.eval.max_problems} problems)" if spec.eval.max_problems else ""
+    return [*lines, "", COLUMN_NOTES.format(n=spec.eval.n, T=spec.eval.temperature,
+                                            split=spec.eval.split, maxp=maxp)]
+
+
+def _rules(spec, claims: list[dict], frontier, long) -> str:
+    """How the claims are judged: the rule notes, and the frontier's and the long horizon's."""
+    rules = rule_notes(len(spec.seeds))
+    if frontier_table(frontier):
+        rules += "\n\n" + claim_rule(frontier)
+    if long is not None and frontier_table(long.along):
+        rules += "\n\n" + claim_rule(long.along, "T")
+    if any(c["id"] == "H-collapse" for c in claims):
+        cp = long.checkpoints if long else None
+        rules += "\n\n" + HORIZON_RULE.format(k=cp.k if cp else "k")
+    return rules
+
+
+def _sections(out: Path, spec, ev, claims: list[dict], tuning_md: list[str], frontier,
+              long, claims_md: list[str], rules: str,
+              figures: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
+    """study.md's sections between the summary and Reproducing, in order, each (title, lines);
+    a section with nothing to show is left out."""
+    cp, horizon, along = ((long.checkpoints, long.horizon, long.along) if long
+                          else (None, None, None))
+    got = [
+        ("Tuning", tuning_md),
+        (f"The pass@1–pass@{frontier.k if frontier else 'k'} frontier", frontier_table(frontier)),
+        ("Checkpoints", checkpoint_table(cp)),
+        (f"The pass@1–pass@{along.k if along else 'k'} frontier along training",
+         frontier_table(along)),
+        ("Entropy over training", horizon_lines(horizon)),
+        (f"pass@k on the {spec.eval.split} split ({spec.eval.n} samples per problem, "
+         f"T = {spec.eval.temperature})", passk_tables(ev)),
+        ("Tool use", tool_tables(ev, out)),
+        ("Evaluation temperature", temperature_tables(ev)),
+        ("Claims", [*claims_md, "", rules]),
+        ("Ablations", ablation_tables(spec, ev)),
+        ("Power", power_table(spec, ev)),
+        ("The entropy–performance law across runs", _law_section(ev)[:-1]),
+        ("Variants", [f"- `{v.name}` = `{v.recipe}` + `{' '.join(v.set)}`"
+                      + (f": {v.why}" if v.why else "") for v in spec.variants]),
+        ("Figures", [x for title, file in figures
+                     for x in (f"### {title}", "", f"![{title}](report/{file})", "")][:-1]),
+    ]
+    return [(title, lines) for title, lines in got if lines]
+
+
+def _payload(out: Path, spec, spec_path: Path, quick: bool, cols: list,
+             rows: list[str], table_json: dict, claims: list[dict],
+             per_run: dict[str, list[dict]], failed: list, tuned: dict | None, ev,
+             frontier, long) -> dict:
+    """study.json's numbers (the fingerprint and the timing join them)."""
+    cp, horizon, along = ((long.checkpoints, long.horizon, long.along) if long
+                          else (None, None, None))
+    return {
         "spec": {**dataclasses.asdict(spec), "quick": quick, "path": str(spec_path)},
         "columns": [{"key": k, "title": t, "timing": tm} for k, t, _, tm in cols],
         "rows": rows,
@@ -228,14 +247,10 @@ def write_documents(out: Path, spec: StudySpec, spec_path: Path, quick: bool, ro
                      for t, pk in ev.passk_t.items()} if ev is not None else {}),
         **({"frontier": frontier_json(frontier)} if frontier is not None else {}),
         **({"horizon": horizon_json(horizon)} if horizon is not None else {}),
-        **({"checkpoints": checkpoint_json(checkpoints)} if checkpoints is not None else {}),
+        **({"checkpoints": checkpoint_json(cp)} if cp is not None else {}),
         **({"frontier_along_training": frontier_json(along)} if along is not None else {}),
-        **({"tools": tool_json(ev, out)} if tools else {}),
-        "fingerprint": fp,
-        "timing": {"wall_s": wall_s, "model_params": a_run.get("n_params")},
+        **({"tools": tool_json(ev, out)} if tool_tables(ev, out) else {}),
     }
-    (out / "study.json").write_text(json.dumps(_round(payload), indent=1) + "\n")
-    return payload
 
 
 def publish(out: Path, dest: Path) -> None:

@@ -3,9 +3,8 @@ minimum detectable effects, the evaluation temperatures, the power table and the
 
 from __future__ import annotations
 
-from explorl.study.evidence import Evidence
-from explorl.study.spec import StudySpec
-from explorl.study.stats import Interval, verdict
+from explorl.report.evidence import Evidence
+from explorl.report.stats import Interval, verdict
 
 
 def cell(iv: Interval | None, mde: bool = True) -> str:
@@ -131,7 +130,7 @@ POWER_NOTES = """\
 The minimum detectable effect (MDE) of a comparison is the true difference its 95% interval
 would exclude 0 for with 80% probability, from the interval's own variance terms, each with its
 t quantiles: MDE = √(Σ (t_0.975,df_i + t_0.80,df_i)² · v_i), the terms var_s(mean_p d) / S (df
-S − 1) and σ²_problem / P (its own df) for S seeds and P problems (`explorl/study/stats.py`,
+S − 1) and σ²_problem / P (its own df) for S seeds and P problems (`explorl/report/stats.py`,
 `variance_components`; the base model counts as fixed). The three variances are the two-way
 ANOVA estimates from the per-problem, per-seed differences of the two arms. With one seed
 σ²_seed cannot be estimated and the MDE leaves it out. *Seeds for the target*: the fewest seeds
@@ -140,7 +139,7 @@ term at df S − 1) reaches the spec's `power.target_mde` (∞: the problem term
 add problems)."""
 
 
-def power_table(spec: StudySpec, ev: Evidence | None) -> list[str]:
+def power_table(spec, ev: Evidence | None) -> list[str]:
     """Per comparison with GRPO (and GRPO's with the base model) at ``power.k``: the interval,
     the MDE, its variance components and the seeds a target MDE needs."""
     if ev is None or "grpo" not in ev.passk:
@@ -169,7 +168,7 @@ def power_table(spec: StudySpec, ev: Evidence | None) -> list[str]:
     return lines + ["", POWER_NOTES]
 
 
-def ablation_tables(spec: StudySpec, ev: Evidence | None) -> list[str]:
+def ablation_tables(spec, ev: Evidence | None) -> list[str]:
     """Per ablated method: the method and each arm − GRPO and − the method at pass@1 and the
     largest k, and their final entropy, with intervals."""
     if ev is None or not spec.ablations:

@@ -9,8 +9,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from explorl.study.stats import Interval, passk_diff, seed_interval
+from explorl.report.stats import Interval, passk_diff, seed_interval
 
+# The per-run numbers (``numbers.run_numbers``, with ``build_table``'s overheads) a declared
+# claim may name (``run:<key>``, ``ratio:<key>``).
+RUN_KEYS = (
+    "steps", "initial_entropy", "final_entropy", "entropy_ratio", "initial_reward",
+    "final_reward", "all_wrong_frac", "rollouts_per_step", "clip_frac", "tracked_entropy_mean",
+    "H0", "tracking_error", "tracking_bias", "target_mean", "tracking_rel_bias", "anneal_beta",
+    "anneal_entropy_ratio", "eepo_active_frac", "eepo_dH", "train_calls", "train_calls_counted",
+    "train_responses", "eval_calls_per_response", "eval_call_frac", "eval_calls_per_correct",
+    "step_s", "cpu_step_s", "cpu_run_s", "law_points", "law_r2", "law_rmse", "law_naive_rmse",
+    "law_final_error", "law_ceiling", "overhead", "cpu_overhead",
+)
 PassK = dict[str, dict[int, np.ndarray]]  # recipe → k → (seeds, problems)
 
 
@@ -70,19 +81,30 @@ class Evidence:
            tb: float | None = None) -> Interval | None:
         """pass@k of ``a`` at temperature ``ta`` minus ``b`` at ``tb`` (None: the main one;
         ``b = "base"``: the model ``a`` starts from, before RL), with its ``Power``."""
+        return self._diff(a, b, lambda arm: arm.get(k), ta, tb)
+
+    def margin(self, a: str, b: str, k: int) -> Interval | None:
+        """The coverage margin pass@k − pass@1 of ``a`` minus ``b``'s, per seed and problem,
+        paired as ``pk`` pairs (the main temperature)."""
+        return self._diff(a, b, lambda arm: arm[k] - arm[1] if k in arm and 1 in arm else None)
+
+    def _diff(self, a: str, b: str, get: Callable[[dict], np.ndarray | None],
+              ta: float | None = None, tb: float | None = None) -> Interval | None:
         if b == "base":
             b = self.base_name(a)
         pa, pb = self._arm(a, ta), self._arm(b, tb)
-        if pa is None or k not in pa or pb is None or k not in pb:
+        va = None if pa is None else get(pa)
+        vb = None if pb is None else get(pb)
+        if va is None or vb is None:
             return None
         if self.is_base(b):
-            return passk_diff(pa[k], pb[k], paired_seeds=False)
+            return passk_diff(va, vb, paired_seeds=False)
         common = [s for s in self.seeds[a] if s in self.seeds[b]]
         if not common:
-            return passk_diff(pa[k], pb[k], paired_seeds=False)
+            return passk_diff(va, vb, paired_seeds=False)
         ra = [self.seeds[a].index(s) for s in common]
         rb = [self.seeds[b].index(s) for s in common]
-        return passk_diff(pa[k][ra], pb[k][rb], paired_seeds=True)
+        return passk_diff(va[ra], vb[rb], paired_seeds=True)
 
     def mean_passk(self, name: str, k: int, t: float | None = None) -> float | None:
         arm = self._arm(name, t)
@@ -129,6 +151,15 @@ class Evidence:
     def one(self, name: str, fn: Callable[[dict], float | None]) -> Interval | None:
         """A per-run quantity of one recipe, over its seeds."""
         return seed_interval([safe_call(fn, r) for r in self.per_run.get(name, [])])
+
+    def ratio(self, a: str, b: str, key: str) -> Interval | None:
+        """Mean over the seeds both ran of ``a``'s ``key`` ÷ ``b``'s, with its t interval."""
+        ra, rb = self.runs(a), self.runs(b)
+        vals = []
+        for s in sorted(set(ra) & set(rb)):
+            x, y = safe_call(lambda r: r[key], ra[s]), safe_call(lambda r: r[key], rb[s])
+            vals.append(None if x is None or not y else x / y)
+        return seed_interval(vals)
 
     def every(self, fn: Callable[[dict], float | None]) -> Interval | None:
         """A per-run quantity over every run of the study (each run one resampling unit)."""

@@ -54,7 +54,7 @@ from pathlib import Path
 import numpy as np
 
 from explorl.analysis.passk import pass_at_k
-from explorl.study.tdist import betainc, t_cdf, t_ppf  # noqa: F401  (betainc re-exported)
+from explorl.report.tdist import betainc, t_cdf, t_ppf  # noqa: F401  (betainc re-exported)
 
 LEVEL = 0.95
 POWER = 0.80
@@ -400,14 +400,6 @@ def passk_diff(a: np.ndarray, b: np.ndarray, *, paired_seeds: bool,
     return crossed_interval(a - b.mean(axis=0, keepdims=True), level=level, extra=extra,
                             bounds=DIFF,
                             how=f"t over {a.shape[0]} seeds vs {b.shape[0]} × {n_prob} problems")
-
-
-def paired_power(a: np.ndarray, b: np.ndarray, *, paired_seeds: bool) -> Power:
-    """``Power`` of the difference of arm ``a`` and arm ``b`` as ``passk_diff`` compares them."""
-    iv = passk_diff(a, b, paired_seeds=paired_seeds)
-    if iv.power is None:
-        raise ValueError("power needs at least 2 problems")
-    return iv.power
 
 
 # ----------------------------------------------------------------------------- bootstraps

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from explorl.study.evidence import Evidence
-from explorl.study.stats import Interval, t_ppf, verdict
+from explorl.report.evidence import Evidence
+from explorl.report.stats import Interval, t_ppf, verdict
 
 EEPO_ACTIVE = 0.10  # EEPO's claim needs the gate open on at least this fraction of steps
 NEAR_H0 = 0.15  # E3 TS: H final / H0 − 1 within ±this
@@ -25,7 +25,7 @@ LAW_R2 = 0.5  # the law "fits" when the interval of R² lies above this (a fit, 
 SAME_BUDGET = 0.01  # budgets: rollouts / step within 1% of the no-budget run's
 
 RULE_NOTES = """\
-Each claim is judged by 95% intervals (`explorl/study/stats.py`), never by a threshold on means.
+Each claim is judged by 95% intervals (`explorl/report/stats.py`), never by a threshold on means.
 A pass@k comparison is a mean over seeds and test problems (the same problems for every seed);
 its interval is a t interval whose variance holds the seeds' part (the spread of the per-seed
 means) and the problems' part (two-way ANOVA), each part with its own t quantile: the seeds' at
@@ -282,22 +282,6 @@ def _pass1(*names):
     return check
 
 
-def _c_arpo(ev):
-    """ARPO against trajectory-level GRPO with the same tool (the lab's ``tools`` recipe): more
-    test pass@1, and fewer tool calls run in training (paired by seed; ``train_calls``)."""
-    return [Cond("arpo − tools, test pass@1", ev.pk("arpo", "tools", 1), +1),
-            Cond("tool calls run in training, arpo − tools",
-                 ev.pair("arpo", "tools", _key("train_calls")), -1)]
-
-
-def _c_aepo(ev):
-    """AEPO against ARPO on the same tool task: more test pass@1 and more pass@k at the largest
-    k (the paper's accuracy, and its more diverse rollouts), paired by seed."""
-    k = ev.k_max
-    return [Cond("aepo − arpo, test pass@1", ev.pk("aepo", "arpo", 1), +1),
-            Cond(f"aepo − arpo, test pass@{k}", ev.pk("aepo", "arpo", k), +1)]
-
-
 EM, E3, EEPO, ES = "Entropy Mechanism", "E3", "EEPO", "Entropy Scheduling"
 CLAIMS = [
     Claim("N1", "GRPO raises pass@1 over the base model", f"{E3} §1; Yue et al. 2025",
@@ -344,13 +328,6 @@ CLAIMS = [
     Claim("9d", "Clip-Cov and KL-Cov raise pass@1 over GRPO", f"{EM} §4.4 (Table 2)",
           ("grpo", "clip_cov", "kl_cov"), _pass1("clip_cov", "kl_cov")),
 ]
-TOOL_CLAIMS = [  # judged only by a study that runs their recipes (the lab's tool task)
-    Claim("A1", "ARPO reaches higher accuracy than trajectory-level GRPO with fewer tool calls "
-          "in training", "ARPO (Dong et al. 2025) abstract, §4 (about half the tool calls)",
-          ("tools", "arpo"), _c_arpo),
-    Claim("A2", "AEPO reaches higher accuracy and pass@k than ARPO",
-          "AEPO (Dong et al. 2025, arXiv 2510.14545) abstract, §4", ("arpo", "aepo"), _c_aepo),
-]
 
 
 def combine(verdicts: list[str]) -> str:
@@ -388,29 +365,33 @@ def chance_line(claims: list[dict]) -> str:
             "or another task) finds it again.")
 
 
-def evaluate_claims(ev: Evidence) -> list[dict]:
-    """Every claim's conditions, intervals and verdict. The tool claims (``TOOL_CLAIMS``) join
-    where the study runs their recipes, and then the exploration claims it does not run are left
-    out (a tool study runs none of them)."""
-    tools = [c for c in TOOL_CLAIMS if all(ev.per_run.get(n) for n in c.needs)]
-    out = []
-    for c in CLAIMS + tools:
-        row = {"id": c.id, "claim": c.claim, "paper": c.paper, "needs": list(c.needs)}
-        missing = [n for n in c.needs if not ev.per_run.get(n)]
-        if missing:
-            row.update(numbers=f"recipes not in this study: {', '.join(missing)}",
-                       conditions=[], verdict="not run")
-            out.append(row)
-            continue
-        conds = c.check(ev)
-        if isinstance(conds, Precondition):
-            row.update(numbers=f"not testable: {conds.reason}", conditions=[], verdict="n/a")
-            out.append(row)
-            continue
-        row.update(numbers="; ".join(x.text() for x in conds),
-                   conditions=[{"label": x.label, "direction": x.direction, "null": x.null,
-                                "interval": x.iv.to_json() if x.iv else None,
-                                "verdict": x.verdict} for x in conds],
-                   verdict=combine([x.verdict for x in conds]))
-        out.append(row)
-    return [r for r in out if r["verdict"] != "not run"] if tools else out
+def judge(c: Claim, ev: Evidence) -> dict:
+    """One claim's row: its conditions, intervals and verdict (``not run`` when its recipes
+    are not in the study, ``n/a`` when a precondition fails)."""
+    head = {"id": c.id, "claim": c.claim, "paper": c.paper, "needs": list(c.needs)}
+    missing = [n for n in c.needs if not ev.per_run.get(n)]
+    if missing:
+        return head | {"numbers": f"recipes not in this study: {', '.join(missing)}",
+                       "conditions": [], "verdict": "not run"}
+    return claim_row(head, c.check(ev))
+
+
+def claim_row(head: dict, conds: list[Cond] | Precondition, after: str = "",
+              verdict: str | None = None) -> dict:
+    """A claims table row: ``head`` (id, claim, paper, needs) with the conditions' numbers
+    (``after`` appended), their intervals and the verdict (``combine``'s unless given); ``n/a``
+    with the reason for a ``Precondition``."""
+    if isinstance(conds, Precondition):
+        return head | {"numbers": f"not testable: {conds.reason}", "conditions": [],
+                       "verdict": "n/a"}
+    return head | {"numbers": "; ".join(x.text() for x in conds) + after,
+                   "conditions": [{"label": x.label, "direction": x.direction, "null": x.null,
+                                   "interval": x.iv.to_json() if x.iv else None,
+                                   "verdict": x.verdict} for x in conds],
+                   "verdict": verdict or combine([x.verdict for x in conds])}
+
+
+def evaluate_claims(ev: Evidence, claims: list[Claim] | None = None) -> list[dict]:
+    """Every claim's row (``judge``): the study's ``claims`` (its spec's ``claims:``,
+    ``declared.as_claim``), or without them the library's exploration claims (``CLAIMS``)."""
+    return [judge(c, ev) for c in (CLAIMS if claims is None else claims)]

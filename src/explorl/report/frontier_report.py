@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from explorl.analysis.frontier import FPoint, Series, draw_frontier
-from explorl.study.claims import Cond
-from explorl.study.frontier import Frontier, Point
-from explorl.study.plan import value_text
-from explorl.study.tables import cell
+from explorl.report.claims import Cond, Precondition, claim_row
+from explorl.report.frontier import Frontier, Point
+from explorl.report.numbers import value_text
+from explorl.report.tables import cell
 
 PAPERS = {  # the paper whose method an arm runs, by the recipe its name starts with
     "kl_cov": "Entropy Mechanism §4.4", "clip_cov": "Entropy Mechanism §4.4",
@@ -175,9 +175,9 @@ def frontier_claims(fr: Frontier | None, id_: str = "F", what: str = "") -> list
         if arm == fr.baseline:
             continue
         paper = next((v for key, v in PAPERS.items() if arm.startswith(key)), "")
-        row = {"id": f"{id_}-{arm}",
-               "claim": f"{arm} moves the pass@1–pass@{fr.k} frontier{what} outward",
-               "paper": paper, "needs": [fr.baseline, arm]}
+        head = {"id": f"{id_}-{arm}",
+                "claim": f"{arm} moves the pass@1–pass@{fr.k} frontier{what} outward",
+                "paper": paper, "needs": [fr.baseline, arm]}
         kn = fr.knob
         hull = "; ".join(f"{kn} {_tag(p.value)}: {p.hull} ({p.outside:.0%})" for p in pts)
         conds = [Cond(f"{kn} {_tag(p.value)}: pass@{fr.k} − GRPO frontier at pass@1 "
@@ -186,19 +186,12 @@ def frontier_claims(fr: Frontier | None, id_: str = "F", what: str = "") -> list
         beaten = [f"{kn} {_tag(p.value)} (by {_beaten_text(p, kn)})" for p in pts if p.beaten_by]
         if beaten:
             hull += "; not judged, beaten by the arm's own points: " + ", ".join(beaten)
-        if not conds:
-            row.update(numbers=f"not testable: no point of the arm's own frontier has its "
-                               f"pass@1 inside GRPO's range; hull test: {hull}",
-                       conditions=[], verdict="n/a")
-        else:
-            verdicts = [c.verdict for c in conds]
-            up, down = "shown" in verdicts, "opposite" in verdicts
-            row.update(numbers="; ".join(c.text() for c in conds) + f"; hull test: {hull}",
-                       conditions=[{"label": c.label, "direction": c.direction, "null": c.null,
-                                    "interval": c.iv.to_json(), "verdict": c.verdict}
-                                   for c in conds],
-                       verdict="mixed" if up and down else "shown" if up else
-                       "opposite" if down else "not shown")
+        verdicts = [c.verdict for c in conds]
+        up, down = "shown" in verdicts, "opposite" in verdicts
+        row = claim_row(head, conds or Precondition(
+            "no point of the arm's own frontier has its pass@1 inside GRPO's range; hull test: "
+            + hull), f"; hull test: {hull}", "mixed" if up and down else "shown" if up else
+            "opposite" if down else "not shown")
         out.append(row)
     return out
 

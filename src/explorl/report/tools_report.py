@@ -1,7 +1,8 @@
-"""A study of tool-using arms (the lab's tool task): each arm's pass@1 and pass@k against the
-GRPO tool arm (``tools``) with crossed t intervals, its tool calls per response and per correct
-answer at evaluation, and the tool calls it ran in training (``numbers.tool_numbers``), with
-ARPO's claim (``claims.TOOL_CLAIMS``) stated beside them; and the figure of calls over training.
+"""A study of tool-using arms (any arm whose runs called tools): each arm's pass@1 and pass@k
+against the first tool arm (the baseline: the lab's ``tools``, trajectory-level GRPO with the
+calculator) with crossed t intervals, its tool calls per response and per correct answer at
+evaluation, and the tool calls it ran in training (``numbers.tool_numbers``); and the figure of
+calls over training. The claims on them are the spec's (``claims:``, e.g. ``run:train_calls``).
 """
 
 from __future__ import annotations
@@ -12,15 +13,10 @@ from pathlib import Path
 import numpy as np
 
 from explorl.analysis.runs import Run, new_figure, save_figure, step_axes
-from explorl.study.evidence import Evidence, safe_call
-from explorl.study.numbers import Stat, step_tool_calls
-from explorl.study.stats import Interval, seed_interval
-from explorl.study.tables import cell
+from explorl.report.evidence import Evidence
+from explorl.report.numbers import Stat, step_tool_calls
+from explorl.report.tables import cell
 
-BASELINE = "tools"  # the lab tool recipe: trajectory-level GRPO with the calculator
-CLAIM = ("ARPO (Dong et al. 2025) reports better accuracy than trajectory-level RL while using "
-         "about half the tool calls in training: its branches share the calls of the response "
-         "they copy, so a call is run once for several responses.")
 # (key, title, digits) of the per-run tool numbers, in the tables' order
 COLUMNS = [("eval_calls_per_response", "calls / response (test)", 3),
            ("eval_call_frac", "responses that call (test)", 3),
@@ -49,27 +45,18 @@ def base_tools(out: Path) -> dict | None:
         return None
 
 
-def ratio(ev: Evidence, a: str, b: str, key: str) -> Interval | None:
-    """Mean over the seeds both ran of ``a``'s ``key`` ÷ ``b``'s, with its t interval."""
-    ra, rb = ev.runs(a), ev.runs(b)
-    vals = []
-    for s in sorted(set(ra) & set(rb)):
-        x, y = safe_call(lambda r: r[key], ra[s]), safe_call(lambda r: r[key], rb[s])
-        vals.append(None if x is None or not y else x / y)
-    return seed_interval(vals)
-
-
 def _fmt(stat: Stat, digits: int) -> str:
     return stat.fmt(digits) if digits else ("—" if stat.mean is None else (
         f"{stat.mean:,.0f}" + (f" ± {stat.std:,.0f}" if stat.std is not None else "")))
 
 
-def tool_tables(ev: Evidence | None, claims: list[dict], out: Path) -> list[str]:
+def tool_tables(ev: Evidence | None, out: Path) -> list[str]:
     """The study's **Tool use** section (empty without tool arms): per arm, pass@k and the tool
-    numbers (mean ± std over seeds); each arm − GRPO (``tools``) with intervals; the claim."""
+    numbers (mean ± std over seeds); each arm − the first (``tools``) with intervals."""
     arms = tool_arms(ev)
     if not arms or not ev.passk:
         return []
+    ref = arms[0]
     ks = _ks(ev)
     head = ["recipe", "seeds", *[f"pass@{k}" for k in ks], *[t for _, t, _ in COLUMNS]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -93,9 +80,9 @@ def tool_tables(ev: Evidence | None, claims: list[dict], out: Path) -> list[str]
               "`rollout/n_trained` − `arpo/shared_calls`); **calls in the trained responses**: "
               "`tools/calls_mean` × `rollout/n_trained`. "
               "The model before RL (**base**) is evaluated with the first recipe's tools."]
-    others = [n for n in arms if n != BASELINE and BASELINE in ev.per_run]
+    others = [n for n in arms if n != ref and ref in ev.per_run]
     if others:
-        lines += ["", f"Each arm − GRPO (`{BASELINE}`), with 95% intervals: pass@k t over seeds "
+        lines += ["", f"Each arm − GRPO (`{ref}`), with 95% intervals: pass@k t over seeds "
                   "with the test problems' part (after ±, the minimum detectable effect); the "
                   "tool numbers paired by seed, t over seeds; **bold**: the interval excludes 0 "
                   "(the ratio: excludes 1).", "",
@@ -103,19 +90,16 @@ def tool_tables(ev: Evidence | None, claims: list[dict], out: Path) -> list[str]
                   + " | calls / response (test) | calls / correct answer (test) | tool calls "
                   "run in training | ÷ GRPO's |", "|" + "---|" * (len(ks) + 5)]
         for name in others:
-            pk = [cell(ev.pk(name, BASELINE, k)) for k in ks]
-            tc = [cell(ev.pair(name, BASELINE, lambda r, key=key: r[key]), mde=False) for key in
+            pk = [cell(ev.pk(name, ref, k)) for k in ks]
+            tc = [cell(ev.pair(name, ref, lambda r, key=key: r[key]), mde=False) for key in
                   ("eval_calls_per_response", "eval_calls_per_correct")]
-            d = ev.pair(name, BASELINE, lambda r: r["train_calls"])
+            d = ev.pair(name, ref, lambda r: r["train_calls"])
             tc.append("—" if d is None else f"**{d.fmt(0)}**" if d.low > 0 or d.high < 0
                       else d.fmt(0))
-            r = ratio(ev, name, BASELINE, "train_calls")
+            r = ev.ratio(name, ref, "train_calls")
             rc = ("—" if r is None else f"**{r.fmt_abs()}**" if r.low > 1 or r.high < 1
                   else r.fmt_abs())
             lines.append(f"| {name} | " + " | ".join(pk + tc + [rc]) + " |")
-    for c in (c for c in claims if c["id"] == "A1"):
-        lines += ["", f"**Claim A1.** {CLAIM} Judged on the lab task: {c['numbers']}. "
-                  f"Verdict: **{c['verdict']}**."]
     return lines
 
 
@@ -125,16 +109,17 @@ def tool_json(ev: Evidence | None, out: Path) -> dict:
     arms = tool_arms(ev)
     if not arms:
         return {}
-    got: dict = {"base": base_tools(out), "arms": {}, "vs_" + BASELINE: {}}
+    ref = arms[0]
+    got: dict = {"base": base_tools(out), "arms": {}, "vs_" + ref: {}}
     for name in arms:
         got["arms"][name] = {key: Stat.of([r.get(key) for r in ev.per_run[name]]).mean
                              for key, _, _ in COLUMNS}
-        if name != BASELINE and BASELINE in ev.per_run:
-            d = {f"pass@{k}": ev.pk(name, BASELINE, k) for k in _ks(ev)}
-            d |= {key: ev.pair(name, BASELINE, lambda r, key=key: r[key]) for key, _, _ in
+        if name != ref and ref in ev.per_run:
+            d = {f"pass@{k}": ev.pk(name, ref, k) for k in _ks(ev)}
+            d |= {key: ev.pair(name, ref, lambda r, key=key: r[key]) for key, _, _ in
                   COLUMNS}
-            d["train_calls_ratio"] = ratio(ev, name, BASELINE, "train_calls")
-            got["vs_" + BASELINE][name] = {k: None if v is None else v.to_json()
+            d["train_calls_ratio"] = ev.ratio(name, ref, "train_calls")
+            got["vs_" + ref][name] = {k: None if v is None else v.to_json()
                                            for k, v in d.items()}
     return got
 
@@ -170,11 +155,11 @@ def draw_tool_calls(groups: dict[str, list[Run]], out_dir: Path) -> list[tuple[s
         if len(vals) > 1:
             ax.fill_between(steps, vals.min(0), vals.max(0), color=f"C{i}", alpha=0.15,
                             linewidth=0)
-    ax.set_title("Claim A1: tool calls run in training")
+    ax.set_title("Tool calls run in training")
     ax.set_xlabel("training step (band = min–max over seeds)")
     ax.set_ylabel("tool calls run so far")
     ax.grid(alpha=0.3)
     step_axes(ax)
     ax.legend(fontsize="small")
     save_figure(fig, out_dir / "tool_calls.png", dpi=80)
-    return [("Claim A1: tool calls run in training", "tool_calls.png")]
+    return [("Tool calls run in training", "tool_calls.png")]

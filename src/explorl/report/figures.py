@@ -7,8 +7,8 @@ from pathlib import Path
 from explorl.analysis.curves import Group
 from explorl.analysis.entropy_law import FitError, fit_entropy_law, law_points
 from explorl.analysis.runs import Run, new_figure, save_figure, step_axes
-from explorl.study.numbers import LAW_FIT_FRACTION, fmt_value
-from explorl.study.tools_report import draw_tool_calls
+from explorl.report.numbers import LAW_FIT_FRACTION, fmt_value
+from explorl.report.tools_report import draw_tool_calls
 
 FIGURES = [
     # (file, title, ylabel, recipes, [(key, style, suffix)])

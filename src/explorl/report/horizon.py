@@ -19,7 +19,7 @@ import numpy as np
 
 from explorl.analysis.curves import trailing_mean
 from explorl.analysis.runs import Run, new_figure, save_figure, step_axes
-from explorl.study.stats import Interval, seed_interval, verdict
+from explorl.report.stats import Interval, seed_interval, verdict
 
 KEY = "entropy/mean"
 WINDOW = 20  # steps averaged for the entropy at a step (and at the start)

@@ -56,7 +56,7 @@ from explorl.analysis.hull import (
     upper_hull,
     where,
 )
-from explorl.study.stats import (
+from explorl.report.stats import (
     DIFF,
     LEVEL,
     LEVEL_BOUNDS,

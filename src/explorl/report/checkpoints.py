@@ -17,15 +17,14 @@ from pathlib import Path
 import numpy as np
 
 from explorl.analysis.runs import new_figure, save_figure, step_axes
-from explorl.study.claims import E3, EM, Cond, combine
-from explorl.study.frontier import Frontier, analyse_frontier, mean_interval
-from explorl.study.frontier_report import PAPERS, frontier_claims
-from explorl.study.frontier_report import draw as draw_frontier
-from explorl.study.horizon import COLLAPSE, Horizon, draw_horizon, entropy_horizon
-from explorl.study.numbers import fmt_value
-from explorl.study.plan import RunPlan, checkpoint_of
-from explorl.study.stats import Interval, passk_diff, problem_counts, problem_passk
-from explorl.study.tables import cell
+from explorl.report.claims import E3, EM, Cond, Precondition, claim_row
+from explorl.report.frontier import Frontier, analyse_frontier, mean_interval
+from explorl.report.frontier_report import PAPERS, frontier_claims
+from explorl.report.frontier_report import draw as draw_frontier
+from explorl.report.horizon import COLLAPSE, Horizon, draw_horizon, entropy_horizon
+from explorl.report.numbers import fmt_value
+from explorl.report.stats import Interval, passk_diff
+from explorl.report.tables import cell
 
 
 @dataclass
@@ -62,9 +61,8 @@ class Checkpoints:
         common = sorted(set(a) & set(b))
         if not common:
             return None
-        return passk_diff(
-            np.stack([a[s] for s in common]), np.stack([b[s] for s in common]), paired_seeds=True
-        )
+        return passk_diff(np.stack([a[s] for s in common]), np.stack([b[s] for s in common]),
+                          paired_seeds=True)
 
     def resolved(self, arm: str, kk: int) -> list[int]:
         """The steps where ``arm`` − the baseline excludes 0 (on 2 seeds or more)."""
@@ -75,33 +73,6 @@ class Checkpoints:
             if d is not None and len(common) >= 2 and (d.low > 0 or d.high < 0):
                 out.append(s)
         return out
-
-
-def checkpoint_passk(
-    done: list[RunPlan],
-    rows: list[str],
-    k: int,
-    baseline: str = "grpo",
-    base: dict[int, np.ndarray] | None = None,
-) -> Checkpoints | None:
-    """Read every finished run's checkpoint evaluations (``eval_step<s>``) and final one; None
-    when the study evaluated no intermediate checkpoint. ``base``: k → (1, problems) or
-    (problems,), the base model at the main temperature (step 0)."""
-    steps = sorted({s for p in done for f, _ in p.evals if (s := checkpoint_of(f)) is not None})
-    if not steps:
-        return None
-    last = max(p.cfg.max_steps for p in done)
-    cp = Checkpoints([*steps, last], k, baseline, list(rows))
-    if base is not None and 1 in base and k in base:
-        cp.base = {kk: np.asarray(base[kk], float).reshape(-1) for kk in (1, k)}
-    for p in done:
-        for st in cp.steps:
-            path = p.out / ("eval" if st == last else f"eval_step{st}") / "problems.jsonl"
-            if path.exists():
-                for kk, v in problem_passk(path, [1, k]).items():
-                    cp.got.setdefault((p.name, kk, st), {})[p.seed] = v
-                cp.counts.setdefault((p.name, st), {})[p.seed] = problem_counts(path)
-    return cp
 
 
 def checkpoint_table(cp: Checkpoints | None) -> list[str]:
@@ -118,42 +89,26 @@ def checkpoint_table(cp: Checkpoints | None) -> list[str]:
         lines.append("| " + " | ".join([name, *cells]) + " |")
     start = ""
     if cp.base is not None:
-        start = (
-            f" Step 0 is the base model: pass@1 {cp.base[1].mean():.3f}, pass@{k} "
-            f"{cp.base[k].mean():.3f}."
-        )
+        start = (f" Step 0 is the base model: pass@1 {cp.base[1].mean():.3f}, pass@{k} "
+                 f"{cp.base[k].mean():.3f}.")
     lines += ["", "Each checkpoint evaluated with the final protocol (mean over seeds)." + start]
-    others = [
-        n
-        for n in cp.arms
-        if n != cp.baseline and any((cp.baseline, 1, st) in cp.got for st in cols)
-    ]
+    others = [n for n in cp.arms
+              if n != cp.baseline and any((cp.baseline, 1, st) in cp.got for st in cols)]
     if not others:
         return lines
-    head = [
-        "arm",
-        *[f"− {cp.baseline}, pass@{kk} step {st}" for kk in (1, k) for st in cols],
-        "pass@1 resolved at steps",
-        f"pass@{k} resolved at steps",
-    ]
+    head = ["arm", *[f"− {cp.baseline}, pass@{kk} step {st}" for kk in (1, k) for st in cols],
+            "pass@1 resolved at steps", f"pass@{k} resolved at steps"]
     lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in others:
         cells = [cell(cp.diff(name, kk, st)) for kk in (1, k) for st in cols]
-        n = max(
-            (len(set(cp.seeds(name, 1, s)) & set(cp.seeds(cp.baseline, 1, s))) for s in cols),
-            default=0,
-        )
-        where = [
-            ", ".join(map(str, cp.resolved(name, kk))) or "none" if n >= 2 else "one seed"
-            for kk in (1, k)
-        ]
+        n = max((len(set(cp.seeds(name, 1, s)) & set(cp.seeds(cp.baseline, 1, s)))
+                 for s in cols), default=0)
+        where = [", ".join(map(str, cp.resolved(name, kk))) or "none" if n >= 2 else "one seed"
+                 for kk in (1, k)]
         lines.append("| " + " | ".join([name, *cells, *where]) + " |")
-    return lines + [
-        "",
-        f"Differences with {cp.baseline} on the seeds both finished: 95% "
-        "t interval over seeds with the problems' part (paired), ± the MDE; **resolved at "
-        "steps**: where that interval excludes 0 (2 seeds or more).",
-    ]
+    return lines + ["", f"Differences with {cp.baseline} on the seeds both finished: 95% "
+                    "t interval over seeds with the problems' part (paired), ± the MDE; "
+                    "**resolved at steps**: where that interval excludes 0 (2 seeds or more)."]
 
 
 def checkpoint_json(cp: Checkpoints | None) -> dict | None:
@@ -163,26 +118,15 @@ def checkpoint_json(cp: Checkpoints | None) -> dict | None:
     for name in cp.arms:
         per = {}
         for kk in (1, cp.k):
-            at = {
-                str(s): {"mean": iv.to_json(), "seeds": cp.seeds(name, kk, s)}
-                | (
-                    {"minus_baseline": d.to_json()}
-                    if (d := cp.diff(name, kk, s)) is not None and name != cp.baseline
-                    else {}
-                )
-                for s in cp.steps
-                if (iv := cp.interval(name, kk, s)) is not None
-            }
-            per[f"pass@{kk}"] = {
-                "at": at,
-                "resolved_at": cp.resolved(name, kk) if name != cp.baseline else [],
-            }
+            at = {str(s): {"mean": iv.to_json(), "seeds": cp.seeds(name, kk, s)}
+                  | ({"minus_baseline": d.to_json()}
+                     if (d := cp.diff(name, kk, s)) is not None and name != cp.baseline else {})
+                  for s in cp.steps if (iv := cp.interval(name, kk, s)) is not None}
+            per[f"pass@{kk}"] = {"at": at, "resolved_at": cp.resolved(name, kk)
+                                 if name != cp.baseline else []}
         arms[name] = per
-    base = (
-        {f"pass@{kk}": float(v.mean()) for kk, v in cp.base.items()}
-        if cp.base is not None
-        else None
-    )
+    base = ({f"pass@{kk}": float(v.mean()) for kk, v in cp.base.items()}
+            if cp.base is not None else None)
     return {"steps": cp.steps, "k": cp.k, "baseline": cp.baseline, "base": base, "arms": arms}
 
 
@@ -207,36 +151,16 @@ def draw_checkpoints(cp: Checkpoints | None, out_dir: Path) -> list[tuple[str, s
             lo = [iv.estimate - iv.low for _, iv in pts]
             hi = [iv.high - iv.estimate for _, iv in pts]
             if cp.base is not None:  # every arm starts from the base model
-                ax.plot(
-                    [0, xs[0]],
-                    [cp.base[kk].mean(), ys[0]],
-                    color=color,
-                    linewidth=1.0,
-                    linestyle=":",
-                )
+                ax.plot([0, xs[0]], [cp.base[kk].mean(), ys[0]], color=color, linewidth=1.0,
+                        linestyle=":")
             n = max(len(cp.seeds(arm, kk, s)) for s, _ in pts)
-            h = ax.errorbar(
-                xs,
-                ys,
-                yerr=[lo, hi],
-                color=color,
-                marker="o",
-                markersize=4,
-                linewidth=2.0 if arm == cp.baseline else 1.4,
-                capsize=3,
-                label=f"{arm} ({n} seed{'s' if n > 1 else ''})",
-            )
+            h = ax.errorbar(xs, ys, yerr=[lo, hi], color=color, marker="o", markersize=4,
+                            linewidth=2.0 if arm == cp.baseline else 1.4, capsize=3,
+                            label=f"{arm} ({n} seed{'s' if n > 1 else ''})")
             handles.setdefault(arm, h)
         if cp.base is not None:
-            b = ax.plot(
-                [0],
-                [cp.base[kk].mean()],
-                marker="s",
-                color="0.35",
-                markersize=7,
-                linestyle="none",
-                label="base model",
-            )[0]
+            b = ax.plot([0], [cp.base[kk].mean()], marker="s", color="0.35", markersize=7,
+                        linestyle="none", label="base model")[0]
             handles.setdefault("base model", b)
         ax.set_xlabel("training step")
         ax.set_ylabel(f"test pass@{kk}")
@@ -244,11 +168,8 @@ def draw_checkpoints(cp: Checkpoints | None, out_dir: Path) -> list[tuple[str, s
         ax.grid(alpha=0.3)
         step_axes(ax)
     axes[0][1].legend(handles.values(), [h.get_label() for h in handles.values()], fontsize="small")
-    fig.suptitle(
-        f"Test pass@1 and pass@{cp.k} at the evaluated checkpoints (bars: 95% "
-        "t intervals over seeds and problems)",
-        fontsize="medium",
-    )
+    fig.suptitle(f"Test pass@1 and pass@{cp.k} at the evaluated checkpoints (bars: 95% "
+                 "t intervals over seeds and problems)", fontsize="medium")
     save_figure(fig, out_dir / "horizon_passk.png", dpi=90)
     return [(f"Test pass@1 and pass@{cp.k} at each checkpoint", "horizon_passk.png")]
 
@@ -272,16 +193,11 @@ def horizon_claims(h: Horizon | None, cp: Checkpoints | None) -> list[dict]:
 
     def row(id_: str, claim: str, paper: str, needs: list[str], conds: list[Cond],
             seeds: int, after: str = "") -> dict:
-        r = {"id": id_, "claim": claim, "paper": paper, "needs": needs}
+        head = {"id": id_, "claim": claim, "paper": paper, "needs": needs}
         if seeds < 2:
-            return r | {"numbers": f"not testable: {seeds} seed{'s' if seeds != 1 else ''}"
-                                   f"{' shared with ' + base if needs[1:] else ''}",
-                        "conditions": [], "verdict": "n/a"}
-        return r | {"numbers": "; ".join(c.text() for c in conds) + after,
-                    "conditions": [{"label": c.label, "direction": c.direction, "null": c.null,
-                                    "interval": c.iv.to_json() if c.iv else None,
-                                    "verdict": c.verdict} for c in conds],
-                    "verdict": combine([c.verdict for c in conds])}
+            conds = Precondition(f"{seeds} seed{'s' if seeds != 1 else ''}"
+                                 f"{' shared with ' + base if needs[1:] else ''}")
+        return claim_row(head, conds, after)
 
     out.append(row("H-collapse", f"{base}'s entropy collapses over {last} steps (falls by "
                    f"{1 - COLLAPSE:.0%} or more)", f"{EM} §2; {E3} Fig. 1", [base],
@@ -348,13 +264,12 @@ class LongHorizon:
     figures: list[tuple[str, str]]
 
 
-def analyse_long(groups: dict, done: list[RunPlan], rows: list[str], steps: list[int], k: int,
-                 baseline: str, base: dict[int, np.ndarray] | None, report: Path,
-                 task: str, base_counts: np.ndarray | None = None) -> LongHorizon:
+def analyse_long(groups: dict, cp: Checkpoints | None, steps: list[int], k: int, baseline: str,
+                 report: Path, task: str, base_counts: np.ndarray | None = None) -> LongHorizon:
     """Everything ``eval.checkpoints`` adds to a study (``steps``: the checkpoints and the last
-    step; ``groups``: row → its runs' curves; ``base``: the base model's per-problem pass@k)."""
+    step; ``groups``: row → its runs' curves; ``cp``: pass@k at the checkpoints, the study's
+    ``analyse.checkpoint_passk``)."""
     horizon = entropy_horizon(groups, steps, baseline)
-    cp = checkpoint_passk(done, rows, k, baseline, base)
     if cp is not None:
         cp.base_counts = base_counts
     along = training_frontier(cp)

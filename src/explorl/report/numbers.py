@@ -3,26 +3,19 @@ columns ``columns``)."""
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import yaml
-
 from explorl.analysis.entropy_law import FitError, fit_entropy_law, law_points
-from explorl.analysis.runs import Run, load_run
+from explorl.analysis.runs import Run
 from explorl.control.schedules import anneal_start
-from explorl.study.plan import RunPlan, eval_done_at, final_evals, policy_evals
-from explorl.study.stats import (
+from explorl.report.stats import (
     N_BOOT,
     Interval,
     bootstrap,
     percentile_mc_error,
-    problem_counts,
-    problem_passk,
 )
 
 WINDOW = 0.1  # "initial" / "final" = mean over the first / last 10% of steps (at least one)
@@ -35,6 +28,20 @@ def _w(n: int) -> int:
 
 def _mean(xs: list[float]) -> float | None:
     return statistics.fmean(xs) if xs else None
+
+
+def value_text(value: Any) -> str:
+    """A grid value as an override's right-hand side that YAML reads back as the same value
+    (``5e-05`` would read as a string: floats keep a mantissa dot, ``5.0e-05``)."""
+    if isinstance(value, float):
+        text = repr(value)
+        if "e" in text and "." not in text.split("e")[0]:
+            mantissa, exp = text.split("e")
+            text = f"{mantissa}.0e{exp}"
+        return text
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def fmt_value(x: float | None, digits: int = 3) -> str:
@@ -67,58 +74,74 @@ def run_numbers(run: Run, cfg: dict, eval_summary: dict | None,
     overall = (eval_summary or {}).get("overall", {})
     for k in k_list:
         out[f"eval_pass@{k}"] = overall.get(f"pass@{k}")
-
-    # Tracking: steps after the first 10% (the controllers' warm-up), where a target is logged.
-    tracked = [(float(r["entropy/mean"]), float(r["control/target_entropy"])) for r in recs[w:]
-               if "control/target_entropy" in r]
-    out["tracked_entropy_mean"] = _mean(H[w:])
-    out["H0"] = (float(recs[0]["control/target_entropy"])
-                 if recs and "control/target_entropy" in recs[0] else None)
-    if tracked:
-        target = statistics.fmean(t for _, t in tracked)
-        out["tracking_error"] = statistics.fmean(abs(h - t) for h, t in tracked)
-        out["tracking_bias"] = statistics.fmean(h - t for h, t in tracked)
-        out["target_mean"] = target
-        out["tracking_rel_bias"] = out["tracking_bias"] / target if target else None
-    else:
-        for key in ("tracking_error", "tracking_bias", "target_mean", "tracking_rel_bias"):
-            out[key] = None
-
-    # E3 annealing: entropy over the last 10% of steps vs the 10% of steps before the phase starts.
-    t = cfg.get("control", {}).get("temperature", {})
-    start = (anneal_start(n, t.get("annealing_ratio", 0.0))
-             if t.get("enabled") and t.get("anneal") else None)
-    out["anneal_beta"] = t.get("beta") if start is not None else None  # β = 1: a flat target
-    if start is not None and start - 1 >= w:
-        pre = H[start - 1 - w: start - 1]
-        out["anneal_entropy_ratio"] = statistics.fmean(H[-w:]) / statistics.fmean(pre)
-    else:
-        out["anneal_entropy_ratio"] = None
-
+    out.update(_tracking(recs, H, w))
+    out.update(_anneal(cfg, H, n, w))
     # EEPO: stage-2 minus stage-1 entropy on the steps where the unlearning step ran.
     active = [r for r in recs if "eepo/active" in r]
     on = [r for r in active
           if r["eepo/active"] >= 0.5 and "entropy/stage1" in r and "entropy/stage2" in r]
     out["eepo_active_frac"] = len(on) / len(active) if active else None
     out["eepo_dH"] = _mean([float(r["entropy/stage2"]) - float(r["entropy/stage1"]) for r in on])
-
     out.update(tool_numbers(recs, eval_summary))
+    out.update(_timing(recs))
+    out.update(_law(run))
+    return out
 
-    # Seconds per training step, validation excluded (it runs every eval.every steps): the
-    # median, which a suspended process or a slow checkpoint write does not move.
+
+def _tracking(recs: list[dict], H: list[float], w: int) -> dict[str, Any]:
+    """Tracking: the steps after the first 10% (the controllers' warm-up), where a target is
+    logged: mean |H − target|, mean H − target, the mean target, the bias ÷ the target."""
+    tracked = [(float(r["entropy/mean"]), float(r["control/target_entropy"])) for r in recs[w:]
+               if "control/target_entropy" in r]
+    out: dict[str, Any] = {"tracked_entropy_mean": _mean(H[w:])}
+    out["H0"] = (float(recs[0]["control/target_entropy"])
+                 if recs and "control/target_entropy" in recs[0] else None)
+    if not tracked:
+        return out | dict.fromkeys(("tracking_error", "tracking_bias", "target_mean",
+                                    "tracking_rel_bias"))
+    target = statistics.fmean(t for _, t in tracked)
+    out["tracking_error"] = statistics.fmean(abs(h - t) for h, t in tracked)
+    out["tracking_bias"] = statistics.fmean(h - t for h, t in tracked)
+    out["target_mean"] = target
+    out["tracking_rel_bias"] = out["tracking_bias"] / target if target else None
+    return out
+
+
+def _anneal(cfg: dict, H: list[float], n: int, w: int) -> dict[str, Any]:
+    """E3 annealing: β, and the entropy over the last 10% of steps ÷ over the 10% of steps
+    before the phase starts."""
+    t = cfg.get("control", {}).get("temperature", {})
+    start = (anneal_start(n, t.get("annealing_ratio", 0.0))
+             if t.get("enabled") and t.get("anneal") else None)
+    out = {"anneal_beta": t.get("beta") if start is not None else None}  # β = 1: a flat target
+    if start is not None and start - 1 >= w:
+        pre = H[start - 1 - w: start - 1]
+        out["anneal_entropy_ratio"] = statistics.fmean(H[-w:]) / statistics.fmean(pre)
+    else:
+        out["anneal_entropy_ratio"] = None
+    return out
+
+
+def _timing(recs: list[dict]) -> dict[str, Any]:
+    """Seconds per training step without validation (it runs every eval.every steps): the
+    median, which a suspended process or a slow checkpoint write does not move; CPU seconds of
+    the training process per step, on the steps without a validation (its CPU time is not
+    separated), and over the whole run: the same-budget cost in CPU time."""
     walls = [float(r["time/step_s"]) - float(r.get("time/val_s", 0.0))
              for r in recs if "time/step_s" in r]
-    out["step_s"] = statistics.median(walls) if walls else None
+    return {"step_s": statistics.median(walls) if walls else None,
+            "cpu_step_s": _mean([float(r["time/cpu_s"]) for r in recs
+                                 if "time/cpu_s" in r and "time/val_s" not in r]),
+            "cpu_run_s": (sum(float(r["time/cpu_s"]) for r in recs)
+                          if recs and all("time/cpu_s" in r for r in recs) else None)}
 
-    # CPU seconds of the training process per step, on the steps without a validation (its
-    # CPU time is not separated), and over the whole run: the same-budget cost in CPU time.
-    out["cpu_step_s"] = _mean([float(r["time/cpu_s"]) for r in recs
-                               if "time/cpu_s" in r and "time/val_s" not in r])
-    out["cpu_run_s"] = (sum(float(r["time/cpu_s"]) for r in recs)
-                        if recs and all("time/cpu_s" in r for r in recs) else None)
-    # Entropy–performance law on (training-batch entropy, val accuracy) at the validation steps.
+
+def _law(run: Run) -> dict[str, Any]:
+    """The entropy–performance law on (training-batch entropy, val accuracy) at the validation
+    steps: the full fit's R² and ceiling; the early fit's RMSE on the later points against
+    persistence's, and its error at the last one."""
     steps, Hv, Rv = law_points(run)
-    out["law_points"] = len(Hv)
+    out: dict[str, Any] = {"law_points": len(Hv)}
     for key in ("law_r2", "law_rmse", "law_naive_rmse", "law_final_error", "law_ceiling"):
         out[key] = None
     try:
@@ -168,24 +191,6 @@ def tool_numbers(recs: list[dict], eval_summary: dict | None) -> dict[str, Any]:
             "eval_calls_per_response": t.get("calls_per_response"),
             "eval_call_frac": t.get("call_frac"),
             "eval_calls_per_correct": t.get("calls_per_correct")}
-
-
-def collect(done: list[RunPlan], rows: list[str],
-            k_list: list[int]) -> tuple[dict[str, list[dict]], dict[str, list[Run]]]:
-    """Per recipe: each finished run's numbers (with its seed and parameter count) and its
-    loaded ``Run``, in ``done`` order."""
-    per_run: dict[str, list[dict]] = {n: [] for n in rows}
-    groups: dict[str, list[Run]] = {n: [] for n in rows}
-    for p in done:
-        run = load_run(p.out)
-        cfg = yaml.safe_load((p.out / "config.yaml").read_text())
-        ev = json.loads((p.out / "eval" / "eval.json").read_text())
-        nums = run_numbers(run, cfg, ev, k_list)
-        summary = json.loads((p.out / "summary.json").read_text())
-        nums.update(seed=p.seed, n_params=summary.get("n_params"))
-        per_run[p.name].append(nums)
-        groups[p.name].append(run)
-    return per_run, groups
 
 
 @dataclass
@@ -247,48 +252,6 @@ def build_table(rows: list[str], per_run: dict[str, list[dict]],
                                  if cpu and r.get("cpu_step_s") is not None else None)
         table[name] = {key: Stat.of([r.get(key) for r in runs]) for key, *_ in columns(k_list)}
     return table
-
-
-def collect_passk(done: list[RunPlan], rows: list[str], k_list: list[int], folder: str = "eval"
-                  ) -> tuple[dict[str, dict[int, Any]], dict[str, list[int]]]:
-    """Per recipe: k → per-problem pass@k (seeds × problems, rows in seed order) from each
-    run's ``<folder>/problems.jsonl``; and the seed of each row."""
-    import numpy as np
-
-    by_name: dict[str, list[tuple[int, dict]]] = {n: [] for n in rows}
-    for p in done:
-        by_name[p.name].append((p.seed, problem_passk(p.out / folder / "problems.jsonl", k_list)))
-    passk, seeds = {}, {}
-    for name, got in by_name.items():
-        if got:
-            got.sort(key=lambda x: x[0])
-            seeds[name] = [s for s, _ in got]
-            passk[name] = {k: np.stack([g[k] for _, g in got]) for k in k_list}
-    return passk, seeds
-
-
-def collect_counts(done: list[RunPlan], rows: list[str], folder: str = "eval"
-                   ) -> dict[str, Any]:
-    """Per recipe: each run's per-problem (correct answers, samples) from
-    ``<folder>/problems.jsonl``, shape (2, seeds, problems), rows in seed order (as
-    ``collect_passk``'s)."""
-    import numpy as np
-
-    by_name: dict[str, list[tuple[int, Any]]] = {n: [] for n in rows}
-    for p in done:
-        by_name[p.name].append((p.seed, problem_counts(p.out / folder / "problems.jsonl")))
-    return {name: np.stack([c for _, c in sorted(got, key=lambda x: x[0])], axis=1)
-            for name, got in by_name.items() if got}
-
-
-def base_counts(out: Path, spec: Any, folder: str = "base") -> Any:
-    """The model before RL's per-problem (correct answers, samples) at the main evaluation
-    temperature (``stats.problem_counts``); None where it was not evaluated."""
-    for sub, e in policy_evals(final_evals(spec)):
-        d = out / folder / sub
-        if spec.base_eval and e.temperature == spec.eval.temperature and eval_done_at(d, e):
-            return problem_counts(d / "problems.jsonl")
-    return None
 
 
 def pooled_law(groups: dict[str, list[Run]], n_boot: int = N_BOOT) -> dict[str, Any]:
