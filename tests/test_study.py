@@ -412,6 +412,26 @@ def test_tiny_study_end_to_end_is_resumable_and_reproducible(tiny_model, tmp_pat
             if key not in timing:
                 assert again["table"][row][key] == cell, (row, key)
 
+    # --report while a run is unfinished: the finished ones' documents, marked partial, and
+    # nothing trained or evaluated; published into <publish>/partial, the runs into archive
+    shutil.rmtree(out / "runs" / "es_constant-seed0" / "eval")
+    spec2 = {**spec, "publish": str(tmp_path / "pub"), "archive": str(tmp_path / "d" / "t.tar.xz")}
+    path2 = _write(tmp_path, spec2, "spec2.yaml")
+    assert main(["study", str(path2), "--out", str(out), "--report"]) == 0
+    assert "Partial: 1 of 2 runs finished" in capsys.readouterr().out
+    assert not (out / "runs" / "es_constant-seed0" / "eval").exists()
+    part = json.loads((out / "study.json").read_text())
+    assert part["partial"] == {"finished": 1, "runs": 2} and part["rows"] == ["grpo"]
+    for name in ("study.md", "claims.md"):
+        lines = (tmp_path / "pub" / "partial" / name).read_text().splitlines()
+        assert lines[0].startswith("# ") and lines[2].startswith("**Partial: 1 of 2 runs")
+    import tarfile
+
+    with tarfile.open(tmp_path / "d" / "t.tar.xz") as tar:
+        names = tar.getnames()
+    assert "runs/grpo-seed0/summary.json" in names
+    assert not any(n.startswith("runs/es_constant-seed0/eval") for n in names)
+
 
 def test_exploration_specs_cover_every_claim_and_set_per_task_targets():
     path = builtin.find("subset_sum", "study")

@@ -18,16 +18,17 @@ def _study(args) -> int:
     from explorl.study import run_study
 
     used = [f for f, on in (("--plan", args.plan), ("--pack", args.pack),
-                            ("--from", args.restore)) if on]
+                            ("--from", args.restore), ("--report", args.report)) if on]
     if len(used) > 1:  # each would silently ignore the other
         raise C.ConfigError(f"explorl study: {' and '.join(used)} do not go together")
     if (args.cost_from or args.calibrate) and not args.plan:
         raise C.ConfigError("explorl study: --cost-from and --calibrate go with --plan")
     if args.calibrate is not None and args.calibrate < 1:
         raise C.ConfigError(f"--calibrate: must be ≥ 1 step, got {args.calibrate}")
-    if args.time_limit is not None and (args.plan or args.pack):
-        raise C.ConfigError(f"explorl study: --time-limit and {'--plan' if args.plan else '--pack'}"
-                            " do not go together (it limits training)")
+    if args.time_limit is not None and (args.plan or args.pack or args.report):
+        other = "--plan" if args.plan else "--pack" if args.pack else "--report"
+        raise C.ConfigError(f"explorl study: --time-limit and {other} do not go together (it "
+                            "limits training)")
     limit = None
     if args.time_limit is not None:
         from explorl.study.jobs import parse_duration
@@ -42,6 +43,11 @@ def _study(args) -> int:
         return plan_study(builtin.resolve(args.spec, "study"), quick=args.quick, jobs=args.jobs,
                           recipes=args.recipes, cost_from=args.cost_from, out=args.out,
                           calibrate=args.calibrate)
+    if args.report:
+        from explorl.study.run import report_study
+
+        return report_study(builtin.resolve(args.spec, "study"), quick=args.quick, out=args.out,
+                            recipes=args.recipes)
     if args.pack:
         from explorl.study.run import pack_study
 
@@ -76,6 +82,10 @@ def add_parser(add) -> argparse.ArgumentParser:
                         "measured rates of the study's model: --cost-from, --calibrate, the "
                         "study's own runs or a cached calibration) and how far the study in "
                         "--out has got; run nothing")
+    s.add_argument("--report", action="store_true",
+                   help="the documents of the runs finished so far, training nothing (a study "
+                        "still running, or stopped by --time-limit): marked partial, published "
+                        "into the spec's publish folder's partial/ with the runs' archive")
     s.add_argument("--cost-from", nargs="+", metavar="PATH", default=None,
                    help="with --plan: run or study directories of the same model whose measured "
                         "CPU time prices the study (or the lab's committed study.json reports)")
@@ -90,7 +100,7 @@ def add_parser(add) -> argparse.ArgumentParser:
                         "continues on another machine with --from FILE")
     s.add_argument("--from", dest="restore", metavar="FILE",
                    help="first restore the finished runs of FILE (--pack's, or a published "
-                        "study's data.tar.xz) that --out lacks, then continue (a finished study "
+                        "study's archive) that --out lacks, then continue (a finished study "
                         "is re-analysed without training)")
     s.add_argument("--time-limit", metavar="DURATION",
                    help="stop in time for a job's time limit (90s, 50m, 2h, 1h30m): says first "

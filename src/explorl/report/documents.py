@@ -39,7 +39,7 @@ def _round(x: Any) -> Any:
 
 def fingerprint(table_json: dict, claims: list[dict], timing: set[str]) -> str:
     """sha256 of every non-timing number of the summary table and of the claims (rounded to 10
-    digits); the pass@k tables follow from the runs' per-problem counts that ``data.tar.xz``
+    digits); the pass@k tables follow from the runs' per-problem counts that the study's archive
     keeps."""
     payload = {name: {k: v for k, v in cols.items() if k not in timing}
                for name, cols in table_json.items()}
@@ -255,7 +255,7 @@ def _payload(out: Path, spec, spec_path: Path, quick: bool, cols: list,
 
 def publish(out: Path, dest: Path) -> None:
     """Copy the study's markdown, JSON and PNGs (not the runs, logs or the HTML) to ``dest``
-    (the runs' numbers follow as ``data.tar.xz``: ``explorl.study.data``)."""
+    (the runs' numbers go to the spec's ``archive``: ``explorl.study.data``)."""
     if dest.exists():
         shutil.rmtree(dest)
     (dest / "report").mkdir(parents=True)

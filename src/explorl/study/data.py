@@ -1,5 +1,6 @@
 """A study's numbers in one archive: ``explorl study SPEC --pack FILE`` writes it, ``--from FILE``
-restores it, and a published study carries it as ``data.tar.xz``.
+restores it, and a published study carries it in its spec's ``archive`` (the built-in ones:
+``study-data/``).
 
 The archive holds what the analysis reads of every *finished* run (tuning and final: trained and
 every evaluation done) and of the base model's evaluations: ``config.yaml``, ``summary.json``,

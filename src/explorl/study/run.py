@@ -40,7 +40,7 @@ from explorl.study.plan import (
     with_start,
 )
 from explorl.study.pricing import time_limit_lines
-from explorl.study.spec import StudySpec, auto_jobs, load_spec
+from explorl.study.spec import StudySpec, archive_path, auto_jobs, load_spec
 from explorl.study.start import has_weights, run_start, work_left
 from explorl.study.tuning import (
     GridPoint,
@@ -241,7 +241,7 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
     run starts that would not end before it and the running ones checkpoint and stop).
     ``jobs`` (an int or ``auto``) replaces the spec's; ``recipes`` replaces the spec's
     ``recipe_dir`` (relative to the working directory, not the spec); ``restore``: an archive
-    (``pack_study``, a published ``data.tar.xz``) whose finished runs the study directory lacks
+    (``pack_study``, a published one) whose finished runs the study directory lacks
     are restored first."""
     spec_path = Path(spec_path)
     spec = load_spec(spec_path, quick=quick)
@@ -352,11 +352,7 @@ def _finish(out: Path, spec: StudySpec, plans: list[RunPlan], payload: dict,
     """Publish (``spec.publish``: the documents and the runs' archive), log the claims; the
     exit code."""
     if spec.publish:
-        dest = Path(spec.publish)  # relative to the working directory (the repository's root)
-        publish(out, dest)
-        files, lab = packable(out, spec, plans), lab_models(with_start(plans), out / "lab")
-        n = pack(out, files, dest / "data.tar.xz", lab)
-        log(f"published to {dest} (with data.tar.xz: {n} files of the finished runs)")
+        _publish(out, spec, plans, Path(spec.publish), log)
     log(f"wrote {out / 'study.md'}, {out / 'claims.md'}, {out / 'study.json'} and "
         f"{out / 'report'}/")
     for c in payload["claims"]:
@@ -365,6 +361,64 @@ def _finish(out: Path, spec: StudySpec, plans: list[RunPlan], payload: dict,
         log("failed runs: " + "; ".join(f"{r.plan.key} ({r.detail})" for r in failed))
         return 1
     return 0
+
+
+def _publish(out: Path, spec: StudySpec, plans: list[RunPlan], dest: Path,
+             log: Callable[[str], None]) -> None:
+    """The documents into ``dest`` and the finished runs' numbers into the spec's archive
+    (both relative to the working directory: the repository's root)."""
+    publish(out, dest)
+    files, lab = packable(out, spec, plans), lab_models(with_start(plans), out / "lab")
+    archive = archive_path(spec)
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    n = pack(out, files, archive, lab)
+    log(f"published to {dest} (the runs' numbers, {n} files of the finished runs, in {archive})")
+
+
+def report_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | None = None,
+                 recipes: str | Path | None = None, log: Callable[[str], None] = print) -> int:
+    """``explorl study SPEC --report``: the documents of the runs finished so far, training
+    nothing, marked partial (how many of the study's runs they are); with ``publish``, into
+    its ``partial/`` folder, and the finished runs into the spec's archive."""
+    spec_path = Path(spec_path)
+    spec = load_spec(spec_path, quick=quick)
+    _command_line(spec, None, recipes)
+    out = Path(out) if out else Path("runs") / f"study-{spec.name}{'-quick' if quick else ''}"
+    chosen = _chosen(spec, out) if out.is_dir() else None
+    if chosen is None:
+        raise C.ConfigError(f"--report: no finished run in {out} (no study there, or its tuning "
+                            "is not finished)")
+    plans = plan_runs(spec, spec_path, out, chosen)
+    done = [p for p in plans if finished(p)]
+    if not done:
+        raise C.ConfigError(f"--report: no run of the study in {out} has finished yet")
+    try:
+        wall_s = float(json.loads((out / "wall.json").read_text())["wall_s"])
+    except (OSError, ValueError, KeyError):
+        wall_s = 0.0
+    payload = analyse(out, spec, spec_path, quick, plans, [], wall_s, None, wall_jobs(out))
+    note = mark_partial(out, len(done), len(plans), progress(spec, spec_path, out))
+    log(note)
+    if spec.publish:
+        _publish(out, spec, plans, Path(spec.publish) / "partial", log)
+    for c in payload["claims"]:
+        log(f"  claim {c['id']:3s} {c['verdict']:8s} {c['claim']}")
+    return 0
+
+
+def mark_partial(out: Path, done: int, runs: int, how_far: str) -> str:
+    """Say at the top of ``study.md`` and ``claims.md``, and in ``study.json``, that the
+    documents hold ``done`` of the study's ``runs`` runs; the line said."""
+    note = (f"**Partial: {done} of {runs} runs finished** ({how_far.split(': ', 1)[-1]}); "
+            "every number below is of those runs only.")
+    for name in ("study.md", "claims.md"):
+        lines = (out / name).read_text().split("\n")
+        lines[1:1] = ["", note]
+        write_text_atomic(out / name, "\n".join(lines))
+    data = json.loads((out / "study.json").read_text())
+    data["partial"] = {"finished": done, "runs": runs}
+    write_text_atomic(out / "study.json", json.dumps(data, indent=1) + "\n")
+    return note
 
 
 def pack_study(spec_path: str | Path, archive: str | Path, *, quick: bool = False,

@@ -204,6 +204,11 @@ class StudySpec:
     """Directory (relative to the working directory; the built-in specs name the repository's
     ``docs/lab-study/…``) that receives study.md, claims.md, study.json and the report's markdown
     and PNGs when the study finishes; None = no copy."""
+    archive: str | None = None
+    """Where ``publish`` writes the finished runs' numbers (``.tar.xz``: configs, metrics,
+    per-response evaluations; no weights; ``--from`` continues or re-analyses from it),
+    relative to the working directory; None = ``<publish>/data.tar.xz``. The built-in specs keep
+    theirs in the repository's ``study-data/``: data, not documentation."""
 
 
 SPEC_KEYS = [f.name for f in dataclasses.fields(StudySpec)]
@@ -381,6 +386,15 @@ def _recipe_name(ref: str, spec: StudySpec, spec_path: Path | None) -> str:
         if isinstance(name, str) and name:
             return name
     return Path(ref).stem
+
+
+def archive_path(spec: StudySpec) -> Path:
+    """The published archive of the study's runs (``archive``, or beside its documents)."""
+    if spec.archive:
+        return Path(spec.archive)
+    if not spec.publish:
+        raise ValueError("a study without publish has no published archive")
+    return Path(spec.publish) / "data.tar.xz"
 
 
 def frontier_k(spec: StudySpec) -> int:
