@@ -584,3 +584,14 @@ def test_jobs_start_with_every_seed_of_the_baseline(tmp_path):
     assert [(p.name, p.seed) for p in baseline_first(plans, spec)] == [
         ("e3", 0), ("e3", 1), ("e3", 2), ("grpo", 0), ("v", 0), ("grpo", 1), ("v", 1),
         ("grpo", 2), ("v", 2)]
+
+
+def test_published_archives_are_data_not_documentation():
+    """The built-in specs keep their runs' archives in study-data/, never under docs/ (the docs
+    site copies every file there)."""
+    root = Path(__file__).resolve().parents[1]
+    assert not list((root / "docs").rglob("*.tar.xz"))
+    for path in sorted(builtin.folder("study").glob("*.yaml")):
+        spec = S.load_spec(path)
+        assert spec.archive and spec.archive.startswith("study-data/"), path.name
+        assert S.archive_path(spec) == Path(spec.archive)
