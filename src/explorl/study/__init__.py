@@ -54,7 +54,8 @@ __all__ = [
     "Evidence", "Power", "PowerSpec", "TuneGrid", "TuningSpec", "plan_tuning",
     "combine",
     "CLAIMS", "Claim", "JobResult", "Precondition", "RunPlan", "Stat", "StudyEvalSpec",
-    "StudySpec", "VariantSpec", "analyse", "archive_path", "build_table", "columns", "eval_args", "eval_done",
+    "StudySpec", "VariantSpec", "analyse", "archive_path", "build_table", "columns",
+    "eval_args", "eval_done",
     "evaluate_claims", "execute", "job_command", "load_spec", "order_rows", "plan_runs",
     "plan_study", "resolve_recipe", "run_numbers", "run_state", "run_study", "train_args",
 ]
