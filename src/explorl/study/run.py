@@ -409,8 +409,9 @@ def report_study(spec_path: str | Path, *, quick: bool = False, out: str | Path 
 def mark_partial(out: Path, done: int, runs: int, how_far: str) -> str:
     """Say at the top of ``study.md`` and ``claims.md``, and in ``study.json``, that the
     documents hold ``done`` of the study's ``runs`` runs; the line said."""
-    note = (f"**Partial: {done} of {runs} runs finished** ({how_far.split(': ', 1)[-1]}); "
-            "every number below is of those runs only.")
+    seeds = how_far.rpartition("(")[2].rstrip(")")  # "seeds with every row finished: …"
+    note = (f"**Partial: {done} of {runs} runs finished** ({seeds}); every number below is of "
+            "those runs only.")
     for name in ("study.md", "claims.md"):
         lines = (out / name).read_text().split("\n")
         lines[1:1] = ["", note]
