@@ -71,7 +71,7 @@ def test_the_running_job_is_stopped_at_the_limit_and_the_next_deferred(tmp_path,
     monkeypatch.setattr(J, "train_args", lambda plan, state: ["train"])
     monkeypatch.setattr(J, "job_command", lambda commands: [sys.executable, "-c", child])
     plans = [_plan(tmp_path, "a"), _plan(tmp_path, "b")]
-    spec = SimpleNamespace(jobs=1)
+    spec = SimpleNamespace(jobs=1, frontier=SimpleNamespace(arms=[]))
     lines = []
     t0 = time.monotonic()
     ended = []

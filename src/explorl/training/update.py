@@ -279,8 +279,8 @@ class PolicyUpdate:
     def _row_order(self, N: int, n_mb: int) -> torch.Tensor:
         """An epoch's order of the N global rows (host): drawn from ``shuffle_gen`` when there
         is more than one mini-batch or epoch, else as they are."""
-        return (torch.randperm(N, generator=self.shuffle_gen)
-                if n_mb > 1 or self.cfg.optim.ppo_epochs > 1 else torch.arange(N))
+        return (torch.randperm(N, generator=self.shuffle_gen)  # host: global row order
+                if n_mb > 1 or self.cfg.optim.ppo_epochs > 1 else torch.arange(N))  # host
 
     def _accumulate_retrying(self, ro, adv, mb, mine, rows, agg, lcfg, loss_fn, corr, confident,
                              sums, mask_sums, pre) -> int:
