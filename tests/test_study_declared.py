@@ -225,3 +225,20 @@ def test_a_library_claim_reads_its_arms_as_the_study_names_them():
     row, lib_row = judge(claim, ev), judge(as_claim(parse_claims([{"check": "N1"}])[0]), ev_lib)
     assert row["verdict"] == lib_row["verdict"] == "shown"
     assert row["conditions"] == lib_row["conditions"]
+
+
+def test_one_paired_seed_judges_nothing():
+    """With one seed both arms ran, no interval over seeds exists: the condition reads n/a
+    rather than a verdict from the problems' part alone (a real model's seeds can differ by far
+    more)."""
+    import dataclasses
+
+    from explorl.report.claims import judge
+
+    ev = _evidence()
+    one = dataclasses.replace(ev, per_run={**ev.per_run, "kl_cov": ev.per_run["kl_cov"][:1]})
+    for q in ("pass@1", "margin@4", "entropy_ratio"):
+        (d,) = parse_claims([{"id": "x", "claim": "c", "arm": "kl_cov", "vs": "grpo",
+                              "quantity": q, "side": 1}])
+        assert judge(as_claim(d), ev)["verdict"] != "n/a"
+        assert judge(as_claim(d), one)["verdict"] == "n/a", q

@@ -235,8 +235,12 @@ def _k(q: str, ev: Evidence) -> int:
 
 
 def measure(ev: Evidence, c: Condition) -> Interval | None:
-    """The condition's interval (``QUANTITIES``)."""
+    """The condition's interval (``QUANTITIES``); None with fewer than 2 seeds (runs the arm
+    and ``vs`` both ran, or the arm's runs): one seed gives no spread over seeds, which on a
+    real model can dwarf the problems' part."""
     q = c.quantity
+    if _seeds(ev, c) < 2:
+        return None
     if q.startswith("pass@"):
         return ev.pk(c.arm, c.vs, _k(q, ev))
     if q.startswith("margin@"):
@@ -246,6 +250,16 @@ def measure(ev: Evidence, c: Condition) -> Interval | None:
         return with_mde(ev.ratio(c.arm, c.vs, key))
     get = lambda r: r.get(key)  # noqa: E731
     return with_mde(ev.one(c.arm, get) if c.vs is None else ev.pair(c.arm, c.vs, get))
+
+
+def _seeds(ev: Evidence, c: Condition) -> int:
+    """The seeds a condition's interval is over (a comparison with the base model, a single
+    evaluation, counts the arm's)."""
+    def seeds(name: str) -> set:
+        return {r.get("seed") for r in ev.per_run.get(name, [])}
+
+    mine = seeds(c.arm)
+    return len(mine if c.vs is None or c.vs == "base" else mine & seeds(c.vs))
 
 
 def with_mde(iv: Interval | None) -> Interval | None:
