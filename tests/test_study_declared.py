@@ -242,3 +242,16 @@ def test_one_paired_seed_judges_nothing():
                               "quantity": q, "side": 1}])
         assert judge(as_claim(d), ev)["verdict"] != "n/a"
         assert judge(as_claim(d), one)["verdict"] == "n/a", q
+
+
+def test_the_pass_k_figure_finds_grpo_by_its_recipe_name():
+    """real/grpo's arm is named real-grpo: the figure's GRPO is that arm, and the best arm is
+    not labelled as GRPO when no sweep ran."""
+    import numpy as np
+
+    from explorl.report.figures import highlighted, reference
+
+    pk = {"real-grpo": {1: np.full((2, 3), 0.5)}, "kl_cov": {1: np.full((1, 3), 0.6)}}
+    ev = Evidence(per_run={}, passk=pk, k_list=[1])
+    assert reference(ev) == "real-grpo" and highlighted(ev)[0] == "real-grpo"
+    assert reference(Evidence(per_run={}, passk={"kl_cov": pk["kl_cov"]}, k_list=[1])) is None

@@ -76,10 +76,11 @@ N_BEST, N_WORST = 3, 2  # the pass@k figure draws these many best and worst meth
 
 
 def reference(ev) -> str | None:
-    """GRPO's row on the pass@k figure: ``grpo``, or in a learning-rate sweep (rows
+    """GRPO's row on the pass@k figure: ``grpo`` (or ``<dir>-grpo``: real-grpo), or in a sweep (rows
     ``grpo@<lr>``) the one with the highest mean pass@1, GRPO as a practitioner would tune it."""
-    if "grpo" in ev.passk:
-        return "grpo"
+    own = [n for n in ev.passk if n == "grpo" or n.endswith("-grpo")]  # real/grpo: real-grpo
+    if own:
+        return own[0]
     sweep = [n for n in ev.passk if n.startswith("grpo@") and 1 in ev.passk[n]]
     return max(sweep, key=lambda n: float(ev.passk[n][1].mean()), default=None)
 
@@ -114,7 +115,7 @@ def _draw_passk(ev, out_dir: Path) -> str:
     right panel subtracts from each arm the model it starts from."""
     ks = ev.k_list
     shown, labels = highlighted(ev), twin_labels(ev)
-    if shown and shown[0] != "grpo" and shown[0] in labels:  # a sweep's best-pass@1 GRPO
+    if shown and shown[0] == reference(ev) and "@" in shown[0]:  # a sweep's best-pass@1 GRPO
         labels = {**labels, shown[0]: f"{labels[shown[0]]} (GRPO's best pass@1)"}
     fig, axes = new_figure(width=6.2, height=4.8, ncols=2)
     for ax, relative in zip(axes[0], (False, True)):
