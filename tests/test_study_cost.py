@@ -143,10 +143,11 @@ def test_plan_prints_cpu_hours_from_a_run_directory(tiny_model, tmp_path, capsys
     assert ("wall-clock with 1 job at a time (CPU ÷ jobs ÷ the cores one job keeps busy): ≈ 6.53 "
             "h at the 0.45 cores a job got when measured, ≈ 2.97 h with each job's 1 thread on "
             "free cores (at best)") in out
-    # two jobs: the one run still runs alone; the base model's evaluation too
+    # two jobs: the base model's evaluation runs beside the one run, which takes
+    # 9480 × 11/5 = 20856 s = 5.79 h (more than half of the two together)
     assert main(["study", str(path), "--plan", "--jobs", "2", "--out", str(tmp_path / "o"),
                  "--cost-from", str(tmp_path / "ref")]) == 0
-    assert "with 2 jobs at a time (CPU ÷ jobs ÷ the cores one job keeps busy): ≈ 6.53 h" in \
+    assert "with 2 jobs at a time (CPU ÷ jobs ÷ the cores one job keeps busy): ≈ 5.79 h" in \
         capsys.readouterr().out
 
 
@@ -292,15 +293,17 @@ def test_timed_adds_wall_and_cpu_seconds():
 
 
 def test_plan_wall_clock_divides_each_phase_by_the_runs_at_a_time(tiny_model, tmp_path):
-    """Two seeds: each run 9480 CPU-s, the base model's evaluation 1200 (alone), one job
-    keeping 5/11 cores busy. 2 jobs: (2 × 9480 / 2 + 1200) × 11/5 = 23496 s, one run's time;
-    1 job: (2 × 9480 + 1200) × 11/5 = 44352 s; on free cores (1 thread): × 5/11."""
+    """Two seeds: each run 9480 CPU-s, the base model's evaluation 1200 (one more job of the
+    runs' pool), one job keeping 5/11 cores busy. 2 jobs: (2 × 9480 + 1200) / 2 × 11/5 =
+    22176 s; 1 job: (2 × 9480 + 1200) × 11/5 = 44352 s; on free cores (1 thread): × 5/11. Three
+    jobs: no less than the longest job, one run, 9480 × 11/5 = 20856 s."""
     path = _spec(tmp_path, tiny_model, seeds=[0, 1])
     spec = load_spec(path)
     plans = plan_runs(spec, path, tmp_path / "o")
     _fake_run(tmp_path / "ref", plans[0].cfg)
     rates = {model_id(plans[0].cfg): from_runs([tmp_path / "ref"], model_id(plans[0].cfg), "r")}
-    assert estimate(spec, [], plans, rates, 2).wall_s == pytest.approx(23496)
+    assert estimate(spec, [], plans, rates, 2).wall_s == pytest.approx(22176)
+    assert estimate(spec, [], plans, rates, 3).wall_s == pytest.approx(20856)
     assert estimate(spec, [], plans, rates, 1).wall_s == pytest.approx(44352)
     assert estimate(spec, [], plans, rates, 1, free=True).wall_s == pytest.approx(20160)
     assert estimate(spec, [], plans, rates, 1).cpu.total() == pytest.approx(20160)

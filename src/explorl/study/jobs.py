@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,19 +153,7 @@ def execute(plan: RunPlan, spec: StudySpec, logs: Path, stop: threading.Event,
     if stop.is_set():
         return JobResult(plan, "interrupted", "not started")
     log = logs / f"{plan.key}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("a") as f:
-        proc = subprocess.Popen(job_command(commands), stdout=f, stderr=subprocess.STDOUT,
-                                env=_env())
-        if running is not None:
-            running[plan.key] = proc
-            if deadline is not None and deadline.reached:  # the limit passed as it started
-                proc.send_signal(signal.SIGTERM)
-        try:
-            rc = proc.wait()
-        finally:
-            if running is not None:
-                running.pop(plan.key, None)
+    rc = _spawn(commands, log, plan.key, deadline, running)
     seconds = time.perf_counter() - t0
     if deadline is not None and rc == 0:
         deadline.finished(seconds)
@@ -175,6 +163,25 @@ def execute(plan: RunPlan, spec: StudySpec, logs: Path, stop: threading.Event,
         return JobResult(plan, "failed", f"exit code {rc}; log {log}", seconds)
     free_disk(plan, spec)
     return JobResult(plan, "done", state, seconds)
+
+
+def _spawn(commands: list[list[str]], log: Path, key: str, deadline: Deadline | None,
+           running: dict | None) -> int:
+    """Run ``commands`` in one job process, appending to ``log``; its exit code. While it runs
+    it is ``running[key]``, so the deadline can send it SIGTERM."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as f:
+        proc = subprocess.Popen(job_command(commands), stdout=f, stderr=subprocess.STDOUT,
+                                env=_env())
+        if running is not None:
+            running[key] = proc
+            if deadline is not None and deadline.reached:  # the limit passed as it started
+                proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait()
+        finally:
+            if running is not None:
+                running.pop(key, None)
 
 
 def free_disk(plan: RunPlan, spec: StudySpec) -> list[Path]:
@@ -188,14 +195,21 @@ def free_disk(plan: RunPlan, spec: StudySpec) -> list[Path]:
     return stale
 
 
+Before = Callable[[threading.Event, Deadline | None, dict], str]
+
+
 def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
              log: Callable[[str], None], deadline: Deadline | None = None,
-             on_done: Callable[[], None] | None = None) -> list[JobResult] | None:
+             on_done: Callable[[], None] | None = None,
+             before: Sequence[Before] = ()) -> list[JobResult] | None:
     """Every plan's job, ``spec.jobs`` at a time (``auto``: the cores this process may use),
     logging each as it ends and then calling ``on_done`` (for each that ran: not a skipped or
     deferred one); None if interrupted (the running jobs checkpoint and stop). With a
     ``deadline``, jobs that would not end before it are deferred, and at it the running ones
-    are sent SIGTERM (they checkpoint and stop; ``deadline.reached`` says so)."""
+    are sent SIGTERM (they checkpoint and stop; ``deadline.reached`` says so). ``before``: jobs
+    that are not runs (the base model's evaluation), started first in the same pool, so a core
+    that one leaves free starts a run; each is called with (stop, deadline, running) and
+    returns the line logged when it ends."""
     t0 = time.perf_counter()
     plans = baseline_first(plans, spec)
     stop = threading.Event()
@@ -215,9 +229,18 @@ def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
     workers = auto_jobs() if spec.jobs == "auto" else spec.jobs
     todo = sum(not finished(p) for p in plans)  # the runs that will train or evaluate
     pool = ThreadPoolExecutor(max_workers=workers)
+    extra = {pool.submit(job, stop, deadline, running): job for job in before}
     futures = {pool.submit(execute, p, spec, logs, stop, deadline, running): p for p in plans}
+    i = 0
     try:
-        for i, fut in enumerate(as_completed(futures), 1):
+        for fut in as_completed([*extra, *futures]):
+            if fut in extra:
+                try:
+                    log(f"  {fut.result()}")
+                except Exception as e:  # noqa: BLE001 — the runs go on without it
+                    log(f"  {type(e).__name__}: {e}")
+                continue
+            i += 1
             try:
                 r = fut.result()
             except Exception as e:  # noqa: BLE001 — one broken run must not lose the others
@@ -234,7 +257,7 @@ def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
     except KeyboardInterrupt:
         stop.set()
         log("interrupt: the running jobs checkpoint and stop; rerun the same command to continue")
-        for f in futures:
+        for f in [*extra, *futures]:
             f.cancel()
         pool.shutdown(wait=True)
         return None
@@ -312,16 +335,26 @@ def base_eval_args(plan: RunPlan, spec: StudySpec, out: Path,
     return args
 
 
-def run_base_eval(plan: RunPlan, spec: StudySpec, out: Path, logs: Path) -> bool:
+def base_evals_left(plan: RunPlan, out: Path) -> list[tuple[Path, StudyEvalSpec]]:
+    """The evaluations of the model ``plan`` starts from still to run into ``out``: (folder,
+    protocol), one per evaluation temperature."""
+    return [(out / folder, e) for folder, e in policy_evals(plan.evals)
+            if not eval_done_at(out / folder, e)]
+
+
+def run_base_eval(plan: RunPlan, spec: StudySpec, out: Path, logs: Path,
+                  stop: threading.Event | None = None, deadline: Deadline | None = None,
+                  running: dict | None = None) -> bool:
     """Evaluate the model ``plan`` starts from (before RL) into ``out/<folder>`` at every
     evaluation temperature (``plan.evals``' protocols) unless done, logging to
-    ``logs/<out's name>.log``; True when the main evaluation exists."""
-    todo = [(out / folder, e) for folder, e in policy_evals(plan.evals)
-            if not eval_done_at(out / folder, e)]
-    if todo:
-        logs.mkdir(parents=True, exist_ok=True)
-        with (logs / f"{out.name}.log").open("a") as f:
-            subprocess.call(job_command([base_eval_args(plan, spec, d, e) for d, e in todo]),
-                            stdout=f, stderr=subprocess.STDOUT, env=_env())
+    ``logs/<out's name>.log``; True when the main evaluation exists. As one of ``run_jobs``'
+    jobs (``stop``, ``deadline``, ``running``) it does not start once the study is stopping or
+    past its time limit, and the limit stops it (a later invocation evaluates again)."""
+    todo = base_evals_left(plan, out)
+    starting = not (stop is not None and stop.is_set()) and (deadline is None or
+                                                              deadline.allows())
+    if todo and starting:
+        _spawn([base_eval_args(plan, spec, d, e) for d, e in todo], logs / f"{out.name}.log",
+               f"base:{out}", deadline, running)
     folder, e = plan.evals[0]
     return eval_done_at(out / folder, e)

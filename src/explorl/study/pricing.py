@@ -16,8 +16,9 @@ come from the spec: a training step generates and trains ``prompts_per_step`` ×
 - evaluation: each final and checkpoint evaluation, (n + 1 greedy) replies per problem × L ×
   the evaluation rate; the base model's (before RL) likewise, plus one process start.
 
-Wall-clock: CPU ÷ (runs at a time × the cores one job keeps busy), phase by phase (tuning
-runs, the base model's evaluation alone, the final runs), twice: at ``parallel``, the CPU-s per
+Wall-clock: CPU ÷ (runs at a time × the cores one job keeps busy), and at least the phase's
+longest job, phase by phase (the start run, the tuning runs, the final runs with the base
+model's evaluation: one more job of their pool), twice: at ``parallel``, the CPU-s per
 wall-clock second the measured job got (low where its cores were shared), and with each job's
 threads on free cores (``threads_of``: at best).
 """
@@ -137,7 +138,7 @@ def estimate(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
     total, wall, upper = Cost(), 0.0, 0.0
     start = with_start(final)[: len(with_start(final)) - len(final)]  # trained first, alone
     for phase in (start, tuning, final):
-        cpu = 0.0
+        cpu = longest = 0.0  # wall: the phase's CPU over its jobs, at least its longest job
         n = 0
         for p in phase:
             steps, evals = left(p) if left else (p.cfg.max_steps, True)
@@ -146,19 +147,22 @@ def estimate(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
             r = rates[rated(p)]
             c = run_cost(p, r, steps=steps, evals=evals)
             total.add(c)
-            cpu += c.total() / (threads_of(p.cfg) if free else r.parallel)
+            one = c.total() / (threads_of(p.cfg) if free else r.parallel)
+            cpu, longest = cpu + one, max(longest, one)
             upper += run_cost(p, r, float(reply_cap(p.cfg, r.length)), steps, evals).total()
             n += 1
-        wall += cpu / max(1, min(jobs, n))
-        if phase is tuning and spec.base_eval:
+        if phase is final and spec.base_eval:  # jobs of the final runs' pool
             for folder, p in base_folders(final).items():
                 if base_left and not base_left(folder, p):
                     continue
                 r = rates[rated(p)]
                 b = base_cost(p, r)
                 total.base += b
-                wall += b / (threads_of(p.cfg) if free else r.parallel)
+                one = b / (threads_of(p.cfg) if free else r.parallel)
+                cpu, longest = cpu + one, max(longest, one)
                 upper += base_cost(p, r, float(reply_cap(p.cfg, r.length)))
+                n += 1
+        wall += max(cpu / max(1, min(jobs, n)), longest)
     return Estimate(total, wall, upper)
 
 

@@ -21,8 +21,10 @@ from explorl.study.analyse import analyse
 from explorl.study.data import complete, lab_models, pack, packable, unpack
 from explorl.study.jobs import (
     EXIT_TIME_LIMIT,
+    Before,
     Deadline,
     JobResult,
+    base_evals_left,
     finished,
     run_base_eval,
     run_jobs,
@@ -280,13 +282,10 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
         f"{len(plans) - todo} finished), {spec.max_steps} steps each, {spec.jobs} at a time "
         f"→ {out}")
     _build_models([p for p in plans if states[p.key] != "done"])  # a re-analysis builds none
-    if spec.base_eval:
-        for folder, p in base_folders(plans).items():
-            whose = "" if folder == "base" else f" of {p.name}"
-            log(f"evaluating the base model{whose} (the model before RL)")
-            if not run_base_eval(p, spec, out / folder, out / "logs"):
-                log(f"the base model's evaluation failed; see {out / 'logs' / folder}.log")
-    results = run_jobs(plans, spec, out / "logs", log, deadline, on_done=wall.tick)
+    before = [_base_eval_job(p, spec, out, folder, log)
+              for folder, p in (base_folders(plans).items() if spec.base_eval else ())]
+    results = run_jobs(plans, spec, out / "logs", log, deadline, on_done=wall.tick,
+                       before=before)
     if (rc := _stopped(results, deadline, log)) is not None:
         wall.close()
         return rc
@@ -296,6 +295,27 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
     payload = analyse(out, spec, spec_path, quick, plans, failed, wall.close(), tuned,
                       wall_jobs(out))
     return _finish(out, spec, plans, payload, failed, log)
+
+
+def _base_eval_job(plan: RunPlan, spec: StudySpec, out: Path, folder: str,
+                   log: Callable[[str], None]) -> Before:
+    """The evaluation of the model ``plan`` starts from (before RL) into ``out/folder``, as a
+    job of the study's pool (``run_jobs``' ``before``): it runs beside the first run rather
+    than ahead of every run, so no core waits for it."""
+    whose = "" if folder == "base" else f" of {plan.name}"
+
+    def job(stop: threading.Event, deadline: Deadline | None, running: dict) -> str:
+        t0 = time.perf_counter()
+        if not base_evals_left(plan, out / folder):
+            return f"the base model{whose}: evaluated before"
+        log(f"  evaluating the base model{whose} (the model before RL)")
+        if run_base_eval(plan, spec, out / folder, out / "logs", stop, deadline, running):
+            return f"the base model{whose}: evaluated in {time.perf_counter() - t0:.0f}s"
+        if stop.is_set() or (deadline is not None and not deadline.allows()):
+            return f"the base model{whose}: not evaluated (the study stopped first)"
+        return f"the base model's evaluation failed; see {out / 'logs' / folder}.log"
+
+    return job
 
 
 def _command_line(spec: StudySpec, jobs: int | str | None, recipes: str | Path | None) -> None:
