@@ -422,6 +422,9 @@ def test_tiny_study_end_to_end_is_resumable_and_reproducible(tiny_model, tmp_pat
     assert not (out / "runs" / "es_constant-seed0" / "eval").exists()
     part = json.loads((out / "study.json").read_text())
     assert part["partial"] == {"finished": 1, "runs": 2} and part["rows"] == ["grpo"]
+    five_a = next(c for c in part["claims"] if c["id"] == "5a")  # es_constant's: not yet
+    assert (five_a["verdict"], five_a["numbers"]) == ("not run",
+                                                     "no finished run yet: es_constant")
     for name in ("study.md", "claims.md"):
         lines = (tmp_path / "pub" / "partial" / name).read_text().splitlines()
         assert lines[0].startswith("# ") and lines[2].startswith("**Partial: 1 of 2 runs")

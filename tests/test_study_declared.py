@@ -190,7 +190,14 @@ def test_a_declared_claim_whose_arm_did_not_finish_is_not_run():
     got = _judge([{"id": "X", "claim": "x", "arm": "e3", "vs": "grpo", "quantity": "pass@1",
                    "side": 1}, {"check": "1"}])
     assert got["X"]["verdict"] == "not run" and got["X"]["needs"] == ["grpo", "e3"]
+    assert got["X"]["numbers"] == "recipes not in this study: e3"
     assert got["1"]["claim"] == "GRPO's entropy falls while reward rises"  # the library's own
+    # a partial report: e3 is one of the study's arms with no finished run yet
+    ev = _evidence()
+    ev.unfinished = {"e3"}
+    (row,) = evaluate_claims(ev, [as_claim(d) for d in parse_claims(
+        [{"id": "X", "claim": "x", "arm": "e3", "vs": "grpo", "quantity": "pass@1", "side": 1}])])
+    assert (row["verdict"], row["numbers"]) == ("not run", "no finished run yet: e3")
 
 
 def test_a_library_claim_reads_its_arms_as_the_study_names_them():

@@ -371,7 +371,9 @@ def judge(c: Claim, ev: Evidence) -> dict:
     head = {"id": c.id, "claim": c.claim, "paper": c.paper, "needs": list(c.needs)}
     missing = [n for n in c.needs if not ev.per_run.get(n)]
     if missing:
-        return head | {"numbers": f"recipes not in this study: {', '.join(missing)}",
+        what = ("no finished run yet" if set(missing) <= ev.unfinished
+                else "recipes not in this study")
+        return head | {"numbers": f"{what}: {', '.join(missing)}",
                        "conditions": [], "verdict": "not run"}
     return claim_row(head, c.check(ev))
 

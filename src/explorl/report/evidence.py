@@ -49,6 +49,9 @@ class Evidence:
     bases: dict[str, dict[float, dict[int, np.ndarray]]] = field(default_factory=dict)
     """The other models before RL (``base-<recipe>``: ``grpo_large``'s 9.6M lab model) →
     temperature → k → (1, problems); ``base``/``base_t`` are the study's first recipe's."""
+    unfinished: set[str] = field(default_factory=set)
+    """The study's arms with no finished run yet (a partial report): a claim that needs one
+    is not run *yet*, which its row says."""
     base_for: dict[str, str] = field(default_factory=dict)
     """Arm → the ``bases`` key of the model it starts from when that is not ``base`` (set even
     when that model's evaluation is missing, so its "− base" reads none rather than the wrong

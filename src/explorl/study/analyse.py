@@ -63,6 +63,7 @@ def gather_evidence(out: Path, spec: StudySpec, done: list[RunPlan], rows: list[
     ev = Evidence(per_run, passk, seeds, main.get(spec.eval.temperature), sorted(set(ks)),
                   pooled_law(groups), temperature=spec.eval.temperature,
                   stand_ins=stand_ins(spec))
+    ev.unfinished = {p.name for p in plans or done} - {p.name for p in done}
     if len(spec.eval.all_temperatures()) > 1:
         for folder, e in evals:
             ev.passk_t[e.temperature] = collect_passk(done, rows, ks, folder)[0]
