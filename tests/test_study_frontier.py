@@ -232,6 +232,17 @@ def test_report_draws_the_frontier_of_runs_with_evaluations(tmp_path):
     report = write_report(runs, tmp_path / "report")
     assert (tmp_path / "report" / "frontier.png").exists()
     assert any(p.name == "frontier.png" for _, _, p in report.figures)
+    # a recipe folder's GRPO (real/grpo runs as real-grpo) comes first too; one learning rate
+    # for every run: nothing swept, no labels
+    ones = [_run_with_eval(tmp_path / "r1", "kl_cov", 1e-5, 0, [1, 1]),
+            _run_with_eval(tmp_path / "r2", "real-grpo", 1e-5, 0, [4, 0])]
+    series, _, _ = run_points([load_run(r) for r in ones])
+    assert [s.label for s in series] == ["real-grpo", "kl_cov"]
+    assert [p.tag for s in series for p in s.points] == ["", ""]
+    # GRPO over 2 seeds, KL-Cov over 1 so far: each label says how many
+    ones.append(_run_with_eval(tmp_path / "r3", "real-grpo", 1e-5, 1, [4, 4]))
+    series, _, _ = run_points([load_run(r) for r in ones])
+    assert [s.label for s in series] == ["real-grpo (2 seeds)", "kl_cov (1 seed)"]
     # runs without evaluations: no frontier, and a stale figure goes
     write_report([_run_with_eval(tmp_path / "c", "x", 1e-4, 0, [1])], tmp_path / "report")
     assert not (tmp_path / "report" / "frontier.png").exists()

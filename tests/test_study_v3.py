@@ -406,6 +406,9 @@ def test_pass_at_k_figure_highlights_by_result():
     twin = Evidence(per_run, passk2, seeds, None, [km])
     assert highlighted(twin) == ["grpo", "a", "b"]
     assert twin_labels(twin)["a"] == "a = a2" and twin_labels(twin)["b"] == "b"
+    # a partial report: GRPO over 4 seeds, "b" over 1 so far: each label says how many
+    twin.seeds["grpo"] = [0, 1, 2, 3]
+    assert twin_labels(twin)["grpo"] == "grpo (4 seeds)" and twin_labels(twin)["b"] == "b (1 seed)"
     # a learning-rate sweep: GRPO's row is its best mean pass@1 (grpo@5e-05: 0.6 > 0.4), the
     # other GRPO rows are ranked with the methods
     sweep = {"grpo@1e-04": (0.4, 0.3), "grpo@5e-05": (0.6, 0.5), "m@1e-04": (0.5, 0.9),

@@ -24,6 +24,12 @@ from explorl.analysis.runs import Run, new_figure, save_figure
 BASELINE = "grpo"
 
 
+def is_baseline(name: str) -> bool:
+    """Whether a run name (before any ``@``) is GRPO's: ``grpo``, or a recipe folder's GRPO
+    named ``<folder>-grpo`` (``real/grpo`` runs as ``real-grpo``)."""
+    return name == BASELINE or name.endswith(f"-{BASELINE}")
+
+
 @dataclass
 class FPoint:
     """One (method, learning rate): mean pass@1 and pass@k with their 95% intervals."""
@@ -121,6 +127,7 @@ def draw_frontier(series: list[Series], path: Path, k: int, *, base: tuple[float
     single = len(panels) == 1
     limits = _limits(series, base)
     title = f"pass@1–pass@{k} frontier" + (f": {subtitle}" if subtitle else "")
+    tagged = any(p.tag for s in series for p in s.points)
     open_marker = False
     beaten_label = "\n".join(textwrap.wrap(BEATEN.format(units=unit + "s"), 24))
     # wrapped as that one, so that the single panel's legend fits the margin beside it
@@ -134,7 +141,8 @@ def draw_frontier(series: list[Series], path: Path, k: int, *, base: tuple[float
         if single:
             ax.set_xlabel(f"{split} pass@1 (mean over seeds and problems; bars: 95% intervals)")
             ax.set_ylabel(f"{split} pass@{k}")
-            ax.set_title(title + f"\n(labels: the {labels or unit})", fontsize="medium")
+            ax.set_title(title + (f"\n(labels: the {labels or unit})" if tagged else ""),
+                         fontsize="medium")
             if open_marker:
                 ax.plot([], [], linestyle="none", marker="o", markerfacecolor="white",
                         markeredgecolor="0.3", label=beaten_label)
@@ -148,8 +156,8 @@ def draw_frontier(series: list[Series], path: Path, k: int, *, base: tuple[float
         if n // ncols == nrows - 1 or n + ncols >= len(panels):
             ax.set_xlabel(f"{split} pass@1")
     if not single:
-        fig.suptitle(f"{title}\n(one panel per method, on the same axes; labels: the "
-                     f"{labels or unit}; "
+        tags = f"labels: the {labels or unit}; " if tagged else ""
+        fig.suptitle(f"{title}\n(one panel per method, on the same axes; {tags}"
                      "bars: 95% intervals over seeds and problems)", fontsize="medium")
         _shared_legend(fig, axes, len(panels), nrows, skip=others[0].label,
                        beaten_label=beaten_label if open_marker else None)
@@ -267,6 +275,7 @@ def run_points(runs: list[Run]) -> tuple[list[Series], int, str] | None:
             groups.setdefault((r.name.split("@")[0], lr), []).append(r)
     if len(groups) < 2:
         return None
+    one_lr = len({lr for _, lr in groups}) == 1  # nothing swept: no labels
     methods: dict[str, Series] = {}
     for (method, lr), rs in sorted(groups.items(), key=lambda g: (g[0][0], -(g[0][1] or 0))):
         x = [_per_problem(evals[id(r)][1], 1) for r in rs]
@@ -274,11 +283,17 @@ def run_points(runs: list[Run]) -> tuple[list[Series], int, str] | None:
         same = all(a is not None and len(a) == len(x[0]) for a in [*x, *y])
         if same:
             X, Y = np.stack(x), np.stack(y)
-            p = FPoint(float(X.mean()), float(Y.mean()), _band(X), _band(Y), _lr_tag(lr))
+            p = FPoint(float(X.mean()), float(Y.mean()), _band(X), _band(Y),
+                       "" if one_lr else _lr_tag(lr))
         else:  # no per-problem counts: the means alone
             o = [evals[id(r)][0]["overall"] for r in rs]
             p = FPoint(float(np.mean([v["pass@1"] for v in o])),
-                       float(np.mean([v[f"pass@{k}"] for v in o])), tag=_lr_tag(lr))
+                       float(np.mean([v[f"pass@{k}"] for v in o])),
+                       tag="" if one_lr else _lr_tag(lr))
         methods.setdefault(method, Series(method)).points.append(p)
-    order = sorted(methods, key=lambda m: m != BASELINE)
+    order = sorted(methods, key=lambda m: not is_baseline(m))
+    seeds = {m: max(len(rs) for (name, _), rs in groups.items() if name == m) for m in methods}
+    if len(set(seeds.values())) > 1:  # a mean over 1 seed is not one over 4: say which is which
+        for m, series in methods.items():
+            series.label = f"{m} ({seeds[m]} seed{'s' * (seeds[m] != 1)})"
     return [methods[m] for m in order], k, split or "test"

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from explorl.analysis.curves import Group
 from explorl.analysis.entropy_law import FitError, fit_entropy_law, law_points
+from explorl.analysis.frontier import is_baseline
 from explorl.analysis.runs import Run, new_figure, save_figure, step_axes
 from explorl.report.numbers import LAW_FIT_FRACTION, fmt_value
 from explorl.report.tools_report import draw_tool_calls
@@ -78,7 +79,7 @@ N_BEST, N_WORST = 3, 2  # the pass@k figure draws these many best and worst meth
 def reference(ev) -> str | None:
     """GRPO's row on the pass@k figure: ``grpo`` (or ``<dir>-grpo``: real-grpo), or in a sweep (rows
     ``grpo@<lr>``) the one with the highest mean pass@1, GRPO as a practitioner would tune it."""
-    own = [n for n in ev.passk if n == "grpo" or n.endswith("-grpo")]  # real/grpo: real-grpo
+    own = [n for n in ev.passk if is_baseline(n)]  # real/grpo: real-grpo
     if own:
         return own[0]
     sweep = [n for n in ev.passk if n.startswith("grpo@") and 1 in ev.passk[n]]
@@ -101,10 +102,14 @@ def highlighted(ev) -> list[str]:
 
 def twin_labels(ev) -> dict[str, str]:
     """Legend label per arm: the name, with the arms that trained the same runs after "=" (e3 =
-    e3_no_anneal)."""
+    e3_no_anneal); where the arms' numbers of seeds differ (a partial report), each with its
+    own, so a mean over one seed is not read as one over four."""
     labels = {n: n for n in ev.passk}
     for g in ev.same_groups():
         labels[g[0]] = " = ".join(g)
+    counts = {n: len(ev.seeds.get(n) or []) for n in ev.passk}
+    if len(set(counts.values())) > 1:
+        labels = {n: f"{t} ({counts[n]} seed{'s' * (counts[n] != 1)})" for n, t in labels.items()}
     return labels
 
 
