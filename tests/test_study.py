@@ -264,8 +264,14 @@ def test_claim_verdicts_come_from_intervals():
     # entropy fell on one seed and rose on another: the interval of the fall straddles 0
     mixed = [_run(entropy_ratio=h, initial_reward=0.4, final_reward=0.6) for h in (0.8, 1.2)]
     assert _claims({"grpo": mixed})["1"]["verdict"] == "partial"
-    rose = [_run(entropy_ratio=1.1, initial_reward=0.6, final_reward=0.4)]
+    rose = [_run(entropy_ratio=h, initial_reward=0.6, final_reward=r)
+            for h, r in ((1.1, 0.4), (1.12, 0.41), (1.14, 0.42))]
     assert _claims({"grpo": rose})["1"]["verdict"] == "opposite"
+    # one seed: a value and no spread, so no verdict either way (not "opposite")
+    one = _claims({"grpo": rose[:1]})["1"]
+    assert one["verdict"] == "n/a" and [x["verdict"] for x in one["conditions"]] == ["n/a"] * 2
+    assert "GRPO entropy fall 1 − H final/H initial = -0.100 (1 seed: no interval, n/a)" \
+        in one["numbers"]
     assert _claims({"grpo": fall})["3a"]["verdict"] == "not run"
 
     # paired by seed: clip_cov above GRPO on every seed; kl_cov above on one, below on two
@@ -286,8 +292,9 @@ def test_claim_verdicts_come_from_intervals():
     never = [_run(eepo_active_frac=0.0, eepo_dH=None)]  # the gate never opened: nothing to test
     c = _claims({"eepo": never})["4"]
     assert c["verdict"] == "n/a" and "not testable" in c["numbers"]
-    down = [_run(eepo_active_frac=0.5, eepo_dH=-0.01)]
+    down = [_run(eepo_active_frac=0.5, eepo_dH=d) for d in (-0.01, -0.011, -0.012)]
     assert _claims({"eepo": down})["4"]["verdict"] == "opposite"
+    assert _claims({"eepo": down[:1]})["4"]["verdict"] == "n/a"  # one seed: no verdict
 
 
 def test_narrowing_claims_compare_pass_at_k_with_the_base_model():
@@ -320,11 +327,15 @@ def test_combined_verdict(verdicts, want):
 
 
 def test_tracking_claim_compares_with_grpo_on_the_same_target():
-    es = [_run(tracking_rel_bias=0.02, tracking_bias=0.006, target_mean=0.3, tracking_error=0.03)]
-    near = [_run(tracked_entropy_mean=0.301)]  # GRPO happens to sit on the target
-    far = [_run(tracked_entropy_mean=0.36)]
+    es = [_run(tracking_rel_bias=b / 0.3, tracking_bias=b, target_mean=0.3, tracking_error=0.03)
+          for b in (0.006, 0.0063, 0.0057)]
+    near = [_run(tracked_entropy_mean=h) for h in (0.301, 0.300, 0.302)]  # GRPO on the target
+    far = [_run(tracked_entropy_mean=h) for h in (0.36, 0.361, 0.359)]
     assert _claims({"grpo": far, "es_constant": es})["5a"]["verdict"] == "shown"
     assert _claims({"grpo": near, "es_constant": es})["5a"]["verdict"] == "mixed"
+    # one seed of each: values without spread, no verdict (a partial report's first seed)
+    one = {"grpo": far[:1], "es_constant": es[:1]}
+    assert _claims(one)["5a"]["verdict"] == "n/a"
 
 
 # ----------------------------------------------------------------------------- end to end

@@ -67,7 +67,7 @@ class Cond:
 
     @property
     def verdict(self) -> str:
-        if self.iv is None:
+        if self.iv is None or not self.iv.spread:  # one seed: a value, no interval to judge by
             return "n/a"
         if self.direction == 0:
             e = self.iv.mc_error
@@ -80,6 +80,8 @@ class Cond:
         if self.iv is None:
             return f"{self.label}: not measured"
         side = {1: ">", -1: "<", 0: "within ±"}[self.direction]
+        if not self.iv.spread:
+            return f"{self.label} = {self.iv.estimate:+.3f} (1 seed: no interval, n/a)"
         mde = f"; MDE {self.iv.mde:.3f}" if self.iv.mde is not None else ""
         mc = f"; MC error {self.iv.mc_error:.4f}" if self.iv.mc_error else ""
         return f"{self.label} = {self.iv.fmt()} ({side}{'' if self.direction == 0 else ' '}"\

@@ -101,6 +101,9 @@ Z_POWER = t_ppf(POWER, math.inf)  # 0.842: 80% power
 MDE_Z = Z_ALPHA + Z_POWER  # 2.802: the MDE factor when the degrees of freedom are many
 
 
+ONE_RUN = "1 run: no interval"  # ``seed_interval`` of one value: the value, no spread
+
+
 @dataclass(frozen=True)
 class Interval:
     """A point estimate with its interval: ``se``, ``df`` (Satterthwaite's, descriptive) and
@@ -116,6 +119,12 @@ class Interval:
     df: float | None = None
     mc_error: float = 0.0
     terms: Terms | None = None
+
+    @property
+    def spread(self) -> bool:
+        """Whether the interval measures a spread: not a single run's value (``ONE_RUN``),
+        which no verdict may be read from."""
+        return self.how != ONE_RUN
 
     @property
     def mde(self) -> float | None:
@@ -147,8 +156,9 @@ def _finite(x: float | None) -> float | None:
 def verdict(iv: Interval | None, direction: int, null: float = 0.0) -> str:
     """``shown`` / ``opposite`` / ``not shown`` for the claim that the quantity is above
     (``direction`` +1) or below (−1) ``null``: an interval excludes it only when its bound
-    clears it by more than the bound's Monte-Carlo error; ``n/a`` without an interval."""
-    if iv is None:
+    clears it by more than the bound's Monte-Carlo error; ``n/a`` without an interval, or from
+    one run (no spread to judge a difference by)."""
+    if iv is None or not iv.spread:
         return "n/a"
     above, below = iv.low > null + iv.mc_error, iv.high < null - iv.mc_error
     if (above and direction > 0) or (below and direction < 0):
@@ -212,7 +222,7 @@ def seed_interval(values: list[float | None], level: float = LEVEL) -> Interval 
         return None
     n = len(vals)
     if n == 1:
-        return Interval(float(vals[0]), float(vals[0]), float(vals[0]), "1 run: no interval")
+        return Interval(float(vals[0]), float(vals[0]), float(vals[0]), ONE_RUN)
     se = float(vals.std(ddof=1) / np.sqrt(n))
     return t_interval(float(vals.mean()), se, n - 1, f"t over {n} runs (df {n - 1})", level)
 

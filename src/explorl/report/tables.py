@@ -12,8 +12,10 @@ def cell(iv: Interval | None, mde: bool = True) -> str:
     Monte-Carlo error), with the MDE."""
     if iv is None:
         return "—"
+    if not iv.spread:
+        return f"{iv.estimate:+.3f} (1 seed)"
     text = iv.fmt()
-    text = f"**{text}**" if verdict(iv, +1) != "not shown" else text
+    text = f"**{text}**" if verdict(iv, +1) in ("shown", "opposite") else text
     return text + (f" ±{iv.mde:.3f}" if mde and iv.mde is not None else "")
 
 

@@ -352,7 +352,10 @@ def run_state(plan: RunPlan) -> str:
     if not (out / "metrics.jsonl").exists() and not (out / "config.yaml").exists():
         return "fresh"
     if (out / "config.yaml").exists():
-        found = C.to_dict(validation.from_dict(yaml.safe_load((out / "config.yaml").read_text())))
+        # A stored config, compared and not run: its paths may be relative to where the study
+        # ran (env=False: not checked against this working directory)
+        stored = yaml.safe_load((out / "config.yaml").read_text())
+        found = C.to_dict(validation.from_dict(stored, env=False))
         want = C.to_dict(plan.cfg)
         for key in PLANNED_FIELDS:  # left to the device plan (None): whatever it chose
             if want["optim"][key] is None:
