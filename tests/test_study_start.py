@@ -122,6 +122,10 @@ def test_study_trains_the_start_once_and_every_arm_from_it(tiny_model, tmp_path,
     assert "start: grpo seed 0, 2 steps" in printed
     md = (out / "study.md").read_text()
     assert "start: `grpo` seed 0 after 2 steps" in md and "the base row is that policy" in md
+    from explorl.study.analyse import base_names
+    assert base_names(S.load_spec(path)) == ("start (grpo seed 0, 2 steps)", "start")
+    assert base_names(S.load_spec(builtin.find("subset_sum_v3", "study"))) == (
+        "base (before RL)", "base")
 
     # Rerun: the start run is not trained again, nor are the arms.
     stamps = {p: p.stat().st_mtime_ns for p in [*out.glob("start/*.jsonl"),
@@ -153,9 +157,9 @@ def test_plan_prices_the_start_run_first_at_its_models_rates(tiny_model, tmp_pat
     1080, evaluation 1200 CPU-s; the base model's evaluation 1200; one job keeps 5/11 cores
     busy), two seeds, after a 4-step start run: training 4 × 720 = 2880, 2 validations (before
     training, the last step) × 12 replies × 5 tokens × 6.0 = 720, no evaluation → 3600 CPU-s,
-    trained alone before the rest. The arms are priced at the start model's rates.
-    2 jobs: (3600 + 1200 + 9480) × 11/5 = 31416 s; 1 job: (3600 + 1200 + 2 × 9480) × 11/5
-    = 52272 s; CPU 23760 s."""
+    trained alone before the rest. The arms are priced at the start model's rates; the base
+    model's evaluation is one more job of their pool. 2 jobs: (3600 + (2 × 9480 + 1200) / 2) ×
+    11/5 = 30096 s; 1 job: (3600 + 1200 + 2 × 9480) × 11/5 = 52272 s; CPU 23760 s."""
     from test_study_cost import _fake_run, _spec
 
     from explorl.study.pricing import estimate, models_of
@@ -171,7 +175,7 @@ def test_plan_prices_the_start_run_first_at_its_models_rates(tiny_model, tmp_pat
     _fake_run(tmp_path / "ref", start.cfg)
     rates = {model: from_runs([tmp_path / "ref"], model, "r")}
     est = estimate(spec, [], plans, rates, 2)
-    assert est.wall_s == pytest.approx(31416)
+    assert est.wall_s == pytest.approx(30096)
     assert estimate(spec, [], plans, rates, 1).wall_s == pytest.approx(52272)
     assert est.cpu.total() == pytest.approx(23760)
     assert est.cpu.training == pytest.approx(2880 + 2 * 7200)

@@ -49,6 +49,10 @@ class Evidence:
     bases: dict[str, dict[float, dict[int, np.ndarray]]] = field(default_factory=dict)
     """The other models before RL (``base-<recipe>``: ``grpo_large``'s 9.6M lab model) →
     temperature → k → (1, problems); ``base``/``base_t`` are the study's first recipe's."""
+    base_label: str = "base (before RL)"
+    """What ``base`` is, for the figures: the model before RL, or with a ``start:`` run the
+    policy every run continues from; ``base_short`` its short name."""
+    base_short: str = "base"
     unfinished: set[str] = field(default_factory=set)
     """The study's arms with no finished run yet (a partial report): a claim that needs one
     is not run *yet*, which its row says."""

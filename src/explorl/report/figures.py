@@ -127,7 +127,7 @@ def _draw_passk(ev, out_dir: Path) -> str:
         base = {b: [ev.mean_passk(b, k) for k in ks] for b in ("base", *ev.bases)
                 if ev.mean_passk(b, ks[0]) is not None}
         for b, curve in base.items() if not relative else ():
-            label = "base (before RL)" if b == "base" else f"{b} (before RL)"
+            label = ev.base_label if b == "base" else f"{b} (before RL)"
             ax.plot(ks, curve, color="black", linewidth=2.2 if b == "base" else 1.4,
                     linestyle="-" if b == "base" else "--", marker="o", label=label)
         names = [n for n in ev.passk if n not in shown] + shown
@@ -154,14 +154,16 @@ def _draw_passk(ev, out_dir: Path) -> str:
                     hi.append(iv.high)
             if relative and lo:
                 ax.fill_between(ks, lo, hi, color="C0", alpha=0.18, linewidth=0,
-                                label=f"{ref} − base, 95% interval")
+                                label=f"{ref} − {ev.base_short}, 95% interval")
         if relative:
             ax.axhline(0, color="black", linewidth=1)
         ax.set_xscale("log", base=2)
         ax.set_xticks(ks, [str(k) for k in ks])
         ax.set_xlabel("k (samples per problem)")
-        ax.set_ylabel("pass@k − base pass@k" if relative else "test pass@k (mean over seeds)")
-        ax.set_title(("difference to the base model" + (" (each its own)" if ev.bases else ""))
+        ax.set_ylabel(f"pass@k − {ev.base_short} pass@k" if relative
+                      else "test pass@k (mean over seeds)")
+        to = "the base model" if ev.base_short == "base" else f"the {ev.base_short}"
+        ax.set_title((f"difference to {to}" + (" (each its own)" if ev.bases else ""))
                      if relative else "pass@k")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="x-small", loc="lower right" if not relative else "best")

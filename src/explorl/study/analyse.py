@@ -64,6 +64,7 @@ def gather_evidence(out: Path, spec: StudySpec, done: list[RunPlan], rows: list[
                   pooled_law(groups), temperature=spec.eval.temperature,
                   stand_ins=stand_ins(spec))
     ev.unfinished = {p.name for p in plans or done} - {p.name for p in done}
+    ev.base_label, ev.base_short = base_names(spec)
     if len(spec.eval.all_temperatures()) > 1:
         for folder, e in evals:
             ev.passk_t[e.temperature] = collect_passk(done, rows, ks, folder)[0]
@@ -75,6 +76,15 @@ def gather_evidence(out: Path, spec: StudySpec, done: list[RunPlan], rows: list[
             if spec.eval.temperature in got:
                 ev.bases[folder] = got
     return ev
+
+
+def base_names(spec: StudySpec) -> tuple[str, str]:
+    """The figures' names for the study's ``base`` row (legend, short): the model before RL,
+    or with a ``start:`` run the policy every run continues from."""
+    if spec.start is None:
+        return "base (before RL)", "base"
+    st = spec.start
+    return f"start ({st.recipe} seed {st.seed}, {st.steps} steps)", "start"
 
 
 def stand_ins(spec: StudySpec) -> dict[str, list[str]]:
