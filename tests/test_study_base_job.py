@@ -10,12 +10,10 @@ import threading
 import time
 from types import SimpleNamespace
 
+from test_study_time_limit import _plan, sigterm_jobs
+
 from explorl.study import jobs as J
 from explorl.study import run as R
-
-
-def _plan(tmp_path, name):
-    return SimpleNamespace(name=name, seed=0, out=tmp_path / name, evals=[], key=f"{name}-seed0")
 
 
 def _sleeper(marks, seconds):
@@ -93,14 +91,7 @@ def test_the_time_limit_stops_the_base_evaluation(tmp_path, monkeypatch):
     """A 1 s limit, one job at a time: the base job's process (60 s) gets SIGTERM at the limit
     like a run's, and the run behind it is deferred."""
     got = tmp_path / "signal"
-    child = ("import signal, sys, time, pathlib\n"
-             "def stop(n, f):\n"
-             f"    pathlib.Path({str(got)!r}).write_text(str(n)); sys.exit(75)\n"
-             "signal.signal(signal.SIGTERM, stop)\n"
-             "time.sleep(60)\n")
-    monkeypatch.setattr(J, "run_state", lambda plan: "fresh")
-    monkeypatch.setattr(J, "train_args", lambda plan, state: ["train"])
-    monkeypatch.setattr(J, "job_command", lambda commands: [sys.executable, "-c", child])
+    sigterm_jobs(monkeypatch, got)
     spec = SimpleNamespace(jobs=1, frontier=SimpleNamespace(arms=[]))
     lines: list[str] = []
     t0 = time.monotonic()

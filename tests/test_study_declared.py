@@ -262,3 +262,16 @@ def test_the_pass_k_figure_finds_grpo_by_its_recipe_name():
     ev = Evidence(per_run={}, passk=pk, k_list=[1])
     assert reference(ev) == "real-grpo" and highlighted(ev)[0] == "real-grpo"
     assert reference(Evidence(per_run={}, passk={"kl_cov": pk["kl_cov"]}, k_list=[1])) is None
+
+
+def test_a_table_cell_of_one_seed_is_a_value_not_a_verdict():
+    """One run's value: "+0.012 (1 seed)", not bold and not an interval; a t interval over three
+    runs that clears 0 (0.020 ± t(2)·0.00058 = ±0.0025) is bold with its bounds; one that
+    holds 0 is not bold."""
+    from explorl.report.stats import seed_interval
+    from explorl.report.tables import cell
+
+    assert cell(seed_interval([0.012])) == "+0.012 (1 seed)"
+    assert cell(seed_interval([0.019, 0.02, 0.021])).startswith("**+0.020 [+0.018, +0.022]**")
+    assert not cell(seed_interval([-0.01, 0.0, 0.04])).startswith("**")
+    assert cell(None) == "—"

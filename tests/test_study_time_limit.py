@@ -55,21 +55,27 @@ def _plan(tmp_path, name):
     return SimpleNamespace(name=name, seed=0, out=tmp_path / name, evals=[], key=f"{name}-seed0")
 
 
-def test_the_running_job_is_stopped_at_the_limit_and_the_next_deferred(tmp_path, monkeypatch):
-    """Two plans, one job at a time, a 1.5 s limit. The first job's process would run 60 s: at
-    the limit it receives SIGTERM (the signal a run answers by checkpointing) and ends; the
-    second never starts. The study's note counts both."""
-    started = tmp_path / "started"
-    got = tmp_path / "signal"
+def sigterm_jobs(monkeypatch, got: Path, started: Path | None = None) -> None:
+    """Every job process (a run's or the base model's evaluation) becomes one that would sleep
+    60 s, writes ``started`` when it starts and, on SIGTERM, the signal's number into ``got``
+    and exits 75."""
     child = ("import signal, sys, time, pathlib\n"
-             f"pathlib.Path({str(started)!r}).write_text('x')\n"
-             "def stop(n, f):\n"
+             + (f"pathlib.Path({str(started)!r}).write_text('x')\n" if started else "")
+             + "def stop(n, f):\n"
              f"    pathlib.Path({str(got)!r}).write_text(str(n)); sys.exit(75)\n"
              "signal.signal(signal.SIGTERM, stop)\n"
              "time.sleep(60)\n")
     monkeypatch.setattr(J, "run_state", lambda plan: "fresh")
     monkeypatch.setattr(J, "train_args", lambda plan, state: ["train"])
     monkeypatch.setattr(J, "job_command", lambda commands: [sys.executable, "-c", child])
+
+
+def test_the_running_job_is_stopped_at_the_limit_and_the_next_deferred(tmp_path, monkeypatch):
+    """Two plans, one job at a time, a 1.5 s limit. The first job's process would run 60 s: at
+    the limit it receives SIGTERM (the signal a run answers by checkpointing) and ends; the
+    second never starts. The study's note counts both."""
+    got = tmp_path / "signal"
+    sigterm_jobs(monkeypatch, got, tmp_path / "started")
     plans = [_plan(tmp_path, "a"), _plan(tmp_path, "b")]
     spec = SimpleNamespace(jobs=1, frontier=SimpleNamespace(arms=[]))
     lines = []
