@@ -4,6 +4,7 @@ before any work, and a calibration of the tiny lab model."""
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -333,3 +334,67 @@ def test_a_time_limit_prices_what_is_left_from_the_last_checkpoint(tiny_model, t
     (plan.out / "eval" / "problems.jsonl").write_text("{}\n" * 8)
     (line,) = time_limit_lines(spec, [], [plan], out, 1, 3600)
     assert "estimated at 0 h of wall-clock (0 CPU-hours): it fits" in line
+
+
+def _finished(plan, cpu_per_step: float, eval_cpu: float | None) -> None:
+    """``plan``'s run finished and evaluated: 10 steps of ``cpu_per_step`` CPU-s each and an
+    evaluation of ``eval_cpu`` (None: not measured)."""
+    plan.out.mkdir(parents=True)
+    C.save(plan.cfg, plan.out / "config.yaml")
+    steps = [{**STEPS[0], "step": i, "time/cpu_s": cpu_per_step} for i in range(1, 11)]
+    (plan.out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    (plan.out / "summary.json").write_text(json.dumps({"steps": 10, "max_steps": 10}))
+    (plan.out / "eval").mkdir()
+    (plan.out / "eval" / "eval.json").write_text(json.dumps({
+        "overall": {"n_problems": 8}, "settings": {
+            "n": 4, "k": [1, 4], "temperature": 1.0, "split": "test", "seed": 0,
+            "max_new_tokens": 10, "cpu_seconds": eval_cpu}}))
+    (plan.out / "eval" / "problems.jsonl").write_text("{}\n" * 8)
+
+
+def test_plan_sets_the_price_of_finished_runs_beside_what_they_took(tiny_model, tmp_path):
+    """Seed 0 took 10 × 100 + 300 = 1300 CPU-s, seed 1 10 × 400 + 700 = 4700: 6000 = 1.67 h.
+    The reference's rates price each at 9480 − 0 (start-up) CPU-s (training 7200, validation
+    1080, evaluation 1200): 18960 = 5.27 h, 3.16× in all, per run 9480/4700 = 2.02 to
+    9480/1300 = 7.29. A run whose evaluation's CPU was not measured, or unfinished, is left
+    out; none left: no line."""
+    from explorl.study.pricing import check_lines, measured_cpu
+
+    path = _spec(tmp_path, tiny_model, seeds=[0, 1, 2])
+    plans = plan_runs(load_spec(path), path, tmp_path / "o")
+    _fake_run(tmp_path / "ref", plans[0].cfg)
+    model = model_id(plans[0].cfg)
+    rates = {model: from_runs([tmp_path / "ref"], model, "r")}
+    assert check_lines(plans, rates) == []
+    _finished(plans[0], 100.0, 300.0)
+    _finished(plans[1], 400.0, 700.0)
+    _finished(plans[2], 100.0, None)
+    assert [measured_cpu(p) for p in plans] == [1300.0, 4700.0, None]
+    (line,) = check_lines(plans, rates)
+    assert line == ("  the 2 finished runs took 1.67 CPU-hours (process start-ups excluded); "
+                    "these rates price them at 5.27 (3.16×; per run 2.02–7.29×)")
+    steps = (plans[1].out / "metrics.jsonl").read_text().splitlines()
+    (plans[1].out / "metrics.jsonl").write_text("\n".join(steps[:-1]) + "\n")  # a step untimed
+    assert measured_cpu(plans[1]) is None
+    assert check_lines(plans, rates)[0].startswith("  the 1 finished run took 0.361 CPU-hours")
+
+
+def test_a_run_from_the_studys_start_is_priced_as_the_start_runs_model(tiny_model, tmp_path):
+    """A final run whose ``model.path`` is the study's ``start/checkpoints/step-N`` measured
+    the start run's model (the same network): its steps count in that model's rates, also
+    when the study was moved (the path is read from the run's own study folder)."""
+    from explorl.study.rates import run_config, run_model
+
+    path = _spec(tmp_path, tiny_model)
+    (plan,) = plan_runs(load_spec(path), path, tmp_path / "o")
+    study = tmp_path / "moved"
+    _fake_run(study / "start", plan.cfg)
+    run = study / "runs" / "grpo-seed0"
+    cfg = copy.deepcopy(plan.cfg)
+    cfg.model.path = "elsewhere/start/checkpoints/step-10"
+    _fake_run(run, cfg)
+    model = model_id(plan.cfg)
+    assert run_model(run, run_config(run)) == model
+    assert from_runs([study / "start", run], model, "s").steps == 4
+    (study / "start" / "config.yaml").unlink()  # no start run beside it: its own path
+    assert from_runs([run], model, "s") is None

@@ -25,6 +25,7 @@ threads on free cores (``threads_of``: at best).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ from explorl.study.rates import (
     cached,
     from_runs,
     model_id,
+    records,
     run_dirs,
     split_size,
     threads_of,
@@ -248,10 +250,55 @@ def cost_lines(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan],
             f"{hours(c.validation)}, evaluation {hours(c.evaluation)} (final and checkpoints), "
             f"base model {hours(c.base)}; total {hours(c.total())} (at most "
             f"{hours(est.upper_cpu_s)} if every reply ran to its limit)",
+            *check_lines(final, rates),
             f"  wall-clock with {jobs} job{'s' if jobs > 1 else ''} at a time (CPU ÷ jobs ÷ the "
             f"cores one job keeps busy): ≈ {hours(est.wall_s)} h at the {r.parallel:.2f} cores "
             f"a job got when measured, ≈ {hours(free)} h with each job's {threads_of(p.cfg)} "
             f"thread{'s' if threads_of(p.cfg) > 1 else ''} on free cores (at best)"]
+
+
+def measured_cpu(plan: RunPlan) -> float | None:
+    """CPU seconds a finished run took for the work ``run_cost`` prices, process start-ups
+    excluded: its steps' ``time/cpu_s`` (their validations included) and its evaluations'
+    ``cpu_seconds``. None unless it finished training and every evaluation, each measured."""
+    if _left(plan) != (0, False):
+        return None
+    steps = {r["step"]: float(r["time/cpu_s"]) for r in records(plan.out)
+             if r.get("time/cpu_s") is not None and "step" in r}
+    if len(steps) < plan.cfg.max_steps:  # a step without its time: not measured whole
+        return None
+    evals = 0.0
+    for folder, _ in plan.evals:
+        try:
+            cpu = json.loads((plan.out / folder / "eval.json").read_text())["settings"][
+                "cpu_seconds"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if cpu is None:
+            return None
+        evals += float(cpu)
+    return sum(steps.values()) + evals
+
+
+def check_lines(final: list[RunPlan], rates: dict[str, TokenRates]) -> list[str]:
+    """The price of the final runs that finished beside what they took (``measured_cpu``): in
+    all, and the range of the per-run ratio. Rates pooled from these same runs fit their total
+    by construction; the per-run range shows how far one run's reply lengths move its cost."""
+    pairs = []
+    for p in final:
+        took = measured_cpu(p)
+        r = rates.get(rated(p))
+        if took and r is not None:
+            pairs.append((run_cost(p, r).total() - r.start_s, took))
+    if not pairs:
+        return []
+    priced, took = sum(a for a, _ in pairs), sum(b for _, b in pairs)
+    ratios = sorted(a / b for a, b in pairs)
+    per_run = (f"; per run {ratios[0]:.2f}–{ratios[-1]:.2f}×" if len(pairs) > 1 else "")
+    return [f"  the {len(pairs)} finished run{'s' if len(pairs) > 1 else ''} took "
+            f"{hours(took)} CPU-hours (process start-ups excluded); these rates price "
+            f"{'them' if len(pairs) > 1 else 'it'} at {hours(priced)} ({priced / took:.2f}×"
+            f"{per_run})"]
 
 
 def time_limit_lines(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan], out: Path,

@@ -86,6 +86,24 @@ def model_id(cfg: C.RunConfig) -> str:
     return f"{path} ({cfg.lab.model_size})" if path.startswith("lab:") else path
 
 
+def run_model(run: Path, cfg: C.RunConfig) -> str:
+    """The model a run directory measured: its ``model_id``, or for a study's final or tuning
+    run that started from the study's ``start`` run (``model.path`` ending in
+    ``start/checkpoints/step-N``), the start run's model: the same network, which the study's
+    plan prices by the start's rates (``pricing.rated``)."""
+    path = Path(cfg.model.path)
+    if path.parent.name != "checkpoints" or path.parent.parent.name != "start":
+        return model_id(cfg)
+    for study in (run.parent.parent, run.parent.parent.parent):  # runs/X, tune/runs/X
+        start = study / "start"
+        if (start / "config.yaml").exists() and start.resolve() != run.resolve():
+            try:
+                return run_model(start, run_config(start))
+            except ConfigError:
+                break
+    return model_id(cfg)
+
+
 def threads_of(cfg: C.RunConfig) -> int:
     """torch threads of a study job: ``model.cpu_threads``, else 1 (a job runs with
     ``OMP_NUM_THREADS=1``)."""
@@ -150,7 +168,8 @@ def run_config(run: Path) -> C.RunConfig:
         raise ConfigError(f"{run}: no readable config.yaml ({e})") from None
 
 
-def _records(run: Path) -> list[dict]:
+def records(run: Path) -> list[dict]:
+    """The readable lines of a run's ``metrics.jsonl`` (none when it has none)."""
     out = []
     try:
         lines = (run / "metrics.jsonl").read_text().splitlines()
@@ -165,7 +184,7 @@ def _records(run: Path) -> list[dict]:
 
 
 def _add_run(s: _Sums, run: Path, cfg: C.RunConfig) -> None:
-    steps = [r for r in _records(run) if r.get("time/cpu_s") is not None
+    steps = [r for r in records(run) if r.get("time/cpu_s") is not None
              and r.get("time/step_s", 0) > 0 and "response/length_mean" in r]
     lengths = [float(r["response/length_mean"]) for r in steps]
     mean_len = sum(lengths) / len(lengths) if lengths else 0.0
@@ -229,7 +248,7 @@ def from_runs(runs: list[Path], model: str, source: str) -> TokenRates | None:
             cfg = run_config(run)
         except ConfigError:  # not a run this version reads: it prices nothing
             continue
-        if model_id(cfg) != model:
+        if run_model(run, cfg) != model:
             continue
         before = s.steps
         _add_run(s, run, cfg)
