@@ -398,3 +398,30 @@ def test_a_run_from_the_studys_start_is_priced_as_the_start_runs_model(tiny_mode
     assert from_runs([study / "start", run], model, "s").steps == 4
     (study / "start" / "config.yaml").unlink()  # no start run beside it: its own path
     assert from_runs([run], model, "s") is None
+
+
+def test_a_jobs_time_to_its_next_checkpoint_and_its_end(tiny_model, tmp_path):
+    """At the reference's rates (one job keeps 5/11 cores busy: CPU-s × 2.2 = wall s), a run of
+    10 steps checkpointing every 5: its first 5 steps 5 × 720 = 3600 CPU-s and half its 3
+    validations' 1080 = 540 → (3600 + 540) × 2.2 = 9108 s; the whole job 9480 × 2.2 = 20856 s.
+    From its step-5 checkpoint: 5 steps 3600 and the step-10 validation 360 → 8712 s; with the
+    evaluation 1200: 11352 s. The base model's evaluation, 1200 × 2.2 = 2640 s, saves at its
+    end; so does a trained run's evaluation. No rates of the model: None."""
+    from explorl.outputs.checkpoint import STATE_FILE
+    from explorl.study.pricing import job_times
+
+    path = _spec(tmp_path, tiny_model)
+    (plan,) = plan_runs(load_spec(path), path, tmp_path / "o")
+    plan.cfg.log.checkpoint_every = 5
+    _fake_run(tmp_path / "ref", plan.cfg)
+    model = model_id(plan.cfg)
+    times = job_times({model: from_runs([tmp_path / "ref"], model, "r")})
+    assert times(plan, False) == pytest.approx((9108, 20856))
+    assert times(plan, True) == pytest.approx((2640, 2640))
+    _fake_run(plan.out, plan.cfg)
+    (plan.out / "checkpoints" / "step-5").mkdir(parents=True)
+    (plan.out / "checkpoints" / "step-5" / STATE_FILE).write_text("")
+    assert times(plan, False) == pytest.approx((8712, 11352))
+    (plan.out / "summary.json").write_text(json.dumps({"steps": 10, "max_steps": 10}))
+    assert times(plan, False) == pytest.approx((2640, 2640))
+    assert job_times({})(plan, False) is None

@@ -51,6 +51,32 @@ def test_a_job_starts_only_if_the_longest_so_far_would_end_in_time():
     assert not d.allows()
 
 
+def test_with_estimates_a_job_starts_if_it_saves_work_in_time():
+    """Limit at t = 100; each job's estimate (until it first saves work, until it ends). A run
+    that saves after 20 s starts at t = 80, not 81. One that took 100 s against its 50:
+    every later estimate counts twice (40 s: t = 60, not 61); a faster one does not lower it.
+    A job without an estimate (None) falls back to the longest finished one (100 s)."""
+    now = [0.0]
+    times = {"a": (20.0, 50.0), "b": None}
+    d = J.Deadline(100.0, clock=lambda: now[0], times=lambda plan, base: times[plan])
+    assert d.estimate("a") == (20.0, 50.0) and d.estimate(None) is None
+    now[0] = 80.0
+    assert d.allows("a")
+    now[0] = 81.0
+    assert not d.allows("a")
+    d.finished(100.0, 50.0)
+    d.finished(10.0, 50.0)  # faster than estimated: the most a job overran stays
+    assert d.slower == 2.0
+    now[0] = 60.0
+    assert d.allows("a")
+    now[0] = 61.0
+    assert not d.allows("a")
+    now[0] = 0.0
+    assert d.allows("b") and d.allows()
+    now[0] = 1.0
+    assert not d.allows("b")
+
+
 def _plan(tmp_path, name):
     return SimpleNamespace(name=name, seed=0, out=tmp_path / name, evals=[], key=f"{name}-seed0")
 

@@ -100,25 +100,50 @@ def parse_duration(text: str) -> float:
 
 @dataclass
 class Deadline:
-    """A study invocation's time limit (``--time-limit``): a job starts only when the longest
-    job this invocation has finished would still end before it (the first jobs always start);
-    at the limit the running jobs are stopped (SIGTERM: the runs checkpoint, a rerun resumes
-    them). ``clock``: ``time.monotonic`` (a test passes its own)."""
+    """A study invocation's time limit (``--time-limit``): a job starts only when it would save
+    its work before the limit; at the limit the running jobs are stopped (SIGTERM: the runs
+    write a checkpoint after their current step, a rerun resumes them).
+
+    With ``times`` (``pricing.job_times``: a job's estimated wall seconds until it first saves
+    work, and until it ends, from the model's measured rates) a job that trains starts when it
+    would reach its next checkpoint (``log.checkpoint_every``) or its end, and one that only
+    evaluates when it would finish, each × ``slower`` (the most a job of this invocation has
+    overrun its estimate, at least 1). A job without an estimate starts when the longest job
+    this invocation has finished would still end before the limit (the first jobs always
+    start). ``clock``: ``time.monotonic`` (a test passes its own)."""
 
     at: float
     clock: Callable[[], float] = time.monotonic
     longest: float = 0.0
     reached: bool = False
+    times: JobTimes | None = None
+    slower: float = 1.0
 
     @classmethod
-    def after(cls, seconds: float) -> Deadline:
-        return cls(time.monotonic() + seconds)
+    def after(cls, seconds: float, times: JobTimes | None = None) -> Deadline:
+        return cls(time.monotonic() + seconds, times=times)
 
-    def allows(self) -> bool:
-        return not self.reached and self.clock() + self.longest <= self.at
+    def estimate(self, plan: RunPlan | None, base: bool = False) -> tuple[float, float] | None:
+        """(wall seconds until ``plan``'s job first saves work, until it ends), or None."""
+        return None if self.times is None or plan is None else self.times(plan, base)
 
-    def finished(self, seconds: float) -> None:
+    def allows(self, plan: RunPlan | None = None, base: bool = False) -> bool:
+        if self.reached:
+            return False
+        est = self.estimate(plan, base)
+        need = self.longest if est is None else est[0] * self.slower
+        return self.clock() + need <= self.at
+
+    def finished(self, seconds: float, estimated: float | None = None) -> None:
+        """A job ended in ``seconds`` (its whole estimate: ``estimated``)."""
         self.longest = max(self.longest, seconds)
+        if estimated:
+            self.slower = max(self.slower, seconds / estimated)
+
+
+JobTimes = Callable[[RunPlan, bool], "tuple[float, float] | None"]
+"""A job's estimated wall seconds (until it first saves work, until it ends): of ``plan``'s run,
+or (True) of the evaluation of the model it starts from; None: no estimate."""
 
 
 @dataclass
@@ -148,7 +173,8 @@ def execute(plan: RunPlan, spec: StudySpec, logs: Path, stop: threading.Event,
     if not commands:
         free_disk(plan, spec)
         return JobResult(plan, "skipped", state)
-    if deadline is not None and not deadline.allows():
+    est = deadline.estimate(plan) if deadline is not None else None
+    if deadline is not None and not deadline.allows(plan):
         return JobResult(plan, "deferred", "the time limit")
     if stop.is_set():
         return JobResult(plan, "interrupted", "not started")
@@ -156,7 +182,7 @@ def execute(plan: RunPlan, spec: StudySpec, logs: Path, stop: threading.Event,
     rc = _spawn(commands, log, plan.key, deadline, running)
     seconds = time.perf_counter() - t0
     if deadline is not None and rc == 0:
-        deadline.finished(seconds)
+        deadline.finished(seconds, est[1] if est else None)
     if rc == 130 or stop.is_set():
         return JobResult(plan, "interrupted", f"exit code {rc}", seconds)
     if rc != 0 or run_state(plan) != "done" or not eval_done(plan, spec):
@@ -352,9 +378,13 @@ def run_base_eval(plan: RunPlan, spec: StudySpec, out: Path, logs: Path,
     past its time limit, and the limit stops it (a later invocation evaluates again)."""
     todo = base_evals_left(plan, out)
     starting = not (stop is not None and stop.is_set()) and (deadline is None or
-                                                              deadline.allows())
+                                                              deadline.allows(plan, base=True))
     if todo and starting:
-        _spawn([base_eval_args(plan, spec, d, e) for d, e in todo], logs / f"{out.name}.log",
+        t0 = time.perf_counter()
+        est = deadline.estimate(plan, base=True) if deadline is not None else None
+        rc = _spawn([base_eval_args(plan, spec, d, e) for d, e in todo], logs / f"{out.name}.log",
                f"base:{out}", deadline, running)
+        if deadline is not None and rc == 0:
+            deadline.finished(time.perf_counter() - t0, est[1] if est else None)
     folder, e = plan.evals[0]
     return eval_done_at(out / folder, e)

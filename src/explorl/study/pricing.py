@@ -302,10 +302,11 @@ def check_lines(final: list[RunPlan], rates: dict[str, TokenRates]) -> list[str]
 
 
 def time_limit_lines(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan], out: Path,
-                     jobs: int, limit_s: float) -> list[str]:
-    """Before a study starts under ``--time-limit``: whether what is left of it fits, from the
-    rates ``find_rates`` finds (none: how to get them)."""
-    rates = find_rates([*tuning, *final], out)
+                     jobs: int, limit_s: float, rates: dict[str, TokenRates] | None = None
+                     ) -> list[str]:
+    """Before a study starts under ``--time-limit``: whether what is left of it fits, from
+    ``rates`` (default: those ``find_rates`` finds; none: how to get them)."""
+    rates = find_rates([*tuning, *final], out) if rates is None else rates
     missing = [m for m in models_of([*tuning, *final]) if m not in rates]
     lim = f"--time-limit {limit_s / 3600:.2g} h"
     if missing:
@@ -320,6 +321,35 @@ def time_limit_lines(spec: StudySpec, tuning: list[RunPlan], final: list[RunPlan
             f"{'s' if jobs > 1 else ''} at a time), more than the limit: this invocation "
             "will not finish the study; it stops at the limit (exit 75) and a rerun, or "
             "--pack and --from elsewhere, continues it"]
+
+
+def job_times(rates: dict[str, TokenRates]) -> Callable[[RunPlan, bool], tuple[float, float]
+                                                             | None]:
+    """For ``--time-limit`` (``jobs.Deadline``): a job's estimated wall seconds at the rates'
+    measured ``parallel`` (until it first saves work, until it ends). A run with steps left
+    saves at its next checkpoint (``log.checkpoint_every`` steps; 0: its end): its process
+    start, those steps and their share of its validations; an evaluation saves nothing until it
+    ends. ``base``: the evaluation of the model the run starts from. None: no rates of its
+    model."""
+    def times(plan: RunPlan, base: bool = False) -> tuple[float, float] | None:
+        r = rates.get(rated(plan))
+        if r is None:
+            return None
+        if base:
+            b = base_cost(plan, r) / r.parallel
+            return b, b
+        steps, evals = _left(plan)
+        whole = run_cost(plan, r, steps=steps, evals=evals).total() / r.parallel
+        if not steps:
+            return whole, whole
+        every = plan.cfg.log.checkpoint_every or plan.cfg.max_steps
+        done = plan.cfg.max_steps - steps
+        k = min(steps, every - done % every)
+        train = run_cost(plan, r, steps=steps, evals=False)
+        first = (r.start_s + (train.training - r.start_s) * k / steps
+                 + train.validation * k / steps) / r.parallel
+        return first, whole
+    return times
 
 
 def _left(plan: RunPlan) -> tuple[int, bool]:

@@ -24,6 +24,7 @@ from explorl.study.jobs import (
     Before,
     Deadline,
     JobResult,
+    JobTimes,
     base_evals_left,
     finished,
     run_base_eval,
@@ -41,7 +42,7 @@ from explorl.study.plan import (
     value_text,
     with_start,
 )
-from explorl.study.pricing import time_limit_lines
+from explorl.study.pricing import find_rates, job_times, time_limit_lines
 from explorl.study.spec import StudySpec, archive_path, auto_jobs, load_spec
 from explorl.study.start import has_weights, run_start, work_left
 from explorl.study.tuning import (
@@ -258,9 +259,11 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
         _restore(Path(restore), out, log)
     tuned: dict[str, list[GridPoint]] = {}
     wall = Wall(out, spec.jobs)
-    deadline = Deadline.after(time_limit) if time_limit else None
+    deadline = None
     if time_limit:  # before any work: does what is left fit (from the measured rates)?
-        for line in _time_limit_lines(spec, spec_path, out, time_limit):
+        lines, times = _time_limit_lines(spec, spec_path, out, time_limit)
+        deadline = Deadline.after(time_limit, times)
+        for line in lines:
             log(line)
     if (start := plan_start(spec, spec_path, out)) is not None:  # before every other run
         _build_models([] if has_weights(start) else [start])
@@ -311,7 +314,7 @@ def _base_eval_job(plan: RunPlan, spec: StudySpec, out: Path, folder: str,
         log(f"  evaluating the base model{whose} (the model before RL)")
         if run_base_eval(plan, spec, out / folder, out / "logs", stop, deadline, running):
             return f"the base model{whose}: evaluated in {time.perf_counter() - t0:.0f}s"
-        if stop.is_set() or (deadline is not None and not deadline.allows()):
+        if stop.is_set() or (deadline is not None and not deadline.allows(plan, base=True)):
             return f"the base model{whose}: not evaluated (the study stopped first)"
         return f"the base model's evaluation failed; see {out / 'logs' / folder}.log"
 
@@ -342,16 +345,19 @@ def _restore(archive: Path, out: Path, log: Callable[[str], None]) -> None:
            if lab else ""))
 
 
-def _time_limit_lines(spec: StudySpec, spec_path: Path, out: Path,
-                      time_limit: float) -> list[str]:
-    """Whether what is left fits ``--time-limit`` (from the measured rates), before any work."""
+def _time_limit_lines(spec: StudySpec, spec_path: Path, out: Path, time_limit: float
+                      ) -> tuple[list[str], JobTimes | None]:
+    """Whether what is left fits ``--time-limit`` (from the measured rates), before any work,
+    and each job's estimated wall-clock from the same rates (None: none found)."""
     chosen = _chosen(spec, out)
     tuning = plan_tuning(spec, spec_path, out) if spec.tune and chosen is None else []
     try:
-        return time_limit_lines(spec, tuning, plan_runs(spec, spec_path, out, chosen or {}),
-                                out, spec.jobs, time_limit)
+        final = plan_runs(spec, spec_path, out, chosen or {})
+        rates = find_rates([*tuning, *final], out)
+        return (time_limit_lines(spec, tuning, final, out, spec.jobs, time_limit, rates),
+                job_times(rates) if rates else None)
     except (C.ConfigError, OSError, ValueError, KeyError) as e:  # no estimate: still run
-        return [f"--time-limit: no estimate of the study's cost ({e})"]
+        return [f"--time-limit: no estimate of the study's cost ({e})"], None
 
 
 def _stopped(results: list[JobResult] | None, deadline: Deadline | None,
