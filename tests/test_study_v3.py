@@ -680,6 +680,26 @@ def test_eta_is_the_runs_left_times_the_mean_trained_run_over_the_jobs():
     assert eta([r("skipped", 0.0)], 10, 2) == "" and eta(got, 2, 2) == ""
 
 
+def test_eta_from_the_measured_rates_counts_each_run_at_its_own_estimate():
+    """Estimates (s): a 600, b 1200 (ended: took 900 and 1800, 1.5× their estimates), c 2000,
+    d 1800, e 1400 left → (2000 + 1800 + 1400) ÷ 2 jobs × 1.5 = 3900 s = 65 min. One job left,
+    c: no less than it, 2000 × 1.5 = 50 min (not half of it for the idle second job). Runs
+    that only evaluated (short estimates) do not stand for ones that train. No estimate ended
+    yet, or none left: empty."""
+    from explorl.study.jobs import eta
+
+    def r(key, status, s):
+        return JobResult(SimpleNamespace(key=key), status, seconds=s)
+
+    whole = {"a": 600.0, "b": 1200.0, "c": 2000.0, "d": 1800.0, "e": 1400.0, "f": 0.0}
+    got = [r("a", "done", 900.0), r("b", "done", 1800.0), r("f", "skipped", 0.0)]
+    assert eta(got, 5, 2, whole) == ", ~65 min left"
+    assert eta([*got, r("d", "done", 2700.0), r("e", "done", 2100.0)], 5, 2, whole) == \
+        ", ~50 min left"
+    assert eta([r("f", "skipped", 0.0)], 5, 2, whole) == ""
+    assert eta([r(k, "done", 1.0) for k in whole], 5, 2, whole) == ""
+
+
 def test_claims_on_two_arms_that_trained_the_same_runs_are_not_judged():
     """WSD vs constant when the controller never acted differently, and a "stronger" variant at
     its recipe's tuned value: the same runs, so n/a with the reason, not a zero-width "not

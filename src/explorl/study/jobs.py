@@ -227,7 +227,8 @@ Before = Callable[[threading.Event, Deadline | None, dict], str]
 def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
              log: Callable[[str], None], deadline: Deadline | None = None,
              on_done: Callable[[], None] | None = None,
-             before: Sequence[Before] = ()) -> list[JobResult] | None:
+             before: Sequence[Before] = (), times: JobTimes | None = None
+             ) -> list[JobResult] | None:
     """Every plan's job, ``spec.jobs`` at a time (``auto``: the cores this process may use),
     logging each as it ends and then calling ``on_done`` (for each that ran: not a skipped or
     deferred one); None if interrupted (the running jobs checkpoint and stop). With a
@@ -235,7 +236,8 @@ def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
     are sent SIGTERM (they checkpoint and stop; ``deadline.reached`` says so). ``before``: jobs
     that are not runs (the base model's evaluation), started first in the same pool, so a core
     that one leaves free starts a run; each is called with (stop, deadline, running) and
-    returns the line logged when it ends."""
+    returns the line logged when it ends. ``times``: each run's estimated wall-clock
+    (``pricing.job_times``; default the deadline's) for the ETA logged as each job ends."""
     t0 = time.perf_counter()
     plans = baseline_first(plans, spec)
     stop = threading.Event()
@@ -254,6 +256,12 @@ def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
     results: list[JobResult] = []
     workers = auto_jobs() if spec.jobs == "auto" else spec.jobs
     todo = sum(not finished(p) for p in plans)  # the runs that will train or evaluate
+    times = times or (deadline.times if deadline is not None else None)
+    whole = {}  # each run's estimated wall seconds, from the measured rates (for the ETA)
+    for p in plans if times is not None else ():
+        est = times(p, False)
+        if est is not None:
+            whole[p.key] = est[1]
     pool = ThreadPoolExecutor(max_workers=workers)
     extra = {pool.submit(job, stop, deadline, running): job for job in before}
     futures = {pool.submit(execute, p, spec, logs, stop, deadline, running): p for p in plans}
@@ -277,7 +285,8 @@ def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
             done = (f" ({r.detail})" if r.status in ("failed", "interrupted")
                     else f" in {r.seconds:.0f}s")
             log(f"  [{i}/{len(plans)}] {r.plan.key}: {r.status}{done}"
-                f"  [{(time.perf_counter() - t0) / 60:.1f} min{eta(results, todo, workers)}]")
+                f"  [{(time.perf_counter() - t0) / 60:.1f} min"
+                f"{eta(results, todo, workers, whole)}]")
             if on_done is not None and r.status != "skipped":
                 on_done()
     except KeyboardInterrupt:
@@ -325,9 +334,25 @@ def finished(plan: RunPlan) -> bool:
         return False
 
 
-def eta(results: list[JobResult], todo: int, workers: int) -> str:
-    """``, ~N min left``: the runs still to train or evaluate (of ``todo``) × the mean time of
-    those that ended so far ÷ the jobs at a time; empty before the first one ends."""
+def eta(results: list[JobResult], todo: int, workers: int,
+        whole: dict[str, float] | None = None) -> str:
+    """``, ~N min left``. With ``whole`` (each run's estimated wall seconds from the measured
+    rates, taken when the study started: ``pricing.job_times``): the estimates of the runs not
+    ended yet × how long the runs that ended took against theirs (Σ seconds ÷ Σ estimates), ÷
+    the jobs at a time, and at least the longest of them; so runs that only evaluated do not
+    stand for runs that train. Without: the runs still to train or evaluate (of ``todo``) × the
+    mean time of those that ended so far ÷ the jobs at a time. Empty before the first one
+    ends."""
+    if whole:
+        ended = {r.plan.key for r in results}
+        done = [(r.seconds, whole[r.plan.key]) for r in results
+                if r.status == "done" and whole.get(r.plan.key)]
+        rest = [w for k, w in whole.items() if k not in ended and w > 0]
+        if not done or not rest:
+            return ""
+        scale = sum(s for s, _ in done) / sum(w for _, w in done)
+        left = max(sum(rest) / min(workers, len(rest)), max(rest)) * scale
+        return f", ~{left / 60:.0f} min left"
     trained = [r.seconds for r in results if r.status == "done"]
     left = todo - sum(r.status != "skipped" for r in results)
     if not trained or not left:

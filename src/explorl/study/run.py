@@ -265,6 +265,8 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
         deadline = Deadline.after(time_limit, times)
         for line in lines:
             log(line)
+    else:
+        times = _job_times(spec, spec_path, out)
     if (start := plan_start(spec, spec_path, out)) is not None:  # before every other run
         _build_models([] if has_weights(start) else [start])
         left = work_left(spec, spec_path, out, _chosen(spec, out))
@@ -288,7 +290,7 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
     before = [_base_eval_job(p, spec, out, folder, log)
               for folder, p in (base_folders(plans).items() if spec.base_eval else ())]
     results = run_jobs(plans, spec, out / "logs", log, deadline, on_done=wall.tick,
-                       before=before)
+                       before=before, times=times)
     if (rc := _stopped(results, deadline, log)) is not None:
         wall.close()
         return rc
@@ -358,6 +360,20 @@ def _time_limit_lines(spec: StudySpec, spec_path: Path, out: Path, time_limit: f
                 job_times(rates) if rates else None)
     except (C.ConfigError, OSError, ValueError, KeyError) as e:  # no estimate: still run
         return [f"--time-limit: no estimate of the study's cost ({e})"], None
+
+
+def _job_times(spec: StudySpec, spec_path: Path, out: Path) -> JobTimes | None:
+    """Each job's estimated wall-clock from the measured rates (the study's own runs, else a
+    cached calibration: ``pricing.find_rates``), for the ETA; None without rates."""
+    if not out.is_dir():
+        return None
+    chosen = _chosen(spec, out)
+    tuning = plan_tuning(spec, spec_path, out) if spec.tune and chosen is None else []
+    try:
+        rates = find_rates([*tuning, *plan_runs(spec, spec_path, out, chosen or {})], out)
+    except (C.ConfigError, OSError, ValueError, KeyError):  # no estimate: the mean-run ETA
+        return None
+    return job_times(rates) if rates else None
 
 
 def _stopped(results: list[JobResult] | None, deadline: Deadline | None,
