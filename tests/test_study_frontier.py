@@ -243,6 +243,9 @@ def test_report_draws_the_frontier_of_runs_with_evaluations(tmp_path):
     ones.append(_run_with_eval(tmp_path / "r3", "real-grpo", 1e-5, 1, [4, 4]))
     series, _, _ = run_points([load_run(r) for r in ones])
     assert [s.label for s in series] == ["real-grpo (2 seeds)", "kl_cov (1 seed)"]
+    # one seed has no spread over seeds: no bars (the tables read n/a); two have them
+    (g,), (m,) = (s.points for s in series)
+    assert (m.x_iv, m.y_iv) == (None, None) and g.x_iv is not None and g.y_iv is not None
     # runs without evaluations: no frontier, and a stale figure goes
     write_report([_run_with_eval(tmp_path / "c", "x", 1e-4, 0, [1])], tmp_path / "report")
     assert not (tmp_path / "report" / "frontier.png").exists()

@@ -42,6 +42,10 @@ class FPoint:
     beaten: bool | None = None  # beaten by its method's other points; None: judged here
 
 
+NO_BARS = ", none for one seed"
+"""Said beside the bars where a point has none: one run's spread over seeds is unknown."""
+
+
 @dataclass
 class Series:
     label: str
@@ -128,6 +132,7 @@ def draw_frontier(series: list[Series], path: Path, k: int, *, base: tuple[float
     limits = _limits(series, base)
     title = f"pass@1–pass@{k} frontier" + (f": {subtitle}" if subtitle else "")
     tagged = any(p.tag for s in series for p in s.points)
+    no_bars = NO_BARS if any(p.x_iv is None for s in series for p in s.points) else ""
     open_marker = False
     beaten_label = "\n".join(textwrap.wrap(BEATEN.format(units=unit + "s"), 24))
     # wrapped as that one, so that the single panel's legend fits the margin beside it
@@ -139,7 +144,8 @@ def draw_frontier(series: list[Series], path: Path, k: int, *, base: tuple[float
         open_marker |= _draw_panel(ax, baseline, panels[n], others, limits, base=base, hull=hull,
                                    hull_name=hull_name)
         if single:
-            ax.set_xlabel(f"{split} pass@1 (mean over seeds and problems; bars: 95% intervals)")
+            ax.set_xlabel(f"{split} pass@1 (mean over seeds and problems; bars: 95% "
+                          f"intervals{no_bars})")
             ax.set_ylabel(f"{split} pass@{k}")
             ax.set_title(title + (f"\n(labels: the {labels or unit})" if tagged else ""),
                          fontsize="medium")
@@ -158,7 +164,8 @@ def draw_frontier(series: list[Series], path: Path, k: int, *, base: tuple[float
     if not single:
         tags = f"labels: the {labels or unit}; " if tagged else ""
         fig.suptitle(f"{title}\n(one panel per method, on the same axes; {tags}"
-                     "bars: 95% intervals over seeds and problems)", fontsize="medium")
+                     f"bars: 95% intervals over seeds and problems{no_bars})",
+                     fontsize="medium")
         _shared_legend(fig, axes, len(panels), nrows, skip=others[0].label,
                        beaten_label=beaten_label if open_marker else None)
     save_figure(fig, path, dpi=90)
@@ -283,8 +290,9 @@ def run_points(runs: list[Run]) -> tuple[list[Series], int, str] | None:
         same = all(a is not None and len(a) == len(x[0]) for a in [*x, *y])
         if same:
             X, Y = np.stack(x), np.stack(y)
-            p = FPoint(float(X.mean()), float(Y.mean()), _band(X), _band(Y),
-                       "" if one_lr else _lr_tag(lr))
+            one = len(rs) < 2  # one seed: no spread over seeds to draw (the tables: n/a)
+            p = FPoint(float(X.mean()), float(Y.mean()), None if one else _band(X),
+                       None if one else _band(Y), "" if one_lr else _lr_tag(lr))
         else:  # no per-problem counts: the means alone
             o = [evals[id(r)][0]["overall"] for r in rs]
             p = FPoint(float(np.mean([v["pass@1"] for v in o])),
