@@ -70,6 +70,22 @@ def test_tensor_parallel_must_split_the_heads():
     assert kwargs("cuda", tensor_parallel_size=4)["tensor_parallel_size"] == 4  # KV replicated
 
 
+def test_heads_vllms_cpu_attention_cannot_run_are_refused_before_the_engine_starts():
+    """Off CUDA the engine needs heads vLLM's CPU attention runs (a lab model's 16-dim heads
+    would start the engine and fail at its first sampling call); CUDA's backends take them."""
+    lab = SimpleNamespace(num_hidden_layers=2, num_attention_heads=4, hidden_size=64)
+    shape = ModelShape.from_hf_config(lab)
+    with pytest.raises(ConfigError, match=r"rollout.engine: vllm on cpu: .*32, 64, .* this "
+                                          r"model's are 16 \(m\); use rollout.engine: hf"):
+        engine_kwargs(VLLMConfig(), model="m", dtype="float32", seed=0, device_type="cpu",
+                      shape=shape)
+    engine_kwargs(VLLMConfig(), model="m", dtype="float32", seed=0, device_type="cuda",
+                  shape=shape)
+    engine_kwargs(VLLMConfig(), model="m", dtype="float32", seed=0, device_type="cpu",
+                  shape=shape, head_sizes=(16, 32))  # what the installed vLLM says it runs
+    assert kwargs("cpu")["enforce_eager"] is True  # 128: runs
+
+
 def test_what_a_machine_cannot_run_is_refused_naming_the_key():
     with pytest.raises(ConfigError, match=r"rollout.vllm.sleep_level: 1 needs a CUDA device"):
         check_engine_settings(VLLMConfig(sleep_level=1), "cpu", gpus=0)

@@ -22,6 +22,9 @@ from typing import Any
 from explorl.errors import ConfigError
 
 CPU_KV_CACHE_GIB = 1.0  # the KV cache on CPU when rollout.vllm.kv_cache_gib is None
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""Attention head widths vLLM's CPU attention backend runs (its ``get_supported_head_sizes``;
+``cpu_head_sizes`` asks the installed vLLM, this list is the fallback)."""
 
 
 @dataclass(frozen=True)
@@ -82,11 +85,30 @@ def check_engine_settings(v, device_type: str, *, gpus: int, world_size: int = 1
             "with tensor parallelism, or several with tensor_parallel_size: 1")
 
 
+def cpu_head_sizes() -> tuple[int, ...]:
+    """The head widths the installed vLLM's CPU attention runs (``CPU_HEAD_SIZES`` when its
+    backend cannot be asked)."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        return tuple(int(n) for n in CPUAttentionBackend.get_supported_head_sizes())
+    except Exception:  # noqa: BLE001 — another vLLM layout: the list of 0.1x-0.3x releases
+        return CPU_HEAD_SIZES
+
+
 def engine_kwargs(v, *, model: str, dtype: str, seed: int, device_type: str,
-                  shape: ModelShape | None = None, world_size: int = 1) -> dict[str, Any]:
+                  shape: ModelShape | None = None, world_size: int = 1,
+                  head_sizes: tuple[int, ...] = CPU_HEAD_SIZES) -> dict[str, Any]:
     """``vllm.LLM(**kwargs)`` for ``rollout.vllm`` settings ``v`` on ``device_type`` ("cuda",
-    "cpu"); ``shape`` checks that the heads split over ``tensor_parallel_size``."""
+    "cpu"); ``shape`` checks that the heads split over ``tensor_parallel_size`` and, off CUDA,
+    that vLLM's CPU attention runs their width (``head_sizes``): otherwise the engine would
+    start and fail at its first sampling call."""
     tp = v.tensor_parallel_size
+    if device_type != "cuda" and shape is not None and shape.head_dim not in head_sizes:
+        raise ConfigError(
+            f"rollout.engine: vllm on {device_type}: vLLM's CPU attention runs heads of "
+            f"{', '.join(map(str, head_sizes))} dims, this model's are {shape.head_dim} "
+            f"({model}); use rollout.engine: hf here, or a GPU")
     if shape is not None and (shape.num_heads % tp or shape.num_kv_heads % tp
                               and tp % shape.num_kv_heads):
         raise ConfigError(
