@@ -157,8 +157,9 @@ class JobResult:
 def execute(plan: RunPlan, spec: StudySpec, logs: Path, stop: threading.Event,
             deadline: Deadline | None = None, running: dict | None = None) -> JobResult:
     """Train (or resume) one run, then evaluate its final policy; skip what is already done.
-    ``deadline``: a job that would not end before it is deferred; ``running``: this job's
-    process while it runs (key: the plan's), for the deadline to stop it."""
+    ``deadline``: a job that would not save its work before it is deferred (``Deadline``);
+    ``running``: this job's process while it runs (key: the plan's), for the deadline to stop
+    it."""
     t0 = time.perf_counter()
     state = run_state(plan)
     commands = []
@@ -232,12 +233,13 @@ def run_jobs(plans: list[RunPlan], spec: StudySpec, logs: Path,
     """Every plan's job, ``spec.jobs`` at a time (``auto``: the cores this process may use),
     logging each as it ends and then calling ``on_done`` (for each that ran: not a skipped or
     deferred one); None if interrupted (the running jobs checkpoint and stop). With a
-    ``deadline``, jobs that would not end before it are deferred, and at it the running ones
-    are sent SIGTERM (they checkpoint and stop; ``deadline.reached`` says so). ``before``: jobs
-    that are not runs (the base model's evaluation), started first in the same pool, so a core
-    that one leaves free starts a run; each is called with (stop, deadline, running) and
-    returns the line logged when it ends. ``times``: each run's estimated wall-clock
-    (``pricing.job_times``; default the deadline's) for the ETA logged as each job ends."""
+    ``deadline``, jobs that would not save their work before it are deferred, and at it the
+    running ones are sent SIGTERM (they checkpoint and stop; ``deadline.reached`` says so).
+    ``before``: jobs that are not runs (the base model's evaluation), started first in the same
+    pool, so a core that one leaves free starts a run; each is called with (stop, deadline,
+    running) and returns the line logged when it ends. ``times``: each run's estimated
+    wall-clock (``pricing.job_times``; default the deadline's) for the ETA logged as each job
+    ends."""
     t0 = time.perf_counter()
     plans = baseline_first(plans, spec)
     stop = threading.Event()

@@ -241,7 +241,8 @@ def run_study(spec_path: str | Path, *, quick: bool = False, out: str | Path | N
               log: Callable[[str], None] = print) -> int:
     """Run (or continue) a study end to end; returns an exit code (0 ok, 1 failed runs,
     130 interrupted, 75 stopped by ``time_limit``: seconds, ``--time-limit``, after which no
-    run starts that would not end before it and the running ones checkpoint and stop).
+    job starts that would not save its work before it and the running ones checkpoint and
+    stop).
     ``jobs`` (an int or ``auto``) replaces the spec's; ``recipes`` replaces the spec's
     ``recipe_dir`` (relative to the working directory, not the spec); ``restore``: an archive
     (``pack_study``, a published one) whose finished runs the study directory lacks
