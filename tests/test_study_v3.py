@@ -616,7 +616,7 @@ def test_early_fit_claim_is_judged_per_grpo_run_and_across_every_run():
 
 
 def test_wall_clock_adds_up_over_interrupted_invocations(tmp_path):
-    from explorl.study.run import add_wall
+    from explorl.study.wall import add_wall
 
     assert add_wall(tmp_path / "a", 10.0) == 10.0 and add_wall(tmp_path / "a", 5.0) == 15.0
     old = tmp_path / "b"  # a study written before wall.json: its study.json's total counts
@@ -629,7 +629,7 @@ def test_wall_clock_counts_each_finished_job_so_a_killed_invocation_keeps_its_ti
     """Invocation 1 ticks at 10 s and 25 s (two jobs ended) and is then killed (no close): the
     study has 25 s. Invocation 2 finishes nothing and only re-analyses: close adds none of its
     30 s. Invocation 3: one job ends at 5 s, the analysis ends at 8 s: 8 s more, 33 s."""
-    from explorl.study.run import Wall, wall_jobs
+    from explorl.study.wall import Wall, wall_jobs
 
     t = iter([0.0, 10.0, 25.0])
     w = Wall(tmp_path, 2, clock=lambda: next(t))
@@ -646,7 +646,7 @@ def test_an_invocation_that_only_reanalyses_adds_no_wall_clock(tmp_path):
     """Re-publishing a finished study leaves its recorded cost (and its archive) alone; a step
     logged or an evaluation written in the invocation counts."""
     from explorl.report.documents import _jobs_text
-    from explorl.study.run import add_wall, study_files, wall_jobs
+    from explorl.study.wall import add_wall, study_files, wall_jobs
 
     run = tmp_path / "runs" / "grpo-seed0"
     run.mkdir(parents=True)

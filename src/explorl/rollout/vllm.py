@@ -69,12 +69,7 @@ from explorl.rollout.hf import left_pad
 from explorl.rollout.seeding import mix_seed
 from explorl.rollout.types import Rollouts
 from explorl.rollout.vllm_process import SleepCycle, preserved_process_state, quiet_vllm_logs
-from explorl.rollout.vllm_settings import (
-    CPU_HEAD_SIZES,
-    ModelShape,
-    cpu_head_sizes,
-    engine_kwargs,
-)
+from explorl.rollout.vllm_settings import ModelShape, cpu_head_sizes, engine_kwargs
 
 PROBE_LEN = 16  # tokens of the probe sequence scored after every push
 
@@ -208,8 +203,7 @@ class VLLMEngine:
         self.llm_kwargs = engine_kwargs(self.settings, model=self.model_path, dtype=self.dtype,
                                         seed=self.seed, device_type=self.device_type, shape=shape,
                                         world_size=self.world_size,
-                                        head_sizes=cpu_head_sizes() if self.device_type != "cuda"
-                                        else CPU_HEAD_SIZES)
+                                        head_sizes=cpu_head_sizes(self.device_type))
         with preserved_process_state():
             self.llm = vllm.LLM(**self.llm_kwargs)
         self.max_len = self.llm.llm_engine.model_config.max_model_len

@@ -85,9 +85,11 @@ def check_engine_settings(v, device_type: str, *, gpus: int, world_size: int = 1
             "with tensor parallelism, or several with tensor_parallel_size: 1")
 
 
-def cpu_head_sizes() -> tuple[int, ...]:
+def cpu_head_sizes(device_type: str = "cpu") -> tuple[int, ...]:
     """The head widths the installed vLLM's CPU attention runs (``CPU_HEAD_SIZES`` when its
-    backend cannot be asked)."""
+    backend cannot be asked, and on CUDA, where the list is not used)."""
+    if device_type == "cuda":
+        return CPU_HEAD_SIZES
     try:
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
