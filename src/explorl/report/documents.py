@@ -57,30 +57,45 @@ def _md(text: str) -> str:
     return str(text).replace("|", "\\|")
 
 
-COLUMN_NOTES = """\
+# Each summary column's note (the columns it explains: left out with them).
+COLUMN_NOTES: list[tuple[tuple[str, ...], str]] = [
+    (("entropy_ratio",), """\
 - **H final / H initial**: mean `entropy/mean` over the last 10% of steps ÷ over the first 10%
-  (entropy at the step's sampling temperature, so E3's temperature changes are included).
-- **final reward**: mean `reward/mean` over the last 10% of steps.
+  (entropy at the step's sampling temperature, so E3's temperature changes are included)."""),
+    (("final_reward",), "- **final reward**: mean `reward/mean` over the last 10% of steps."),
+    (("eval_pass@",), """\
 - **test pass@k**: `explorl eval` of the final checkpoint: {n} samples per problem at T = {T} on
-  the {split} split{maxp}; unbiased pass@k (pass@1 = mean@{n}).
+  the {split} split{maxp}; unbiased pass@k (pass@1 = mean@{n})."""),
+    (("all_wrong_frac",), """\
 - **all-wrong groups**: mean over all steps of `rollout/all_wrong_frac` (prompts whose every
-  response was wrong; DAPO counts its extra rounds' prompts too).
+  response was wrong; DAPO counts its extra rounds' prompts too)."""),
+    (("tracking_error",), """\
 - **tracking error**: mean |H − target| over the steps after the first 10%, for runs with a target
   (E3's H0 or annealed target; Entropy Scheduling's schedule). Per step, so it includes the
-  batch's sampling noise.
+  batch's sampling noise."""),
+    (("eepo_dH",), """\
 - **EEPO H2 − H1**: mean of `entropy/stage2 − entropy/stage1` over the steps where the gate was
-  open (the unlearning step ran).
-- **rollouts / step**: mean `rollout/n_samples` (DAPO's dynamic sampling generates extra rounds).
+  open (the unlearning step ran)."""),
+    (("rollouts_per_step",), """\
+- **rollouts / step**: mean `rollout/n_samples` (DAPO's dynamic sampling generates extra
+  rounds)."""),
+    (("clip_frac",), """\
 - **PPO clip frac**: mean `loss/clip_frac`, the fraction of tokens whose clip is active: the
-  lever of every method that moves `eps_high` (DAPO's clip-higher, the adaptive controller).
+  lever of every method that moves `eps_high` (DAPO's clip-higher, the adaptive controller)."""),
+    (("step_s",), """\
 - **s / step**: median wall-clock seconds of a training step without validation (`time/step_s −
   time/val_s`; the median, so a suspended job or a slow checkpoint write does not move it), with
-  `jobs` runs sharing the machine; **overhead vs GRPO**: s / step ÷ GRPO's − 1.
-  **CPU s / step**: mean `time/cpu_s` (CPU seconds of the training process, all threads) over
-  the steps without validation, steadier than wall-clock when jobs share the cores; **CPU
-  overhead vs GRPO** likewise. Timing columns vary between reruns and machines; every other
-  column is reproduced exactly by rerunning with the same seeds (see the fingerprint).
-- ± is the sample standard deviation over seeds; no ± with one seed."""
+  `jobs` runs sharing the machine."""),
+    (("overhead",), "- **overhead vs {baseline}**: s / step ÷ {baseline}'s − 1."),
+    (("cpu_step_s",), """\
+- **CPU s / step**: mean `time/cpu_s` (CPU seconds of the training process, all threads) over
+  the steps without validation, steadier than wall-clock when jobs share the cores."""),
+    (("cpu_overhead",), "- **CPU overhead vs {baseline}**: CPU s / step ÷ {baseline}'s − 1."),
+    ((), """\
+- Timing columns vary between reruns and machines; every other column is reproduced exactly by
+  rerunning with the same seeds (see the fingerprint). ± is the sample standard deviation over
+  seeds; no ± with one seed."""),
+]
 
 
 def _claims_table(claims: list[dict]) -> list[str]:
@@ -115,11 +130,13 @@ def write_documents(out: Path, spec, spec_path: Path, quick: bool, rows: list[st
                     figures: list[tuple[str, str]], per_run: dict[str, list[dict]],
                     failed: list, wall_s: float, budget: str, ev=None,
                     tuned: dict | None = None, jobs: list[int] | None = None, *,
-                    frontier=None, long=None, tuning_md: list[str] | None = None) -> dict:
+                    frontier=None, long=None, tuning_md: list[str] | None = None,
+                    baseline: str | None = "grpo") -> dict:
     """Write study.md, claims.md and study.json into ``out``; returns the study.json payload.
     ``jobs``: the job counts its invocations ran with (default the spec's); ``frontier``: the
     sweep's ``Frontier``; ``long``: entropy, pass@k and the frontier at intermediate
-    checkpoints (``checkpoints.LongHorizon``); ``tuning_md``: the Tuning section's lines.
+    checkpoints (``checkpoints.LongHorizon``); ``tuning_md``: the Tuning section's lines;
+    ``baseline``: the study's GRPO row (the overheads').
     ``spec`` is the study's ``StudySpec``; ``failed`` its failed jobs (``JobResult``)."""
     cols = columns(spec.eval.k)
     table_json = {name: {k: dataclasses.asdict(s) for k, s in table[name].items()}
@@ -142,7 +159,8 @@ def write_documents(out: Path, spec, spec_path: Path, quick: bool, rows: list[st
     if failed:
         md += ["**Incomplete:** these runs failed and are missing from the tables: "
                + "; ".join(f"{j.plan.key} ({j.detail})" for j in failed), ""]
-    md += ["## Summary (mean ± std over seeds)", "", *_summary(spec, rows, table, per_run, cols),
+    md += ["## Summary (mean ± std over seeds)", "", *_summary(spec, rows, table, per_run, cols,
+                                                                  baseline),
            ""]
     for title, lines in _sections(out, spec, ev, claims, tuning_md or [], frontier, long,
                                   claims_md, rules, figures):
@@ -165,17 +183,26 @@ def write_documents(out: Path, spec, spec_path: Path, quick: bool, rows: list[st
 
 
 def _summary(spec, rows: list[str], table: dict[str, dict[str, Stat]],
-             per_run: dict[str, list[dict]], cols: list) -> list[str]:
-    """The summary table (mean ± std over seeds) and its column notes."""
-    header = ["recipe", "seeds", *[title for _, title, _, _ in cols]]
+             per_run: dict[str, list[dict]], cols: list, baseline: str | None) -> list[str]:
+    """The summary table (mean ± std over seeds) and its column notes; a column no row has a
+    number for (EEPO's in a study without EEPO) is left out, with its note. The overheads are
+    against ``baseline``, the study's GRPO row."""
+    cols = [c for c in cols if any(table[name][c[0]].mean is not None for name in rows)]
+    shown = {key for key, *_ in cols}
+    called = baseline if baseline not in (None, "grpo") else "GRPO"
+    header = ["recipe", "seeds", *[title.replace("GRPO", called) for _, title, _, _ in cols]]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name in rows:
         cells = [name, str(len(per_run.get(name, [])))]
         cells += [table[name][k].fmt(d) for k, _, d, _ in cols]
         lines.append("| " + " | ".join(_md(c) for c in cells) + " |")
     maxp = f" (first {spec.eval.max_problems} problems)" if spec.eval.max_problems else ""
-    return [*lines, "", COLUMN_NOTES.format(n=spec.eval.n, T=spec.eval.temperature,
-                                            split=spec.eval.split, maxp=maxp)]
+    notes = [text.format(n=spec.eval.n, T=spec.eval.temperature, split=spec.eval.split,
+                         maxp=maxp, baseline=called)
+             for keys, text in COLUMN_NOTES
+             if not keys or any(k == key or (k.endswith("@") and key.startswith(k))
+                                for k in keys for key in shown)]
+    return [*lines, "", *notes]
 
 
 def _rules(spec, claims: list[dict], frontier, long) -> str:

@@ -237,12 +237,14 @@ def columns(k_list: list[int]) -> list[tuple[str, str, int, bool]]:
 
 
 def build_table(rows: list[str], per_run: dict[str, list[dict]],
-                k_list: list[int]) -> dict[str, dict[str, Stat]]:
+                k_list: list[int], baseline: str | None = "grpo") -> dict[str, dict[str, Stat]]:
     """Per recipe, per column: ``Stat`` over its seeds.
 
-    Overhead = s/step ÷ GRPO's mean s/step − 1."""
-    base = Stat.of([r["step_s"] for r in per_run.get("grpo", [])]).mean
-    cpu = Stat.of([r.get("cpu_step_s") for r in per_run.get("grpo", [])]).mean
+    Overhead = s/step ÷ the baseline's mean s/step − 1 (``baseline``: the study's GRPO row;
+    no overheads without one)."""
+    base_runs = per_run.get(baseline, []) if baseline else []
+    base = Stat.of([r["step_s"] for r in base_runs]).mean
+    cpu = Stat.of([r.get("cpu_step_s") for r in base_runs]).mean
     table = {}
     for name in rows:
         runs = per_run.get(name, [])

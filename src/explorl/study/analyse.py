@@ -87,6 +87,16 @@ def base_names(spec: StudySpec) -> tuple[str, str]:
     return f"start ({st.recipe} seed {st.seed}, {st.steps} steps)", "start"
 
 
+def baseline_row(spec: StudySpec, rows: list[str]) -> str | None:
+    """The study's GRPO row, which the summary's overheads divide by: ``grpo``, else the row a
+    library claim reads as GRPO (``claims: - {check: …, as: {grpo: real-grpo}}``); None when
+    the study runs neither."""
+    if "grpo" in rows:
+        return "grpo"
+    named = [d.renames["grpo"] for d in spec.claims or [] if "grpo" in d.renames]
+    return next((n for n in named if n in rows), None)
+
+
 def stand_ins(spec: StudySpec) -> dict[str, list[str]]:
     """Each tuned recipe's variants whose every override sets its tuned knob (``eepo_open``:
     EEPO at another α), not the ablations that switch parts of it off."""
@@ -109,7 +119,8 @@ def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: lis
     make_report([p.out for p in done], out / "report")
     rows = [n for n in order_rows(spec, plans) if any(p.name == n for p in done)]
     per_run, groups = collect(done, rows, spec.eval.k)
-    table = build_table(rows, per_run, spec.eval.k)
+    baseline = baseline_row(spec, rows)
+    table = build_table(rows, per_run, spec.eval.k, baseline)
     ev = gather_evidence(out, spec, done, rows, per_run, groups, plans)
     declared = spec.claims
 
@@ -145,7 +156,8 @@ def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: lis
     budget = f"{cfg0.data.prompts_per_step} prompts × {cfg0.rollout.n_samples} samples"
     return write_documents(out, spec, spec_path, quick, rows, table, claims, figures, per_run,
                            failed, wall_s, budget, ev, tuned or {}, jobs, frontier=fr,
-                           long=long, tuning_md=tuning_markdown(spec, tuned) if tuned else [])
+                           long=long, tuning_md=tuning_markdown(spec, tuned) if tuned else [],
+                           baseline=baseline)
 
 
 def collect(done: list[RunPlan], rows: list[str],
