@@ -56,3 +56,25 @@ def test_empty_columns_and_their_notes_are_left_out():
         ["grpo"], {"grpo": per_run["real-grpo"]}, [1, 16]), {"grpo": per_run["real-grpo"]},
         S.columns([1, 16]), "grpo"))
     assert "overhead vs GRPO" in grpo
+
+
+def test_pass_at_k_and_power_tables_compare_with_the_study_s_grpo_row():
+    """A study whose GRPO row is real-grpo: the − GRPO columns and the power table use it
+    (kl_cov 0.75 against 0.70 at pass@4 on every problem and seed: +0.050)."""
+    import numpy as np
+
+    from explorl.report.evidence import Evidence
+    from explorl.report.tables import passk_tables, power_table
+
+    g = {1: np.full((2, 10), 0.5), 4: np.full((2, 10), 0.7)}
+    m = {1: np.full((2, 10), 0.5), 4: np.full((2, 10), 0.75)}
+    ev = Evidence({n: [{"seed": s} for s in (0, 1)] for n in ("real-grpo", "kl_cov")},
+                  {"real-grpo": g, "kl_cov": m}, {"real-grpo": [0, 1], "kl_cov": [0, 1]},
+                  None, [1, 4])
+    spec = S.StudySpec(recipes=["grpo"], power=S.spec.PowerSpec(target_mde=0.03))
+    assert power_table(spec, ev) == []  # without its name the study has no GRPO row
+    assert "| kl_cov | — | — | — | — |" in "\n".join(passk_tables(ev))
+    ev.baseline = "real-grpo"
+    row = [x for x in passk_tables(ev) if x.startswith("| kl_cov |")][-1]  # the differences
+    assert row.endswith("| **+0.050 [+0.050, +0.050]** ±0.000 |")
+    assert any(x.startswith("| kl_cov − real-grpo | +0.050") for x in power_table(spec, ev))

@@ -56,6 +56,9 @@ class Evidence:
     unfinished: set[str] = field(default_factory=set)
     """The study's arms with no finished run yet (a partial report): a claim that needs one
     is not run *yet*, which its row says."""
+    baseline: str = "grpo"
+    """The study's GRPO row, which the tables' − GRPO columns and the power table compare with
+    (``real-grpo`` when the spec's claims read it as GRPO: ``as: {grpo: real-grpo}``)."""
     base_for: dict[str, str] = field(default_factory=dict)
     """Arm → the ``bases`` key of the model it starts from when that is not ``base`` (set even
     when that model's evaluation is missing, so its "− base" reads none rather than the wrong

@@ -33,13 +33,14 @@ SMOOTH = 10  # figures show a trailing 10-step mean; the tables use the raw per-
 
 
 def draw_figures(groups: dict[str, list[Run]], out_dir: Path, ev=None) -> list[tuple[str, str]]:
-    """The claims' figures (only the recipes each claim compares) and, with the evidence
-    ``ev`` (``claims.Evidence``), the pass@k curves and the pooled law; returns (title, file
-    name)."""
-    made = []
+    """The claims' figures (only the recipes each claim compares; GRPO is ``ev.baseline``, the
+    study's GRPO row) and, with the evidence ``ev`` (``claims.Evidence``), the pass@k curves
+    and the pooled law; returns (title, file name)."""
+    made, g = [], ev.baseline if ev is not None else "grpo"  # the study's GRPO row: real-grpo
     for file, title, ylabel, names, lines in FIGURES:
+        names = [g if n == "grpo" else n for n in names]
         present = [n for n in names if groups.get(n)]
-        subjects = [n for n in names if n != "grpo"] or names  # GRPO alone is only a baseline
+        subjects = [n for n in names if n != g] or names  # GRPO alone is only a baseline
         if not any(n in present for n in subjects):
             continue
         fig, axes = new_figure(width=7.0, height=4.2)
@@ -62,7 +63,7 @@ def draw_figures(groups: dict[str, list[Run]], out_dir: Path, ev=None) -> list[t
         save_figure(fig, out_dir / f"{file}.png", dpi=80)
         made.append((title, f"{file}.png"))
     made += draw_tool_calls(groups, out_dir)
-    law = [r for r in groups.get("grpo", []) if len(_law_points(r)[1]) >= 3]
+    law = [r for r in groups.get(g, []) if len(_law_points(r)[1]) >= 3]
     if law:
         made.append(("Claims 7a/7b: entropy–performance law on GRPO runs", _draw_law(law, out_dir)))
     if ev is not None and ev.passk:

@@ -63,8 +63,8 @@ def passk_tables(ev: Evidence | None) -> list[str]:
             "|---|---|---|---|---|"]
     for name in ev.passk:
         cells = [cell(ev.pk(name, "base", 1)), cell(ev.pk(name, "base", km)),
-                 "—" if name == "grpo" else vs(ev, name, "grpo", 1),
-                 "—" if name == "grpo" else vs(ev, name, "grpo", km)]
+                 "—" if name == ev.baseline else vs(ev, name, ev.baseline, 1),
+                 "—" if name == ev.baseline else vs(ev, name, ev.baseline, km)]
         diff.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines + same_runs_note(ev) + diff
 
@@ -94,8 +94,8 @@ def temperature_tables(ev: Evidence | None) -> list[str]:
         best = ev.best_temperature(name, km)
         lines.append(f"| {name} | " + " | ".join("—" if v is None else f"{v:.3f}" for v in vals)
                      + f" | {'—' if best is None else f'{best:g}'} |")
-    best = ev.best_temperature("grpo", km)
-    if best is None or "grpo" not in ev.passk:
+    best = ev.best_temperature(ev.baseline, km)
+    if best is None or ev.baseline not in ev.passk:
         return lines
     t0 = ev.temperature
     hotter = best != t0  # GRPO's best is another temperature: show what it closes on its own
@@ -113,17 +113,17 @@ def temperature_tables(ev: Evidence | None) -> list[str]:
              f"at its best T − GRPO at T={best:g}, pass@1"]
     lines += ["", intro, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in ev.passk:
-        if name == "grpo":
+        if name == ev.baseline:
             continue
-        if ev.same_runs(name, "grpo"):  # GRPO against itself at another T
+        if ev.same_runs(name, ev.baseline):  # GRPO against itself at another T
             lines.append(f"| {name} | " + " | ".join([SAME] * (len(head) - 1)) + " |")
             continue
         own = ev.best_temperature(name, km)
-        cells = [cell(ev.pk(name, "grpo", km))]
+        cells = [cell(ev.pk(name, ev.baseline, km))]
         if hotter:
-            cells.append(cell(ev.pk(name, "grpo", km, tb=best)))
-        cells += [f"{own:g}", cell(ev.pk(name, "grpo", km, ta=own, tb=best)),
-                  cell(ev.pk(name, "grpo", 1, ta=own, tb=best))]
+            cells.append(cell(ev.pk(name, ev.baseline, km, tb=best)))
+        cells += [f"{own:g}", cell(ev.pk(name, ev.baseline, km, ta=own, tb=best)),
+                  cell(ev.pk(name, ev.baseline, 1, ta=own, tb=best))]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 
@@ -144,14 +144,14 @@ add problems)."""
 def power_table(spec, ev: Evidence | None) -> list[str]:
     """Per comparison with GRPO (and GRPO's with the base model) at ``power.k``: the interval,
     the MDE, its variance components and the seeds a target MDE needs."""
-    if ev is None or "grpo" not in ev.passk:
+    if ev is None or ev.baseline not in ev.passk:
         return []
     k = spec.power.k or ev.k_max
     target = spec.power.target_mde
     head = ["comparison", f"pass@{k} difference", "MDE", "σ²_problem", "σ²_seed", "σ²_resid",
             "S × P", *([f"seeds for MDE {target:g}"] if target else [])]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    pairs = [("grpo", "base")] + [(n, "grpo") for n in ev.passk if n != "grpo"]
+    pairs = [(ev.baseline, "base")] + [(n, ev.baseline) for n in ev.passk if n != ev.baseline]
     for a, b in pairs:
         if b != "base" and ev.same_runs(a, b):
             lines.append(f"| {a} − {b} | {SAME} |" + " — |" * (len(head) - 2))
@@ -179,16 +179,17 @@ def ablation_tables(spec, ev: Evidence | None) -> list[str]:
     out: list[str] = []
     for method, arms in spec.ablations.items():
         present = [n for n in [method, *arms] if n in ev.passk]
-        if len(present) < 2 or "grpo" not in ev.passk:
+        if len(present) < 2 or ev.baseline not in ev.passk:
             continue
         out += [f"**{method}** taken apart (each arm at the main evaluation temperature):", "",
                 f"| arm | − GRPO, pass@1 | − GRPO, pass@{km} | − {method}, pass@{km} | H final "
                 "− GRPO (nats) |", "|---|---|---|---|---|"]
+        g = ev.baseline
         for name in present:
-            dh = ev.pair(name, "grpo", lambda r: r["final_entropy"])
-            out.append(f"| {name} | {vs(ev, name, 'grpo', 1)} | {vs(ev, name, 'grpo', km)} | "
+            dh = ev.pair(name, g, lambda r: r["final_entropy"])
+            out.append(f"| {name} | {vs(ev, name, g, 1)} | {vs(ev, name, g, km)} | "
                        f"{'—' if name == method else vs(ev, name, method, km)} | "
-                       f"{SAME if ev.same_runs(name, 'grpo') else cell(dh, mde=False)} |")
+                       f"{SAME if ev.same_runs(name, g) else cell(dh, mde=False)} |")
         out.append("")
         same = [n for n in present[1:] if ev.same_runs(n, method)]
         if same:

@@ -17,6 +17,7 @@ from explorl.report.checkpoints import Checkpoints, analyse_long
 from explorl.report.claims import evaluate_claims
 from explorl.report.declared import SECTIONS, as_claim
 from explorl.report.documents import write_documents
+from explorl.report.endpoints import draw_endpoints
 from explorl.report.evidence import Evidence
 from explorl.report.figures import draw_figures
 from explorl.report.frontier import analyse_frontier
@@ -122,6 +123,7 @@ def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: lis
     baseline = baseline_row(spec, rows)
     table = build_table(rows, per_run, spec.eval.k, baseline)
     ev = gather_evidence(out, spec, done, rows, per_run, groups, plans)
+    ev.baseline = baseline or "grpo"
     declared = spec.claims
 
     def wants(section: str, section_claims: list[dict]) -> list[dict]:
@@ -152,6 +154,10 @@ def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: lis
         claims = [*[c for c in claims if c["id"].startswith("F-")], *got,  # they replace the
                   *[c for c in claims if not c["id"].startswith("F-")  # claims not run
                     and (c["verdict"] != "not run" or not got)]]
+    own = {d.id for d in declared or [] if d.check is None}  # the spec's own endpoints
+    if file := draw_endpoints(claims, own, out / "report"):
+        figures.insert(0, ("The declared endpoints: each arm − the baseline, paired by seed",
+                           file))
     cfg0 = done[0].cfg
     budget = f"{cfg0.data.prompts_per_step} prompts × {cfg0.rollout.n_samples} samples"
     return write_documents(out, spec, spec_path, quick, rows, table, claims, figures, per_run,
