@@ -78,3 +78,14 @@ def test_pass_at_k_and_power_tables_compare_with_the_study_s_grpo_row():
     row = [x for x in passk_tables(ev) if x.startswith("| kl_cov |")][-1]  # the differences
     assert row.endswith("| **+0.050 [+0.050, +0.050]** ±0.000 |")
     assert any(x.startswith("| kl_cov − real-grpo | +0.050") for x in power_table(spec, ev))
+
+
+def test_the_chance_line_counts_the_decided_verdicts_against_what_chance_gives():
+    """21 judged claims (n/a and not run are not judged): up to 0.05 × 21 = 1.05 decided by
+    chance, at least one with probability 1 − 0.95^21 = 0.659."""
+    from explorl.report.claims import chance_line
+
+    verdicts = ["shown"] + ["opposite"] * 2 + ["not shown"] * 17 + ["partial", "n/a", "not run"]
+    line = chance_line([{"verdict": v} for v in verdicts])
+    assert "21 claims judged here: 1 shown, 2 opposite." in line
+    assert "up to 1.1 such verdicts" in line and "probability up to 66%" in line

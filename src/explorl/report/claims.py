@@ -359,7 +359,9 @@ def chance_line(claims: list[dict]) -> str:
     second, not the first)."""
     m = sum(c["verdict"] in JUDGED for c in claims)
     shown = sum(c["verdict"] == "shown" for c in claims)
-    return (f"**By chance:** {m} claims judged here, {shown} shown. Were no method to change "
+    opposite = sum(c["verdict"] == "opposite" for c in claims)
+    return (f"**By chance:** {m} claims judged here: {shown} shown, {opposite} opposite. Were no "
+            "method to change "
             f"anything, each would read *shown* or *opposite* with probability at most "
             f"{CHANCE:.0%}, so up to {CHANCE * m:.1f} such verdicts are expected by chance alone, "
             f"and at least one with probability up to {1 - (1 - CHANCE) ** m:.0%} (independent "
