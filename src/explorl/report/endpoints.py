@@ -41,19 +41,19 @@ def endpoint_panels(claims: list[dict], ids: set[str]) -> dict[str, list[dict]]:
 
 
 def draw_endpoints(claims: list[dict], ids: set[str], out_dir: Path) -> str | None:
-    """``endpoints.png`` in ``out_dir``: one panel per declared endpoint, a row per arm: its
-    estimate (green: shown, red: opposite, grey: not shown) with its 95% interval, and in
-    light grey ± its MDE around the null (80% power). None when no claim qualifies."""
+    """``endpoints.png`` in ``out_dir``: one panel per declared endpoint (stacked), a row per
+    arm: its estimate (green: shown, red: opposite, grey: not shown) with its 95% interval,
+    and in light grey ± its MDE around the null (80% power). None when no claim qualifies."""
     panels = endpoint_panels(claims, ids)
     if not panels:
         return None
     rows, n = max(len(v) for v in panels.values()), len(panels)
     names = max(len(r["arm"]) for v in panels.values() for r in v)
-    fig, axes = new_figure(ncols=n, width=4.3, height=1.3 + 0.42 * rows, suptitle=True)
+    # one panel under another, so the figure keeps a page's width and its text stays legible
+    fig, axes = new_figure(nrows=n, width=7.0, height=1.6 + 0.36 * rows, suptitle=True)
     W, label = fig.get_figwidth(), 0.3 + 0.075 * names  # inches for the arms' names
-    cell = (W - label - 0.25 - (n - 1) * (label + 0.3)) / n
-    fig.subplots_adjust(left=label / W, right=1 - 0.25 / W, wspace=(label + 0.3) / cell)
-    for ax, (key, got) in zip(axes[0], panels.items()):
+    fig.subplots_adjust(left=label / W, top=1 - 1.0 / fig.get_figheight())  # a 2-line title
+    for (ax,), (key, got) in zip(axes, panels.items()):
         quantity, vs = key.split("|", 1)
         ys = list(range(len(got)))[::-1]
         for y, r in zip(ys, got):
@@ -70,8 +70,7 @@ def draw_endpoints(claims: list[dict], ids: set[str], out_dir: Path) -> str | No
         ax.set_title(quantity, fontsize="medium")
         ax.set_xlabel(f"arm − {vs}")
         ax.grid(axis="x", alpha=0.3)
-    fig.suptitle("Each arm − the baseline, paired by seed: 95% intervals (green: shown, red: "
-                 "opposite, grey: not shown);\nlight grey band: ± the minimum detectable effect "
-                 "around 0 (80% power)", fontsize="medium")
+    fig.suptitle("Each arm − the baseline, paired by seed: 95% intervals\n(green: shown, red: "
+                 "opposite, grey: not shown; light grey: ± the MDE around 0)", fontsize="medium")
     save_figure(fig, out_dir / FILE, dpi=90)
     return FILE
