@@ -77,7 +77,11 @@ def test_pass_at_k_and_power_tables_compare_with_the_study_s_grpo_row():
     ev.baseline = "real-grpo"
     row = [x for x in passk_tables(ev) if x.startswith("| kl_cov |")][-1]  # the differences
     assert row.endswith("| **+0.050 [+0.050, +0.050]** ±0.000 |")
-    assert any(x.startswith("| kl_cov − real-grpo | +0.050") for x in power_table(spec, ev))
+    power = power_table(spec, ev)
+    # pass@4: 0.75 − 0.70; the coverage margin pass@4 − pass@1: (0.75 − 0.5) − (0.70 − 0.5)
+    assert sum(x.startswith("| kl_cov − real-grpo | +0.050") for x in power) == 2
+    assert any("pass@4 − pass@1 difference" in x for x in power)
+    assert "The coverage margin pass@4 − pass@1" in "\n".join(power)
 
 
 def test_the_chance_line_counts_the_decided_verdicts_against_what_chance_gives():

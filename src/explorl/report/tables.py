@@ -143,20 +143,35 @@ add problems)."""
 
 def power_table(spec, ev: Evidence | None) -> list[str]:
     """Per comparison with GRPO (and GRPO's with the base model) at ``power.k``: the interval,
-    the MDE, its variance components and the seeds a target MDE needs."""
+    the MDE, its variance components and the seeds a target MDE needs; then the same for the
+    coverage margin pass@k − pass@1 (the quantity a study of exploration often declares)."""
     if ev is None or ev.baseline not in ev.passk:
         return []
     k = spec.power.k or ev.k_max
+    g = ev.baseline
+    pairs = [(g, "base")] + [(n, g) for n in ev.passk if n != g]
+    lines = _power_rows(spec, ev, pairs, f"pass@{k} difference", lambda a, b: ev.pk(a, b, k))
+    if k > 1 and 1 in ev.k_list:
+        margin = _power_rows(spec, ev, pairs, f"pass@{k} − pass@1 difference",
+                             lambda a, b: ev.margin(a, b, k))
+        if len(margin) > 2:
+            lines += ["", f"The coverage margin pass@{k} − pass@1, each arm's minus the other's "
+                      "(paired by seed as above):", "", *margin]
+    return lines + ["", POWER_NOTES]
+
+
+def _power_rows(spec, ev: Evidence, pairs: list[tuple[str, str]], what: str,
+                interval) -> list[str]:
+    """The power table's header and a row per (a, b) of ``pairs``: ``interval(a, b)``."""
     target = spec.power.target_mde
-    head = ["comparison", f"pass@{k} difference", "MDE", "σ²_problem", "σ²_seed", "σ²_resid",
-            "S × P", *([f"seeds for MDE {target:g}"] if target else [])]
+    head = ["comparison", what, "MDE", "σ²_problem", "σ²_seed", "σ²_resid", "S × P",
+            *([f"seeds for MDE {target:g}"] if target else [])]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    pairs = [(ev.baseline, "base")] + [(n, ev.baseline) for n in ev.passk if n != ev.baseline]
     for a, b in pairs:
         if b != "base" and ev.same_runs(a, b):
             lines.append(f"| {a} − {b} | {SAME} |" + " — |" * (len(head) - 2))
             continue
-        iv = ev.pk(a, b, k)
+        iv = interval(a, b)
         if iv is None or iv.power is None:
             continue
         p = iv.power
@@ -167,7 +182,7 @@ def power_table(spec, ev: Evidence | None) -> list[str]:
             need = p.seeds_for(target)
             row.append("—" if p.var_seed is None else "∞" if need is None else str(need))
         lines.append("| " + " | ".join(row) + " |")
-    return lines + ["", POWER_NOTES]
+    return lines
 
 
 def ablation_tables(spec, ev: Evidence | None) -> list[str]:
