@@ -162,6 +162,25 @@ def test_a_huge_reset_observation_stops_the_run_cleanly(multiply_model, tmp_path
     assert latest_checkpoint(tmp_path / "run") is not None
 
 
+def test_a_reset_observation_past_the_prompt_limit_stops_the_run_cleanly(multiply_model,
+                                                                         tmp_path):
+    """data.max_prompt_len is checked for each prompt at setup; reset's observation joins it
+    later. Past the limit it is the environment's fault, named with the row and both lengths,
+    before any engine sees an over-long prompt, and the run stops after a checkpoint."""
+    with pytest.raises(EnvironmentFailed) as e:
+        _train(multiply_model, tmp_path / "run", environment=f"{HOSTILE}:Wordy")
+    msg = str(e.value)
+    assert "the prompt with reset's observation has" in msg
+    assert "more than data.max_prompt_len=1024" in msg and "problem" in msg
+    assert latest_checkpoint(tmp_path / "run") is not None
+    # characters the tokenizer refuses (outside a lab model's alphabet): the same
+    with pytest.raises(EnvironmentFailed) as e:
+        _train(multiply_model, tmp_path / "run2", environment=f"{HOSTILE}:Foreign")
+    assert "reset's observation cannot join the prompt" in str(e.value)
+    assert "outside the lab model's alphabet" in str(e.value)
+    assert latest_checkpoint(tmp_path / "run2") is not None
+
+
 def _tagged(mark: str) -> list:
     """The processes whose environment carries HOSTILE_TEST=mark (a script's, and what it
     started: multiprocessing's helpers and the pool's workers inherit it)."""

@@ -13,7 +13,7 @@ from explorl import model_store
 from explorl.config import ModelConfig
 from explorl.data.files import tokenize_prompts
 from explorl.data.sources import params_for
-from explorl.errors import ConfigError, DataError, ModelPathError
+from explorl.errors import ConfigError, DataError, EnvironmentFailed, ModelPathError
 from explorl.hf_compat import quiet_transformers
 from explorl.lab.build import lab_model_path
 from explorl.lab.registry import get_task, parse_lab_spec
@@ -182,15 +182,32 @@ class Prompt(list):
     for an environment's ``reset`` (``rollout.environment``): ``with_observation`` renders it
     again with ``reset``'s text appended (to the last message's content, as TRL does)."""
 
-    def __init__(self, ids: list[int], record, render) -> None:
+    def __init__(self, ids: list[int], record, render, max_len: int | None = None) -> None:
         super().__init__(ids)
-        self.record, self._render = record, render
+        self.record, self._render, self.max_len = record, render, max_len
 
     def with_observation(self, text: str) -> list[int]:
+        """The prompt rendered with ``text`` appended; longer than ``max_len`` tokens
+        (``data.max_prompt_len``, checked for the prompt alone at setup), or with characters
+        the tokenizer refuses (a lab model's alphabet), it is the environment's fault:
+        ``EnvironmentFailed``, naming the row."""
         p = self.record.prompt
         p = p + text if isinstance(p, str) else [*p[:-1], {**p[-1],
                                                            "content": p[-1]["content"] + text}]
-        return self._render(p)
+        r = self.record
+        where = getattr(r, "origin", None) or f"{r.data_source} problem {r.index}"
+        try:
+            ids = self._render(p)
+        except DataError as e:  # e.g. characters outside a lab model's alphabet
+            raise EnvironmentFailed(f"rollout.environment: {where}: reset's observation cannot "
+                                    f"join the prompt: {e}") from None
+        if self.max_len is not None and len(ids) > self.max_len:
+            raise EnvironmentFailed(
+                f"rollout.environment: {where}: the prompt with reset's observation has "
+                f"{len(ids)} tokens ({len(self)} without it), more than data.max_prompt_len="
+                f"{self.max_len}: raise data.max_prompt_len or have reset return a shorter "
+                "observation")
+        return ids
 
 
 class PromptTokens:
@@ -230,7 +247,7 @@ class PromptTokens:
                 (self._cache[(tag, idx)],) = tokenize_prompts(
                     [data[idx]], self._render, self.max_len, f"data.{tag}"
                 )
-            return Prompt(self._cache[(tag, idx)], data[idx], self._render)
+            return Prompt(self._cache[(tag, idx)], data[idx], self._render, self.max_len)
         return ids
 
 
