@@ -157,38 +157,6 @@ class Hoarder:
         return str(len(self.data))
 
 
-class Wordy:
-    """An environment whose reset returns 1,500 digits: under
-    rollout.env_observation_max_chars (2,000), but a lab model's prompt with them is over
-    data.max_prompt_len (1,024 tokens, one a character)."""
-
-    def reset(self, **row):
-        return "1" * 1_500
-
-    def grow(self, x: str) -> str:
-        """Echo.
-
-        Args:
-            x: Anything.
-        """
-        return x
-
-
-class Foreign:
-    """An environment whose reset returns letters, outside a lab model's alphabet."""
-
-    def reset(self, **row):
-        return "hello"
-
-    def grow(self, x: str) -> str:
-        """Echo.
-
-        Args:
-            x: Anything.
-        """
-        return x
-
-
 class Chatty:
     """An environment whose reset returns 20,000 characters (appended to the prompt)."""
 
@@ -202,6 +170,22 @@ class Chatty:
             x: Anything.
         """
         return x
+
+
+class Wordy(Chatty):
+    """An environment whose reset returns 1,500 digits: under
+    rollout.env_observation_max_chars (2,000), but a lab model's prompt with them is over
+    data.max_prompt_len (1,024 tokens, one a character)."""
+
+    def reset(self, **row):
+        return "1" * 1_500
+
+
+class Foreign(Chatty):
+    """An environment whose reset returns letters, outside a lab model's alphabet."""
+
+    def reset(self, **row):
+        return "hello"
 
 
 def answered(response: str, ground_truth: str) -> float:

@@ -37,7 +37,12 @@ def test_the_baseline_row_is_grpo_or_what_a_library_claim_reads_as_grpo():
     assert baseline_row(_spec(), ["grpo", "kl_cov"]) == "grpo"
     assert baseline_row(_spec(claims), ["real-grpo", "kl_cov"]) == "real-grpo"
     assert baseline_row(_spec(claims), ["kl_cov"]) is None
-    assert baseline_row(_spec(), ["real-grpo"]) is None
+    # without claims: a recipe folder's GRPO (real/grpo runs as real-grpo); a claim's reading
+    # comes first
+    assert baseline_row(_spec(), ["kl_cov", "real-grpo"]) == "real-grpo"
+    other = [Declared("5a", check="5a", renames={"grpo": "my_grpo"})]
+    assert baseline_row(_spec(other), ["real-grpo", "my_grpo"]) == "my_grpo"
+    assert baseline_row(_spec(), ["kl_cov", "grpo_large"]) is None
 
 
 def test_empty_columns_and_their_notes_are_left_out():

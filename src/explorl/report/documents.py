@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from explorl.analysis.frontier import BASELINE
 from explorl.config import builtin
 from explorl.report.checkpoints import HORIZON_RULE, checkpoint_json, checkpoint_table
 from explorl.report.claims import chance_line, rule_notes
@@ -131,7 +132,7 @@ def write_documents(out: Path, spec, spec_path: Path, quick: bool, rows: list[st
                     failed: list, wall_s: float, budget: str, ev=None,
                     tuned: dict | None = None, jobs: list[int] | None = None, *,
                     frontier=None, long=None, tuning_md: list[str] | None = None,
-                    baseline: str | None = "grpo") -> dict:
+                    baseline: str | None = BASELINE) -> dict:
     """Write study.md, claims.md and study.json into ``out``; returns the study.json payload.
     ``jobs``: the job counts its invocations ran with (default the spec's); ``frontier``: the
     sweep's ``Frontier``; ``long``: entropy, pass@k and the frontier at intermediate
@@ -189,7 +190,7 @@ def _summary(spec, rows: list[str], table: dict[str, dict[str, Stat]],
     against ``baseline``, the study's GRPO row."""
     cols = [c for c in cols if any(table[name][c[0]].mean is not None for name in rows)]
     shown = {key for key, *_ in cols}
-    called = baseline if baseline not in (None, "grpo") else "GRPO"
+    called = baseline if baseline not in (None, BASELINE) else "GRPO"
     header = ["recipe", "seeds", *[title.replace("GRPO", called) for _, title, _, _ in cols]]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name in rows:

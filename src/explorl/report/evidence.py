@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from explorl.analysis.frontier import BASELINE
 from explorl.report.stats import Interval, passk_diff, seed_interval
 
 # The per-run numbers (``numbers.run_numbers``, with ``build_table``'s overheads) a declared
@@ -56,7 +57,7 @@ class Evidence:
     unfinished: set[str] = field(default_factory=set)
     """The study's arms with no finished run yet (a partial report): a claim that needs one
     is not run *yet*, which its row says."""
-    baseline: str = "grpo"
+    baseline: str = BASELINE
     """The study's GRPO row, which the tables' − GRPO columns and the power table compare with
     (``real-grpo`` when the spec's claims read it as GRPO: ``as: {grpo: real-grpo}``)."""
     base_for: dict[str, str] = field(default_factory=dict)

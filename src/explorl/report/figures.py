@@ -6,7 +6,7 @@ from pathlib import Path
 
 from explorl.analysis.curves import Group
 from explorl.analysis.entropy_law import FitError, fit_entropy_law, law_points
-from explorl.analysis.frontier import is_baseline
+from explorl.analysis.frontier import BASELINE, is_baseline
 from explorl.analysis.runs import Run, new_figure, save_figure, step_axes
 from explorl.report.numbers import LAW_FIT_FRACTION, fmt_value
 from explorl.report.tools_report import draw_tool_calls
@@ -36,7 +36,7 @@ def draw_figures(groups: dict[str, list[Run]], out_dir: Path, ev=None) -> list[t
     """The claims' figures (only the recipes each claim compares; GRPO is ``ev.baseline``, the
     study's GRPO row) and, with the evidence ``ev`` (``claims.Evidence``), the pass@k curves
     and the pooled law; returns (title, file name)."""
-    made, g = [], ev.baseline if ev is not None else "grpo"  # the study's GRPO row: real-grpo
+    made, g = [], ev.baseline if ev is not None else BASELINE  # the study's GRPO row: real-grpo
     for file, title, ylabel, names, lines in FIGURES:
         names = [g if n == "grpo" else n for n in names]
         present = [n for n in names if groups.get(n)]

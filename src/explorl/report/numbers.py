@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from explorl.analysis.entropy_law import FitError, fit_entropy_law, law_points
+from explorl.analysis.frontier import BASELINE
 from explorl.analysis.runs import Run
 from explorl.control.schedules import anneal_start
 from explorl.report.stats import (
@@ -237,7 +238,7 @@ def columns(k_list: list[int]) -> list[tuple[str, str, int, bool]]:
 
 
 def build_table(rows: list[str], per_run: dict[str, list[dict]],
-                k_list: list[int], baseline: str | None = "grpo") -> dict[str, dict[str, Stat]]:
+                k_list: list[int], baseline: str | None = BASELINE) -> dict[str, dict[str, Stat]]:
     """Per recipe, per column: ``Stat`` over its seeds.
 
     Overhead = s/step ÷ the baseline's mean s/step − 1 (``baseline``: the study's GRPO row;

@@ -12,6 +12,7 @@ import numpy as np
 import yaml
 
 from explorl.analysis import make_report
+from explorl.analysis.frontier import BASELINE, is_baseline
 from explorl.analysis.runs import Run, load_run
 from explorl.report.checkpoints import Checkpoints, analyse_long
 from explorl.report.claims import evaluate_claims
@@ -90,12 +91,13 @@ def base_names(spec: StudySpec) -> tuple[str, str]:
 
 def baseline_row(spec: StudySpec, rows: list[str]) -> str | None:
     """The study's GRPO row, which the summary's overheads divide by: ``grpo``, else the row a
-    library claim reads as GRPO (``claims: - {check: …, as: {grpo: real-grpo}}``); None when
-    the study runs neither."""
-    if "grpo" in rows:
-        return "grpo"
+    library claim reads as GRPO (``claims: - {check: …, as: {grpo: real-grpo}}``), else a
+    recipe folder's GRPO (``real-grpo``: ``analysis.frontier.is_baseline``); None when the
+    study runs none of them."""
+    if BASELINE in rows:
+        return BASELINE
     named = [d.renames["grpo"] for d in spec.claims or [] if "grpo" in d.renames]
-    return next((n for n in named if n in rows), None)
+    return next((n for n in named if n in rows), next((n for n in rows if is_baseline(n)), None))
 
 
 def stand_ins(spec: StudySpec) -> dict[str, list[str]]:
@@ -123,7 +125,7 @@ def analyse(out: Path, spec: StudySpec, spec_path: Path, quick: bool, plans: lis
     baseline = baseline_row(spec, rows)
     table = build_table(rows, per_run, spec.eval.k, baseline)
     ev = gather_evidence(out, spec, done, rows, per_run, groups, plans)
-    ev.baseline = baseline or "grpo"
+    ev.baseline = baseline or BASELINE
     declared = spec.claims
 
     def wants(section: str, section_claims: list[dict]) -> list[dict]:
